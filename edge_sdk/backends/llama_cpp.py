@@ -1,0 +1,158 @@
+"""The edge SLM on llama.cpp (through llama-cpp-python's low-level wrappers).
+
+Built on ``llama_cpp._internals`` (model, context, batch) rather than the
+high-level ``Llama`` class: that class allocates an unused
+``n_batch x n_vocab`` float array (0.5 GB at 512 x 262k) and, with
+``logits_all=True``, ``n_ctx x n_vocab``.  Here each decode asks for the
+logits of its last position only, and :meth:`LlamaCppSLM.append` copies that
+one row (``llama_get_logits_ith(ctx, -1)``), nothing more.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from edge_sdk.models import ModelSource, embedded_model, vocab_fingerprint
+
+
+class LlamaCppSLM:
+    """A GGUF model in llama.cpp holding one sequence with KV-cache reuse.
+
+    Args:
+        model: a :class:`~edge_sdk.models.ModelSource` with a GGUF path, or a path; ``None`` = embedded default.
+        n_ctx: context window in tokens (private context + public query + generation).
+        n_threads: decode threads (default: physical cores as llama.cpp sees them, at most 8).
+        n_gpu_layers: layers to offload to a GPU build of llama.cpp (0 = CPU only, -1 = all).
+        n_batch: prompt tokens per decode call during prefill.
+        verbose: let llama.cpp print its load and context logs to stderr.
+    """
+
+    def __init__(
+        self,
+        model: ModelSource | str | os.PathLike | None = None,
+        *,
+        n_ctx: int = 2048,
+        n_threads: int | None = None,
+        n_gpu_layers: int = 0,
+        n_batch: int = 256,
+        verbose: bool = False,
+    ) -> None:
+        import llama_cpp
+        from llama_cpp import _internals, _logger
+
+        _logger.set_verbose(verbose)
+
+        if model is None:
+            model = embedded_model()
+        elif not isinstance(model, ModelSource):
+            path = Path(model)
+            model = ModelSource(name=path.name, gguf_path=path)
+        if model.gguf_path is None or not model.gguf_path.is_file():
+            raise FileNotFoundError(f"the llama.cpp backend needs a GGUF file; got {model}")
+        self.source = model
+        self.name = model.name
+        self._llama_cpp = llama_cpp
+        threads = n_threads or max(1, min(8, os.cpu_count() or 1))
+
+        model_params = llama_cpp.llama_model_default_params()
+        model_params.n_gpu_layers = n_gpu_layers
+        self._model = _internals.LlamaModel(path_model=str(model.gguf_path), params=model_params, verbose=False)
+        ctx_params = llama_cpp.llama_context_default_params()
+        ctx_params.n_ctx = n_ctx
+        ctx_params.n_batch = n_batch
+        ctx_params.n_ubatch = n_batch
+        ctx_params.n_threads = threads
+        ctx_params.n_threads_batch = threads
+        self._ctx = _internals.LlamaContext(model=self._model, params=ctx_params, verbose=False)
+        self._batch = _internals.LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
+        self.n_ctx = n_ctx
+        self.n_batch = n_batch
+        self.vocab_size = self._model.n_vocab()
+        vocab = self._model.vocab
+        self.eos_token_ids = frozenset(
+            i for i in range(self.vocab_size) if llama_cpp.llama_vocab_is_eog(vocab, i)
+        ) or frozenset({self._model.token_eos()})
+        self.bos_token_id = self._model.token_bos()
+        self._tokens: list[int] = []
+        self._fingerprint: bytes | None = None
+
+    # -- tokenizer ---------------------------------------------------------------------------------
+    def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
+        return list(self._model.tokenize(text.encode("utf-8"), add_bos, False))
+
+    def detokenize(self, ids: list[int]) -> str:
+        return self._model.detokenize(list(ids), special=False).decode("utf-8", errors="replace")
+
+    def token_strings(self) -> list[bytes]:
+        """Every token's string, in id order (what the vocabulary fingerprint hashes)."""
+        get_text = self._llama_cpp.llama_vocab_get_text
+        vocab = self._model.vocab
+        return [get_text(vocab, i) for i in range(self.vocab_size)]
+
+    def vocab_fingerprint(self) -> bytes:
+        if self._fingerprint is None:
+            self._fingerprint = vocab_fingerprint(self.token_strings())
+        return self._fingerprint
+
+    # -- decoding ----------------------------------------------------------------------------------
+    @property
+    def tokens(self) -> list[int]:
+        """The sequence currently in the KV cache."""
+        return list(self._tokens)
+
+    def prefill(self, ids: list[int]) -> np.ndarray:
+        """Make the cached sequence ``ids``; return the next-token logits.
+
+        The longest prefix shared with the cached sequence is kept (the rest of
+        the cache is dropped), so a follow-up over the same private context
+        only evaluates the new tokens.  At least the last token is re-evaluated
+        so that its logits are fresh.
+        """
+        ids = [int(i) for i in ids]
+        if not ids:
+            raise ValueError("prefill needs at least one token")
+        if len(ids) >= self.n_ctx:
+            raise ValueError(f"prompt of {len(ids)} tokens does not fit the context window n_ctx={self.n_ctx}")
+        keep = 0
+        for cached, new in zip(self._tokens, ids[:-1]):
+            if cached != new:
+                break
+            keep += 1
+        self._truncate(keep)
+        for start in range(keep, len(ids), self.n_batch):
+            self._decode(ids[start : start + self.n_batch])
+        return self._last_logits()
+
+    def append(self, token_id: int) -> np.ndarray:
+        """Extend the sequence by ``token_id``; return the next-token logits."""
+        if not self._tokens:
+            raise RuntimeError("append before prefill: the sequence is empty")
+        if len(self._tokens) + 1 >= self.n_ctx:
+            raise ValueError(f"the context window n_ctx={self.n_ctx} is full")
+        self._decode([int(token_id)])
+        return self._last_logits()
+
+    def _truncate(self, n: int) -> None:
+        if n < len(self._tokens):
+            self._ctx.kv_cache_seq_rm(-1, n, -1)
+            del self._tokens[n:]
+
+    def _decode(self, chunk: list[int]) -> None:
+        self._batch.set_batch(chunk, n_past=len(self._tokens), logits_all=False)
+        self._ctx.decode(self._batch)
+        self._tokens.extend(chunk)
+
+    def _last_logits(self) -> np.ndarray:
+        row = self._llama_cpp.llama_get_logits_ith(self._ctx.ctx, -1)
+        if not row:
+            raise RuntimeError("llama.cpp returned no logits for the last position")
+        return np.ctypeslib.as_array(row, shape=(self.vocab_size,)).copy()
+
+    def close(self) -> None:
+        """Free the native context and model (also done at garbage collection)."""
+        self._batch.close()
+        self._ctx.close()
+        self._model.close()

@@ -1,0 +1,179 @@
+"""Fusion math shared by the edge SDK, the cloud adapter and the harness.
+
+Everything here is a small pure numpy function over one decoding step's
+full-vocabulary arrays.  Two fusion spaces are supported:
+
+* ``"prob"`` (the paper's definition, the default)::
+
+      p_fuse = alpha * p_llm + (1 - alpha) * p_slm
+
+* ``"logit"`` (what the authors' public release does, with alpha = 0.5)::
+
+      z_fuse = alpha * z_llm + (1 - alpha) * z_slm
+
+  Logit fusion is a product of experts (``softmax(z_fuse)`` is proportional
+  to ``p_llm**alpha * p_slm**(1-alpha)``): a token needs support from *both*
+  models, whereas probability fusion is a mixture in which either model alone
+  can carry a token.  The same functions serve both spaces because both are
+  the same affine combination; only the meaning of the arrays changes.
+
+Conventions: arrays are 1-D float32 over the shared vocabulary; ``TopK``
+returns token ids by decreasing value with ties broken by the lower id, and
+``argmax`` breaks ties the same way (numpy's first occurrence).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+FusionSpace = Literal["prob", "logit"]
+FUSION_SPACES: tuple[str, ...] = ("prob", "logit")
+
+#: Sample size used to guess a selection threshold in :func:`top_k_ids`.
+_THRESHOLD_SAMPLE = 4096
+#: Above this many survivors of the threshold, a full argpartition is cheaper.
+_MAX_SURVIVORS = 1 << 15
+
+
+def check_space(space: str) -> FusionSpace:
+    """Return ``space`` if it names a fusion space, else raise ``ValueError``."""
+    if space not in FUSION_SPACES:
+        raise ValueError(f"fusion space must be one of {FUSION_SPACES}, got {space!r}")
+    return space  # type: ignore[return-value]
+
+
+def check_alpha(alpha: float) -> float:
+    """Return ``alpha`` as a float if ``0 <= alpha <= 1``, else raise ``ValueError``."""
+    alpha = float(alpha)
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"fusion weight alpha must lie in [0, 1], got {alpha}")
+    return alpha
+
+
+def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """``p(i) = exp(z(i)/T - max z/T) / sum_j exp(z(j)/T - max z/T)`` in float32."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    z = np.asarray(logits, dtype=np.float32)
+    shifted = z - z.max() if temperature == 1.0 else (z - z.max()) / np.float32(temperature)
+    np.exp(shifted, out=shifted)
+    shifted /= shifted.sum(dtype=np.float64)
+    return shifted
+
+
+def log_probs(p: np.ndarray) -> np.ndarray:
+    """``log p`` with zeros mapped to the log of float32's smallest normal (finite)."""
+    return np.log(np.maximum(np.asarray(p, dtype=np.float32), np.finfo(np.float32).tiny))
+
+
+def fuse(p_llm: np.ndarray, p_slm: np.ndarray, alpha: float, out: np.ndarray | None = None) -> np.ndarray:
+    """``alpha * p_llm + (1 - alpha) * p_slm`` (probabilities or logits alike).
+
+    ``out`` may be a preallocated float32 buffer of the vocabulary's size.
+    """
+    out = np.multiply(p_llm, np.float32(alpha), out=out, dtype=np.float32)
+    out += np.float32(1.0 - alpha) * np.asarray(p_slm, dtype=np.float32)
+    return out
+
+
+def fuse_upload(p_llm: np.ndarray, ids: np.ndarray, values: np.ndarray, alpha: float) -> np.ndarray:
+    """The cloud's masked fusion of a sparse upload.
+
+    ``s(i) = alpha * p_llm(i) + (1 - alpha) * m(i) * p_slm(i)`` where ``m`` is 1 on
+    the uploaded ``ids`` (whose uploaded values are ``values``) and 0 elsewhere.
+    """
+    out = np.multiply(p_llm, np.float32(alpha), dtype=np.float32)
+    if len(ids):
+        out[ids] += np.float32(1.0 - alpha) * np.asarray(values, dtype=np.float32)
+    return out
+
+
+def _sorted_by_value(values: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """``ids`` ordered by decreasing ``values[ids]``, ties by increasing id."""
+    return ids[np.lexsort((ids, -values[ids]))]
+
+
+def top_k_ids(values: np.ndarray, k: int) -> np.ndarray:
+    """``TopK(values)``: the ``k`` ids of largest value, by decreasing value, ties to the lower id.
+
+    A full ``argpartition`` over a 262k vocabulary costs ~160 argmax passes, so
+    this first guesses a threshold from a strided sample, keeps the ids at or
+    above it (two cheap passes) and partitions only those.  The guess is
+    checked: if fewer than ``k`` ids survive it is lowered, and if too many
+    survive (flat distributions) it falls back to the full partition.  The
+    result is exactly the same as sorting the whole array.
+    """
+    values = np.asarray(values)
+    n = values.shape[0]
+    if k <= 0:
+        return np.empty(0, dtype=np.int64)
+    if k >= n:
+        return _sorted_by_value(values, np.arange(n, dtype=np.int64))
+    stride = max(1, n // _THRESHOLD_SAMPLE)
+    sample = values[::stride]
+    rank = min(len(sample), 2 * (k // stride) + 3)
+    while True:
+        threshold = np.partition(sample, len(sample) - rank)[len(sample) - rank]
+        survivors = np.flatnonzero(values >= threshold)
+        if len(survivors) >= k or rank == len(sample):
+            break
+        rank = min(len(sample), rank * 4)
+    if len(survivors) < k or len(survivors) > _MAX_SURVIVORS:
+        # a wide tie or a flat array: partition everything, then fix the tie order
+        part = np.argpartition(-values, k - 1)[:k]
+        kth = values[part].min()
+        survivors = np.flatnonzero(values >= kth)
+    return _sorted_by_value(values, survivors.astype(np.int64, copy=False))[:k]
+
+
+def in_top_k(values: np.ndarray, i: int, k: int) -> bool:
+    """Whether id ``i`` belongs to ``TopK(values)`` (same tie rule) without selecting it.
+
+    ``rank(i) = |{j : v_j > v_i}| + |{j < i : v_j = v_i}|`` and ``i`` is in the
+    top ``k`` iff ``rank(i) < k``.  Costs one or two comparison passes.
+    """
+    if k <= 0:
+        return False
+    v = values[i]
+    above = int(np.count_nonzero(values > v))
+    if above >= k:
+        return False
+    if int(np.count_nonzero(values >= v)) <= k:
+        return True  # even with every tie ranked before it, i stays inside
+    return above + int(np.count_nonzero(values[:i] == v)) < k
+
+
+def pick_token(p: np.ndarray, *, temperature: float = 0.0, rng: np.random.Generator | None = None) -> int:
+    """Greedy ``argmax p`` at temperature 0, else a draw from ``p**(1/T)`` renormalised.
+
+    ``p`` must be non-negative (a distribution or fused scores).
+    """
+    if temperature == 0.0:
+        return int(np.argmax(p))
+    if rng is None:
+        raise ValueError("sampling at temperature > 0 needs an explicit numpy Generator")
+    return sample_from(np.power(np.maximum(p, 0.0), 1.0 / temperature, dtype=np.float64), rng)
+
+
+def sample_from(weights: np.ndarray, rng: np.random.Generator) -> int:
+    """One draw of an id with probability ``weights(i) / sum(weights)``.
+
+    Uses one uniform and a cumulative sum, so the same generator state always
+    gives the same id.
+    """
+    cdf = np.cumsum(weights, dtype=np.float64)
+    total = cdf[-1]
+    if not np.isfinite(total) or total <= 0:
+        raise ValueError("cannot sample: weights must be finite, non-negative and not all zero")
+    return int(min(np.searchsorted(cdf, rng.random() * total, side="right"), len(cdf) - 1))
+
+
+def exposure_set(values: np.ndarray, k: int) -> np.ndarray:
+    """DecodeLeak's per-step exposure set ``E_t^K = TopK(values)`` (ids, best first).
+
+    ``values`` is what the cloud observed (the uploaded SLM values, missing ids
+    counting as absent) or, for token-level leakage, the cloud's own ``p_llm``.
+    """
+    return top_k_ids(values, k)

@@ -1,0 +1,149 @@
+"""What a policy decides and what the cloud observes, and the policy interface.
+
+A *policy* runs on the edge once per decoding step.  Given the SLM's and the
+LLM's next-token arrays (``p_slm`` conditioned on private context + public
+query, ``p_llm`` on the public query only), it produces the one message that
+leaves the device:
+
+* cloud-side fusion: a :class:`CloudUpload` (sparse SLM values); the cloud then
+  fuses ``alpha * p_llm + (1 - alpha) * upload`` and picks the token;
+* edge-side fusion: a :class:`SyncedToken`; the edge has fused locally.
+
+The returned object is both the decision and the exact payload the cloud sees,
+so the SDK, the cloud adapter and the harness never re-derive it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+import numpy as np
+
+from edge_sdk.fusion import FusionSpace, fuse_upload, top_k_ids
+
+FusionMode = Literal["cloud", "edge"]
+FUSION_MODES: tuple[str, ...] = ("cloud", "edge")
+
+
+class UnsupportedModeError(ValueError):
+    """A policy was asked to act in a fusion mode it does not define."""
+
+
+@dataclass(frozen=True, eq=False)
+class CloudUpload:
+    """A sparse upload of SLM values: the cloud observes exactly ``(ids, values)``.
+
+    ``ids`` are unique token ids in ascending order; ``values[j]`` is the value
+    sent for ``ids[j]`` (a probability, a noised probability, or a logit when
+    ``space == "logit"``).  An empty upload is legal: the cloud then fuses with
+    ``p_llm`` alone.
+    """
+
+    ids: np.ndarray
+    values: np.ndarray
+    space: FusionSpace = "prob"
+
+    def __post_init__(self) -> None:
+        ids = np.asarray(self.ids, dtype=np.int64).reshape(-1)
+        values = np.asarray(self.values, dtype=np.float32).reshape(-1)
+        if ids.shape != values.shape:
+            raise ValueError(f"upload has {ids.size} ids but {values.size} values")
+        if ids.size and np.any(np.diff(ids) <= 0):
+            order = np.argsort(ids, kind="stable")
+            ids, values = ids[order], values[order]
+            if np.any(np.diff(ids) == 0):
+                raise ValueError("upload ids must be unique")
+        object.__setattr__(self, "ids", ids)
+        object.__setattr__(self, "values", values)
+
+    @classmethod
+    def of(cls, p: np.ndarray, ids: np.ndarray, space: FusionSpace = "prob") -> CloudUpload:
+        """Upload ``p`` restricted to ``ids``."""
+        ids = np.sort(np.asarray(ids, dtype=np.int64))
+        return cls(ids, np.asarray(p, dtype=np.float32)[ids], space)
+
+    @classmethod
+    def empty(cls, space: FusionSpace = "prob") -> CloudUpload:
+        return cls(np.empty(0, np.int64), np.empty(0, np.float32), space)
+
+    def __len__(self) -> int:
+        return int(self.ids.size)
+
+    def fuse_with(self, p_llm: np.ndarray, alpha: float) -> np.ndarray:
+        """The cloud's masked fusion ``alpha * p_llm + (1 - alpha) * m * p_slm``."""
+        return fuse_upload(p_llm, self.ids, self.values, alpha)
+
+    def exposure(self, k: int) -> np.ndarray:
+        """``TopK`` of the uploaded values (ids by decreasing value): DecodeLeak's ``E_t^K``."""
+        if not len(self):
+            return np.empty(0, np.int64)
+        order = top_k_ids(self.values, min(k, len(self)))
+        return self.ids[order]
+
+
+@dataclass(frozen=True)
+class SyncedToken:
+    """Edge-side fusion: the one token id appended to the shared prefix."""
+
+    token_id: int
+
+
+Observation = CloudUpload | SyncedToken
+
+
+@dataclass
+class Policy(ABC):
+    """Base class of every defence (and of the undefended reference).
+
+    Subclasses are small frozen-parameter dataclasses that override
+    :meth:`cloud_upload`, :meth:`edge_token` or both, declare the modes they
+    support in ``modes`` and the array space they expect in ``space``.  Every
+    randomised policy takes an explicit ``numpy.random.Generator``.
+    """
+
+    name: ClassVar[str] = "policy"
+    modes: ClassVar[frozenset[str]] = frozenset()
+    #: inputs are probabilities ("prob") or logits ("logit")
+    space: FusionSpace = field(default="prob", init=False)
+
+    def cloud_upload(
+        self, p_slm: np.ndarray, p_llm: np.ndarray, *, alpha: float, rng: np.random.Generator | None = None
+    ) -> CloudUpload:
+        """Choose what of ``p_slm`` to upload for cloud-side fusion."""
+        raise UnsupportedModeError(f"policy {self.name!r} does not define cloud-side fusion")
+
+    def edge_token(
+        self, p_slm: np.ndarray, p_llm: np.ndarray, *, alpha: float, rng: np.random.Generator | None = None
+    ) -> SyncedToken:
+        """Choose the token to synchronise for edge-side fusion."""
+        raise UnsupportedModeError(f"policy {self.name!r} does not define edge-side fusion")
+
+    def decide(
+        self,
+        mode: FusionMode,
+        p_slm: np.ndarray,
+        p_llm: np.ndarray,
+        *,
+        alpha: float,
+        rng: np.random.Generator | None = None,
+    ) -> Observation:
+        """Dispatch to :meth:`cloud_upload` or :meth:`edge_token` by fusion mode."""
+        if mode == "cloud":
+            return self.cloud_upload(p_slm, p_llm, alpha=alpha, rng=rng)
+        if mode == "edge":
+            return self.edge_token(p_slm, p_llm, alpha=alpha, rng=rng)
+        raise ValueError(f"fusion mode must be one of {FUSION_MODES}, got {mode!r}")
+
+    def describe(self) -> str:
+        """A short label with the policy's parameters, for tables and ledgers."""
+        params = ", ".join(f"{k}={v}" for k, v in vars(self).items() if not k.startswith("_") and k != "space")
+        return f"{self.name}({params})" if params else self.name
+
+
+def require_rng(rng: np.random.Generator | None, policy: str) -> np.random.Generator:
+    """Randomised mechanisms refuse to run on hidden global randomness."""
+    if rng is None:
+        raise ValueError(f"policy {policy!r} is randomised: pass an explicit numpy.random.Generator as rng")
+    return rng

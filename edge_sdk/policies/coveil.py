@@ -1,0 +1,131 @@
+"""CoVeil: per-step privacy-utility optimisation of what the cloud observes.
+
+Both rules minimise ``J = -U + lambda * P`` (utility ``U``, privacy cost ``P``)
+with one decision per step; see the paper's section "CoVeil" and appendix
+"Defense Gradient Derivation".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from edge_sdk.fusion import FusionSpace, check_alpha, check_space, fuse, in_top_k, top_k_ids
+from edge_sdk.policies.base import CloudUpload, Policy, SyncedToken
+
+
+def _check(lam: float, k: int) -> None:
+    if not lam >= 0:
+        raise ValueError(f"privacy weight lam must be >= 0, got {lam}")
+    if k < 1:
+        raise ValueError(f"candidate pool size k must be >= 1, got {k}")
+
+
+def coveil_upload_scores(
+    p_slm: np.ndarray, p_llm: np.ndarray, candidates: np.ndarray, y_star: int, *, alpha: float, lam: float
+) -> np.ndarray:
+    """The Taylor coefficients ``g(i)`` of the cloud-side objective at ``m = 0``::
+
+        g(i) = -(1 - alpha) * p_slm(i) * (1[i = y*] - 1/|C|) + lam * |p_slm(i) - p_llm(i)|
+
+    for each ``i`` in ``candidates`` (``C``).
+    """
+    s = p_slm[candidates].astype(np.float64)
+    indicator = (candidates == y_star).astype(np.float64)
+    return -(1.0 - alpha) * s * (indicator - 1.0 / len(candidates)) + lam * np.abs(s - p_llm[candidates])
+
+
+def coveil_upload(
+    p_slm: np.ndarray,
+    p_llm: np.ndarray,
+    *,
+    alpha: float = 0.3,
+    lam: float = 1.0,
+    k: int = 50,
+    space: FusionSpace = "prob",
+) -> np.ndarray:
+    """Cloud-side CoVeil: the ids of ``p_slm`` to upload, ascending.
+
+    ``C = TopK(p_slm, k)``, ``y* = argmax(alpha * p_llm + (1 - alpha) * p_slm)``
+    and the upload is ``S = {i in C : g(i) < 0}`` with ``g`` from
+    :func:`coveil_upload_scores`.
+
+    In probability space ``g(i) >= 0`` for every ``i != y*`` (both of its
+    terms are non-negative), so ``S`` is empty or ``{y*}``: the fast path
+    decides only ``y* in C`` (a rank count, no selection) and the sign of
+    ``g(y*)``.  Logit space runs the general rule (logits can be negative).
+    """
+    alpha = check_alpha(alpha)
+    _check(lam, k)
+    y_star = int(np.argmax(fuse(p_llm, p_slm, alpha)))
+    if check_space(space) == "prob":
+        if not in_top_k(p_slm, y_star, k):
+            return np.empty(0, dtype=np.int64)
+        pool = min(k, p_slm.shape[0])
+        s, ell = float(p_slm[y_star]), float(p_llm[y_star])
+        g = -(1.0 - alpha) * s * (1.0 - 1.0 / pool) + lam * abs(s - ell)
+        return np.array([y_star] if g < 0 else [], dtype=np.int64)
+    candidates = top_k_ids(p_slm, k)
+    g = coveil_upload_scores(p_slm, p_llm, candidates, y_star, alpha=alpha, lam=lam)
+    return np.sort(candidates[g < 0])
+
+
+def coveil_select(
+    p_slm: np.ndarray,
+    p_llm: np.ndarray,
+    *,
+    alpha: float = 0.3,
+    lam: float = 1.0,
+    k: int = 50,
+) -> int:
+    """Edge-side CoVeil: the token to synchronise.
+
+    ``C = TopK(p_fuse, k)``, ``y* = argmax p_fuse`` and::
+
+        J(i) = -(p_fuse(i) - p_fuse(y*)) + lam * (p_slm(i) - p_llm(i))
+
+    returns ``argmin_{i in C} J(i)``, ties to the higher ``p_fuse`` and then
+    the lower id.  The same rule applies to logits (pass them for both arrays).
+    """
+    alpha = check_alpha(alpha)
+    _check(lam, k)
+    p_fuse = fuse(p_llm, p_slm, alpha)
+    candidates = top_k_ids(p_fuse, k)  # by decreasing p_fuse, ties to the lower id
+    if lam == 0.0:
+        return int(candidates[0])
+    fused = p_fuse[candidates].astype(np.float64)
+    objective = -(fused - fused[0]) + lam * (
+        p_slm[candidates].astype(np.float64) - p_llm[candidates].astype(np.float64)
+    )
+    # candidates are already in tie-break order, so the first minimum wins
+    return int(candidates[int(np.argmin(objective))])
+
+
+@dataclass
+class CoVeil(Policy):
+    """CoVeil in both fusion modes (the SDK's default policy).
+
+    Args:
+        lam: privacy weight lambda (0 = pure utility).
+        k: candidate pool size ``|C|``.
+        space: ``"prob"`` (the paper) or ``"logit"`` (the authors' release).
+    """
+
+    name = "coveil"
+    modes = frozenset({"cloud", "edge"})
+
+    lam: float = 1.0
+    k: int = 50
+    space: FusionSpace = "prob"
+
+    def __post_init__(self) -> None:
+        _check(self.lam, self.k)
+        check_space(self.space)
+
+    def cloud_upload(self, p_slm, p_llm, *, alpha, rng=None) -> CloudUpload:
+        ids = coveil_upload(p_slm, p_llm, alpha=alpha, lam=self.lam, k=self.k, space=self.space)
+        return CloudUpload.of(p_slm, ids, self.space)
+
+    def edge_token(self, p_slm, p_llm, *, alpha, rng=None) -> SyncedToken:
+        return SyncedToken(coveil_select(p_slm, p_llm, alpha=alpha, lam=self.lam, k=self.k))

@@ -1,0 +1,31 @@
+"""The undefended reference: the fusion the paper's leakage measurements start from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from edge_sdk.fusion import fuse, pick_token
+from edge_sdk.policies.base import CloudUpload, Policy, SyncedToken
+
+
+@dataclass
+class Undefended(Policy):
+    """No defence.
+
+    * cloud-side: upload the whole ``p_slm`` (every id; the cloud sees ``o_t = p_S``);
+    * edge-side: synchronise ``argmax(alpha * p_llm + (1 - alpha) * p_slm)``, or a
+      draw from it at ``temperature > 0``.
+    """
+
+    name = "undefended"
+    modes = frozenset({"cloud", "edge"})
+
+    temperature: float = 0.0
+
+    def cloud_upload(self, p_slm, p_llm, *, alpha, rng=None) -> CloudUpload:
+        return CloudUpload(np.arange(p_slm.shape[0], dtype=np.int64), p_slm)
+
+    def edge_token(self, p_slm, p_llm, *, alpha, rng=None) -> SyncedToken:
+        return SyncedToken(pick_token(fuse(p_llm, p_slm, alpha), temperature=self.temperature, rng=rng))

@@ -1,0 +1,282 @@
+"""Typed views of the wire protocol (``proto/coveil.proto``) and their codec.
+
+Both ends speak in these dataclasses; :func:`encode_*` / :func:`decode_*`
+turn them into protobuf messages and back.  Arrays travel as little-endian
+raw bytes so decoding is a single ``np.frombuffer``.  This module imports the
+generated protobuf code lazily: ``import edge_sdk`` stays numpy-only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edge_sdk.fusion import FusionSpace, top_k_ids
+from edge_sdk.policies.base import CloudUpload, FusionMode
+
+PROTOCOL_VERSION = 1
+#: cloud probabilities per sparse step unless the session asks otherwise
+DEFAULT_TOP_M = 256
+
+_U32 = np.dtype("<u4")
+_F32 = np.dtype("<f4")
+
+
+def pb() -> Any:
+    """The generated ``coveil_pb2`` module (built from proto/ at install time)."""
+    try:
+        from edge_sdk._wire import coveil_pb2
+    except ImportError as exc:  # pragma: no cover - only on a broken install
+        raise ImportError(
+            "the generated wire code is missing: install the package (pip install -e '.[edge]') so that "
+            "proto/coveil.proto is compiled"
+        ) from exc
+    return coveil_pb2
+
+
+def ids_to_bytes(ids: np.ndarray) -> bytes:
+    return np.asarray(ids, dtype=_U32).tobytes()
+
+
+def values_to_bytes(values: np.ndarray) -> bytes:
+    return np.asarray(values, dtype=_F32).tobytes()
+
+
+def ids_from_bytes(data: bytes) -> np.ndarray:
+    if len(data) % 4:
+        raise ValueError(f"id bytes must be a multiple of 4 long, got {len(data)}")
+    return np.frombuffer(data, dtype=_U32).astype(np.int64)
+
+
+def values_from_bytes(data: bytes) -> np.ndarray:
+    if len(data) % 4:
+        raise ValueError(f"value bytes must be a multiple of 4 long, got {len(data)}")
+    return np.frombuffer(data, dtype=_F32)
+
+
+_MODE_TO_PB = {"cloud": 1, "edge": 2}
+_MODE_FROM_PB = {1: "cloud", 2: "edge"}
+_SPACE_TO_PB = {"prob": 1, "logit": 2}
+_SPACE_FROM_PB = {0: "prob", 1: "prob", 2: "logit"}
+
+
+@dataclass(frozen=True)
+class SessionRequest:
+    """Everything the edge tells the cloud when it opens a session (all of it public)."""
+
+    prompt_ids: tuple[int, ...]
+    mode: FusionMode
+    alpha: float = 0.3
+    space: FusionSpace = "prob"
+    temperature: float = 0.0
+    seed: int = 0
+    max_new_tokens: int = 256
+    vocab_fingerprint: bytes = b""
+    edge_model: str = ""
+    vocab_size: int = 0
+    top_m: int = DEFAULT_TOP_M
+    resume_prefix: tuple[int, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    session_id: str
+    cloud_model: str
+    vocab_size: int
+    prompt_tokens: int
+    eos_token_ids: frozenset[int]
+    max_new_tokens: int
+    protocol_version: int = PROTOCOL_VERSION
+
+
+@dataclass(frozen=True, eq=False)
+class CloudDistribution:
+    """The cloud's next-token distribution for one step, sparse or full.
+
+    Sparse: exact ``values`` at ``ids`` (decreasing), every omitted entry is at
+    most ``tail_bound`` and together they hold ``tail_mass``.  Full: ``dense``.
+    """
+
+    step: int
+    ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    values: np.ndarray = field(default_factory=lambda: np.empty(0, np.float32))
+    tail_bound: float = 0.0
+    tail_mass: float = 0.0
+    dense: np.ndarray | None = None
+    forward_ns: int = 0
+
+    @property
+    def is_full(self) -> bool:
+        return self.dense is not None
+
+    @classmethod
+    def sparse_from(cls, step: int, p: np.ndarray, top_m: int, forward_ns: int = 0) -> CloudDistribution:
+        """Top-``top_m`` of ``p`` with the certificate ``(tail_bound, tail_mass)``."""
+        ids = top_k_ids(p, top_m)
+        values = p[ids].astype(np.float32)
+        omitted = p.shape[0] - len(ids)
+        tail_bound = float(values[-1]) if omitted and len(values) else 0.0
+        tail_mass = max(0.0, 1.0 - float(values.sum(dtype=np.float64))) if omitted else 0.0
+        return cls(step, ids, values, tail_bound, tail_mass, None, forward_ns)
+
+    def lower_dense(self, vocab_size: int) -> np.ndarray:
+        """A dense array exact where known and 0 (a lower bound) where omitted."""
+        if self.dense is not None:
+            return self.dense
+        out = np.zeros(vocab_size, dtype=np.float32)
+        out[self.ids] = self.values
+        return out
+
+
+def encode_open(req: SessionRequest) -> Any:
+    m = pb()
+    open_msg = m.OpenSession(
+        protocol_version=PROTOCOL_VERSION,
+        token_ids=m.TokenIds(ids=ids_to_bytes(np.array(req.prompt_ids))),
+        mode=_MODE_TO_PB[req.mode],
+        space=_SPACE_TO_PB[req.space],
+        alpha=req.alpha,
+        temperature=req.temperature,
+        seed=req.seed,
+        max_new_tokens=req.max_new_tokens,
+        vocab_fingerprint=req.vocab_fingerprint,
+        edge_model=req.edge_model,
+        vocab_size=req.vocab_size,
+        top_m=req.top_m,
+        resume_prefix=m.TokenIds(ids=ids_to_bytes(np.array(req.resume_prefix))),
+        stop_token_ids=m.TokenIds(ids=ids_to_bytes(np.array(req.stop_token_ids))),
+    )
+    return m.EdgeMessage(open=open_msg)
+
+
+def decode_open(msg: Any, tokenize: Any = None) -> SessionRequest:
+    """``OpenSession`` → :class:`SessionRequest`; ``tokenize(text)`` handles a text query.
+
+    Raises ``ValueError`` with a clear message on any malformed field.
+    """
+    if msg.WhichOneof("public_query") == "text":
+        if tokenize is None:
+            raise ValueError("this endpoint needs the public query as token ids")
+        prompt = tuple(int(i) for i in tokenize(msg.text))
+    else:
+        prompt = tuple(int(i) for i in ids_from_bytes(msg.token_ids.ids))
+    if msg.mode not in _MODE_FROM_PB:
+        raise ValueError("fusion mode must be FUSION_MODE_CLOUD or FUSION_MODE_EDGE")
+    if msg.space not in _SPACE_FROM_PB:
+        raise ValueError(f"unknown fusion space {msg.space}")
+    return SessionRequest(
+        prompt_ids=prompt,
+        mode=_MODE_FROM_PB[msg.mode],  # type: ignore[arg-type]
+        alpha=float(msg.alpha),
+        space=_SPACE_FROM_PB[msg.space],  # type: ignore[arg-type]
+        temperature=float(msg.temperature),
+        seed=int(msg.seed),
+        max_new_tokens=int(msg.max_new_tokens),
+        vocab_fingerprint=bytes(msg.vocab_fingerprint),
+        edge_model=msg.edge_model,
+        vocab_size=int(msg.vocab_size),
+        top_m=int(msg.top_m) or DEFAULT_TOP_M,
+        resume_prefix=tuple(int(i) for i in ids_from_bytes(msg.resume_prefix.ids)),
+        stop_token_ids=tuple(int(i) for i in ids_from_bytes(msg.stop_token_ids.ids)),
+    )
+
+
+def encode_opened(info: SessionInfo) -> Any:
+    m = pb()
+    return m.CloudMessage(
+        opened=m.SessionOpened(
+            session_id=info.session_id,
+            protocol_version=info.protocol_version,
+            cloud_model=info.cloud_model,
+            vocab_size=info.vocab_size,
+            prompt_tokens=info.prompt_tokens,
+            eos_token_ids=m.TokenIds(ids=ids_to_bytes(np.array(sorted(info.eos_token_ids)))),
+            max_new_tokens=info.max_new_tokens,
+        )
+    )
+
+
+def decode_opened(msg: Any) -> SessionInfo:
+    return SessionInfo(
+        session_id=msg.session_id,
+        cloud_model=msg.cloud_model,
+        vocab_size=int(msg.vocab_size),
+        prompt_tokens=int(msg.prompt_tokens),
+        eos_token_ids=frozenset(int(i) for i in ids_from_bytes(msg.eos_token_ids.ids)),
+        max_new_tokens=int(msg.max_new_tokens),
+        protocol_version=int(msg.protocol_version),
+    )
+
+
+def encode_distribution(dist: CloudDistribution) -> Any:
+    m = pb()
+    if dist.dense is not None:
+        body = m.Distribution(step=dist.step, dense=values_to_bytes(dist.dense), forward_ns=dist.forward_ns)
+    else:
+        body = m.Distribution(
+            step=dist.step,
+            ids=ids_to_bytes(dist.ids),
+            values=values_to_bytes(dist.values),
+            tail_bound=dist.tail_bound,
+            tail_mass=dist.tail_mass,
+            forward_ns=dist.forward_ns,
+        )
+    return m.CloudMessage(distribution=body)
+
+
+def decode_distribution(msg: Any, vocab_size: int) -> CloudDistribution:
+    if msg.dense:
+        dense = values_from_bytes(msg.dense)
+        if dense.shape[0] != vocab_size:
+            raise ValueError(f"full distribution has {dense.shape[0]} entries, vocabulary has {vocab_size}")
+        return CloudDistribution(step=int(msg.step), dense=dense, forward_ns=int(msg.forward_ns))
+    ids, values = ids_from_bytes(msg.ids), values_from_bytes(msg.values)
+    if ids.shape != values.shape:
+        raise ValueError(f"sparse distribution has {ids.size} ids but {values.size} values")
+    if ids.size and int(ids.max()) >= vocab_size:
+        raise ValueError("sparse distribution names an id outside the vocabulary")
+    return CloudDistribution(
+        step=int(msg.step),
+        ids=ids,
+        values=values,
+        tail_bound=float(msg.tail_bound),
+        tail_mass=float(msg.tail_mass),
+        forward_ns=int(msg.forward_ns),
+    )
+
+
+def encode_upload(step: int, upload: CloudUpload) -> Any:
+    m = pb()
+    return m.EdgeMessage(
+        signal=m.StepSignal(
+            step=step, upload=m.Upload(ids=ids_to_bytes(upload.ids), values=values_to_bytes(upload.values))
+        )
+    )
+
+
+def encode_token(step: int, token_id: int) -> Any:
+    m = pb()
+    return m.EdgeMessage(signal=m.StepSignal(step=step, token_id=int(token_id)))
+
+
+def encode_request_full(step: int) -> Any:
+    m = pb()
+    return m.EdgeMessage(request_full=m.FullDistributionRequest(step=step))
+
+
+def encode_close() -> Any:
+    m = pb()
+    return m.EdgeMessage(close=m.Close())
+
+
+def encode_token_chosen(step: int, token_id: int, finished: bool) -> Any:
+    m = pb()
+    return m.CloudMessage(token=m.TokenChosen(step=step, token_id=token_id, finished=finished))
+
+
+def encode_finished(steps: int, reason: str) -> Any:
+    m = pb()
+    return m.CloudMessage(finished=m.Finished(steps=steps, reason=reason))
