@@ -31,10 +31,8 @@ import numpy as np
 FusionSpace = Literal["prob", "logit"]
 FUSION_SPACES: tuple[str, ...] = ("prob", "logit")
 
-#: Sample size used to guess a selection threshold in :func:`top_k_ids`.
-_THRESHOLD_SAMPLE = 4096
-#: Above this many survivors of the threshold, a full argpartition is cheaper.
-_MAX_SURVIVORS = 1 << 15
+#: members per strided group in the group-maximum pre-selection of :func:`top_k_ids`
+_GROUP_SIZE = 64
 
 
 def check_space(space: str) -> FusionSpace:
@@ -74,8 +72,8 @@ def fuse(p_llm: np.ndarray, p_slm: np.ndarray, alpha: float, out: np.ndarray | N
     ``out`` may be a preallocated float32 buffer of the vocabulary's size.
     """
     out = np.multiply(p_llm, np.float32(alpha), out=out, dtype=np.float32)
-    out += np.float32(1.0 - alpha) * np.asarray(p_slm, dtype=np.float32)
-    return out
+    scaled_slm = np.multiply(p_slm, np.float32(1.0 - alpha), dtype=np.float32)
+    return np.add(out, scaled_slm, out=out)
 
 
 def fuse_upload(p_llm: np.ndarray, ids: np.ndarray, values: np.ndarray, alpha: float) -> np.ndarray:
@@ -98,51 +96,86 @@ def _sorted_by_value(values: np.ndarray, ids: np.ndarray) -> np.ndarray:
 def top_k_ids(values: np.ndarray, k: int) -> np.ndarray:
     """``TopK(values)``: the ``k`` ids of largest value, by decreasing value, ties to the lower id.
 
-    A full ``argpartition`` over a 262k vocabulary costs ~160 argmax passes, so
-    this first guesses a threshold from a strided sample, keeps the ids at or
-    above it (two cheap passes) and partitions only those.  The guess is
-    checked: if fewer than ``k`` ids survive it is lowered, and if too many
-    survive (flat distributions) it falls back to the full partition.  The
-    result is exactly the same as sorting the whole array.
+    A full ``argpartition`` over a 262k vocabulary costs ~160 argmax passes.
+    Instead the ids are dealt into ``G = n // 64`` strided groups
+    (``{g, g + G, g + 2G, ...}``) and each group's maximum is taken in one
+    vectorised pass; the ``k``-th largest group maximum ``t`` is a threshold
+    that at least ``k`` values reach, and every value ``>= t`` lies in a group
+    whose maximum is ``>= t``.  Only those few groups are then searched.  The
+    result equals sorting the whole array (ties included).
     """
     values = np.asarray(values)
     n = values.shape[0]
     if k <= 0:
         return np.empty(0, dtype=np.int64)
-    if k >= n:
-        return _sorted_by_value(values, np.arange(n, dtype=np.int64))
-    stride = max(1, n // _THRESHOLD_SAMPLE)
-    sample = values[::stride]
-    rank = min(len(sample), 2 * (k // stride) + 3)
-    while True:
-        threshold = np.partition(sample, len(sample) - rank)[len(sample) - rank]
-        survivors = np.flatnonzero(values >= threshold)
-        if len(survivors) >= k or rank == len(sample):
-            break
-        rank = min(len(sample), rank * 4)
-    if len(survivors) < k or len(survivors) > _MAX_SURVIVORS:
-        # a wide tie or a flat array: partition everything, then fix the tie order
-        part = np.argpartition(-values, k - 1)[:k]
-        kth = values[part].min()
-        survivors = np.flatnonzero(values >= kth)
-    return _sorted_by_value(values, survivors.astype(np.int64, copy=False))[:k]
+    n_groups = n // _GROUP_SIZE
+    if k >= n_groups:  # small vocabularies: sort everything
+        return _sorted_by_value(values, np.arange(n, dtype=np.int64))[:k]
+    covered = n_groups * _GROUP_SIZE
+    group_max = values[:covered].reshape(_GROUP_SIZE, n_groups).max(axis=0)
+    threshold = np.partition(group_max, n_groups - k)[n_groups - k]
+    groups = np.flatnonzero(group_max >= threshold)
+    ids = (groups[None, :] + n_groups * np.arange(_GROUP_SIZE)[:, None]).ravel()
+    if covered < n:
+        ids = np.concatenate([ids, np.arange(covered, n)])
+    survivors = ids[values[ids] >= threshold]
+    return _sorted_by_value(values, survivors)[:k]
 
 
 def in_top_k(values: np.ndarray, i: int, k: int) -> bool:
     """Whether id ``i`` belongs to ``TopK(values)`` (same tie rule) without selecting it.
 
     ``rank(i) = |{j : v_j > v_i}| + |{j < i : v_j = v_i}|`` and ``i`` is in the
-    top ``k`` iff ``rank(i) < k``.  Costs one or two comparison passes.
+    top ``k`` iff ``rank(i) < k``.  One comparison pass when ``i`` is clearly
+    inside (``|{j : v_j >= v_i}| <= k``), up to three with many ties.
     """
     if k <= 0:
         return False
     v = values[i]
-    above = int(np.count_nonzero(values > v))
-    if above >= k:
-        return False
-    if int(np.count_nonzero(values >= v)) <= k:
+    at_least = int(np.count_nonzero(values >= v))
+    if at_least <= k:
         return True  # even with every tie ranked before it, i stays inside
+    above = int(np.count_nonzero(values > v))
     return above + int(np.count_nonzero(values[:i] == v)) < k
+
+
+def certify_fused_top_k(
+    p_slm: np.ndarray,
+    known_ids: np.ndarray,
+    known_llm: np.ndarray,
+    tail_bound: float,
+    alpha: float,
+    k: int,
+) -> bool:
+    """Whether a sparse ``p_llm`` pins down ``TopK(p_fuse, k)`` and its values exactly.
+
+    The cloud sent ``p_llm`` exactly at ``known_ids`` and promised that every
+    other entry is at most ``tail_bound``.  For an omitted id ``j``::
+
+        p_fuse(j) <= alpha * tail_bound + (1 - alpha) * max_{j omitted} p_slm(j) =: ub
+
+    so if the ``k``-th largest fused value among the known ids exceeds ``ub``,
+    the top ``k`` of the fused distribution are all known ids and a decision
+    that reads only them (and ``p_llm`` on them) is exactly the one the full
+    distribution would give.  A small relative margin absorbs float32
+    rounding; when in doubt the answer is ``False`` (ask for the full row).
+    """
+    if k <= 0:
+        return True
+    if len(known_ids) < k:
+        return len(known_ids) == p_slm.shape[0]
+    fused_known = np.float32(alpha) * known_llm + np.float32(1.0 - alpha) * p_slm[known_ids]
+    kth = float(np.partition(fused_known, len(fused_known) - k)[len(fused_known) - k])
+    if len(known_ids) == p_slm.shape[0]:
+        return True
+    saved = p_slm[known_ids].copy()
+    try:
+        p_slm[known_ids] = -np.inf  # exclude the known ids from the max without copying the row
+        max_omitted_slm = float(p_slm.max())
+    finally:
+        p_slm[known_ids] = saved
+    upper = alpha * tail_bound + (1.0 - alpha) * max_omitted_slm
+    return kth > upper + 1e-6 * abs(upper) + 1e-12
 
 
 def pick_token(p: np.ndarray, *, temperature: float = 0.0, rng: np.random.Generator | None = None) -> int:

@@ -108,6 +108,16 @@ class Policy(ABC):
     #: inputs are probabilities ("prob") or logits ("logit")
     space: FusionSpace = field(default="prob", init=False)
 
+    def llm_support(self, mode: FusionMode) -> int | None:
+        """How much of ``p_llm`` the decision reads, so a sparse cloud distribution can be certified.
+
+        ``0``: the decision ignores ``p_llm``; ``k > 0``: it reads only the top
+        ``k`` ids of ``p_fuse`` and ``p_llm`` on them (see
+        :func:`edge_sdk.fusion.certify_fused_top_k`); ``None``: it needs the
+        full distribution.  The default is the safe ``None``.
+        """
+        return None
+
     def cloud_upload(
         self, p_slm: np.ndarray, p_llm: np.ndarray, *, alpha: float, rng: np.random.Generator | None = None
     ) -> CloudUpload:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edge_sdk.fusion import FusionSpace, check_alpha, check_space, fuse, in_top_k, top_k_ids
-from edge_sdk.policies.base import CloudUpload, Policy, SyncedToken
+from edge_sdk.policies.base import CloudUpload, FusionMode, Policy, SyncedToken
 
 
 def _check(lam: float, k: int) -> None:
@@ -122,6 +122,13 @@ class CoVeil(Policy):
     def __post_init__(self) -> None:
         _check(self.lam, self.k)
         check_space(self.space)
+
+    def llm_support(self, mode: FusionMode) -> int | None:
+        # cloud-side reads y* = argmax p_fuse and p_llm(y*); edge-side reads TopK(p_fuse) and p_llm on it.
+        # In logit space the cloud-side pool TopK(z_slm) may read z_llm anywhere, so ask for everything.
+        if self.space == "logit":
+            return None
+        return 1 if mode == "cloud" else self.k
 
     def cloud_upload(self, p_slm, p_llm, *, alpha, rng=None) -> CloudUpload:
         ids = coveil_upload(p_slm, p_llm, alpha=alpha, lam=self.lam, k=self.k, space=self.space)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edge_sdk.fusion import fuse, pick_token
-from edge_sdk.policies.base import CloudUpload, Policy, SyncedToken
+from edge_sdk.policies.base import CloudUpload, FusionMode, Policy, SyncedToken
 
 
 @dataclass
@@ -23,6 +23,11 @@ class Undefended(Policy):
     modes = frozenset({"cloud", "edge"})
 
     temperature: float = 0.0
+
+    def llm_support(self, mode: FusionMode) -> int | None:
+        if mode == "cloud":
+            return 0  # the upload ignores p_llm
+        return 1 if self.temperature == 0.0 else None
 
     def cloud_upload(self, p_slm, p_llm, *, alpha, rng=None) -> CloudUpload:
         return CloudUpload(np.arange(p_slm.shape[0], dtype=np.int64), p_slm)

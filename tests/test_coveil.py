@@ -1,0 +1,142 @@
+"""CoVeil: hand-worked steps and the invariants of both rules."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edge_sdk.fusion import fuse, top_k_ids
+from edge_sdk.policies import CloudUpload, CoVeil, SyncedToken, available_policies, make_policy
+from edge_sdk.policies.coveil import coveil_select, coveil_upload, coveil_upload_scores
+from tests.conftest import distribution_pairs
+
+
+def general_upload(p_slm: np.ndarray, p_llm: np.ndarray, alpha: float, lam: float, k: int) -> np.ndarray:
+    """The general rule S = {i in C : g(i) < 0}, no fast path."""
+    candidates = top_k_ids(p_slm, k)
+    y_star = int(np.argmax(fuse(p_llm, p_slm, alpha)))
+    g = coveil_upload_scores(p_slm, p_llm, candidates, y_star, alpha=alpha, lam=lam)
+    return np.sort(candidates[g < 0])
+
+
+P_SLM = np.array([0.6, 0.3, 0.1, 0.0], np.float32)
+P_LLM = np.array([0.1, 0.2, 0.3, 0.4], np.float32)
+
+
+def test_cloud_side_hand_worked() -> None:
+    # p_fuse = 0.3*P_LLM + 0.7*P_SLM = [.45, .27, .16, .12] -> y* = 0; C = Top2(p_slm) = {0, 1}
+    # g(0) = -0.7*0.6*(1 - 1/2) + lam*|0.6 - 0.1| = -0.21 + 0.5*lam
+    # g(1) = -0.7*0.3*(0 - 1/2) + lam*|0.3 - 0.2| = 0.105 + 0.1*lam  (never negative)
+    assert coveil_upload(P_SLM, P_LLM, alpha=0.3, lam=0.4, k=2).tolist() == [0]  # g(0) = -0.01
+    assert coveil_upload(P_SLM, P_LLM, alpha=0.3, lam=0.42, k=2).tolist() == []  # g(0) = 0
+    assert coveil_upload(P_SLM, P_LLM, alpha=0.3, lam=0.5, k=2).tolist() == []
+    scores = coveil_upload_scores(P_SLM, P_LLM, np.array([0, 1]), 0, alpha=0.3, lam=0.4)
+    np.testing.assert_allclose(scores, [-0.01, 0.145], atol=1e-7)
+
+
+def test_edge_side_hand_worked() -> None:
+    # p_fuse = [.45, .27, .16, .12]; J(i) = -(p_fuse(i) - .45) + lam*(p_slm(i) - p_llm(i))
+    # lam=1: J = [0.5, 0.28, 0.09, -0.07] -> 3;  lam=0.2: J = [0.1, 0.2, 0.25, 0.25] -> 0
+    assert coveil_select(P_SLM, P_LLM, alpha=0.3, lam=1.0, k=4) == 3
+    assert coveil_select(P_SLM, P_LLM, alpha=0.3, lam=0.2, k=4) == 0
+    assert coveil_select(P_SLM, P_LLM, alpha=0.3, lam=1.0, k=3) == 2  # id 3 is outside Top3(p_fuse)
+
+
+def test_tie_break_prefers_higher_fused_then_lower_id() -> None:
+    p_slm = np.array([0.25, 0.25, 0.25, 0.25], np.float32)
+    p_llm = np.array([0.25, 0.25, 0.25, 0.25], np.float32)
+    assert coveil_select(p_slm, p_llm, alpha=0.5, lam=3.0, k=4) == 0
+
+
+@settings(max_examples=400, deadline=None)
+@given(distribution_pairs(), st.floats(0.0, 1.0), st.floats(0.0, 20.0), st.integers(1, 70))
+def test_fast_path_equals_general_rule(pair, alpha: float, lam: float, k: int) -> None:
+    p_slm, p_llm = pair
+    np.testing.assert_array_equal(
+        coveil_upload(p_slm, p_llm, alpha=alpha, lam=lam, k=k), general_upload(p_slm, p_llm, alpha, lam, k)
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(distribution_pairs(), st.floats(0.0, 1.0), st.floats(0.0, 20.0), st.integers(1, 70))
+def test_upload_lies_in_top_k_of_slm(pair, alpha: float, lam: float, k: int) -> None:
+    p_slm, p_llm = pair
+    upload = coveil_upload(p_slm, p_llm, alpha=alpha, lam=lam, k=k)
+    assert set(upload.tolist()) <= set(top_k_ids(p_slm, k).tolist())
+    logit_upload = coveil_upload(np.log(p_slm + 1e-9), np.log(p_llm + 1e-9), alpha=alpha, lam=lam, k=k, space="logit")
+    assert set(logit_upload.tolist()) <= set(top_k_ids(np.log(p_slm + 1e-9), k).tolist())
+
+
+@settings(max_examples=300, deadline=None)
+@given(distribution_pairs(), st.floats(0.0, 0.99), st.integers(2, 70))
+def test_lambda_zero_uploads_exactly_y_star_and_keeps_it_the_argmax(pair, alpha: float, k: int) -> None:
+    p_slm, p_llm = pair
+    y_star = int(np.argmax(fuse(p_llm, p_slm, alpha)))
+    upload = coveil_upload(p_slm, p_llm, alpha=alpha, lam=0.0, k=k)
+    if y_star in set(top_k_ids(p_slm, k).tolist()) and p_slm[y_star] > 0:
+        assert upload.tolist() == [y_star]
+        masked = CloudUpload.of(p_slm, upload).fuse_with(p_llm, alpha)
+        assert int(np.argmax(masked)) == y_star
+    else:
+        assert upload.tolist() == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(distribution_pairs(), st.floats(0.0, 1.0), st.integers(1, 70))
+def test_edge_side_lambda_zero_returns_y_star(pair, alpha: float, k: int) -> None:
+    p_slm, p_llm = pair
+    assert coveil_select(p_slm, p_llm, alpha=alpha, lam=0.0, k=k) == int(np.argmax(fuse(p_llm, p_slm, alpha)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(distribution_pairs(), st.floats(0.0, 1.0), st.integers(1, 70))
+def test_large_lambda_uploads_nothing_unless_the_models_agree(pair, alpha: float, k: int) -> None:
+    p_slm, p_llm = pair
+    upload = coveil_upload(p_slm, p_llm, alpha=alpha, lam=1e6, k=k)
+    # only a token with (almost) no edge-cloud discrepancy can survive an enormous privacy weight
+    assert all(abs(float(p_slm[i]) - float(p_llm[i])) < 1e-5 for i in upload)
+
+
+@settings(max_examples=200, deadline=None)
+@given(distribution_pairs(), st.floats(0.0, 1.0), st.floats(0.0, 5.0), st.integers(1, 70))
+def test_edge_side_choice_is_a_candidate_minimising_j(pair, alpha: float, lam: float, k: int) -> None:
+    p_slm, p_llm = pair
+    p_fuse = fuse(p_llm, p_slm, alpha).astype(np.float64)
+    candidates = top_k_ids(fuse(p_llm, p_slm, alpha), k)
+    chosen = coveil_select(p_slm, p_llm, alpha=alpha, lam=lam, k=k)
+    assert chosen in set(candidates.tolist())
+    objective = -(p_fuse - p_fuse[candidates[0]]) + lam * (p_slm.astype(np.float64) - p_llm)
+    assert objective[chosen] <= objective[candidates].min() + 1e-12
+
+
+def test_policy_objects_report_what_the_cloud_sees() -> None:
+    policy = make_policy("coveil", lam=0.4, k=2)
+    upload = policy.decide("cloud", P_SLM, P_LLM, alpha=0.3)
+    assert isinstance(upload, CloudUpload)
+    assert upload.ids.tolist() == [0] and upload.values.tolist() == [pytest.approx(0.6)]
+    assert upload.exposure(100).tolist() == [0]
+    token = policy.decide("edge", P_SLM, P_LLM, alpha=0.3)
+    assert isinstance(token, SyncedToken)
+    assert {"coveil", "undefended"} <= set(available_policies("cloud"))
+
+
+def test_bad_parameters_are_refused() -> None:
+    with pytest.raises(ValueError, match="lam"):
+        CoVeil(lam=-1.0)
+    with pytest.raises(ValueError, match="pool size"):
+        CoVeil(k=0)
+    with pytest.raises(ValueError, match="space"):
+        CoVeil(space="bits")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="alpha"):
+        coveil_upload(P_SLM, P_LLM, alpha=1.5)
+    with pytest.raises(ValueError, match="unknown policy"):
+        make_policy("nope")
+
+
+def test_upload_validation() -> None:
+    with pytest.raises(ValueError, match="unique"):
+        CloudUpload(np.array([2, 2]), np.array([0.1, 0.2]))
+    upload = CloudUpload(np.array([5, 1]), np.array([0.5, 0.1]))
+    assert upload.ids.tolist() == [1, 5] and upload.values.tolist() == [pytest.approx(0.1), pytest.approx(0.5)]

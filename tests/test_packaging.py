@@ -1,0 +1,46 @@
+"""The SDK stays light, the wire code is generated, and the package layering holds."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "transformers", "llama_cpp", "grpc", "google.protobuf", "cloud_adapter", "eval_harness")
+
+
+def imported_after(statement: str) -> set[str]:
+    code = f"import sys; {statement}; print('\\n'.join(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=ROOT)
+    return set(out.stdout.split())
+
+
+def test_import_edge_sdk_is_light() -> None:
+    modules = imported_after(
+        "import edge_sdk, edge_sdk.fusion, edge_sdk.policies, edge_sdk.models, edge_sdk.leakage, edge_sdk.session"
+    )
+    loaded = sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in HEAVY))
+    assert loaded == [], f"import edge_sdk pulled in {loaded}"
+
+
+def test_edge_sdk_never_imports_the_cloud_or_the_harness() -> None:
+    offenders = []
+    for path in (ROOT / "edge_sdk").rglob("*.py"):
+        if path.name.endswith("_pb2.py") or path.name.endswith("_pb2_grpc.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] in ("cloud_adapter", "eval_harness")]
+    assert offenders == []
+
+
+def test_wire_code_is_generated_from_the_proto() -> None:
+    from edge_sdk import wire
+
+    pb = wire.pb()
+    assert pb.DESCRIPTOR.package == "coveil.v1"
+    assert "Decode" in pb.DESCRIPTOR.services_by_name["CollaborativeDecoding"].methods_by_name
