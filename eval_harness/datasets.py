@@ -1,0 +1,101 @@
+"""DecodeLeak benchmark items and the prompts built from them, behind a task registry.
+
+A task turns one JSONL row into a :class:`DecodeLeakItem`: the public query
+(with its options, sent to the cloud), the private context (edge only), the
+private-evidence spans (the leakage targets) and the gold answer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+LETTERS = ("A", "B", "C", "D")
+
+
+@dataclass(frozen=True)
+class DecodeLeakItem:
+    """One instance ``(x_pub, x_priv, E_priv)`` with its multiple-choice answer."""
+
+    item_id: str
+    public_query: str
+    options: dict[str, str]
+    private_context: str
+    evidence_spans: tuple[str, ...]
+    answer: str  # the gold letter
+
+    @property
+    def public_prompt(self) -> str:
+        """What the cloud sees: the question, the options and the answer format."""
+        options = "\n".join(f"({letter}) {self.options[letter].strip()}" for letter in LETTERS if letter in self.options)
+        return (
+            f"Question: {self.public_query.strip()}\n"
+            f"Options:\n{options}\n"
+            "Reply with the letter of the correct option, then one short sentence of reasoning.\n"
+            "Answer: ("
+        )
+
+
+_FIRST_LETTER = re.compile(r"\(?\s*([ABCD])\b")
+
+
+def predicted_letter(generation: str) -> str | None:
+    """The option letter a generation starts with (the prompt ends in ``Answer: (``)."""
+    match = _FIRST_LETTER.match(generation.strip())
+    return match.group(1) if match else None
+
+
+def item_from_row(row: dict) -> DecodeLeakItem:
+    """Parse one row of the published MedPriv/CommPriv JSONL format (raises ``ValueError`` if malformed)."""
+    missing = [key for key in ("_id", "public_query", "options", "private_context", "filtered_context",
+                               "answer_idx") if key not in row]
+    if missing:
+        raise ValueError(f"row {row.get('_id', '?')} lacks {', '.join(missing)}")
+    spans = tuple(span.strip() for span in row["filtered_context"].split(",") if span.strip())
+    return DecodeLeakItem(
+        item_id=str(row["_id"]),
+        public_query=row["public_query"],
+        options={k: str(v) for k, v in row["options"].items()},
+        private_context=row["private_context"],
+        evidence_spans=spans,
+        answer=row["answer_idx"],
+    )
+
+
+def read_jsonl(path: Path, limit: int | None = None) -> Iterator[DecodeLeakItem]:
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if limit is not None and number > limit:
+                return
+            if line.strip():
+                try:
+                    yield item_from_row(json.loads(line))
+                except (json.JSONDecodeError, ValueError) as exc:
+                    raise ValueError(f"{path}:{number}: {exc}") from exc
+
+
+TASKS: dict[str, Callable[[int | None], list[DecodeLeakItem]]] = {}
+
+
+def register_task(name: str, loader: Callable[[int | None], list[DecodeLeakItem]]) -> None:
+    if name in TASKS:
+        raise ValueError(f"task {name!r} is already registered")
+    TASKS[name] = loader
+
+
+def load_task(name_or_path: str, limit: int | None = None) -> list[DecodeLeakItem]:
+    """Items of a registered task (``medpriv``, ``commpriv``) or of a JSONL file in the same format."""
+    if name_or_path in TASKS:
+        return TASKS[name_or_path](limit)
+    path = Path(name_or_path)
+    if path.suffix == ".jsonl" and path.is_file():
+        return list(read_jsonl(path, limit))
+    raise ValueError(f"unknown task {name_or_path!r}: choose one of {', '.join(sorted(TASKS))} or a .jsonl path")
+
+
+register_task("medpriv", lambda limit: list(read_jsonl(DATA_DIR / "MEDPRIV.jsonl", limit)))
+register_task("commpriv", lambda limit: list(read_jsonl(DATA_DIR / "COMMPRIV.jsonl", limit)))
