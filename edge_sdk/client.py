@@ -1,0 +1,229 @@
+"""The app-facing API: :class:`EdgeClient`.
+
+>>> client = EdgeClient("cloud.example:50051", slm=LlamaCppSLM(), credentials=Credentials(token="..."))
+>>> result = client.generate("Which diagnosis fits?", private_context="...notes...", mode="edge")
+>>> result.text, result.ledger.summary()
+
+The private context is only ever given to the local SLM; the cloud receives
+the public query, the policy's per-step signals and the tokens chosen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edge_sdk import wire
+from edge_sdk.backends.base import SLMBackend
+from edge_sdk.leakage import LeakageMeter, content_token_ids
+from edge_sdk.policies import CoVeil, Policy, make_policy
+from edge_sdk.policies.base import FusionMode
+from edge_sdk.session import CollaborativeDecoder, DecodeSettings, PrivacyLedger, run_with_resume
+from edge_sdk.transport import CloudConnection, CloudSessionHandler, GrpcChannel, InProcessChannel
+
+#: joins the private context and the public query in the SLM's prompt
+CONTEXT_SEPARATOR = "\n\n"
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """How to authenticate to a cloud adapter.
+
+    Args:
+        token: bearer token sent as ``authorization: Bearer <token>``.
+        root_cert: PEM of the CA that signed the server's certificate; enables TLS.
+        client_cert, client_key: PEM pair for mutual TLS.
+    """
+
+    token: str | None = None
+    root_cert: bytes | None = None
+    client_cert: bytes | None = None
+    client_key: bytes | None = None
+
+    @classmethod
+    def from_files(
+        cls,
+        *,
+        token_file: str | Path | None = None,
+        root_cert: str | Path | None = None,
+        client_cert: str | Path | None = None,
+        client_key: str | Path | None = None,
+    ) -> Credentials:
+        def read(path: str | Path | None) -> bytes | None:
+            return Path(path).read_bytes() if path else None
+
+        token = Path(token_file).read_text().strip() if token_file else None
+        return cls(token, read(root_cert), read(client_cert), read(client_key))
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.token}"),) if self.token else ()
+
+
+@dataclass
+class GenerationResult:
+    """A finished generation: the text, its token ids and the privacy ledger."""
+
+    text: str
+    token_ids: list[int]
+    ledger: PrivacyLedger
+    finish_reason: str
+
+
+class EdgeClient:
+    """Collaborative decoding from the device.
+
+    Args:
+        cloud: ``"host:port"`` of a cloud adapter, or a zero-argument callable
+            returning a cloud session handler (in-process use: tests, harness).
+        slm: the edge model (e.g. :class:`edge_sdk.backends.llama_cpp.LlamaCppSLM`).
+        credentials: token and TLS material for a remote adapter.
+        timeout_s: per-session deadline on the gRPC stream (``None`` = none).
+        max_reconnects: how often a broken session is reopened before giving up.
+    """
+
+    def __init__(
+        self,
+        cloud: str | Callable[[], CloudSessionHandler],
+        *,
+        slm: SLMBackend,
+        credentials: Credentials | None = None,
+        timeout_s: float | None = None,
+        max_reconnects: int = 3,
+    ) -> None:
+        self.slm = slm
+        self.credentials = credentials or Credentials()
+        self.timeout_s = timeout_s
+        self.max_reconnects = max_reconnects
+        self._cloud = cloud
+        self._grpc_channel: Any = None
+        self._piece: Callable[[int], str] | None = None
+
+    # -- connections -------------------------------------------------------------------------------
+    def _connect(self) -> CloudConnection:
+        if callable(self._cloud):
+            return CloudConnection(InProcessChannel(self._cloud()))
+        if self._grpc_channel is None:
+            self._grpc_channel = self._open_grpc_channel(self._cloud)
+        return CloudConnection(
+            GrpcChannel(self._grpc_channel, metadata=self.credentials.metadata, timeout_s=self.timeout_s)
+        )
+
+    def _open_grpc_channel(self, address: str) -> Any:
+        import grpc
+
+        options = [
+            ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.max_send_message_length", 64 << 20),
+        ]
+        creds = self.credentials
+        if creds.root_cert is None:
+            return grpc.insecure_channel(address, options=options)
+        tls = grpc.ssl_channel_credentials(creds.root_cert, creds.client_key, creds.client_cert)
+        return grpc.secure_channel(address, tls, options=options)
+
+    def close(self) -> None:
+        """Close the gRPC channel (sessions close themselves)."""
+        if self._grpc_channel is not None:
+            self._grpc_channel.close()
+            self._grpc_channel = None
+
+    def __enter__(self) -> EdgeClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- generation --------------------------------------------------------------------------------
+    def decoder(
+        self,
+        public_query: str,
+        private_context: str = "",
+        *,
+        mode: FusionMode = "cloud",
+        policy: Policy | str = "coveil",
+        alpha: float = 0.3,
+        max_new_tokens: int = 256,
+        never_upload: Sequence[str] = (),
+        exposure_budget: float | None = None,
+        top_m: int = wire.DEFAULT_TOP_M,
+        seed: int = 0,
+        rng: np.random.Generator | None = None,
+    ) -> CollaborativeDecoder:
+        """Build the decoder for one generation (what :meth:`stream` runs)."""
+        if isinstance(policy, str):
+            policy = CoVeil() if policy == "coveil" else make_policy(policy)
+        slm = self.slm
+        cloud_prompt = slm.tokenize(public_query, add_bos=True)
+        slm_prompt = (
+            slm.tokenize(private_context + CONTEXT_SEPARATOR + public_query, add_bos=True)
+            if private_context
+            else cloud_prompt
+        )
+        if self._piece is None:
+            self._piece = _piece_reader(slm)
+        piece = self._piece
+        private_ids = content_token_ids(private_context, lambda t: slm.tokenize(t, add_bos=False), piece)
+        masked: set[int] = set()
+        for span in never_upload:
+            if span not in private_context:
+                raise ValueError(f"never_upload span {span!r} does not occur in the private context")
+            masked |= content_token_ids(span, lambda t: slm.tokenize(t, add_bos=False), piece)
+        if exposure_budget is not None and not 0.0 <= exposure_budget <= 1.0:
+            raise ValueError(f"exposure_budget must lie in [0, 1], got {exposure_budget}")
+        settings = DecodeSettings(
+            mode=mode,
+            alpha=alpha,
+            max_new_tokens=max_new_tokens,
+            top_m=top_m,
+            seed=seed,
+            exposure_budget=exposure_budget,
+        )
+        return CollaborativeDecoder(
+            slm,
+            policy,
+            settings,
+            slm_prompt=slm_prompt,
+            cloud_prompt=cloud_prompt,
+            meter=LeakageMeter(frozenset(private_ids)),
+            masked_ids=frozenset(masked),
+            rng=rng if rng is not None else np.random.default_rng(seed),
+        )
+
+    def stream(self, public_query: str, private_context: str = "", **kwargs: Any) -> Iterator[str]:
+        """Yield the text of each token as it is decided (see :meth:`decoder` for the arguments).
+
+        Stopping the iteration early closes the cloud session.
+        """
+        decoder = self.decoder(public_query, private_context, **kwargs)
+        emitted = ""
+        for _event in run_with_resume(decoder, self._connect, max_reconnects=self.max_reconnects):
+            text = self.slm.detokenize(decoder.tokens)
+            if text.startswith(emitted) and len(text) > len(emitted):
+                yield text[len(emitted) :]
+                emitted = text
+
+    def generate(self, public_query: str, private_context: str = "", **kwargs: Any) -> GenerationResult:
+        """Decode to the end; return the text and the privacy ledger."""
+        decoder = self.decoder(public_query, private_context, **kwargs)
+        for _event in run_with_resume(decoder, self._connect, max_reconnects=self.max_reconnects):
+            pass
+        return GenerationResult(
+            text=self.slm.detokenize(decoder.tokens),
+            token_ids=list(decoder.tokens),
+            ledger=decoder.ledger,
+            finish_reason=decoder.finish_reason or "max_new_tokens",
+        )
+
+
+def _piece_reader(slm: SLMBackend) -> Callable[[int], str]:
+    """Token id → its text, from the backend's own vocabulary table when it has one."""
+    strings = getattr(slm, "token_strings", None)
+    if strings is not None:
+        table = [s.decode("utf-8", errors="replace") for s in strings()]
+        return table.__getitem__
+    return lambda i: slm.detokenize([i])

@@ -1,0 +1,301 @@
+"""The collaborative decoding loop, written once for every transport.
+
+Per step ``t`` the edge has ``p_slm`` (private context + public query + the
+shared prefix) and receives the cloud's ``p_llm`` (public query + prefix).
+Its policy turns them into the one signal that leaves the device; the loop
+records that in the :class:`PrivacyLedger` and the :class:`LeakageMeter`.
+
+Both models only need the last token to go on, so the loop sends its signal
+first and then runs its own model while the cloud runs its own: a step costs
+about ``max(edge, cloud) + one round trip``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edge_sdk import wire
+from edge_sdk.backends.base import SLMBackend
+from edge_sdk.fusion import certify_fused_top_k, exposure_set, log_probs, softmax
+from edge_sdk.leakage import LeakageMeter
+from edge_sdk.policies.base import CloudUpload, FusionMode, Policy, SyncedToken
+from edge_sdk.transport import CloudConnection, CloudError
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """What left the device at one step, and why."""
+
+    step: int
+    token_id: int
+    policy: str
+    signal: str  # "upload" or "token"
+    values_uploaded: int  # cloud-side: how many SLM values were sent
+    full_requested: bool  # the edge asked for the full cloud distribution (the cloud saw that)
+    withheld: bool  # the exposure budget was reached: only a cloud-only signal was sent
+    bytes_up: int
+    bytes_down: int
+    leak_share: float  # share of the private context's content tokens exposed so far
+    edge_ms: float  # own model + policy time
+    wait_ms: float  # time blocked on the cloud
+    exposure: tuple[int, ...] = ()  # DecodeLeak's E_t^K: the top-K ids the cloud can read off this step
+
+
+@dataclass
+class PrivacyLedger:
+    """Per-step record of everything that left the device in one generation."""
+
+    mode: FusionMode
+    policy: str
+    entries: list[LedgerEntry] = field(default_factory=list)
+    reconnects: int = 0
+
+    @property
+    def bytes_up(self) -> int:
+        return sum(e.bytes_up for e in self.entries)
+
+    @property
+    def bytes_down(self) -> int:
+        return sum(e.bytes_down for e in self.entries)
+
+    @property
+    def full_requests(self) -> int:
+        return sum(e.full_requested for e in self.entries)
+
+    @property
+    def values_uploaded(self) -> int:
+        return sum(e.values_uploaded for e in self.entries)
+
+    @property
+    def leak_share(self) -> float:
+        return self.entries[-1].leak_share if self.entries else 0.0
+
+    def summary(self) -> str:
+        steps = len(self.entries)
+        return (
+            f"{steps} steps, {self.mode}-side fusion with {self.policy}: "
+            f"{self.values_uploaded} SLM values uploaded, {self.full_requests} full-distribution requests, "
+            f"{self.bytes_up} B up / {self.bytes_down} B down, leakage meter {self.leak_share:.1%}"
+        )
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """Per-generation settings shared by both ends (all public)."""
+
+    mode: FusionMode = "cloud"
+    alpha: float = 0.3
+    max_new_tokens: int = 256
+    top_m: int = wire.DEFAULT_TOP_M
+    temperature: float = 0.0  # cloud-side sampling when the cloud picks
+    seed: int = 0
+    exposure_k: int = 100  # DecodeLeak's K for the meter's exposure sets
+    exposure_budget: float | None = None  # stop uploading once the meter reaches this share
+
+
+@dataclass
+class StepEvent:
+    """One decided token as the loop yields it."""
+
+    token_id: int
+    entry: LedgerEntry
+
+
+class CollaborativeDecoder:
+    """Runs one generation: holds the shared prefix and can resume on a new connection.
+
+    Args:
+        slm: the edge model backend.
+        policy: the defence deciding each step's signal.
+        settings: :class:`DecodeSettings`.
+        slm_prompt: ids the SLM conditions on (private context + public query).
+        cloud_prompt: ids the cloud conditions on (public query only).
+        meter: the live leakage meter for this private context.
+        masked_ids: token ids that must never leave the device; their SLM
+            probability is zeroed before the policy runs.
+        rng: the generator randomised policies draw from.
+    """
+
+    def __init__(
+        self,
+        slm: SLMBackend,
+        policy: Policy,
+        settings: DecodeSettings,
+        *,
+        slm_prompt: list[int],
+        cloud_prompt: list[int],
+        meter: LeakageMeter,
+        masked_ids: frozenset[int] = frozenset(),
+        rng: np.random.Generator | None = None,
+    ) -> None:
+        if settings.mode not in policy.modes:
+            raise ValueError(f"policy {policy.name!r} does not support {settings.mode}-side fusion")
+        self.slm = slm
+        self.policy = policy
+        self.settings = settings
+        self.slm_prompt = list(slm_prompt)
+        self.cloud_prompt = list(cloud_prompt)
+        self.meter = meter
+        self.masked = np.fromiter(sorted(masked_ids), dtype=np.int64)
+        self.rng = rng
+        self.tokens: list[int] = []
+        self.ledger = PrivacyLedger(mode=settings.mode, policy=policy.describe())
+        self.finish_reason: str | None = None
+        self._slm_logits: np.ndarray | None = None
+        self._stop_ids: frozenset[int] = frozenset(slm.eos_token_ids)
+
+    def request(self) -> wire.SessionRequest:
+        s = self.settings
+        return wire.SessionRequest(
+            prompt_ids=tuple(self.cloud_prompt),
+            mode=s.mode,
+            alpha=s.alpha,
+            space=self.policy.space,
+            temperature=s.temperature,
+            seed=s.seed,
+            max_new_tokens=s.max_new_tokens,
+            vocab_fingerprint=self.slm.vocab_fingerprint(),
+            edge_model=self.slm.name,
+            vocab_size=self.slm.vocab_size,
+            top_m=s.top_m,
+            resume_prefix=tuple(self.tokens),
+        )
+
+    # -- one step ------------------------------------------------------------------------------------
+    def _edge_arrays(self, logits: np.ndarray) -> np.ndarray:
+        """``p_slm`` in the policy's space, with masked ids removed."""
+        p = softmax(logits)
+        if self.masked.size:
+            p[self.masked] = 0.0
+            total = p.sum(dtype=np.float64)
+            if total > 0:
+                p /= np.float32(total)
+        return log_probs(p) if self.policy.space == "logit" else p
+
+    def _needs_full(self, p_slm: np.ndarray, dist: wire.CloudDistribution, withheld: bool) -> bool:
+        if dist.is_full or withheld:
+            return False
+        support = self.policy.llm_support(self.settings.mode)
+        if support is None:
+            return True
+        return not certify_fused_top_k(p_slm, dist.ids, dist.values, dist.tail_bound, self.settings.alpha, support)
+
+    def _decide(
+        self, p_slm: np.ndarray, p_llm: np.ndarray, withheld: bool
+    ) -> CloudUpload | SyncedToken:
+        mode, alpha = self.settings.mode, self.settings.alpha
+        if withheld:  # budget reached: a signal the cloud could have produced on its own
+            if mode == "cloud":
+                return CloudUpload.empty(self.policy.space)
+            return SyncedToken(int(np.argmax(p_llm)))
+        signal = self.policy.decide(mode, p_slm, p_llm, alpha=alpha, rng=self.rng)
+        if mode == "cloud" and self.masked.size and len(signal.ids):  # type: ignore[union-attr]
+            keep = ~np.isin(signal.ids, self.masked)  # type: ignore[union-attr]
+            signal = CloudUpload(signal.ids[keep], signal.values[keep], signal.space)  # type: ignore[union-attr]
+        return signal
+
+    def steps(self, connection: CloudConnection) -> Iterator[StepEvent]:
+        """Open (or resume) the session on ``connection`` and decode until the end."""
+        info = connection.open(self.request())
+        self._stop_ids = frozenset(self.slm.eos_token_ids) | info.eos_token_ids
+        max_steps = min(self.settings.max_new_tokens, info.max_new_tokens)
+        if self._slm_logits is None:
+            self._slm_logits = self.slm.prefill(self.slm_prompt + self.tokens)
+        k = self.settings.exposure_k
+        while len(self.tokens) < max_steps:
+            step = len(self.tokens)
+            up0, down0 = connection.bytes.edge_to_cloud, connection.bytes.cloud_to_edge
+            wait = time.perf_counter()
+            dist = connection.distribution()
+            wait_s = time.perf_counter() - wait
+            if dist.step != step:
+                raise CloudError("INTERNAL", f"the cloud sent step {dist.step}, expected {step}")
+            started = time.perf_counter()
+            p_slm = self._edge_arrays(self._slm_logits)
+            budget = self.settings.exposure_budget
+            withheld = budget is not None and self.meter.share >= budget
+            full_requested = self._needs_full(p_slm, dist, withheld)
+            if full_requested:
+                wait = time.perf_counter()
+                dist = connection.request_full(step)
+                wait_s += time.perf_counter() - wait
+            p_llm = dist.lower_dense(self.slm.vocab_size)
+            signal = self._decide(p_slm, p_llm, withheld)
+            edge_s = time.perf_counter() - started
+            if isinstance(signal, CloudUpload):
+                exposure = signal.exposure(k)
+                self.meter.observe(exposure)
+                wait = time.perf_counter()
+                token, finished = connection.upload(step, signal)
+                wait_s += time.perf_counter() - wait
+                uploaded = len(signal)
+            else:
+                token, uploaded = signal.token_id, 0
+                connection.sync_token(step, token)
+                exposure = dist.ids[:k] if not dist.is_full else exposure_set(p_llm, k)
+                self.meter.observe(exposure)
+                self.meter.observe([token])
+                finished = token in self._stop_ids or step + 1 >= max_steps
+            self.tokens.append(token)
+            if not finished:
+                started_own = time.perf_counter()
+                self._slm_logits = self.slm.append(token)  # runs while the cloud computes its own step
+                edge_s += time.perf_counter() - started_own
+            entry = LedgerEntry(
+                step=step,
+                token_id=token,
+                policy=self.policy.name,
+                signal="upload" if isinstance(signal, CloudUpload) else "token",
+                values_uploaded=uploaded,
+                full_requested=full_requested,
+                withheld=withheld,
+                bytes_up=connection.bytes.edge_to_cloud - up0,
+                bytes_down=connection.bytes.cloud_to_edge - down0,
+                leak_share=self.meter.share,
+                edge_ms=edge_s * 1e3,
+                wait_ms=wait_s * 1e3,
+                exposure=tuple(int(i) for i in exposure),
+            )
+            self.ledger.entries.append(entry)
+            yield StepEvent(token, entry)
+            if finished:
+                self.finish_reason = connection.finished()
+                return
+        self.finish_reason = "max_new_tokens"
+
+
+def run_with_resume(
+    decoder: CollaborativeDecoder,
+    connect: Callable[[], CloudConnection],
+    *,
+    max_reconnects: int = 3,
+    backoff_s: float = 0.5,
+) -> Iterator[StepEvent]:
+    """Drive ``decoder`` over connections from ``connect``, reopening after a retryable failure.
+
+    A reopened session replays only public data: the public prompt and the
+    tokens already chosen.  After ``max_reconnects`` failed attempts the last
+    error propagates.  The connection is closed however the loop ends
+    (including when the consumer stops iterating).
+    """
+    attempts = 0
+    while True:
+        connection: CloudConnection | None = None
+        try:
+            connection = connect()
+            yield from decoder.steps(connection)
+            return
+        except CloudError as exc:
+            if not exc.retryable or attempts >= max_reconnects:
+                raise
+            attempts += 1
+            decoder.ledger.reconnects += 1
+            time.sleep(backoff_s * attempts)
+        finally:
+            if connection is not None:
+                connection.close()
+

@@ -1,0 +1,218 @@
+"""How the edge talks to the cloud for one session, independent of the carrier.
+
+:class:`CloudConnection` speaks the protocol of ``proto/coveil.proto`` in
+terms of typed values (distributions, uploads, tokens) and counts the bytes
+each direction carries.  Underneath, a :class:`MessageChannel` moves protobuf
+messages:
+
+* :class:`GrpcChannel` over a real gRPC bidirectional stream;
+* :class:`InProcessChannel` straight into a cloud session handler object in
+  the same process (tests, the harness), through the same encoding, so byte
+  counts and validation are identical.
+
+The decoding loop (:mod:`edge_sdk.session`) is written once against
+:class:`CloudConnection`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from edge_sdk import wire
+from edge_sdk.policies.base import CloudUpload
+
+
+class CloudError(RuntimeError):
+    """The cloud refused or broke the session.  ``code`` is the gRPC status name."""
+
+    def __init__(self, code: str, message: str, *, retryable: bool = False) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.retryable = retryable
+
+
+#: gRPC status codes after which reopening the session may succeed
+RETRYABLE_CODES = frozenset({"UNAVAILABLE", "ABORTED", "INTERNAL", "UNKNOWN", "DEADLINE_EXCEEDED", "CANCELLED"})
+
+
+class MessageChannel(Protocol):
+    """Moves protobuf messages of one session: ``EdgeMessage`` out, ``CloudMessage`` in."""
+
+    def send(self, message: Any) -> None: ...
+
+    def receive(self) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+class CloudSessionHandler(Protocol):
+    """The cloud side of one session as an in-process object (``cloud_adapter.engine.SessionHandler``)."""
+
+    def handle(self, message: Any) -> Iterable[Any]: ...
+
+    def abandon(self, reason: str) -> None: ...
+
+
+class InProcessChannel:
+    """Hands each message to a cloud session handler in this process and queues its replies."""
+
+    def __init__(self, handler: CloudSessionHandler) -> None:
+        self._handler = handler
+        self._replies: list[Any] = []
+
+    def send(self, message: Any) -> None:
+        # round-trip through bytes: the same validation and sizes as on the wire
+        edge_message = type(message).FromString(message.SerializeToString())
+        try:
+            self._replies.extend(self._handler.handle(edge_message))
+        except CloudError:
+            raise
+        except Exception as exc:
+            code = getattr(exc, "code", None)
+            if isinstance(code, str):  # the engine's ProtocolError: the status a server would send
+                message = getattr(exc, "message", str(exc))
+                raise CloudError(code, message, retryable=code in RETRYABLE_CODES) from exc
+            raise
+
+    def receive(self) -> Any:
+        if not self._replies:
+            raise CloudError("FAILED_PRECONDITION", "the cloud sent nothing for this request")
+        reply = self._replies.pop(0)
+        return type(reply).FromString(reply.SerializeToString())
+
+    def close(self) -> None:
+        self._handler.abandon("closed")
+
+
+_CLOSED = object()
+
+
+class GrpcChannel:
+    """One ``Decode`` bidirectional stream on a gRPC channel."""
+
+    def __init__(
+        self, grpc_channel: Any, *, metadata: tuple[tuple[str, str], ...] = (), timeout_s: float | None = None
+    ) -> None:
+        import grpc
+
+        from edge_sdk._wire import coveil_pb2_grpc
+
+        self._grpc = grpc
+        self._outbox: queue.Queue[Any] = queue.Queue()
+        stub = coveil_pb2_grpc.CollaborativeDecodingStub(grpc_channel)
+        self._call = stub.Decode(self._outgoing(), metadata=metadata, timeout=timeout_s)
+        self._lock = threading.Lock()
+
+    def _outgoing(self) -> Iterator[Any]:
+        while True:
+            message = self._outbox.get()
+            if message is _CLOSED:
+                return
+            yield message
+
+    def send(self, message: Any) -> None:
+        self._outbox.put(message)
+
+    def receive(self) -> Any:
+        try:
+            return next(self._call)
+        except StopIteration:
+            raise CloudError("UNAVAILABLE", "the cloud ended the stream", retryable=True) from None
+        except self._grpc.RpcError as exc:
+            code = exc.code().name if exc.code() is not None else "UNKNOWN"
+            raise CloudError(code, exc.details() or "", retryable=code in RETRYABLE_CODES) from exc
+
+    def close(self) -> None:
+        self._outbox.put(_CLOSED)
+        self._call.cancel()
+
+
+@dataclass
+class ByteCounter:
+    """Serialized protobuf bytes each direction (what a network would carry, before framing)."""
+
+    edge_to_cloud: int = 0
+    cloud_to_edge: int = 0
+
+
+class CloudConnection:
+    """The edge's view of one cloud session.
+
+    Every call maps to one protocol message; ``bytes`` counts them.  Calls
+    follow the protocol order: :meth:`open`, then per step
+    :meth:`distribution`, optionally :meth:`request_full`, then
+    :meth:`upload` (cloud-side fusion) or :meth:`sync_token` (edge-side).
+    """
+
+    def __init__(self, channel: MessageChannel) -> None:
+        self._channel = channel
+        self.bytes = ByteCounter()
+        self.info: wire.SessionInfo | None = None
+        self.finish_reason: str | None = None
+
+    def _send(self, message: Any) -> None:
+        self.bytes.edge_to_cloud += message.ByteSize()
+        self._channel.send(message)
+
+    def _receive(self, expected: str) -> Any:
+        message = self._channel.receive()
+        self.bytes.cloud_to_edge += message.ByteSize()
+        kind = message.WhichOneof("kind")
+        if kind == "finished" and expected != "finished":
+            self.finish_reason = message.finished.reason
+            raise CloudError("ABORTED", f"the cloud finished the session early ({message.finished.reason})")
+        if kind != expected:
+            raise CloudError("INTERNAL", f"protocol violation: expected {expected}, the cloud sent {kind}")
+        return getattr(message, kind)
+
+    def open(self, request: wire.SessionRequest) -> wire.SessionInfo:
+        self._send(wire.encode_open(request))
+        self.info = wire.decode_opened(self._receive("opened"))
+        return self.info
+
+    def distribution(self) -> wire.CloudDistribution:
+        """The cloud's (sparse) distribution for the next step."""
+        assert self.info is not None, "open the session first"
+        return wire.decode_distribution(self._receive("distribution"), self.info.vocab_size)
+
+    def request_full(self, step: int) -> wire.CloudDistribution:
+        """Ask for the full distribution of ``step`` (the cloud learns that we asked)."""
+        assert self.info is not None, "open the session first"
+        self._send(wire.encode_request_full(step))
+        return wire.decode_distribution(self._receive("distribution"), self.info.vocab_size)
+
+    def upload(self, step: int, upload: CloudUpload) -> tuple[int, bool]:
+        """Cloud-side fusion: send the upload, return ``(token the cloud picked, finished)``."""
+        self._send(wire.encode_upload(step, upload))
+        chosen = self._receive("token")
+        if chosen.step != step:
+            raise CloudError("INTERNAL", f"the cloud answered step {chosen.step} to step {step}")
+        return int(chosen.token_id), bool(chosen.finished)
+
+    def sync_token(self, step: int, token_id: int) -> None:
+        """Edge-side fusion: send the chosen token (the reply is the next distribution)."""
+        self._send(wire.encode_token(step, token_id))
+
+    def finished(self) -> str:
+        """Read the cloud's end-of-session message; return its reason."""
+        self.finish_reason = self._receive("finished").reason
+        return self.finish_reason
+
+    def close(self) -> None:
+        """Tell the cloud we are done (if the session is still open) and release the channel."""
+        try:
+            if self.info is not None and self.finish_reason is None:
+                self._send(wire.encode_close())
+                self.finish_reason = self._receive("finished").reason
+        except CloudError:
+            pass  # the stream is already gone; nothing left to release remotely
+        finally:
+            self._channel.close()
+
+
+ConnectionFactory = Callable[[], CloudConnection]

@@ -1,0 +1,153 @@
+"""The edge SDK's decoding loop end to end, in process, against the real cloud engine and embedded model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edge_sdk.client import EdgeClient
+from edge_sdk.fusion import fuse, softmax
+from edge_sdk.policies import CoVeil, Undefended, make_policy
+from edge_sdk.transport import CloudConnection, CloudError, InProcessChannel
+
+pytestmark = pytest.mark.model
+
+PUBLIC = "Question: Which organ is affected?\nOptions:\n(A) heart\n(B) liver\n(C) lung\n(D) kidney\nAnswer: ("
+PRIVATE = "The patient has jaundice, a swollen liver and raised bilirubin after years of alcohol use."
+STEPS = 8
+
+
+@pytest.fixture(scope="module")
+def slm():
+    from edge_sdk.backends.llama_cpp import LlamaCppSLM
+
+    return LlamaCppSLM(n_ctx=512, n_threads=2)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from cloud_adapter.engine import CloudEngine
+    from cloud_adapter.llm import TransformersLLM
+
+    return CloudEngine(TransformersLLM(dtype="fp32"))
+
+
+@pytest.fixture(scope="module")
+def client(slm, engine) -> EdgeClient:
+    return EdgeClient(lambda: engine.session("tests"), slm=slm)
+
+
+def reference_undefended_greedy(slm, llm, alpha: float, steps: int) -> list[int]:
+    """Fused greedy decoding computed directly on both models' full distributions."""
+    from edge_sdk.client import CONTEXT_SEPARATOR
+
+    z_slm = slm.prefill(slm.tokenize(PRIVATE + CONTEXT_SEPARATOR + PUBLIC, add_bos=True))
+    seq = llm.open(llm.tokenize(PUBLIC))
+    tokens: list[int] = []
+    for _ in range(steps):
+        token = int(np.argmax(fuse(softmax(seq.next_logits), softmax(z_slm), alpha)))
+        tokens.append(token)
+        if token in slm.eos_token_ids:
+            break
+        z_slm = slm.append(token)
+        llm.step([(seq, token)])
+    return tokens
+
+
+@pytest.mark.parametrize("mode", ["cloud", "edge"])
+def test_undefended_matches_direct_fused_greedy(client, slm, engine, mode: str) -> None:
+    result = client.generate(PUBLIC, PRIVATE, mode=mode, policy=Undefended(), max_new_tokens=STEPS)
+    assert result.token_ids == reference_undefended_greedy(slm, engine.llm, 0.3, STEPS)
+    assert len(result.ledger.entries) == len(result.token_ids)
+
+
+def test_sparse_cloud_distribution_gives_the_same_decisions_as_full(client, slm) -> None:
+    for mode in ("cloud", "edge"):
+        sparse = client.generate(PUBLIC, PRIVATE, mode=mode, policy=CoVeil(lam=0.5), max_new_tokens=STEPS, top_m=256)
+        full = client.generate(PUBLIC, PRIVATE, mode=mode, policy=CoVeil(lam=0.5), max_new_tokens=STEPS,
+                               top_m=slm.vocab_size)
+        assert sparse.token_ids == full.token_ids
+        assert full.ledger.full_requests == 0
+        per_token_down = sparse.ledger.bytes_down / len(sparse.token_ids)
+        assert per_token_down < full.ledger.bytes_down / len(full.token_ids) / 10
+
+
+def test_ledger_exposure_equals_the_cloud_transcript(client, engine) -> None:
+    for mode in ("cloud", "edge"):
+        decoder = client.decoder(PUBLIC, PRIVATE, mode=mode, policy=Undefended(), max_new_tokens=4)
+        connection = CloudConnection(InProcessChannel(engine.session("tests")))
+        list(decoder.steps(connection))
+        transcript = engine.transcript(connection.info.session_id)
+        assert [tuple(s["exposure"]) for s in transcript["steps"]] == [e.exposure for e in decoder.ledger.entries]
+        assert [s["token_id"] for s in transcript["steps"]] == decoder.tokens
+
+
+def test_coveil_uploads_at_most_one_value_per_step(client) -> None:
+    result = client.generate(PUBLIC, PRIVATE, mode="cloud", policy=CoVeil(lam=1.0), max_new_tokens=STEPS)
+    assert all(e.values_uploaded <= 1 for e in result.ledger.entries)
+    undefended = client.generate(PUBLIC, PRIVATE, mode="cloud", policy=Undefended(), max_new_tokens=STEPS)
+    assert result.ledger.leak_share <= undefended.ledger.leak_share
+    assert result.ledger.bytes_up < undefended.ledger.bytes_up / 1000
+
+
+def test_never_upload_spans_and_exposure_budget(client, slm) -> None:
+    lam0 = CoVeil(lam=0.0)
+    masked = client.generate(PUBLIC, PRIVATE, mode="cloud", policy=Undefended(), max_new_tokens=4,
+                             never_upload=["jaundice", "bilirubin"])
+    decoder = client.decoder(PUBLIC, PRIVATE, never_upload=["jaundice", "bilirubin"])
+    assert decoder.masked.size > 0
+    for entry in masked.ledger.entries:
+        assert not set(entry.exposure) & set(decoder.masked.tolist())
+    budget = client.generate(PUBLIC, PRIVATE, mode="cloud", policy=lam0, max_new_tokens=4, exposure_budget=0.0)
+    assert all(e.withheld and e.values_uploaded == 0 for e in budget.ledger.entries)
+    with pytest.raises(ValueError, match="does not occur"):
+        client.decoder(PUBLIC, PRIVATE, never_upload=["not in the context"])
+
+
+def test_stream_yields_the_generated_text(client) -> None:
+    pieces = list(client.stream(PUBLIC, PRIVATE, mode="edge", policy=CoVeil(lam=1.0), max_new_tokens=STEPS))
+    whole = client.generate(PUBLIC, PRIVATE, mode="edge", policy=CoVeil(lam=1.0), max_new_tokens=STEPS)
+    assert "".join(pieces) == whole.text
+
+
+def test_a_dropped_connection_resumes_with_public_data_only(slm, engine) -> None:
+    """The first connection dies after two steps; the session reopens with the chosen tokens."""
+    from edge_sdk.session import run_with_resume
+
+    class DropAfter:
+        def __init__(self, handler, steps: int) -> None:
+            self.handler, self.left = handler, steps
+
+        def handle(self, message):
+            if message.WhichOneof("kind") == "signal":
+                self.left -= 1
+                if self.left < 0:
+                    raise CloudError("UNAVAILABLE", "connection reset", retryable=True)
+            return self.handler.handle(message)
+
+        def abandon(self, reason: str) -> None:
+            self.handler.abandon(reason)
+
+    handlers = iter([DropAfter(engine.session("tests"), 2)])
+
+    def connect() -> CloudConnection:
+        handler = next(handlers, None) or engine.session("tests")
+        return CloudConnection(InProcessChannel(handler))
+
+    client = EdgeClient(lambda: engine.session("tests"), slm=slm)
+    uninterrupted = client.generate(PUBLIC, PRIVATE, mode="edge", policy=CoVeil(lam=1.0), max_new_tokens=STEPS)
+    decoder = client.decoder(PUBLIC, PRIVATE, mode="edge", policy=CoVeil(lam=1.0), max_new_tokens=STEPS)
+    list(run_with_resume(decoder, connect, backoff_s=0.0))
+    assert decoder.ledger.reconnects == 1
+    assert decoder.tokens == uninterrupted.token_ids
+
+
+def test_every_registered_policy_runs_in_its_modes(client) -> None:
+    from edge_sdk.policies import EmbeddingNeighbours, available_policies
+
+    neighbours = EmbeddingNeighbours(np.random.default_rng(0).standard_normal((262_144, 8)).astype(np.float32))
+    for name in available_policies():
+        policy = make_policy(name, neighbours=neighbours) if name == "custext" else make_policy(name)
+        for mode in sorted(policy.modes):
+            result = client.generate(PUBLIC, PRIVATE, mode=mode, policy=policy, max_new_tokens=3, seed=1)
+            assert len(result.token_ids) == 3, (name, mode)
