@@ -217,6 +217,7 @@ def _plot(summaries: list[dict[str, float | str]], path: Path) -> Path:
                         xytext=(4, 4), fontsize=7)
     ax.set_xlabel("Token-ER@100 (private evidence exposed to the cloud; lower is better)")
     ax.set_ylabel("accuracy")
+    ax.set_ylim(-0.05, 1.05)
     ax.set_title("Privacy-utility trade-off")
     ax.grid(alpha=0.3)
     ax.legend()

@@ -1,0 +1,180 @@
+"""How well the cloud adapter batches concurrent sessions, against the ideal batched forward.
+
+(a) The ideal: a plain equal-length batched decode on the model itself (one
+    batched prefill into a DynamicCache, then ``model(input_ids[B, 1])`` per
+    step, reading each row's logits to numpy), batch 8 against batch 1.
+(b) The real thing: 1, 4 and 8 concurrent edge-mode sessions with different
+    prompt lengths through the gRPC server on loopback; each client answers
+    every distribution at once with the argmax of the sparse distribution
+    (skipping end-of-generation ids so every session runs the full length).
+(c) batch8_vs_ideal = batch8_speedup / ideal_batch8_speedup (target >= 0.8).
+
+Usage: python benchmarks/cloud_batching.py [--tokens N] [--dtype auto|bf16|fp16|fp32]
+The last three lines are ideal_batch8_speedup, batch8_speedup and batch8_vs_ideal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import threading
+import time
+from typing import Any
+
+import grpc
+import torch
+
+from cloud_adapter.engine import CloudEngine, Limits, StepBatcher
+from cloud_adapter.llm import TransformersLLM
+from cloud_adapter.server import build_server
+from edge_sdk import wire
+from edge_sdk._wire import coveil_pb2_grpc
+
+TEXT = (
+    "The history of the printing press begins in the fifteenth century, when movable metal type made it possible "
+    "to reproduce books quickly and cheaply. Within a few decades presses had spread across Europe, and the price "
+    "of a book fell so far that ordinary merchants could afford small libraries of their own."
+)
+#: prompt lengths of the concurrent sessions (all different)
+PROMPT_LENGTHS = (9, 14, 20, 27, 33, 38, 44, 51)
+IDEAL_PROMPT_LENGTH = 32
+SESSION_COUNTS = (1, 4, 8)
+IDEAL_BATCHES = (1, 8)
+
+
+# -- (a) the ideal batched forward -------------------------------------------------------------------
+
+
+@torch.inference_mode()
+def ideal_tokens_per_s(llm: TransformersLLM, batch: int, tokens: int) -> float:
+    """Tokens/s of a bare equal-length batched greedy decode of ``batch`` sequences."""
+    from transformers import DynamicCache
+
+    text_ids = llm.tokenize(TEXT)
+    prompts = [text_ids[i : i + IDEAL_PROMPT_LENGTH] for i in range(batch)]
+    model = llm.model
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=torch.tensor(prompts, device=llm.device), past_key_values=cache, use_cache=True,
+                logits_to_keep=1)
+    rows = out.logits[:, -1, : llm.vocab_size].float().cpu().numpy()
+    start = time.perf_counter()
+    for _ in range(tokens):
+        next_ids = torch.from_numpy(rows.argmax(axis=1)).to(llm.device)[:, None]
+        out = model(input_ids=next_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        rows = out.logits[:, -1, : llm.vocab_size].float().cpu().numpy()
+    return batch * tokens / (time.perf_counter() - start)
+
+
+# -- (b) sessions through the server -----------------------------------------------------------------
+
+_END = object()
+
+
+def run_session(channel: grpc.Channel, request: wire.SessionRequest, start_together: threading.Barrier,
+                finished_at: list[float]) -> None:
+    """One edge-mode session that answers each sparse distribution with its best non-EOS id."""
+    outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    replies = coveil_pb2_grpc.CollaborativeDecodingStub(channel).Decode(iter(outbox.get, _END))
+    outbox.put(wire.encode_open(request))
+    info = wire.decode_opened(next(replies).opened)
+    dist = wire.decode_distribution(next(replies).distribution, info.vocab_size)
+    start_together.wait()
+    while True:
+        token = next(int(i) for i in dist.ids if int(i) not in info.eos_token_ids)
+        outbox.put(wire.encode_token(dist.step, token))
+        reply = next(replies)
+        if reply.WhichOneof("kind") == "finished":
+            assert reply.finished.steps == request.max_new_tokens, reply.finished
+            finished_at.append(time.perf_counter())
+            outbox.put(_END)
+            return
+        dist = wire.decode_distribution(reply.distribution, info.vocab_size)
+
+
+def served_decode(llm: TransformersLLM, channel: grpc.Channel, sessions: int, tokens: int) -> float:
+    """Seconds ``sessions`` concurrent sessions take from their common start (all prefilled) to the last finish."""
+    text_ids = llm.tokenize(TEXT)
+    requests = [
+        wire.SessionRequest(prompt_ids=tuple(text_ids[:length]), mode="edge", max_new_tokens=tokens,
+                            vocab_fingerprint=llm.vocab_fingerprint(), vocab_size=llm.vocab_size, top_m=8)
+        for length in PROMPT_LENGTHS[:sessions]
+    ]
+    start_together = threading.Barrier(sessions + 1)
+    finished_at: list[float] = []
+    threads = [threading.Thread(target=run_session, args=(channel, request, start_together, finished_at))
+               for request in requests]
+    for thread in threads:
+        thread.start()
+    start_together.wait()
+    start = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    if len(finished_at) != sessions:
+        raise RuntimeError(f"only {len(finished_at)} of {sessions} sessions finished")
+    return max(finished_at) - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=32, help="tokens decoded per sequence")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
+                        help="model dtype (auto = what coveil-cloud serve picks)")
+    parser.add_argument("--batch-window-ms", type=float, default=2.0, help="the server's batching window")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="runs of each configuration; the fastest counts (other load only ever slows a run)")
+    args = parser.parse_args()
+
+    llm = TransformersLLM(dtype=args.dtype)
+    print(f"model {llm.name}, dtype {llm.dtype}, torch threads {torch.get_num_threads()}, {args.tokens} tokens, "
+          f"best of {args.repeats} rounds")
+
+    configs = [f"ideal batch {b}" for b in IDEAL_BATCHES] + [f"server, {n} session(s)" for n in SESSION_COUNTS]
+    runs: dict[str, list[float]] = {name: [] for name in configs}
+    batch_stats: dict[str, tuple[float, float]] = {}  # of each configuration's fastest run
+    with StepBatcher(llm, batch_window_ms=args.batch_window_ms) as batcher:
+        limits = Limits(max_sessions_total=max(SESSION_COUNTS), max_new_tokens=max(args.tokens, 1))
+        engine = CloudEngine(llm, limits, runner=batcher)
+        server, port = build_server(engine, address="127.0.0.1:0", max_workers=max(SESSION_COUNTS) + 4)
+        server.start()
+        try:
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+                ideal_tokens_per_s(llm, 1, 4)  # warm-ups
+                served_decode(llm, channel, 1, 4)
+                # rounds interleave the configurations, so that a burst of other load on a shared
+                # machine does not fall on one configuration only
+                for _ in range(args.repeats):
+                    for batch in IDEAL_BATCHES:  # the server is idle meanwhile: nothing else uses the model
+                        runs[f"ideal batch {batch}"].append(ideal_tokens_per_s(llm, batch, args.tokens))
+                    for sessions in SESSION_COUNTS:
+                        name = f"server, {sessions} session(s)"
+                        batcher.batch_sizes.clear()
+                        step_seconds_before = batcher.step_seconds
+                        elapsed = served_decode(llm, channel, sessions, args.tokens)
+                        runs[name].append(sessions * args.tokens / elapsed)
+                        if runs[name][-1] == max(runs[name]):
+                            batches = sum(batcher.batch_sizes.values())
+                            mean_batch = sum(size * n for size, n in batcher.batch_sizes.items()) / batches
+                            busy = (batcher.step_seconds - step_seconds_before) / elapsed
+                            batch_stats[name] = (mean_batch, busy)
+        finally:
+            server.stop(None)
+
+    best = {name: max(values) for name, values in runs.items()}
+    ideal_speedup = best["ideal batch 8"] / best["ideal batch 1"]
+    speedup = {n: best[f"server, {n} session(s)"] / best["server, 1 session(s)"] for n in SESSION_COUNTS}
+    print()
+    print(f"{'':<22}{'tokens/s':>10}{'(slowest)':>11}{'speedup':>9}{'mean batch':>12}{'model busy':>12}")
+    for name in configs:
+        base = best["ideal batch 1"] if name.startswith("ideal") else best["server, 1 session(s)"]
+        line = f"{name:<22}{best[name]:>10.1f}{min(runs[name]):>11.1f}{best[name] / base:>9.2f}"
+        if name in batch_stats:
+            mean_batch, busy = batch_stats[name]
+            line += f"{mean_batch:>12.2f}{busy:>12.0%}"
+        print(line)
+    print(f"batch4_speedup={speedup[4]:.3f}")
+    print(f"ideal_batch8_speedup={ideal_speedup:.3f}")
+    print(f"batch8_speedup={speedup[8]:.3f}")
+    print(f"batch8_vs_ideal={speedup[8] / ideal_speedup:.3f}")
+
+if __name__ == "__main__":
+    main()

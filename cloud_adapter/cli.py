@@ -1,0 +1,236 @@
+"""``coveil-cloud``: run the cloud adapter (a gRPC decoding server over a transformers model).
+
+Example::
+
+    coveil-cloud serve --port 50051 --token-file tokens.txt --transcript-dir transcripts/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edge_sdk.models import ModelSource, resolve_model
+
+if TYPE_CHECKING:
+    from cloud_adapter.server import TlsConfig
+
+log = logging.getLogger("coveil.cloud")
+
+_MiB = 1024 * 1024
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, event and the record's structured ``fields``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "event": record.getMessage(),
+        }
+        entry.update(getattr(record, "fields", {}))
+        if record.exc_info and record.exc_info[0] is not None:
+            entry["error_type"] = record.exc_info[0].__name__
+        return json.dumps(entry, default=str)
+
+
+class KeyValueFormatter(logging.Formatter):
+    """The usual one-line text format, followed by the record's structured ``fields`` as ``key=value``."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        fields = getattr(record, "fields", None)
+        return line + "".join(f" {key}={value}" for key, value in fields.items()) if fields else line
+
+
+def configure_logging(*, json_lines: bool, level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLogFormatter() if json_lines else KeyValueFormatter())
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+
+
+def model_source(model: str, gguf_file: str | None) -> ModelSource:
+    """``--model`` (and ``--gguf-file``) → a :class:`ModelSource`."""
+    if gguf_file is None:
+        return resolve_model(model)
+    if model == "embedded":
+        raise ValueError("--gguf-file names a file inside the --model directory; pass that directory as --model")
+    path = Path(model).expanduser() / gguf_file
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file not found: {path}")
+    return ModelSource(name=f"{Path(model).name}/{gguf_file}", gguf_path=path.resolve())
+
+
+def explain_dtype(requested: str, device: str) -> tuple[Any, str]:
+    """The torch dtype ``--dtype requested`` resolves to on ``device``, and why (for the start-up log)."""
+    import torch
+
+    from cloud_adapter.hf_loading import resolve_dtype
+
+    chosen = resolve_dtype(requested, device)
+    name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "float32"}.get(chosen, str(chosen))
+    if requested != "auto":
+        return chosen, f"{name}: requested with --dtype {requested}"
+    if device.startswith("cuda"):
+        why = "the GPU supports bf16" if chosen is torch.bfloat16 else "the GPU has no bf16 support"
+    elif chosen is torch.bfloat16:
+        why = "CPU has native bf16 kernels (AMX/AVX512-BF16)"
+    else:
+        why = "CPU has no native bf16 kernels, and emulated bf16 is slower than float32"
+    return chosen, f"{name}: {why}"
+
+
+def read_tokens(token_file: Path | None) -> list[str]:
+    """Bearer tokens from ``--token-file`` (one per line, ``#`` comments) or ``$COVEIL_TOKEN``."""
+    if token_file is not None:
+        lines = (line.strip() for line in Path(token_file).read_text().splitlines())
+        tokens = [line for line in lines if line and not line.startswith("#")]
+        if not tokens:
+            raise ValueError(f"token file {token_file} holds no token")
+        return tokens
+    env = os.environ.get("COVEIL_TOKEN", "").strip()
+    return [env] if env else []
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="coveil-cloud",
+        description="The CoVeil cloud adapter: a gRPC collaborative-decoding server over a transformers model.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = commands.add_parser(
+        "serve",
+        help="serve collaborative decoding over gRPC",
+        description="Load the cloud LLM and serve coveil.v1.CollaborativeDecoding/Decode until SIGTERM/SIGINT.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    model = serve.add_argument_group("model")
+    model.add_argument("--model", default="embedded",
+                       help="'embedded' (Gemma-3 270M shipped as a package), a transformers directory or cached hub "
+                            "name, or a .gguf file (dequantised once and cached)")
+    model.add_argument("--gguf-file", metavar="NAME",
+                       help="load this GGUF file from inside the --model directory")
+    model.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
+                       help="weights and compute dtype; auto = bf16 on GPUs and on CPUs with native bf16 kernels "
+                            "(AMX/AVX512-BF16), else float32")
+    model.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (ignored with --device-map)")
+    model.add_argument("--device-map", metavar="MAP",
+                       help="accelerate device map, e.g. 'auto' to shard a large model over the visible GPUs")
+
+    network = serve.add_argument_group("network and security")
+    network.add_argument("--host", default="127.0.0.1",
+                         help="interface to listen on (0.0.0.0 or [::] for all: then use a token and TLS)")
+    network.add_argument("--port", type=int, default=50051, help="TCP port (0 picks a free one)")
+    network.add_argument("--token-file", type=Path, metavar="FILE",
+                         help="bearer tokens, one per line, each one client identity; default: $COVEIL_TOKEN; "
+                              "with neither the server accepts every caller (and warns)")
+    network.add_argument("--tls-cert", type=Path, metavar="PEM", help="server certificate chain (enables TLS)")
+    network.add_argument("--tls-key", type=Path, metavar="PEM", help="server private key (with --tls-cert)")
+    network.add_argument("--tls-client-ca", type=Path, metavar="PEM",
+                         help="CA that client certificates must chain to (mutual TLS)")
+    network.add_argument("--max-message-bytes", type=_positive_int, default=8 * _MiB,
+                         help="largest gRPC message received or sent")
+
+    sessions = serve.add_argument_group("sessions")
+    sessions.add_argument("--max-sessions", type=_positive_int, default=24,
+                          help="concurrent sessions over all clients (each holds a KV cache)")
+    sessions.add_argument("--max-sessions-per-client", type=_positive_int, default=8,
+                          help="concurrent sessions of one client identity")
+    sessions.add_argument("--idle-timeout", type=_positive_float, default=300.0, metavar="SECONDS",
+                          help="evict a session whose edge sends nothing for this long")
+    sessions.add_argument("--max-new-tokens", type=_positive_int, default=1024,
+                          help="the most tokens one session may decode (and the default when the edge asks for 0)")
+    sessions.add_argument("--max-upload", type=_positive_int, metavar="IDS",
+                          help="the most ids one cloud-fusion upload may carry (default: the vocabulary size)")
+    sessions.add_argument("--batch-window-ms", type=float, default=2.0,
+                          help="how long the model worker waits for other sessions' steps before a batched forward")
+    sessions.add_argument("--transcript-dir", type=Path, metavar="DIR",
+                          help="write each session's observation transcript (what the cloud saw) to "
+                               "DIR/<session_id>.json")
+    sessions.add_argument("--exposure-k", type=_positive_int, default=100,
+                          help="K of the per-step exposure set recorded in transcripts")
+    sessions.add_argument("--shutdown-grace", type=float, default=10.0, metavar="SECONDS",
+                          help="on SIGTERM/SIGINT, how long in-flight sessions may continue")
+
+    logs = serve.add_argument_group("logging")
+    logs.add_argument("--log-json", action="store_true", help="one JSON object per log line")
+    logs.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                      help="least severe level logged")
+    return parser
+
+
+def run_serve(args: argparse.Namespace, source: ModelSource, tls: TlsConfig | None, tokens: list[str]) -> None:
+    """Load the model, warm it up and serve until SIGTERM/SIGINT."""
+    from cloud_adapter.engine import CloudEngine, Limits, StepBatcher
+    from cloud_adapter.llm import TransformersLLM
+    from cloud_adapter.server import serve
+
+    dtype, why = explain_dtype(args.dtype, args.device)
+    log.info("dtype %s", why)
+    start = time.perf_counter()
+    llm = TransformersLLM(source, dtype=dtype, device=args.device, device_map=args.device_map)
+    log.info("loaded %s (vocabulary %d) in %.1f s", llm.name, llm.vocab_size, time.perf_counter() - start)
+    limits = Limits(
+        max_sessions_total=args.max_sessions,
+        max_sessions_per_client=args.max_sessions_per_client,
+        idle_timeout_s=args.idle_timeout,
+        max_new_tokens=args.max_new_tokens,
+        max_upload=args.max_upload,
+        max_message_bytes=args.max_message_bytes,
+    )
+    with StepBatcher(llm, batch_window_ms=args.batch_window_ms) as batcher:
+        engine = CloudEngine(llm, limits, args.transcript_dir, args.exposure_k, runner=batcher)
+        serve(engine, address=f"{args.host}:{args.port}", token=tokens, tls=tls,
+              max_workers=args.max_sessions + 8, grace_s=args.shutdown_grace)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if (args.tls_cert is None) != (args.tls_key is None):
+        parser.error("--tls-cert and --tls-key go together")
+    if args.tls_client_ca is not None and args.tls_cert is None:
+        parser.error("--tls-client-ca needs --tls-cert and --tls-key")
+    if args.batch_window_ms < 0:
+        parser.error("--batch-window-ms must be non-negative")
+    from cloud_adapter.server import TlsConfig
+
+    try:
+        source = model_source(args.model, args.gguf_file)
+        tls = TlsConfig.from_files(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
+        tokens = read_tokens(args.token_file)
+    except (OSError, ValueError) as exc:
+        parser.error(str(exc))
+    configure_logging(json_lines=args.log_json, level=args.log_level)
+    run_serve(args, source, tls, tokens)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

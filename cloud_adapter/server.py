@@ -1,0 +1,268 @@
+"""The gRPC face of the cloud adapter: ``coveil.v1.CollaborativeDecoding/Decode``.
+
+A synchronous ``grpc.server`` gives each stream one pool thread, which drives
+one :class:`~cloud_adapter.engine.SessionHandler`; the model itself runs on
+the engine's runner (a :class:`~cloud_adapter.engine.StepBatcher` in
+production), never on a stream's thread.
+
+Security: an optional set of bearer tokens (metadata
+``authorization: Bearer <token>``; each token is one client identity, without
+tokens the identity is the peer's address), optional TLS or mTLS, per-client
+session limits.  Logs carry only session ids, step counts, timings, byte
+counts and status codes: never probabilities, token ids or text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import queue
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Collection, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from cloud_adapter.engine import CloudEngine, ProtocolError, SessionHandler
+from edge_sdk._wire import coveil_pb2, coveil_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+#: the service name under which gRPC health checking reports the decoder
+SERVICE_NAME: str = coveil_pb2.DESCRIPTOR.services_by_name["CollaborativeDecoding"].full_name
+
+
+def log_event(level: int, event: str, **fields: Any) -> None:
+    """Log ``event`` with structured ``fields`` (rendered as JSON or ``key=value`` by the CLI's formatters)."""
+    log.log(level, event, extra={"fields": fields})
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """PEM-encoded server certificate chain and key; with ``client_ca``, clients must present a certificate (mTLS)."""
+
+    cert_chain: bytes
+    private_key: bytes
+    client_ca: bytes | None = None
+
+    @classmethod
+    def from_files(cls, cert: Path, key: Path, client_ca: Path | None = None) -> TlsConfig:
+        return cls(
+            cert_chain=Path(cert).read_bytes(),
+            private_key=Path(key).read_bytes(),
+            client_ca=Path(client_ca).read_bytes() if client_ca is not None else None,
+        )
+
+    def credentials(self) -> grpc.ServerCredentials:
+        return grpc.ssl_server_credentials(
+            [(self.private_key, self.cert_chain)],
+            root_certificates=self.client_ca,
+            require_client_auth=self.client_ca is not None,
+        )
+
+
+def _client_label(token: str) -> str:
+    """A stable identity for a token that does not reveal it."""
+    return "token:" + hashlib.sha256(token.encode()).hexdigest()[:12]
+
+
+def _peer_host(peer: str) -> str:
+    """``ipv4:127.0.0.1:5555`` → ``ipv4:127.0.0.1`` (one identity per host, not per connection)."""
+    host, sep, port = peer.rpartition(":")
+    return host if sep and port.isdigit() else peer
+
+
+class _Inbox:
+    """Reads a stream's requests on a helper thread so that its handler can wait with a timeout.
+
+    :meth:`get` returns the next message, ``None`` once the stream has ended
+    (the edge half-closed, cancelled or disconnected), and raises
+    ``queue.Empty`` when nothing came within ``timeout`` seconds.
+    """
+
+    _END = object()
+
+    def __init__(self, requests: Iterator[Any]) -> None:
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        threading.Thread(target=self._read, args=(requests,), name="coveil-stream-reader", daemon=True).start()
+
+    def _read(self, requests: Iterator[Any]) -> None:
+        try:
+            for message in requests:
+                self._queue.put(message)
+        except grpc.RpcError:
+            pass  # cancelled or disconnected: the stream simply ends
+        finally:
+            self._queue.put(self._END)
+
+    def get(self, timeout: float) -> Any | None:
+        item = self._queue.get(timeout=timeout)
+        return None if item is self._END else item
+
+
+class DecodeServicer(coveil_pb2_grpc.CollaborativeDecodingServicer):
+    """Runs one :class:`SessionHandler` per ``Decode`` stream.
+
+    Args:
+        engine: the shared cloud engine.
+        tokens: accepted bearer tokens; empty = no authentication.
+    """
+
+    def __init__(self, engine: CloudEngine, tokens: Collection[str] = ()) -> None:
+        self._engine = engine
+        self._clients: Mapping[str, str] = {token: _client_label(token) for token in tokens}
+
+    def Decode(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:  # noqa: N802
+        client_id = self._authenticate(context)
+        handler = self._engine.session(client_id)
+        status: tuple[grpc.StatusCode, str] | None = None
+        try:
+            yield from self._drive(handler, _Inbox(request_iterator))
+        except ProtocolError as exc:
+            handler.abandon("idle" if exc.code == "DEADLINE_EXCEEDED" else "error")
+            log_event(logging.INFO, "session_refused", session_id=handler.session_id, status=exc.code,
+                      steps=handler.steps)
+            status = (getattr(grpc.StatusCode, exc.code), exc.message)
+        except Exception as exc:  # a bug: report it without the data, keep serving the others
+            handler.abandon("error")
+            log_event(logging.ERROR, "internal_error", session_id=handler.session_id, error_type=type(exc).__name__,
+                      traceback="".join(traceback.format_tb(exc.__traceback__)))
+            status = (grpc.StatusCode.INTERNAL, f"internal error in session {handler.session_id}; the server logged it")
+        finally:
+            handler.abandon("cancelled")  # no-op unless the edge went away mid-session
+            if handler.session_id is not None:
+                log_event(logging.INFO, "session_ended", session_id=handler.session_id, reason=handler.finish_reason,
+                          steps=handler.steps, duration_ms=round(1000 * (time.monotonic() - handler.started_at), 1),
+                          bytes_up=handler.bytes_up, bytes_down=handler.bytes_down)
+        if status is not None:
+            context.abort(*status)
+
+    def _drive(self, handler: SessionHandler, inbox: _Inbox) -> Iterator[Any]:
+        idle_timeout_s = self._engine.limits.idle_timeout_s
+        while not handler.finished:
+            try:
+                message = inbox.get(timeout=idle_timeout_s)
+            except queue.Empty:
+                raise ProtocolError("DEADLINE_EXCEEDED", f"session idle for {idle_timeout_s:g} s") from None
+            if message is None:
+                return
+            opening = handler.session_id is None
+            yield from handler.handle(message)
+            if opening and handler.session_id is not None:
+                log_event(logging.INFO, "session_opened", session_id=handler.session_id,
+                          open_ms=round(1000 * (time.monotonic() - handler.started_at), 1))
+
+    def _authenticate(self, context: grpc.ServicerContext) -> str:
+        """The caller's identity: its token's label, or its host when no tokens are configured."""
+        if not self._clients:
+            return _peer_host(context.peer())
+        header = dict(context.invocation_metadata()).get("authorization", "")
+        scheme, _, presented = str(header).partition(" ")
+        if scheme.lower() == "bearer":
+            matches = [label for token, label in self._clients.items()
+                       if hmac.compare_digest(presented.strip().encode(), token.encode())]
+            if matches:
+                return matches[0]
+        log_event(logging.WARNING, "unauthenticated_call")
+        context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                      "missing or invalid bearer token: send metadata 'authorization: Bearer <token>'")
+        raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises
+
+
+def _assemble(
+    engine: CloudEngine,
+    *,
+    address: str,
+    token: str | Collection[str] | None,
+    tls: TlsConfig | None,
+    max_workers: int,
+) -> tuple[grpc.Server, int, health.HealthServicer]:
+    tokens = [token] if isinstance(token, str) else list(token or ())
+    if not tokens:
+        log.warning("no bearer token configured: any client that reaches %s can open sessions", address)
+    if max_workers <= engine.limits.max_sessions_total:
+        log.warning("max_workers=%d leaves no thread beyond the %d sessions for health checks and refusals",
+                    max_workers, engine.limits.max_sessions_total)
+    message_limit = engine.limits.max_message_bytes
+    server = grpc.server(
+        ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="coveil-rpc"),
+        options=[
+            ("grpc.max_receive_message_length", message_limit),
+            ("grpc.max_send_message_length", message_limit),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    coveil_pb2_grpc.add_CollaborativeDecodingServicer_to_server(DecodeServicer(engine, tokens), server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for service in ("", SERVICE_NAME):
+        health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+    port = server.add_secure_port(address, tls.credentials()) if tls else server.add_insecure_port(address)
+    start = time.perf_counter()
+    engine.warm_up()
+    log_event(logging.INFO, "model_warm", warm_up_ms=round(1000 * (time.perf_counter() - start), 1))
+    for service in ("", SERVICE_NAME):
+        health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+    return server, port, health_servicer
+
+
+def build_server(
+    engine: CloudEngine,
+    *,
+    address: str,
+    token: str | Collection[str] | None = None,
+    tls: TlsConfig | None = None,
+    max_workers: int = 32,
+) -> tuple[grpc.Server, int]:
+    """A ready, not yet started server for ``engine`` bound to ``address`` (``host:0`` picks a port).
+
+    Warms the model up and reports SERVING to gRPC health checks before it
+    returns.  ``token`` is one bearer token or several (one per client
+    identity); ``None`` leaves the server open.  Returns ``(server, bound_port)``;
+    call ``server.start()``.
+    """
+    server, port, _ = _assemble(engine, address=address, token=token, tls=tls, max_workers=max_workers)
+    return server, port
+
+
+def serve(
+    engine: CloudEngine,
+    *,
+    address: str,
+    token: str | Collection[str] | None = None,
+    tls: TlsConfig | None = None,
+    max_workers: int = 32,
+    grace_s: float = 10.0,
+) -> None:
+    """Serve until SIGTERM or SIGINT, then stop accepting and give in-flight streams ``grace_s`` to finish.
+
+    Must run in the main thread (it installs the signal handlers).
+    """
+    server, port, health_servicer = _assemble(engine, address=address, token=token, tls=tls, max_workers=max_workers)
+    stop = threading.Event()
+
+    def request_stop(signum: int, _frame: Any) -> None:
+        log_event(logging.INFO, "shutdown_requested", signal=signal.Signals(signum).name)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    server.start()
+    log_event(logging.INFO, "serving", address=address, port=port, tls=tls is not None,
+              mtls=tls is not None and tls.client_ca is not None, auth=bool(token))
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        health_servicer.enter_graceful_shutdown()
+        server.stop(grace_s).wait()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        log_event(logging.INFO, "stopped", active_sessions=engine.active_sessions)
