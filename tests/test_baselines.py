@@ -580,3 +580,11 @@ def test_every_baseline_runs_on_a_262144_token_vocabulary() -> None:
             else:
                 assert 0 <= observation.token_id < vocab
     assert 0.0 < dp_fusion_lambda(p_slm, p_llm, DPFusion(epsilon=64.0).bound) < 1.0
+
+
+def test_dp_logit_uploads_valid_probabilities_even_under_large_noise() -> None:
+    """The cloud refuses probability uploads outside [0, 1]; clamping is free post-processing."""
+    p = np.full(1000, 1e-3, np.float32)
+    ids, values = dp_logit_upload(p, sigma=50.0, upload_k=100, rng=np.random.default_rng(3))
+    assert len(ids) == 100
+    assert float(values.min()) >= 0.0 and float(values.max()) <= 1.0

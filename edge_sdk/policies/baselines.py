@@ -120,8 +120,9 @@ def dp_logit_upload(
         x~ = p_slm + N(0, sigma^2 I_V)
         ids = TopK(x~, k),   values = max(x~[ids], 0)
 
-    Only ``x~`` touches private data; selecting its top ``k`` and clamping at
-    zero are post-processing and cost no privacy.  The values are not
+    Only ``x~`` touches private data; selecting its top ``k`` and clamping
+    into ``[0, 1]`` (the range of a probability, which the cloud enforces) are
+    post-processing and cost no privacy.  The values are not
     renormalised.  Returns ``(ids, values)`` with ids by decreasing noisy value.
     """
     if not sigma > 0:
@@ -131,7 +132,7 @@ def dp_logit_upload(
     noisy *= sigma
     noisy += p_slm
     ids = top_k_ids(noisy, upload_k)
-    return ids, np.maximum(noisy[ids], 0.0)
+    return ids, np.clip(noisy[ids], 0.0, 1.0)
 
 
 @dataclass
@@ -143,7 +144,7 @@ class DPLogit(Policy):
     budget: the full ``p_slm`` vector (L2 sensitivity ``sqrt 2``, since
     ``||p - p'||_2 <= sqrt 2`` for any two distributions) gets noise of scale
     ``sigma = analytic_gaussian_sigma(epsilon, delta, sqrt 2)`` (Balle & Wang
-    2018), and the edge uploads the top ``upload_k`` noisy entries clamped at 0.
+    2018), and the edge uploads the top ``upload_k`` noisy entries clamped into [0, 1].
 
     Args:
         epsilon: per-step privacy budget (the swept parameter).
