@@ -140,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="weights and compute dtype; auto = bf16 on GPUs and on CPUs with native bf16 kernels "
                             "(AMX/AVX512-BF16), else float32")
     model.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (ignored with --device-map)")
+    model.add_argument("--threads", type=_positive_int, metavar="N",
+                       help="torch CPU threads (default: torch's choice, every core); when the edge model runs on "
+                            "the same machine give each half its share")
     model.add_argument("--device-map", metavar="MAP",
                        help="accelerate device map, e.g. 'auto' to shard a large model over the visible GPUs")
 
@@ -191,6 +194,10 @@ def run_serve(args: argparse.Namespace, source: ModelSource, tls: TlsConfig | No
     from cloud_adapter.llm import TransformersLLM
     from cloud_adapter.server import serve
 
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     dtype, why = explain_dtype(args.dtype, args.device)
     log.info("dtype %s", why)
     start = time.perf_counter()

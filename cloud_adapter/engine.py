@@ -460,6 +460,16 @@ class _State(enum.Enum):
     FINISHED = "finished"
 
 
+def _all_unique(ids: np.ndarray, vocab_size: int) -> bool:
+    """Whether in-range ``ids`` hold no duplicate: a strictly increasing check (what the SDK sends),
+    else one mark per id; both linear, unlike ``np.unique``'s sort (170 ms on a full 262k upload)."""
+    if ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])):
+        return True
+    seen = np.zeros(vocab_size, dtype=bool)
+    seen[ids] = True
+    return int(np.count_nonzero(seen)) == ids.size
+
+
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
     """``z - logsumexp(z)`` in float32 (the sum accumulated in float64)."""
     z = np.asarray(logits, dtype=np.float32)
@@ -706,7 +716,7 @@ class SessionHandler:
                 raise ProtocolError(
                     "INVALID_ARGUMENT", f"upload id {int(ids.max())} is outside the vocabulary of {vocab}"
                 )
-            if np.unique(ids).size != ids.size:
+            if not _all_unique(ids, vocab):
                 raise ProtocolError("INVALID_ARGUMENT", "upload ids must be unique")
             if not np.isfinite(values).all():
                 raise ProtocolError("INVALID_ARGUMENT", "upload values must be finite (found NaN or infinity)")

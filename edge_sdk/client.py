@@ -74,6 +74,46 @@ class GenerationResult:
     finish_reason: str
 
 
+class GenerationStream:
+    """An iterator over the text of each decided token, with the generation's ledger."""
+
+    def __init__(self, slm: SLMBackend, decoder: CollaborativeDecoder, events: Iterator[Any]) -> None:
+        self._slm = slm
+        self._decoder = decoder
+        self._events = events
+        self._emitted = ""
+
+    @property
+    def ledger(self) -> PrivacyLedger:
+        return self._decoder.ledger
+
+    @property
+    def token_ids(self) -> list[int]:
+        return list(self._decoder.tokens)
+
+    @property
+    def text(self) -> str:
+        return self._slm.detokenize(self._decoder.tokens)
+
+    def __iter__(self) -> Iterator[str]:
+        for _event in self._events:
+            text = self.text
+            # a token can end mid-character; emit once the text extends what was shown
+            if text.startswith(self._emitted) and len(text) > len(self._emitted):
+                piece, self._emitted = text[len(self._emitted) :], text
+                yield piece
+
+    def close(self) -> None:
+        """Stop decoding and close the cloud session."""
+        self._events.close()  # type: ignore[attr-defined]
+
+    def __enter__(self) -> GenerationStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class EdgeClient:
     """Collaborative decoding from the device.
 
@@ -194,18 +234,16 @@ class EdgeClient:
             rng=rng if rng is not None else np.random.default_rng(seed),
         )
 
-    def stream(self, public_query: str, private_context: str = "", **kwargs: Any) -> Iterator[str]:
-        """Yield the text of each token as it is decided (see :meth:`decoder` for the arguments).
+    def stream(self, public_query: str, private_context: str = "", **kwargs: Any) -> GenerationStream:
+        """Decode token by token: iterate the returned stream for each token's text as it is decided.
 
-        Stopping the iteration early closes the cloud session.
+        The stream's ``ledger`` fills in step by step; :meth:`GenerationStream.close`
+        (or leaving a ``with`` block, or stopping the iteration and dropping the
+        stream) closes the cloud session.  Arguments as for :meth:`decoder`.
         """
         decoder = self.decoder(public_query, private_context, **kwargs)
-        emitted = ""
-        for _event in run_with_resume(decoder, self._connect, max_reconnects=self.max_reconnects):
-            text = self.slm.detokenize(decoder.tokens)
-            if text.startswith(emitted) and len(text) > len(emitted):
-                yield text[len(emitted) :]
-                emitted = text
+        return GenerationStream(self.slm, decoder, run_with_resume(decoder, self._connect,
+                                                                  max_reconnects=self.max_reconnects))
 
     def generate(self, public_query: str, private_context: str = "", **kwargs: Any) -> GenerationResult:
         """Decode to the end; return the text and the privacy ledger."""

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from cloud_adapter.local import local_cloud, split_cores
 from edge_sdk.backends.llama_cpp import LlamaCppSLM
 from edge_sdk.client import Credentials, EdgeClient, GenerationResult
 from edge_sdk.policies import CoVeil, Policy, Undefended
@@ -70,56 +69,6 @@ class RunRow:
         }
 
 
-def free_loopback_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextlib.contextmanager
-def local_cloud(model: str | None, transcript_dir: Path, startup_timeout_s: float = 600.0) -> Iterator[str]:
-    """Run ``coveil-cloud serve`` on a free loopback port for the duration of the block.
-
-    The server process is always stopped (SIGTERM, then SIGKILL) when the block ends.
-    """
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    port = free_loopback_port()
-    address = f"127.0.0.1:{port}"
-    command = [sys.executable, "-m", "cloud_adapter.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-               "--transcript-dir", str(transcript_dir)]
-    if model:
-        command += ["--model", model]
-    log_path = transcript_dir / "cloud.log"
-    with log_path.open("w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + startup_timeout_s
-            with grpc.insecure_channel(address) as channel:
-                stub = health_pb2_grpc.HealthStub(channel)
-                while True:
-                    if process.poll() is not None:
-                        raise RuntimeError(f"the cloud adapter exited during start-up; see {log_path}")
-                    try:
-                        status = stub.Check(health_pb2.HealthCheckRequest(), timeout=2.0).status
-                        if status == health_pb2.HealthCheckResponse.SERVING:
-                            break
-                    except grpc.RpcError:
-                        pass
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"the cloud adapter did not become healthy in {startup_timeout_s:.0f} s")
-                    time.sleep(0.5)
-            yield address
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
 def policy_label(policy: Policy) -> str:
     return f"coveil λ={policy.lam:g}" if isinstance(policy, CoVeil) else policy.name
 
@@ -150,12 +99,14 @@ def run_demo(
     policies = demo_policies(lams)
     rows = {(mode, policy_label(p)): RunRow(mode, policy_label(p)) for mode in modes for p in policies}
     with contextlib.ExitStack() as stack:
+        edge_threads = None
         if cloud is None:
-            transcripts = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="coveil-demo-")))
+            edge_threads, cloud_threads = split_cores()
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="coveil-demo-")))
             with console.status("starting the cloud adapter on loopback (the first run converts the model once)"):
-                cloud = stack.enter_context(local_cloud(model, transcripts))
-            console.print(f"cloud adapter ready at {cloud}")
-        slm = LlamaCppSLM(model if model and model.endswith(".gguf") else None)
+                cloud = stack.enter_context(local_cloud(workdir, model=model, threads=cloud_threads))
+            console.print(f"cloud adapter ready at {cloud} ({cloud_threads} torch threads, {edge_threads} for llama.cpp)")
+        slm = LlamaCppSLM(model if model and model.endswith(".gguf") else None, n_threads=edge_threads)
         vocab = Vocabulary(lambda text: slm.tokenize(text, add_bos=False), _piece_table(slm))
         client = stack.enter_context(EdgeClient(cloud, slm=slm, credentials=credentials))
         total = len(items) * len(rows)

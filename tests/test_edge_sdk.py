@@ -104,10 +104,20 @@ def test_never_upload_spans_and_exposure_budget(client, slm) -> None:
         client.decoder(PUBLIC, PRIVATE, never_upload=["not in the context"])
 
 
-def test_stream_yields_the_generated_text(client) -> None:
-    pieces = list(client.stream(PUBLIC, PRIVATE, mode="edge", policy=CoVeil(lam=1.0), max_new_tokens=STEPS))
+def test_stream_yields_the_generated_text_and_keeps_the_ledger(client) -> None:
+    stream = client.stream(PUBLIC, PRIVATE, mode="edge", policy=CoVeil(lam=1.0), max_new_tokens=STEPS)
+    pieces = list(stream)
     whole = client.generate(PUBLIC, PRIVATE, mode="edge", policy=CoVeil(lam=1.0), max_new_tokens=STEPS)
-    assert "".join(pieces) == whole.text
+    assert "".join(pieces) == whole.text == stream.text
+    assert len(stream.ledger.entries) == len(whole.token_ids)
+
+
+def test_a_cancelled_stream_closes_its_cloud_session(client, engine) -> None:
+    with client.stream(PUBLIC, PRIVATE, mode="cloud", policy=CoVeil(lam=1.0), max_new_tokens=STEPS) as stream:
+        next(iter(stream))
+        assert engine.active_sessions == 1
+    assert engine.active_sessions == 0
+    assert len(stream.ledger.entries) < STEPS
 
 
 def test_a_dropped_connection_resumes_with_public_data_only(slm, engine) -> None:
