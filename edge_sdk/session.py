@@ -42,6 +42,7 @@ class LedgerEntry:
     leak_share: float  # share of the private context's content tokens exposed so far
     edge_ms: float  # own model + policy time
     wait_ms: float  # time blocked on the cloud
+    cloud_forward_ms: float  # the cloud's own forward pass for this step's distribution (as it reports)
     exposure: tuple[int, ...] = ()  # DecodeLeak's E_t^K: the top-K ids the cloud can read off this step
 
 
@@ -145,7 +146,7 @@ class CollaborativeDecoder:
         self.tokens: list[int] = []
         self.ledger = PrivacyLedger(mode=settings.mode, policy=policy.describe())
         self.finish_reason: str | None = None
-        self._slm_logits: np.ndarray | None = None
+        self._p_slm: np.ndarray | None = None  # the policy's view of the SLM's next distribution
         self._stop_ids: frozenset[int] = frozenset(slm.eos_token_ids)
 
     def request(self) -> wire.SessionRequest:
@@ -203,8 +204,8 @@ class CollaborativeDecoder:
         info = connection.open(self.request())
         self._stop_ids = frozenset(self.slm.eos_token_ids) | info.eos_token_ids
         max_steps = min(self.settings.max_new_tokens, info.max_new_tokens)
-        if self._slm_logits is None:
-            self._slm_logits = self.slm.prefill(self.slm_prompt + self.tokens)
+        if self._p_slm is None:
+            self._p_slm = self._edge_arrays(self.slm.prefill(self.slm_prompt + self.tokens))
         k = self.settings.exposure_k
         while len(self.tokens) < max_steps:
             step = len(self.tokens)
@@ -215,7 +216,7 @@ class CollaborativeDecoder:
             if dist.step != step:
                 raise CloudError("INTERNAL", f"the cloud sent step {dist.step}, expected {step}")
             started = time.perf_counter()
-            p_slm = self._edge_arrays(self._slm_logits)
+            p_slm = self._p_slm
             budget = self.settings.exposure_budget
             withheld = budget is not None and self.meter.share >= budget
             full_requested = self._needs_full(p_slm, dist, withheld)
@@ -243,7 +244,8 @@ class CollaborativeDecoder:
             self.tokens.append(token)
             if not finished:
                 started_own = time.perf_counter()
-                self._slm_logits = self.slm.append(token)  # runs while the cloud computes its own step
+                # the SLM's next step (and its softmax) run while the cloud computes its own
+                self._p_slm = self._edge_arrays(self.slm.append(token))
                 edge_s += time.perf_counter() - started_own
             entry = LedgerEntry(
                 step=step,
@@ -258,6 +260,7 @@ class CollaborativeDecoder:
                 leak_share=self.meter.share,
                 edge_ms=edge_s * 1e3,
                 wait_ms=wait_s * 1e3,
+                cloud_forward_ms=dist.forward_ns / 1e6,
                 exposure=tuple(int(i) for i in exposure),
             )
             self.ledger.entries.append(entry)
