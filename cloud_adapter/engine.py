@@ -41,7 +41,7 @@ import numpy as np
 
 from cloud_adapter.llm import CloudSequence, TransformersLLM
 from edge_sdk import wire
-from edge_sdk.fusion import FusionSpace, check_alpha, exposure_set, pick_token, softmax
+from edge_sdk.fusion import FusionSpace, check_alpha, exposure_set, pick_token, softmax, top_k_ids
 from edge_sdk.models import VocabularyMismatchError, check_same_vocabulary
 from edge_sdk.policies.base import CloudUpload
 
@@ -291,7 +291,8 @@ class StepRecord:
     step: int
     token_id: int | None = None
     full_requested: bool = False
-    upload: CloudUpload | None = None
+    upload: CloudUpload | None = None  # at most the engine's transcript_upload_limit largest values
+    upload_size: int = 0  # how many values the edge uploaded
     exposure: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     bytes_up: int = 0
     bytes_down: int = 0
@@ -301,6 +302,7 @@ class StepRecord:
         if self.upload is not None:
             entry["upload_ids"] = self.upload.ids.tolist()
             entry["upload_values"] = self.upload.values.tolist()
+            entry["upload_size"] = self.upload_size
         entry["exposure"] = self.exposure.tolist()
         entry["bytes_up"] = self.bytes_up
         entry["bytes_down"] = self.bytes_down
@@ -353,6 +355,10 @@ class CloudEngine:
             there as ``<session_id>.json``.
         exposure_k: ``K`` of DecodeLeak's per-step exposure set ``E_t^K``.
         runner: where forwards run; default: :class:`DirectRunner` (the caller's thread).
+        transcript_upload_limit: an upload is kept in the transcript as its largest
+            this-many values (its full size is recorded too).  1000 covers every
+            cutoff DecodeLeak uses; an undefended upload of all 262k values per
+            step would otherwise hold ~2 MB per step in memory.
     """
 
     def __init__(
@@ -363,15 +369,19 @@ class CloudEngine:
         exposure_k: int = 100,
         *,
         runner: ModelRunner | None = None,
+        transcript_upload_limit: int = 1000,
     ) -> None:
-        if exposure_k < 1:
-            raise ValueError(f"exposure_k must be at least 1, got {exposure_k}")
+        if exposure_k < 1 or transcript_upload_limit < exposure_k:
+            raise ValueError(
+                f"need 1 <= exposure_k <= transcript_upload_limit, got {exposure_k} and {transcript_upload_limit}"
+            )
         self.llm = llm
         self.limits = limits or Limits()
         self.transcript_dir = Path(transcript_dir) if transcript_dir is not None else None
         if self.transcript_dir is not None:
             self.transcript_dir.mkdir(parents=True, exist_ok=True)
         self.exposure_k = exposure_k
+        self.transcript_upload_limit = transcript_upload_limit
         self.runner: ModelRunner = runner if runner is not None else DirectRunner(llm)
         self.max_upload = self.limits.max_upload if self.limits.max_upload is not None else llm.vocab_size
         self.fingerprint = llm.vocab_fingerprint()
@@ -458,6 +468,14 @@ class _State(enum.Enum):
     AWAITING_OPEN = "awaiting open"
     DECODING = "decoding"
     FINISHED = "finished"
+
+
+def _largest(upload: CloudUpload, limit: int) -> CloudUpload:
+    """``upload`` itself, or its ``limit`` largest values when it holds more."""
+    if len(upload) <= limit:
+        return upload
+    keep = top_k_ids(upload.values, limit)
+    return CloudUpload(upload.ids[keep], upload.values[keep], upload.space)
 
 
 def _all_unique(ids: np.ndarray, vocab_size: int) -> bool:
@@ -668,7 +686,8 @@ class SessionHandler:
                 )
             upload = self._parse_upload(signal.upload, request.space)
             token = self._pick(upload)
-            record.upload = upload
+            record.upload_size = len(upload)
+            record.upload = _largest(upload, self.engine.transcript_upload_limit)
             record.exposure = upload.exposure(self.engine.exposure_k)
         else:
             if kind != "token_id":
@@ -701,9 +720,17 @@ class SessionHandler:
     def _parse_upload(self, upload: Any, space: FusionSpace) -> CloudUpload:
         vocab = self.engine.llm.vocab_size
         try:
-            ids, values = wire.ids_from_bytes(upload.ids), wire.values_from_bytes(upload.values)
+            values = wire.values_from_bytes(upload.values)
+            ids = wire.ids_from_bytes(upload.ids)
         except ValueError as exc:
             raise ProtocolError("INVALID_ARGUMENT", f"malformed upload: {exc}") from None
+        if upload.dense:
+            if ids.size or values.size != vocab:
+                raise ProtocolError(
+                    "INVALID_ARGUMENT", f"a dense upload carries no ids and exactly {vocab} values, got "
+                    f"{ids.size} ids and {values.size} values"
+                )
+            ids = np.arange(vocab, dtype=np.int64)
         if ids.shape != values.shape:
             raise ProtocolError("INVALID_ARGUMENT", f"upload has {ids.size} ids but {values.size} values")
         if ids.size > self.engine.max_upload:

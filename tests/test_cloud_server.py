@@ -330,8 +330,15 @@ BAD_SIGNALS: dict[str, tuple[str, Callable[[int], list[Any]], tuple[str, ...]]] 
     "duplicate ids": ("cloud", lambda vocab: [_raw_upload(0, [5, 5], [0.1, 0.2])], ("unique",)),
     "ids and values of different lengths": ("cloud", lambda vocab: [_raw_upload(0, [5, 6], [0.1])],
                                             ("2 ids but 1",)),
+    "dense upload of the wrong size": ("cloud", lambda vocab: [_dense_upload(0, [0.5, 0.5])], ("dense upload",)),
     "second full request": ("edge", lambda vocab: [wire.encode_request_full(0)] * 2, ("already sent",)),
 }
+
+
+def _dense_upload(step: int, values: list[float]):  # noqa: ANN202
+    pb = wire.pb()
+    upload = pb.Upload(values=np.asarray(values, np.float32).tobytes(), dense=True)
+    return pb.EdgeMessage(signal=pb.StepSignal(step=step, upload=upload))
 
 
 @pytest.mark.parametrize("name", list(BAD_SIGNALS))

@@ -161,3 +161,22 @@ def test_every_registered_policy_runs_in_its_modes(client) -> None:
         for mode in sorted(policy.modes):
             result = client.generate(PUBLIC, PRIVATE, mode=mode, policy=policy, max_new_tokens=3, seed=1)
             assert len(result.token_ids) == 3, (name, mode)
+
+
+def test_a_full_upload_travels_dense_and_the_transcript_keeps_its_largest_values(slm, engine) -> None:
+    from edge_sdk import wire
+
+    p = np.random.default_rng(0).dirichlet(np.ones(slm.vocab_size)).astype(np.float32)
+    full = wire.encode_upload(0, Undefended().cloud_upload(p, p, alpha=0.3))
+    sparse = wire.encode_upload(0, CoVeil(lam=0.0).cloud_upload(p, p, alpha=0.3))
+    assert full.signal.upload.dense and not full.signal.upload.ids
+    assert full.ByteSize() < 4 * slm.vocab_size + 64  # values only: half of listing every id too
+    assert not sparse.signal.upload.dense
+    client = EdgeClient(lambda: engine.session("tests"), slm=slm)
+    decoder = client.decoder(PUBLIC, PRIVATE, mode="cloud", policy=Undefended(), max_new_tokens=2)
+    connection = CloudConnection(InProcessChannel(engine.session("tests")))
+    list(decoder.steps(connection))
+    step = engine.transcript(connection.info.session_id)["steps"][0]
+    assert step["upload_size"] == slm.vocab_size
+    assert len(step["upload_ids"]) == engine.transcript_upload_limit
+    assert step["exposure"] == list(decoder.ledger.entries[0].exposure)
