@@ -4,7 +4,10 @@ When both halves share one machine they must share its cores too: llama.cpp
 and torch each default to every core, and oversubscribed cores make both spin
 against each other (measured here: 32 edge-side tokens in 32-68 s with 2+2
 threads on 2 cores, 2.7 s with 1+1).  :func:`split_cores` gives each half its
-share and :func:`local_cloud` starts ``coveil-cloud serve`` with the cloud's.
+share and :func:`local_cloud` starts ``coveil-cloud serve`` with the cloud's,
+pinned to its own cores (Linux), the calling process to the others: pinning
+cut the per-step protocol overhead from ~3.9 to ~2.2 ms and the SLM's step
+from 15.6 to 13.2 ms here, since no thread of one half lands on the other's core.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ def local_cloud(
     *,
     model: str | None = None,
     threads: int | None = None,
+    pin: bool = True,
     extra_args: Sequence[str] = (),
     channel_credentials: Any = None,
     startup_timeout_s: float = 600.0,
@@ -79,9 +83,12 @@ def local_cloud(
     """Run ``coveil-cloud serve`` on a free loopback port for the duration of the block; yield its address.
 
     Its log goes to ``workdir/cloud.log``.  ``threads`` caps torch's threads;
-    ``extra_args`` are more ``serve`` flags (TLS, tokens, transcripts), with
-    ``channel_credentials`` to health-check a TLS server.  The process is
-    always stopped (SIGTERM, then SIGKILL) when the block ends.
+    with ``pin`` (and ``threads`` below this process's core count, on Linux)
+    the server runs on the last ``threads`` of this process's cores and this
+    process on the rest until the block ends.  ``extra_args`` are more
+    ``serve`` flags (TLS, tokens, transcripts), with ``channel_credentials``
+    to health-check a TLS server.  The process is always stopped (SIGTERM,
+    then SIGKILL) when the block ends.
     """
     port = free_loopback_port()
     address = f"127.0.0.1:{port}"
@@ -92,14 +99,27 @@ def local_cloud(
         command += ["--threads", str(threads)]
     command += list(extra_args)
     log_path = workdir / "cloud.log"
+    own_cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    pinned = pin and threads is not None and 0 < threads < len(own_cores)
+    cloud_cores, edge_cores = (set(own_cores[-threads:]), set(own_cores[:-threads])) if pinned else (None, None)
+
+    def pin_child() -> None:
+        os.sched_setaffinity(0, cloud_cores)
+
     with log_path.open("w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=pin_child if pinned else None
+        )
         try:
+            if pinned:
+                os.sched_setaffinity(0, edge_cores)
             wait_until_serving(
                 address, process, log_path, channel_credentials=channel_credentials, timeout_s=startup_timeout_s
             )
             yield address
         finally:
+            if pinned:
+                os.sched_setaffinity(0, set(own_cores))
             process.terminate()
             try:
                 process.wait(timeout=20)
