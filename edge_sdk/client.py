@@ -20,7 +20,7 @@ import numpy as np
 from edge_sdk import wire
 from edge_sdk.backends.base import SLMBackend
 from edge_sdk.leakage import LeakageMeter, content_token_ids
-from edge_sdk.policies import CoVeil, Policy, make_policy
+from edge_sdk.policies import Policy, make_policy
 from edge_sdk.policies.base import FusionMode
 from edge_sdk.session import CollaborativeDecoder, DecodeSettings, PrivacyLedger, run_with_resume
 from edge_sdk.transport import CloudConnection, CloudSessionHandler, GrpcChannel, InProcessChannel
@@ -142,6 +142,7 @@ class EdgeClient:
         self._cloud = cloud
         self._grpc_channel: Any = None
         self._piece: Callable[[int], str] | None = None
+        self._neighbours: Any = None  # CusText's embedding neighbours, loaded on first use
 
     # -- connections -------------------------------------------------------------------------------
     def _connect(self) -> CloudConnection:
@@ -196,7 +197,7 @@ class EdgeClient:
     ) -> CollaborativeDecoder:
         """Build the decoder for one generation (what :meth:`stream` runs)."""
         if isinstance(policy, str):
-            policy = CoVeil() if policy == "coveil" else make_policy(policy)
+            policy = self._policy_by_name(policy)
         slm = self.slm
         cloud_prompt = slm.tokenize(public_query, add_bos=True)
         slm_prompt = (
@@ -233,6 +234,19 @@ class EdgeClient:
             masked_ids=frozenset(masked),
             rng=rng if rng is not None else np.random.default_rng(seed),
         )
+
+    def _policy_by_name(self, name: str) -> Policy:
+        """A registered policy with its defaults; CusText gets its neighbours from the SLM's own embeddings."""
+        if name != "custext":
+            return make_policy(name)
+        if self._neighbours is None:
+            from edge_sdk.policies import EmbeddingNeighbours, load_token_embeddings
+
+            gguf_path = getattr(getattr(self.slm, "source", None), "gguf_path", None)
+            if gguf_path is None:
+                raise ValueError("CusText needs token embeddings: pass CusText(neighbours=...) for this backend")
+            self._neighbours = EmbeddingNeighbours(load_token_embeddings(gguf_path))
+        return make_policy(name, neighbours=self._neighbours)
 
     def stream(self, public_query: str, private_context: str = "", **kwargs: Any) -> GenerationStream:
         """Decode token by token: iterate the returned stream for each token's text as it is decided.

@@ -180,3 +180,11 @@ def test_a_full_upload_travels_dense_and_the_transcript_keeps_its_largest_values
     assert step["upload_size"] == slm.vocab_size
     assert len(step["upload_ids"]) == engine.transcript_upload_limit
     assert step["exposure"] == list(decoder.ledger.entries[0].exposure)
+
+
+def test_every_policy_is_selectable_by_name_custext_with_the_slm_embeddings(client) -> None:
+    result = client.generate(PUBLIC, PRIVATE, mode="edge", policy="custext", max_new_tokens=2, seed=3)
+    assert result.ledger.policy.startswith("custext")
+    assert len(result.token_ids) == 2
+    for name in ("undefended", "coveil", "cogenesis", "dp_logit", "dp_fusion"):
+        assert client.generate(PUBLIC, PRIVATE, mode="cloud", policy=name, max_new_tokens=1).token_ids
