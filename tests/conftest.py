@@ -25,6 +25,19 @@ def distribution_pairs(min_size: int = 2, max_size: int = 64) -> st.SearchStrate
     )
 
 
+#: a small collaborative-decoding case for the integration tests
+PUBLIC_PROMPT = "Question: Which organ is affected?\nOptions:\n(A) heart\n(B) liver\n(C) lung\n(D) kidney\nAnswer: ("
+PRIVATE_CONTEXT = "The patient has jaundice, a swollen liver and raised bilirubin after years of alcohol use."
+
+
+@pytest.fixture(scope="session")
+def slm():
+    """The embedded Gemma-3 270M in llama.cpp (one thread: in-process tests run the cloud model beside it)."""
+    from edge_sdk.backends.llama_cpp import LlamaCppSLM
+
+    return LlamaCppSLM(n_ctx=512, n_threads=1)
+
+
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)

@@ -10,18 +10,12 @@ from edge_sdk.fusion import fuse, softmax
 from edge_sdk.policies import CoVeil, Undefended, make_policy
 from edge_sdk.transport import CloudConnection, CloudError, InProcessChannel
 
+from tests.conftest import PRIVATE_CONTEXT, PUBLIC_PROMPT
+
 pytestmark = pytest.mark.model
 
-PUBLIC = "Question: Which organ is affected?\nOptions:\n(A) heart\n(B) liver\n(C) lung\n(D) kidney\nAnswer: ("
-PRIVATE = "The patient has jaundice, a swollen liver and raised bilirubin after years of alcohol use."
+PUBLIC, PRIVATE = PUBLIC_PROMPT, PRIVATE_CONTEXT
 STEPS = 8
-
-
-@pytest.fixture(scope="module")
-def slm():
-    from edge_sdk.backends.llama_cpp import LlamaCppSLM
-
-    return LlamaCppSLM(n_ctx=512, n_threads=2)
 
 
 @pytest.fixture(scope="module")

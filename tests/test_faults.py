@@ -14,18 +14,12 @@ from edge_sdk.client import EdgeClient
 from edge_sdk.policies import CoVeil
 from edge_sdk.transport import CloudError
 
+from tests.conftest import PRIVATE_CONTEXT, PUBLIC_PROMPT
+
 pytestmark = pytest.mark.model
 
-PUBLIC = "Question: Which organ is affected?\nOptions:\n(A) heart\n(B) liver\n(C) lung\n(D) kidney\nAnswer: ("
-PRIVATE = "The patient has jaundice, a swollen liver and raised bilirubin after years of alcohol use."
+PUBLIC, PRIVATE = PUBLIC_PROMPT, PRIVATE_CONTEXT
 STEPS = 8
-
-
-@pytest.fixture(scope="module")
-def slm():
-    from edge_sdk.backends.llama_cpp import LlamaCppSLM
-
-    return LlamaCppSLM(n_ctx=512, n_threads=1)
 
 
 @pytest.fixture(scope="module")

@@ -17,13 +17,6 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def slm():
-    from edge_sdk.backends.llama_cpp import LlamaCppSLM
-
-    return LlamaCppSLM(n_ctx=512, n_threads=2)
-
-
-@pytest.fixture(scope="module")
 def llm():
     from cloud_adapter.llm import TransformersLLM
 
