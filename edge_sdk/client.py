@@ -19,7 +19,7 @@ import numpy as np
 
 from edge_sdk import wire
 from edge_sdk.backends.base import SLMBackend
-from edge_sdk.leakage import LeakageMeter, content_token_ids
+from edge_sdk.leakage import LeakageMeter, content_token_ids, piece_reader
 from edge_sdk.policies import Policy, make_policy
 from edge_sdk.policies.base import FusionMode
 from edge_sdk.session import CollaborativeDecoder, DecodeSettings, PrivacyLedger, run_with_resume
@@ -206,7 +206,7 @@ class EdgeClient:
             else cloud_prompt
         )
         if self._piece is None:
-            self._piece = _piece_reader(slm)
+            self._piece = piece_reader(slm)
         piece = self._piece
         private_ids = content_token_ids(private_context, lambda t: slm.tokenize(t, add_bos=False), piece)
         masked: set[int] = set()
@@ -270,12 +270,3 @@ class EdgeClient:
             ledger=decoder.ledger,
             finish_reason=decoder.finish_reason or "max_new_tokens",
         )
-
-
-def _piece_reader(slm: SLMBackend) -> Callable[[int], str]:
-    """Token id → its text, from the backend's own vocabulary table when it has one."""
-    strings = getattr(slm, "token_strings", None)
-    if strings is not None:
-        table = [s.decode("utf-8", errors="replace") for s in strings()]
-        return table.__getitem__
-    return lambda i: slm.detokenize([i])

@@ -42,6 +42,15 @@ def piece_is_content(piece: str) -> bool:
     return len(word) > 2 and word not in STOPWORDS
 
 
+def piece_reader(slm: object) -> Callable[[int], str]:
+    """Token id → its text: a lookup in the backend's vocabulary table (``token_strings``) when it
+    has one, else a one-token detokenisation."""
+    strings = getattr(slm, "token_strings", None)
+    if strings is not None:
+        return [s.decode("utf-8", errors="replace") for s in strings()].__getitem__
+    return lambda i: slm.detokenize([i])  # type: ignore[attr-defined]
+
+
 def words(text: str) -> list[str]:
     """The words of ``text`` (letters and digits, with an apostrophe suffix)."""
     return _WORD.findall(text)

@@ -301,4 +301,3 @@ def run_with_resume(
         finally:
             if connection is not None:
                 connection.close()
-

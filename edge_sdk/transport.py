@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -213,6 +213,3 @@ class CloudConnection:
             pass  # the stream is already gone; nothing left to release remotely
         finally:
             self._channel.close()
-
-
-ConnectionFactory = Callable[[], CloudConnection]

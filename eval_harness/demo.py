@@ -22,6 +22,7 @@ import numpy as np
 from cloud_adapter.local import local_cloud, split_cores
 from edge_sdk.backends.llama_cpp import LlamaCppSLM
 from edge_sdk.client import Credentials, EdgeClient, GenerationResult
+from edge_sdk.leakage import piece_reader
 from edge_sdk.policies import CoVeil, Policy, Undefended
 from eval_harness.datasets import DecodeLeakItem, load_task, predicted_letter
 from eval_harness.metrics import Vocabulary, evidence_recall
@@ -107,7 +108,7 @@ def run_demo(
                 cloud = stack.enter_context(local_cloud(workdir, model=model, threads=cloud_threads))
             console.print(f"cloud adapter ready at {cloud} ({cloud_threads} torch threads, {edge_threads} for llama.cpp)")
         slm = LlamaCppSLM(model if model and model.endswith(".gguf") else None, n_threads=edge_threads)
-        vocab = Vocabulary(lambda text: slm.tokenize(text, add_bos=False), _piece_table(slm))
+        vocab = Vocabulary(lambda text: slm.tokenize(text, add_bos=False), piece_reader(slm))
         client = stack.enter_context(EdgeClient(cloud, slm=slm, credentials=credentials))
         total = len(items) * len(rows)
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -128,10 +129,6 @@ def run_demo(
     plot = _plot(summaries, out_dir / "privacy_utility.png")
     console.print(f"results: {out_dir / 'demo_results.json'}; plot: {plot}")
     return summaries
-
-
-def _piece_table(slm: LlamaCppSLM):  # noqa: ANN202 - a bound __getitem__
-    return [s.decode("utf-8", errors="replace") for s in slm.token_strings()].__getitem__
 
 
 def _print_table(console, summaries: list[dict[str, float | str]], n_items: int) -> None:  # noqa: ANN001
