@@ -57,7 +57,8 @@ def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
     z = np.asarray(logits, dtype=np.float32)
     shifted = z - z.max() if temperature == 1.0 else (z - z.max()) / np.float32(temperature)
     np.exp(shifted, out=shifted)
-    shifted /= shifted.sum(dtype=np.float64)
+    # numpy's pairwise float32 sum is accurate to ~1e-6 relative here and twice as fast as a float64 one
+    shifted /= shifted.sum()
     return shifted
 
 
