@@ -215,6 +215,7 @@ class CollaborativeDecoder:
             wait_s = time.perf_counter() - wait
             if dist.step != step:
                 raise CloudError("INTERNAL", f"the cloud sent step {dist.step}, expected {step}")
+            cloud_forward_ns = dist.forward_ns  # a full row sent on request carries no forward of its own
             started = time.perf_counter()
             p_slm = self._p_slm
             budget = self.settings.exposure_budget
@@ -260,7 +261,7 @@ class CollaborativeDecoder:
                 leak_share=self.meter.share,
                 edge_ms=edge_s * 1e3,
                 wait_ms=wait_s * 1e3,
-                cloud_forward_ms=dist.forward_ns / 1e6,
+                cloud_forward_ms=cloud_forward_ns / 1e6,
                 exposure=tuple(int(i) for i in exposure),
             )
             self.ledger.entries.append(entry)

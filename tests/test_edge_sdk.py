@@ -62,6 +62,7 @@ def test_sparse_cloud_distribution_gives_the_same_decisions_as_full(client, slm)
                                top_m=slm.vocab_size)
         assert sparse.token_ids == full.token_ids
         assert full.ledger.full_requests == 0
+        assert all(e.cloud_forward_ms > 0 for e in sparse.ledger.entries + full.ledger.entries)
         per_token_down = sparse.ledger.bytes_down / len(sparse.token_ids)
         assert per_token_down < full.ledger.bytes_down / len(full.token_ids) / 10
 
