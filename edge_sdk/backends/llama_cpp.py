@@ -2,10 +2,10 @@
 
 Built on ``llama_cpp._internals`` (model, context, batch) rather than the
 high-level ``Llama`` class: that class allocates an unused
-``n_batch x n_vocab`` float array (0.5 GB at 512 x 262k) and, with
-``logits_all=True``, ``n_ctx x n_vocab``.  Here each decode asks for the
-logits of its last position only, and :meth:`LlamaCppSLM.append` copies that
-one row (``llama_get_logits_ith(ctx, -1)``), nothing more.
+``n_batch x n_vocab`` float array (0.5 GB at 512 x 262k), and ``n_ctx x n_vocab``
+when asked for every position's logits.  Here each decode asks for the logits
+of its last position only, and :meth:`LlamaCppSLM.append` copies that one row
+(``llama_get_logits_ith(ctx, -1)``), nothing more.
 """
 
 from __future__ import annotations
