@@ -20,7 +20,7 @@ import numpy as np
 
 from edge_sdk import wire
 from edge_sdk.backends.base import SLMBackend
-from edge_sdk.fusion import certify_fused_top_k, exposure_set, log_probs, softmax
+from edge_sdk.fusion import exposure_set, log_probs, softmax
 from edge_sdk.leakage import LeakageMeter
 from edge_sdk.policies.base import CloudUpload, FusionMode, Policy, SyncedToken
 from edge_sdk.transport import CloudConnection, CloudError
@@ -177,23 +177,22 @@ class CollaborativeDecoder:
                 p /= np.float32(total)
         return log_probs(p) if self.policy.space == "logit" else p
 
-    def _needs_full(self, p_slm: np.ndarray, dist: wire.CloudDistribution, withheld: bool) -> bool:
-        if dist.is_full or withheld:
-            return False
-        support = self.policy.llm_support(self.settings.mode)
-        if support is None:
-            return True
-        return not certify_fused_top_k(p_slm, dist.ids, dist.values, dist.tail_bound, self.settings.alpha, support)
-
     def _decide(
-        self, p_slm: np.ndarray, p_llm: np.ndarray, withheld: bool
-    ) -> CloudUpload | SyncedToken:
+        self, p_slm: np.ndarray, dist: wire.CloudDistribution, withheld: bool
+    ) -> CloudUpload | SyncedToken | None:
+        """The step's signal, or ``None`` when a sparse ``dist`` cannot certify the policy's decision."""
         mode, alpha = self.settings.mode, self.settings.alpha
+        p_llm = dist.lower_dense(self.slm.vocab_size)
         if withheld:  # budget reached: a signal the cloud could have produced on its own
             if mode == "cloud":
                 return CloudUpload.empty(self.policy.space)
-            return SyncedToken(int(np.argmax(p_llm)))
-        signal = self.policy.decide(mode, p_slm, p_llm, alpha=alpha, rng=self.rng)
+            return SyncedToken(int(np.argmax(p_llm)))  # the cloud's own top token is always sent
+        if dist.is_full:
+            signal = self.policy.decide(mode, p_slm, p_llm, alpha=alpha, rng=self.rng)
+        else:
+            signal = self.policy.decide_sparse(mode, p_slm, p_llm, dist.ids, dist.tail_bound, alpha=alpha, rng=self.rng)
+            if signal is None:
+                return None
         if mode == "cloud" and self.masked.size and len(signal.ids):  # type: ignore[union-attr]
             keep = ~np.isin(signal.ids, self.masked)  # type: ignore[union-attr]
             signal = CloudUpload(signal.ids[keep], signal.values[keep], signal.space)  # type: ignore[union-attr]
@@ -220,13 +219,14 @@ class CollaborativeDecoder:
             p_slm = self._p_slm
             budget = self.settings.exposure_budget
             withheld = budget is not None and self.meter.share >= budget
-            full_requested = self._needs_full(p_slm, dist, withheld)
-            if full_requested:
+            signal = self._decide(p_slm, dist, withheld)
+            full_requested = signal is None
+            if signal is None:
                 wait = time.perf_counter()
                 dist = connection.request_full(step)
                 wait_s += time.perf_counter() - wait
-            p_llm = dist.lower_dense(self.slm.vocab_size)
-            signal = self._decide(p_slm, p_llm, withheld)
+                signal = self._decide(p_slm, dist, withheld)
+                assert signal is not None, "a full distribution always decides"
             edge_s = time.perf_counter() - started
             if isinstance(signal, CloudUpload):
                 exposure = signal.exposure(k)
@@ -238,7 +238,7 @@ class CollaborativeDecoder:
             else:
                 token, uploaded = signal.token_id, 0
                 connection.sync_token(step, token)
-                exposure = dist.ids[:k] if not dist.is_full else exposure_set(p_llm, k)
+                exposure = dist.ids[:k] if not dist.is_full else exposure_set(dist.dense, k)
                 self.meter.observe(exposure)
                 self.meter.observe([token])
                 finished = token in self._stop_ids or step + 1 >= max_steps

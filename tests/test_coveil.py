@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from edge_sdk.fusion import fuse, top_k_ids
 from edge_sdk.policies import CloudUpload, CoVeil, SyncedToken, available_policies, make_policy
-from edge_sdk.policies.coveil import coveil_select, coveil_upload, coveil_upload_scores
+from edge_sdk.policies.coveil import coveil_select, coveil_select_sparse, coveil_upload, coveil_upload_scores
 from tests.conftest import distribution_pairs
 
 
@@ -140,3 +140,46 @@ def test_upload_validation() -> None:
         CloudUpload(np.array([2, 2]), np.array([0.1, 0.2]))
     upload = CloudUpload(np.array([5, 1]), np.array([0.5, 0.1]))
     assert upload.ids.tolist() == [1, 5] and upload.values.tolist() == [pytest.approx(0.1), pytest.approx(0.5)]
+
+
+def sparse_view(p_llm: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """What the cloud sends: its top-m ids, a dense lower bound (0 where omitted) and the tail bound."""
+    ids = top_k_ids(p_llm, m)
+    lower = np.zeros_like(p_llm)
+    lower[ids] = p_llm[ids]
+    tail = float(p_llm[ids[-1]]) if len(ids) < len(p_llm) else 0.0
+    return ids, lower, tail
+
+
+@settings(max_examples=500, deadline=None)
+@given(distribution_pairs(2, 80), st.integers(1, 40), st.integers(1, 30), st.floats(0.0, 1.0), st.floats(0.0, 5.0))
+def test_sparse_decisions_are_the_full_decisions_whenever_certified(pair, m: int, k: int, alpha: float, lam: float):
+    p_slm, p_llm = pair
+    ids, lower, tail = sparse_view(p_llm, m)
+    policy = CoVeil(lam=lam, k=k)
+    for mode in ("cloud", "edge"):
+        sparse = policy.decide_sparse(mode, p_slm, lower, ids, tail, alpha=alpha)
+        full = policy.decide(mode, p_slm, p_llm, alpha=alpha)
+        if sparse is not None:
+            assert type(sparse) is type(full)
+            if isinstance(full, SyncedToken):
+                assert sparse.token_id == full.token_id
+            else:
+                assert sparse.ids.tolist() == full.ids.tolist()
+    token = coveil_select_sparse(p_slm, lower, ids, tail, alpha=alpha, lam=lam, k=k)
+    if token is not None:
+        assert token == coveil_select(p_slm, p_llm, alpha=alpha, lam=lam, k=k)
+
+
+def test_the_finer_edge_certificate_accepts_a_tail_token_that_cannot_win() -> None:
+    # Top-2 fused = {0, 3}; the cloud sent ids 0-2 only.  Omitted id 3 enters TopK through p_slm, but
+    # J(3) >= p_fuse(0) + (lam - 1 + alpha)*0.3 - (alpha + lam)*b is far above J(0) = 0 at lam = 2.
+    p_slm = np.array([0.7, 0.0, 0.0, 0.3], np.float32)
+    p_llm = np.array([0.6, 0.2, 0.15, 0.05], np.float32)
+    ids, lower, tail = sparse_view(p_llm, 3)
+    assert not CoVeil(lam=2.0, k=2).llm_support("edge") is None
+    from edge_sdk.fusion import certify_fused_top_k
+
+    assert not certify_fused_top_k(p_slm, ids, p_llm[ids], tail, 0.3, 2)  # the generic certificate refuses
+    assert coveil_select_sparse(p_slm, lower, ids, tail, alpha=0.3, lam=2.0, k=2) == 0
+    assert CoVeil(lam=2.0, k=2).decide_sparse("edge", p_slm, lower, ids, tail, alpha=0.3) == SyncedToken(0)

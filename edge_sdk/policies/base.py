@@ -21,7 +21,7 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
-from edge_sdk.fusion import FusionSpace, fuse_upload, top_k_ids
+from edge_sdk.fusion import FusionSpace, certify_fused_top_k, fuse_upload, top_k_ids
 
 FusionMode = Literal["cloud", "edge"]
 FUSION_MODES: tuple[str, ...] = ("cloud", "edge")
@@ -117,6 +117,33 @@ class Policy(ABC):
         full distribution.  The default is the safe ``None``.
         """
         return None
+
+    def decide_sparse(
+        self,
+        mode: FusionMode,
+        p_slm: np.ndarray,
+        p_llm_lower: np.ndarray,
+        known_ids: np.ndarray,
+        tail_bound: float,
+        *,
+        alpha: float,
+        rng: np.random.Generator | None = None,
+    ) -> Observation | None:
+        """Decide from a sparse cloud distribution, or return ``None`` if it cannot be certified.
+
+        ``p_llm_lower`` is exact on ``known_ids`` and 0 elsewhere, where the true
+        values are at most ``tail_bound``.  The default certifies through
+        :meth:`llm_support` (:func:`edge_sdk.fusion.certify_fused_top_k`); a
+        policy may override it with a finer certificate.  A returned decision is
+        always the one the full distribution would give; ``None`` means: ask
+        the cloud for the full row.
+        """
+        support = self.llm_support(mode)
+        if support is None or not certify_fused_top_k(
+            p_slm, known_ids, p_llm_lower[known_ids], tail_bound, alpha, support
+        ):
+            return None
+        return self.decide(mode, p_slm, p_llm_lower, alpha=alpha, rng=rng)
 
     def cloud_upload(
         self, p_slm: np.ndarray, p_llm: np.ndarray, *, alpha: float, rng: np.random.Generator | None = None

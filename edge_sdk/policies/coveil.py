@@ -102,6 +102,73 @@ def coveil_select(
     return int(candidates[int(np.argmin(objective))])
 
 
+def coveil_select_sparse(
+    p_slm: np.ndarray,
+    p_llm_lower: np.ndarray,
+    known_ids: np.ndarray,
+    tail_bound: float,
+    *,
+    alpha: float = 0.3,
+    lam: float = 1.0,
+    k: int = 50,
+) -> int | None:
+    """Edge-side CoVeil from a sparse ``p_llm``; ``None`` unless the choice is provably the full one.
+
+    ``p_llm_lower`` is exact on ``known_ids`` and 0 elsewhere; every omitted
+    ``p_llm(j) <= b`` (``tail_bound``).  With ``p_fuse`` computed from it (exact
+    on known ids, a lower bound elsewhere) and ``ub(j) = alpha*b + (1-alpha)*p_slm(j)``
+    bounding an omitted token's true ``p_fuse``, the choice ``c`` (the argmin of
+    ``J`` over the known tokens of ``TopK``) is certified when
+
+    1. ``y*`` is known and beats every ``ub(j)``, so ``p_fuse(y*)`` is exact;
+    2. ``c`` stays in the true ``TopK``: fewer than ``k`` tokens can reach its ``p_fuse``;
+    3. every omitted ``j`` that could enter ``TopK`` (``ub(j) >= t``, ``t`` the
+       ``k``-th largest lower bound) loses even at its best, ``p_llm(j) = b``::
+
+           J(j) >= p_fuse(y*) + (lam - 1 + alpha) * p_slm(j) - (alpha + lam) * b  >  J(c)
+
+    (``J`` decreases in ``p_llm(j)``).  Catches the steps where a token the
+    cloud left out could enter ``TopK`` but could never be chosen.
+    """
+    alpha = check_alpha(alpha)
+    _check(lam, k)
+    known = np.zeros(p_slm.shape[0], dtype=bool)
+    known[known_ids] = True
+    p_fuse = fuse(p_llm_lower, p_slm, alpha)
+    candidates = top_k_ids(p_fuse, k)
+    y_star = int(candidates[0])
+    upper = np.where(known, -np.inf, alpha * tail_bound + (1.0 - alpha) * p_slm.astype(np.float64))
+    fused_star = float(p_fuse[y_star])
+    if not known[y_star] or fused_star <= _with_margin(float(upper.max())):
+        return None
+    known_candidates = candidates[known[candidates]]
+    fused = p_fuse[known_candidates].astype(np.float64)
+    objective = -(fused - fused_star) + lam * (
+        p_slm[known_candidates].astype(np.float64) - p_llm_lower[known_candidates].astype(np.float64)
+    )
+    best = int(np.argmin(objective))
+    choice, fused_choice, j_choice = int(known_candidates[best]), float(fused[best]), float(objective[best])
+    if fused_choice <= float(p_fuse[candidates[-1]]):
+        return None  # c sits on the edge of TopK: a tie could push it out
+    reach_c = best + int(np.count_nonzero(upper >= fused_choice - 1e-6 * abs(fused_choice) - 1e-12))
+    if reach_c >= k:
+        return None
+    threshold = float(p_fuse[candidates[-1]])
+    if int(np.count_nonzero(known & (p_fuse >= threshold))) > len(known_candidates):
+        return None  # a known token ties the TopK boundary from outside: it could still enter
+    entering = upper >= threshold - 1e-6 * abs(threshold) - 1e-12
+    if entering.any():
+        j_best_case = fused_star + (lam - 1.0 + alpha) * p_slm[entering].astype(np.float64) - (alpha + lam) * tail_bound
+        if float(j_best_case.min()) <= _with_margin(j_choice):
+            return None
+    return choice
+
+
+def _with_margin(value: float) -> float:
+    """``value`` nudged up by a relative 1e-6 (and 1e-12): comparisons against it absorb float32 rounding."""
+    return value + 1e-6 * abs(value) + 1e-12
+
+
 @dataclass
 class CoVeil(Policy):
     """CoVeil in both fusion modes (the SDK's default policy).
@@ -129,6 +196,13 @@ class CoVeil(Policy):
         if self.space == "logit":
             return None
         return 1 if mode == "cloud" else self.k
+
+    def decide_sparse(self, mode, p_slm, p_llm_lower, known_ids, tail_bound, *, alpha, rng=None):
+        decision = super().decide_sparse(mode, p_slm, p_llm_lower, known_ids, tail_bound, alpha=alpha, rng=rng)
+        if decision is not None or mode != "edge" or self.space != "prob":
+            return decision
+        token = coveil_select_sparse(p_slm, p_llm_lower, known_ids, tail_bound, alpha=alpha, lam=self.lam, k=self.k)
+        return None if token is None else SyncedToken(token)
 
     def cloud_upload(self, p_slm, p_llm, *, alpha, rng=None) -> CloudUpload:
         ids = coveil_upload(p_slm, p_llm, alpha=alpha, lam=self.lam, k=self.k, space=self.space)
