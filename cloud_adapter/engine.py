@@ -523,6 +523,7 @@ class SessionHandler:
         self._pending: StepRecord | None = None  # the step whose distribution the edge holds
         self._p_llm = np.empty(0, np.float32)  # p_llm of the current step
         self._llm_values = np.empty(0, np.float32)  # what the cloud sends and fuses: p_llm or log p_llm
+        self._sent_ids = np.empty(0, np.int64)  # TopK(p_llm) sent in this step's sparse distribution
         self._bytes_up = 0
         self._bytes_down = 0
         self.started_at = time.monotonic()  # when the stream began
@@ -700,7 +701,10 @@ class SessionHandler:
                 raise ProtocolError(
                     "INVALID_ARGUMENT", f"token id {token} is outside the vocabulary of {self.engine.llm.vocab_size}"
                 )
-            record.exposure = exposure_set(self._p_llm, self.engine.exposure_k)
+            k = self.engine.exposure_k
+            # the sparse ids are TopK(p_llm) in the same order: their first k are E_t^K, no second selection
+            sent = self._sent_ids
+            record.exposure = sent[:k] if len(sent) >= min(k, self._p_llm.size) else exposure_set(self._p_llm, k)
         record.token_id = token
         record.bytes_up += size
         self._transcript.steps.append(record)
@@ -766,6 +770,7 @@ class SessionHandler:
         self._p_llm = softmax(seq.next_logits)
         self._llm_values = _log_softmax(seq.next_logits) if request.space == "logit" else self._p_llm
         sparse = wire.CloudDistribution.sparse_from(self._step, self._p_llm, request.top_m, forward_ns)
+        self._sent_ids = sparse.ids
         if request.space == "logit":
             # same ids, tail mass kept in probability (the certificate); values and bound become log-probs
             omitted = sparse.ids.size < self._p_llm.size

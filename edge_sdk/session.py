@@ -147,6 +147,7 @@ class CollaborativeDecoder:
         self.ledger = PrivacyLedger(mode=settings.mode, policy=policy.describe())
         self.finish_reason: str | None = None
         self._p_slm: np.ndarray | None = None  # the policy's view of the SLM's next distribution
+        self._p_llm_buffer = np.zeros(slm.vocab_size, dtype=np.float32)  # the sparse cloud view, reused
         self._stop_ids: frozenset[int] = frozenset(slm.eos_token_ids)
 
     def request(self) -> wire.SessionRequest:
@@ -182,7 +183,7 @@ class CollaborativeDecoder:
     ) -> CloudUpload | SyncedToken | None:
         """The step's signal, or ``None`` when a sparse ``dist`` cannot certify the policy's decision."""
         mode, alpha = self.settings.mode, self.settings.alpha
-        p_llm = dist.lower_dense(self.slm.vocab_size)
+        p_llm = dist.lower_dense(self.slm.vocab_size, out=self._p_llm_buffer)
         if withheld:  # budget reached: a signal the cloud could have produced on its own
             if mode == "cloud":
                 return CloudUpload.empty(self.policy.space)

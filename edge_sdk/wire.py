@@ -122,11 +122,18 @@ class CloudDistribution:
         tail_mass = max(0.0, 1.0 - float(values.sum(dtype=np.float64))) if omitted else 0.0
         return cls(step, ids, values, tail_bound, tail_mass, None, forward_ns)
 
-    def lower_dense(self, vocab_size: int) -> np.ndarray:
-        """A dense array exact where known and 0 (a lower bound) where omitted."""
+    def lower_dense(self, vocab_size: int, out: np.ndarray | None = None) -> np.ndarray:
+        """A dense array exact where known and 0 (a lower bound) where omitted.
+
+        ``out``, a float32 buffer of ``vocab_size`` reused across steps, saves
+        faulting in a fresh megabyte each step.
+        """
         if self.dense is not None:
             return self.dense
-        out = np.zeros(vocab_size, dtype=np.float32)
+        if out is None:
+            out = np.zeros(vocab_size, dtype=np.float32)
+        else:
+            out.fill(0.0)
         out[self.ids] = self.values
         return out
 
