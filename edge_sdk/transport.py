@@ -17,7 +17,6 @@ The decoding loop (:mod:`edge_sdk.session`) is written once against
 from __future__ import annotations
 
 import queue
-import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -106,7 +105,6 @@ class GrpcChannel:
         self._outbox: queue.Queue[Any] = queue.Queue()
         stub = coveil_pb2_grpc.CollaborativeDecodingStub(grpc_channel)
         self._call = stub.Decode(self._outgoing(), metadata=metadata, timeout=timeout_s)
-        self._lock = threading.Lock()
 
     def _outgoing(self) -> Iterator[Any]:
         while True:
