@@ -140,6 +140,15 @@ def in_top_k(values: np.ndarray, i: int, k: int) -> bool:
     return above + int(np.count_nonzero(values[:i] == v)) < k
 
 
+def rounding_margin(value: float | np.ndarray) -> float | np.ndarray:
+    """Slack for comparing float32-derived values: ``1e-6 * |value| + 1e-12``.
+
+    Certificates compare with this much room on the safe side, so rounding
+    can only make them refuse, never accept wrongly.
+    """
+    return 1e-6 * np.abs(value) + 1e-12
+
+
 def certify_fused_top_k(
     p_slm: np.ndarray,
     known_ids: np.ndarray,
@@ -176,7 +185,7 @@ def certify_fused_top_k(
     finally:
         p_slm[known_ids] = saved
     upper = alpha * tail_bound + (1.0 - alpha) * max_omitted_slm
-    return kth > upper + 1e-6 * abs(upper) + 1e-12
+    return kth > upper + rounding_margin(upper)
 
 
 def pick_token(p: np.ndarray, *, temperature: float = 0.0, rng: np.random.Generator | None = None) -> int:

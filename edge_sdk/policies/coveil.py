@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edge_sdk.fusion import FusionSpace, check_alpha, check_space, fuse, in_top_k, top_k_ids
+from edge_sdk.fusion import FusionSpace, check_alpha, check_space, fuse, in_top_k, rounding_margin, top_k_ids
 from edge_sdk.policies.base import CloudUpload, FusionMode, Policy, SyncedToken
 
 
@@ -139,7 +139,8 @@ def coveil_select_sparse(
     y_star = int(candidates[0])
     upper = np.where(known, -np.inf, alpha * tail_bound + (1.0 - alpha) * p_slm.astype(np.float64))
     fused_star = float(p_fuse[y_star])
-    if not known[y_star] or fused_star <= _with_margin(float(upper.max())):
+    upper_max = float(upper.max())  # -inf when the cloud sent every id
+    if not known[y_star] or (np.isfinite(upper_max) and fused_star <= upper_max + rounding_margin(upper_max)):
         return None
     known_candidates = candidates[known[candidates]]
     fused = p_fuse[known_candidates].astype(np.float64)
@@ -150,23 +151,18 @@ def coveil_select_sparse(
     choice, fused_choice, j_choice = int(known_candidates[best]), float(fused[best]), float(objective[best])
     if fused_choice <= float(p_fuse[candidates[-1]]):
         return None  # c sits on the edge of TopK: a tie could push it out
-    reach_c = best + int(np.count_nonzero(upper >= fused_choice - 1e-6 * abs(fused_choice) - 1e-12))
+    reach_c = best + int(np.count_nonzero(upper >= fused_choice - rounding_margin(fused_choice)))
     if reach_c >= k:
         return None
     threshold = float(p_fuse[candidates[-1]])
     if int(np.count_nonzero(known & (p_fuse >= threshold))) > len(known_candidates):
         return None  # a known token ties the TopK boundary from outside: it could still enter
-    entering = upper >= threshold - 1e-6 * abs(threshold) - 1e-12
+    entering = upper >= threshold - rounding_margin(threshold)
     if entering.any():
         j_best_case = fused_star + (lam - 1.0 + alpha) * p_slm[entering].astype(np.float64) - (alpha + lam) * tail_bound
-        if float(j_best_case.min()) <= _with_margin(j_choice):
+        if float(j_best_case.min()) <= j_choice + rounding_margin(j_choice):
             return None
     return choice
-
-
-def _with_margin(value: float) -> float:
-    """``value`` nudged up by a relative 1e-6 (and 1e-12): comparisons against it absorb float32 rounding."""
-    return value + 1e-6 * abs(value) + 1e-12
 
 
 @dataclass
