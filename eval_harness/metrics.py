@@ -29,6 +29,11 @@ class Vocabulary:
     piece: Callable[[int], str]  # id -> token text
 
 
+def evidence_ids(spans: Sequence[str], vocab: Vocabulary) -> set[int]:
+    """``T(E_priv)``: the content token ids of all private-evidence spans."""
+    return set().union(*(content_token_ids(span, vocab.tokenize, vocab.piece) for span in spans))
+
+
 def exposed_ids(exposures: Sequence[Sequence[int]], k: int) -> set[int]:
     """``E^K``: the union of the first ``k`` ids of every step's exposure set."""
     union: set[int] = set()
@@ -42,7 +47,7 @@ def token_er(evidence_ids: set[int], exposed: set[int]) -> float:
 
 
 def token_er_at_k(spans: Sequence[str], exposures: Sequence[Sequence[int]], k: int, vocab: Vocabulary) -> float:
-    evidence = set().union(*(content_token_ids(s, vocab.tokenize, vocab.piece) for s in spans)) if spans else set()
+    evidence = evidence_ids(spans, vocab)
     return token_er(evidence, exposed_ids(exposures, k))
 
 
@@ -63,7 +68,7 @@ def rouge1_er_at_k(spans: Sequence[str], exposures: Sequence[Sequence[int]], k: 
 
 
 def auc_at_k(spans: Sequence[str], exposures: Sequence[Sequence[int]], k: int, vocab: Vocabulary) -> float:
-    evidence = set().union(*(content_token_ids(s, vocab.tokenize, vocab.piece) for s in spans)) if spans else set()
+    evidence = evidence_ids(spans, vocab)
     if not evidence:
         return 0.0
     exposed: set[int] = set()
