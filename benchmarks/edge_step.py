@@ -23,7 +23,9 @@ scheduler hiccup); means are printed in the table.
       edge step  = the raw llama.cpp append time of (a);
       cloud step = a direct TransformersLLM.step loop in this process (same dtype and threads as the
                    server, the server idle meanwhile).
-    Target <= 1.08.
+    Target <= 1.08.  The table also gives each step's time beyond the forward pass the cloud reports for
+    it (cloud_forward_ms, measured by the adapter around TransformersLLM.step): the protocol's own cost,
+    both sides and the loopback, whatever the two models' speeds.
 (c) median_bytes_cloud_to_edge: the median over steps of the ledger's bytes_down, per fusion mode, the
     larger of the two (bytes_up medians are printed too).
 (d) decision_mismatches: the same generations, both modes, with top_m = vocabulary size (the full cloud
@@ -116,6 +118,7 @@ class ModeRuns:
     append_ms: Samples = field(default_factory=Samples)  # the SLM's append inside those steps
     step_ms: Samples = field(default_factory=Samples)  # edge_ms + wait_ms, steps >= 1
     wait_ms: Samples = field(default_factory=Samples)  # steps >= 1
+    beyond_forward_ms: Samples = field(default_factory=Samples)  # step_ms - the cloud's reported forward
     bytes_down: list[int] = field(default_factory=list)
     bytes_up: list[int] = field(default_factory=list)
     full_requests: int = 0
@@ -129,6 +132,7 @@ class ModeRuns:
         self.edge_ms.ms += [e.edge_ms for e in entries[:-1]]  # the last step runs no SLM forward
         self.step_ms.ms += [e.edge_ms + e.wait_ms for e in entries[1:]]
         self.wait_ms.ms += [e.wait_ms for e in entries[1:]]
+        self.beyond_forward_ms.ms += [e.edge_ms + e.wait_ms - e.cloud_forward_ms for e in entries[1:]]
         self.bytes_down += [e.bytes_down for e in entries]
         self.bytes_up += [e.bytes_up for e in entries]
         self.full_requests += result.ledger.full_requests
@@ -276,7 +280,9 @@ def main() -> None:
         ("cloud step (TransformersLLM.step, this process)", cloud),
         ("end-to-end, edge-side (edge_ms + wait_ms, steps >= 1)", edge.step_ms),
         ("  of which waiting on the cloud (wait_ms)", edge.wait_ms),
+        ("  beyond the cloud's own forward (protocol, both sides)", edge.beyond_forward_ms),
         ("end-to-end, cloud-side (edge_ms + wait_ms, steps >= 1)", sparse["cloud"].step_ms),
+        ("  beyond the cloud's own forward (protocol, both sides)", sparse["cloud"].beyond_forward_ms),
         ("SDK edge compute, cloud-side CoVeil (ledger edge_ms)", sparse["cloud"].edge_ms),
     ]
     for label, samples in rows:

@@ -17,6 +17,7 @@ The decoding loop (:mod:`edge_sdk.session`) is written once against
 from __future__ import annotations
 
 import queue
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -92,7 +93,18 @@ _CLOSED = object()
 
 
 class GrpcChannel:
-    """One ``Decode`` bidirectional stream on a gRPC channel."""
+    """One ``Decode`` bidirectional stream on a gRPC channel.
+
+    :meth:`send` returns once gRPC has written the message to the transport
+    (it asks its request iterator for the next message only after the previous
+    one's send completed).  Without that wait the write would happen on
+    gRPC's sender thread whenever the scheduler runs it, and the edge starts
+    its own model right after sending: on a busy core the message then sits
+    behind the SLM's forward pass instead of reaching the cloud at once.
+    """
+
+    #: how often a blocked :meth:`send` checks whether the call has ended
+    _POLL_S = 0.05
 
     def __init__(
         self, grpc_channel: Any, *, metadata: tuple[tuple[str, str], ...] = (), timeout_s: float | None = None
@@ -102,7 +114,8 @@ class GrpcChannel:
         from edge_sdk._wire import coveil_pb2_grpc
 
         self._grpc = grpc
-        self._outbox: queue.Queue[Any] = queue.Queue()
+        self._outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._written = threading.Semaphore(0)  # one release per message gRPC has finished sending
         stub = coveil_pb2_grpc.CollaborativeDecodingStub(grpc_channel)
         self._call = stub.Decode(self._outgoing(), metadata=metadata, timeout=timeout_s)
 
@@ -112,9 +125,13 @@ class GrpcChannel:
             if message is _CLOSED:
                 return
             yield message
+            self._written.release()  # gRPC asks for the next message once this one is sent
 
     def send(self, message: Any) -> None:
         self._outbox.put(message)
+        while not self._written.acquire(timeout=self._POLL_S):
+            if self._call.done():  # the stream broke: receive() reports why
+                return
 
     def receive(self) -> Any:
         try:
