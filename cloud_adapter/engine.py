@@ -155,10 +155,12 @@ class StepBatcher:
     every live sequence has a request waiting) and runs one
     ``llm.step(batch)``.  Sessions join (:meth:`prefill`) and leave
     (:meth:`release`) between steps: continuous batching.  Prefills run on the
-    same thread, between step batches, so no two forwards ever overlap.
+    same thread, between step batches, so no two forwards ever overlap; the
+    prefills that queued up meanwhile run as one padded ``llm.open_many``.
 
     Attributes:
         batch_sizes: how many step batches of each size ran.
+        prefill_sizes: how many prefill batches of each size ran.
         step_seconds: wall time spent inside ``llm.step``.
     """
 
@@ -173,6 +175,7 @@ class StepBatcher:
         self._live: set[CloudSequence] = set()
         self._closed = False
         self.batch_sizes: Counter[int] = Counter()
+        self.prefill_sizes: Counter[int] = Counter()
         self.step_seconds = 0.0
         self._worker = threading.Thread(target=self._work, name="coveil-model", daemon=True)
         self._worker.start()
@@ -225,15 +228,32 @@ class StepBatcher:
                 if self._steps:
                     self._wait_for_batch()
                     steps, self._steps = self._steps, []
-                    prefill = None
+                    prefills = []
                 elif self._prefills:
-                    steps, prefill = [], self._prefills.popleft()
+                    steps, prefills = [], self._take_prefills()
                 else:
                     return  # closed and drained
             if steps:
                 self._run_steps(steps)
-            elif prefill is not None:
-                self._run_prefill(prefill)
+            elif prefills:
+                self._run_prefills(prefills)
+
+    def _take_prefills(self) -> list[_PrefillRequest]:
+        """With the lock held: the waiting prefills that one padded forward should run together.
+
+        Takes them in arrival order while the padded batch (``B * max L`` tokens)
+        stays within twice the real tokens, so a long prompt is not padded into
+        many short ones.
+        """
+        taken = [self._prefills.popleft()]
+        real, longest = len(taken[0].prompt_ids), len(taken[0].prompt_ids)
+        while self._prefills:
+            n = len(self._prefills[0].prompt_ids)
+            if (len(taken) + 1) * max(longest, n) > 2 * (real + n):
+                break
+            taken.append(self._prefills.popleft())
+            real, longest = real + n, max(longest, n)
+        return taken
 
     def _wait_for_batch(self) -> None:
         """With the lock held: wait until every live sequence asked for a step or none came for a window.
@@ -268,17 +288,24 @@ class StepBatcher:
         for request in steps:
             request.result.set_result(elapsed)
 
-    def _run_prefill(self, request: _PrefillRequest) -> None:
+    def _run_prefills(self, requests: list[_PrefillRequest]) -> None:
+        """One padded prefill for ``requests``; if it fails, each alone, so one bad prompt fails only its session."""
         start = time.perf_counter_ns()
         try:
-            seq = self._llm.open(request.prompt_ids)
+            seqs = self._llm.open_many([request.prompt_ids for request in requests])
         except Exception as exc:
-            request.result.set_exception(exc)
+            if len(requests) > 1:
+                for request in requests:
+                    self._run_prefills([request])
+            else:
+                requests[0].result.set_exception(exc)
             return
         elapsed = time.perf_counter_ns() - start
+        self.prefill_sizes[len(requests)] += 1
         with self._cond:
-            self._live.add(seq)
-        request.result.set_result((seq, elapsed))
+            self._live.update(seqs)
+        for request, seq in zip(requests, seqs, strict=True):
+            request.result.set_result((seq, elapsed))
 
 
 # -- observation transcript ----------------------------------------------------------------------

@@ -260,15 +260,28 @@ def test_two_concurrent_sessions_decode_as_when_alone(cloud: Cloud) -> None:
 
 
 class RecordingLLM:
-    """Stands in for the model in :class:`StepBatcher`: records the size of every step batch."""
+    """Stands in for the model in :class:`StepBatcher`: records every step and prefill batch.
+
+    ``step_gate``, when set, holds each step until the test opens it; a prompt holding ``BAD_TOKEN``
+    makes its prefill fail.
+    """
+
+    BAD_TOKEN = -1
 
     def __init__(self) -> None:
         self.batches: list[int] = []
+        self.prefills: list[list[int]] = []  # the prompt lengths of each open_many call
+        self.step_gate: threading.Event | None = None
 
-    def open(self, prompt_ids: list[int]) -> CloudSequence:
-        return CloudSequence(list(prompt_ids), None, np.zeros(4, np.float32))
+    def open_many(self, prompts: list[list[int]]) -> list[CloudSequence]:
+        self.prefills.append([len(p) for p in prompts])
+        if any(self.BAD_TOKEN in p for p in prompts):
+            raise ValueError("bad prompt")
+        return [CloudSequence(list(p), None, np.zeros(4, np.float32)) for p in prompts]
 
     def step(self, batch: list[tuple[CloudSequence, int]]) -> None:
+        if self.step_gate is not None:
+            self.step_gate.wait()
         self.batches.append(len(batch))
         for seq, token in batch:
             seq.ids.append(token)
@@ -294,6 +307,38 @@ def test_step_batcher_folds_concurrent_steps_into_one_forward() -> None:
             thread.join()
         assert llm.batches == [3, 2]
     assert [seq.ids for seq in seqs] == [[1, 2, 3, 7, 8], [1, 2, 3, 7, 8], [1, 2, 3, 7]]
+
+
+def test_step_batcher_prefills_waiting_prompts_together_and_isolates_a_failing_one() -> None:
+    llm = RecordingLLM()
+    with StepBatcher(llm) as batcher:  # type: ignore[arg-type]
+        running = batcher.prefill([1, 2])[0]
+        llm.step_gate = threading.Event()
+        stepping = threading.Thread(target=batcher.forward, args=(running, 5))
+        stepping.start()  # the worker is now busy in a step: the next prefills queue up
+        prompts = [[1] * 10, [1] * 12, [1, RecordingLLM.BAD_TOKEN] * 5, [1] * 50, [1] * 9]
+        outcomes: dict[int, object] = {}
+
+        def open_one(i: int) -> None:
+            try:
+                outcomes[i] = batcher.prefill(prompts[i])[0].ids
+            except ValueError as exc:
+                outcomes[i] = exc
+
+        threads = [threading.Thread(target=open_one, args=(i,)) for i in range(len(prompts))]
+        for thread in threads:
+            thread.start()
+            time.sleep(0.05)  # arrival order = prompt order
+        llm.step_gate.set()
+        for thread in [stepping, *threads]:
+            thread.join()
+    # 10, 12, 10 pad to 36 <= 2 x 32 real tokens; 50 would pad to 200 > 2 x 82, so it starts the next
+    # batch, where 50 and 9 pad to 100 <= 2 x 59.  The first batch fails (bad prompt): each alone again.
+    assert llm.prefills[0] == [2]
+    assert llm.prefills[1:] == [[10, 12, 10], [10], [12], [10], [50, 9]]
+    assert isinstance(outcomes[2], ValueError)
+    assert {i: outcomes[i] for i in (0, 1, 3, 4)} == {i: prompts[i] for i in (0, 1, 3, 4)}
+    assert batcher.prefill_sizes == {1: 3, 2: 1}  # failed prefills are not counted: [2], [10], [12], [50, 9]
 
 
 def test_close_ends_the_session(cloud: Cloud) -> None:
