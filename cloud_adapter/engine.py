@@ -791,11 +791,20 @@ class SessionHandler:
         return pick_token(scores, temperature=request.temperature, rng=self._rng)
 
     def _next_distribution(self, forward_ns: int) -> Any:
-        """Read ``p_llm`` of the current step off the sequence and build its sparse distribution message."""
+        """Read ``p_llm`` of the current step off the sequence and build its distribution message.
+
+        Sparse (the top ``top_m`` entries and the tail certificate) unless the
+        edge asked for ``top_m`` = vocabulary size: then dense.
+        """
         request, seq = self._request, self._seq
         assert request is not None and seq is not None
         self._p_llm = softmax(seq.next_logits)
         self._llm_values = _log_softmax(seq.next_logits) if request.space == "logit" else self._p_llm
+        self._pending = StepRecord(self._step)
+        if request.top_m >= self._p_llm.size:  # every entry: dense, half the bytes of listing each id
+            self._sent_ids = np.empty(0, np.int64)
+            full = wire.CloudDistribution(step=self._step, dense=self._llm_values, forward_ns=forward_ns)
+            return self._count_down(wire.encode_distribution(full), self._pending)
         sparse = wire.CloudDistribution.sparse_from(self._step, self._p_llm, request.top_m, forward_ns)
         self._sent_ids = sparse.ids
         if request.space == "logit":
@@ -806,7 +815,6 @@ class SessionHandler:
                 values=self._llm_values[sparse.ids],
                 tail_bound=float(self._llm_values[sparse.ids[-1]]) if omitted else 0.0,
             )
-        self._pending = StepRecord(self._step)
         return self._count_down(wire.encode_distribution(sparse), self._pending)
 
     # -- ending --------------------------------------------------------------------------------------

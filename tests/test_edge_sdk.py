@@ -65,6 +65,8 @@ def test_sparse_cloud_distribution_gives_the_same_decisions_as_full(client, slm)
         assert all(e.cloud_forward_ms > 0 for e in sparse.ledger.entries + full.ledger.entries)
         per_token_down = sparse.ledger.bytes_down / len(sparse.token_ids)
         assert per_token_down < full.ledger.bytes_down / len(full.token_ids) / 10
+        # top_m = vocabulary size travels dense: 4 bytes per entry (plus framing, and the token in cloud mode)
+        assert all(4 * slm.vocab_size < e.bytes_down < 4 * slm.vocab_size + 64 for e in full.ledger.entries)
 
 
 def test_ledger_exposure_equals_the_cloud_transcript(client, engine) -> None:
