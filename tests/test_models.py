@@ -51,12 +51,22 @@ def test_next_token_distributions_agree(slm, llm, prompt: str) -> None:
     assert int(np.argmax(p_hf)) == int(np.argmax(p_llama))
 
 
-def test_llama_backend_reuses_the_cached_prefix(slm) -> None:
-    ids = slm.tokenize(PROMPTS[1], add_bos=True)
-    fresh = slm.prefill(ids)
+def test_llama_prefill_depends_on_the_prompt_alone_and_serves_a_repeat_from_the_cache(slm) -> None:
+    prompt = slm.tokenize(PROMPTS[1], add_bos=True)
+    other = slm.tokenize(PROMPTS[0], add_bos=True)
+    fresh = slm.prefill(prompt)
     first = slm.append(int(np.argmax(fresh)))
-    again = slm.prefill(ids + [int(np.argmax(fresh))])  # same sequence: only the last token is re-evaluated
-    np.testing.assert_allclose(again, first, rtol=1e-4, atol=1e-4)
+    # whatever ran before (another prompt, a shared prefix, the prompt with a generated token), same bits
+    for before in (other, prompt[:10], prompt + [int(np.argmax(fresh))], prompt[:-1]):
+        slm.prefill(before)
+        np.testing.assert_array_equal(slm.prefill(prompt), fresh)
+    # a repeat after generating from it: no model work, the generated token dropped
+    slm.prefill(prompt)
+    slm.append(int(np.argmax(fresh)))
+    evaluated = slm.evaluated_tokens
+    np.testing.assert_array_equal(slm.prefill(prompt), fresh)
+    assert slm.evaluated_tokens == evaluated and slm.tokens == prompt
+    np.testing.assert_array_equal(slm.append(int(np.argmax(fresh))), first)
 
 
 def test_model_resolution() -> None:

@@ -19,7 +19,7 @@ from edge_sdk.models import ModelSource, embedded_model, vocab_fingerprint
 
 
 class LlamaCppSLM:
-    """A GGUF model in llama.cpp holding one sequence with KV-cache reuse.
+    """A GGUF model in llama.cpp holding one sequence; a repeated prompt is served from its KV cache.
 
     Args:
         model: a :class:`~edge_sdk.models.ModelSource` with a GGUF path, or a path; ``None`` = embedded default.
@@ -77,6 +77,9 @@ class LlamaCppSLM:
         ) or frozenset({self._model.token_eos()})
         self.bos_token_id = self._model.token_bos()
         self._tokens: list[int] = []
+        self._prompt: list[int] = []  # the last prompt prefilled, whose K/V still open the cache
+        self._prompt_logits: np.ndarray | None = None  # its next-token logits
+        self.evaluated_tokens = 0  # tokens run through the model so far (prompt and appended)
         self._fingerprint: bytes | None = None
 
     # -- tokenizer ---------------------------------------------------------------------------------
@@ -106,25 +109,31 @@ class LlamaCppSLM:
     def prefill(self, ids: list[int]) -> np.ndarray:
         """Make the cached sequence ``ids``; return the next-token logits.
 
-        The longest prefix shared with the cached sequence is kept (the rest of
-        the cache is dropped), so a follow-up over the same private context
-        only evaluates the new tokens.  At least the last token is re-evaluated
-        so that its logits are fresh.
+        The result depends on ``ids`` alone, never on what ran before.  That
+        rules out general prefix reuse: llama.cpp's numbers depend on how a
+        sequence was cut into decode calls (measured on the embedded model:
+        logits up to ~1.0 apart when the same prompt is evaluated whole or
+        after a cached prefix of 1, 10 or 127 tokens), so the same item could
+        decode differently after a different one.  Instead ``ids`` is evaluated
+        from an empty cache, except that a prompt equal to the last one
+        prefilled is served from the cache (its K/V are kept, the generated
+        tokens after it dropped) with the logits stored then: a second policy
+        or a second generation over the same private context costs nothing.
         """
         ids = [int(i) for i in ids]
         if not ids:
             raise ValueError("prefill needs at least one token")
         if len(ids) >= self.n_ctx:
             raise ValueError(f"prompt of {len(ids)} tokens does not fit the context window n_ctx={self.n_ctx}")
-        keep = 0
-        for cached, new in zip(self._tokens, ids[:-1]):
-            if cached != new:
-                break
-            keep += 1
-        self._truncate(keep)
-        for start in range(keep, len(ids), self.n_batch):
+        if self._prompt_logits is not None and ids == self._prompt and self._tokens[: len(ids)] == ids:
+            self._truncate(len(ids))
+            return self._prompt_logits.copy()
+        self._prompt, self._prompt_logits = [], None
+        self._truncate(0)
+        for start in range(0, len(ids), self.n_batch):
             self._decode(ids[start : start + self.n_batch])
-        return self._last_logits()
+        self._prompt, self._prompt_logits = ids, self._last_logits()
+        return self._prompt_logits.copy()
 
     def append(self, token_id: int) -> np.ndarray:
         """Extend the sequence by ``token_id``; return the next-token logits."""
@@ -144,6 +153,7 @@ class LlamaCppSLM:
         self._batch.set_batch(chunk, n_past=len(self._tokens), logits_all=False)
         self._ctx.decode(self._batch)
         self._tokens.extend(chunk)
+        self.evaluated_tokens += len(chunk)
 
     def _last_logits(self) -> np.ndarray:
         row = self._llama_cpp.llama_get_logits_ith(self._ctx.ctx, -1)
