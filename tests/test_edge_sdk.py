@@ -55,6 +55,22 @@ def test_undefended_matches_direct_fused_greedy(client, slm, engine, mode: str) 
     assert len(result.ledger.entries) == len(result.token_ids)
 
 
+def test_what_the_cloud_observes_does_not_depend_on_what_ran_before(client, engine) -> None:
+    """Undefended cloud-side fusion uploads all of p_slm: the transcript shows its values bit for bit."""
+
+    def observed(private: str) -> list[list[float]]:
+        decoder = client.decoder(PUBLIC, private, mode="cloud", policy=Undefended(), max_new_tokens=3)
+        connection = CloudConnection(InProcessChannel(engine.session("tests")))
+        list(decoder.steps(connection))
+        return [step["upload_values"] for step in engine.transcript(connection.info.session_id)["steps"]]
+
+    observed("A different record: the patient reports chest pain on exertion and shortness of breath.")
+    first = observed(PRIVATE)
+    assert observed(PRIVATE) == first  # a repeat, right after generating from the same prompt
+    observed(PRIVATE[:40])  # a prompt sharing a prefix with it
+    assert observed(PRIVATE) == first
+
+
 def test_sparse_cloud_distribution_gives_the_same_decisions_as_full(client, slm) -> None:
     for mode in ("cloud", "edge"):
         sparse = client.generate(PUBLIC, PRIVATE, mode=mode, policy=CoVeil(lam=0.5), max_new_tokens=STEPS, top_m=256)
