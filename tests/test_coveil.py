@@ -9,7 +9,13 @@ from hypothesis import strategies as st
 
 from edge_sdk.fusion import fuse, top_k_ids
 from edge_sdk.policies import CloudUpload, CoVeil, SyncedToken, available_policies, make_policy
-from edge_sdk.policies.coveil import coveil_select, coveil_select_sparse, coveil_upload, coveil_upload_scores
+from edge_sdk.policies.coveil import (
+    coveil_select,
+    coveil_select_sparse,
+    coveil_upload,
+    coveil_upload_scores,
+    coveil_upload_sparse,
+)
 from tests.conftest import distribution_pairs
 
 
@@ -166,9 +172,28 @@ def test_sparse_decisions_are_the_full_decisions_whenever_certified(pair, m: int
                 assert sparse.token_id == full.token_id
             else:
                 assert sparse.ids.tolist() == full.ids.tolist()
+                assert sparse.values.tolist() == full.values.tolist()
     token = coveil_select_sparse(p_slm, lower, ids, tail, alpha=alpha, lam=lam, k=k)
     if token is not None:
         assert token == coveil_select(p_slm, p_llm, alpha=alpha, lam=lam, k=k)
+
+
+def test_cloud_side_sparse_upload_breaks_a_fused_tie_to_the_lower_id_as_the_full_rule() -> None:
+    # ids 1 and 3 tie exactly for the top fused value (0.3 * 0.3 + 0.7 * 0.3); the cloud sent its top-3
+    # (3, 1, 0), every omitted p_llm <= 0.2; omitted id 4 reaches at most 0.3 * 0.2 + 0.7 * 0.25 = 0.235
+    p_slm = np.array([0.1, 0.3, 0.05, 0.3, 0.25], np.float32)
+    p_llm = np.array([0.2, 0.3, 0.05, 0.3, 0.15], np.float32)
+    ids = np.array([3, 1, 0])
+    lower = np.zeros_like(p_llm)
+    lower[ids] = p_llm[ids]
+    policy = CoVeil(lam=0.0, k=3)
+    sparse = policy.decide_sparse("cloud", p_slm, lower, ids, 0.2, alpha=0.3)
+    full = policy.decide("cloud", p_slm, p_llm, alpha=0.3)
+    assert sparse is not None and sparse.ids.tolist() == full.ids.tolist() == [1]
+    # with p_slm(4) = 0.35 the omitted id could reach 0.3 * 0.2 + 0.7 * 0.35 = 0.305 > 0.3: not certified
+    p_slm = np.array([0.05, 0.3, 0.0, 0.3, 0.35], np.float32)
+    assert coveil_upload_sparse(p_slm, ids, p_llm[ids], 0.2, alpha=0.3, lam=0.0, k=3) is None
+    assert coveil_upload_sparse(p_slm, ids, p_llm[ids], 0.1, alpha=0.3, lam=0.0, k=3).tolist() == [1]
 
 
 def test_the_finer_edge_certificate_accepts_a_tail_token_that_cannot_win() -> None:

@@ -11,7 +11,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edge_sdk.fusion import FusionSpace, check_alpha, check_space, fuse, in_top_k, rounding_margin, top_k_ids
+from edge_sdk.fusion import (
+    FusionSpace,
+    certify_fused_top_k,
+    check_alpha,
+    check_space,
+    fuse,
+    in_top_k,
+    rounding_margin,
+    top_k_ids,
+)
 from edge_sdk.policies.base import CloudUpload, FusionMode, Policy, SyncedToken
 
 
@@ -60,15 +69,52 @@ def coveil_upload(
     _check(lam, k)
     y_star = int(np.argmax(fuse(p_llm, p_slm, alpha)))
     if check_space(space) == "prob":
-        if not in_top_k(p_slm, y_star, k):
-            return np.empty(0, dtype=np.int64)
-        pool = min(k, p_slm.shape[0])
-        s, ell = float(p_slm[y_star]), float(p_llm[y_star])
-        g = -(1.0 - alpha) * s * (1.0 - 1.0 / pool) + lam * abs(s - ell)
-        return np.array([y_star] if g < 0 else [], dtype=np.int64)
+        return _upload_y_star_or_nothing(p_slm, y_star, float(p_llm[y_star]), alpha=alpha, lam=lam, k=k)
     candidates = top_k_ids(p_slm, k)
     g = coveil_upload_scores(p_slm, p_llm, candidates, y_star, alpha=alpha, lam=lam)
     return np.sort(candidates[g < 0])
+
+
+def _upload_y_star_or_nothing(
+    p_slm: np.ndarray, y_star: int, p_llm_y_star: float, *, alpha: float, lam: float, k: int
+) -> np.ndarray:
+    """Probability space: ``S = {y*}`` if ``y* in C`` and ``g(y*) < 0``, else empty."""
+    if not in_top_k(p_slm, y_star, k):
+        return np.empty(0, dtype=np.int64)
+    pool = min(k, p_slm.shape[0])
+    s = float(p_slm[y_star])
+    g = -(1.0 - alpha) * s * (1.0 - 1.0 / pool) + lam * abs(s - p_llm_y_star)
+    return np.array([y_star] if g < 0 else [], dtype=np.int64)
+
+
+def coveil_upload_sparse(
+    p_slm: np.ndarray,
+    known_ids: np.ndarray,
+    known_llm: np.ndarray,
+    tail_bound: float,
+    *,
+    alpha: float = 0.3,
+    lam: float = 1.0,
+    k: int = 50,
+) -> np.ndarray | None:
+    """Cloud-side CoVeil (probability space) from a sparse ``p_llm``; ``None`` unless certified.
+
+    The rule reads ``p_llm`` at ``y*`` only.  When :func:`certify_fused_top_k`
+    shows that ``y* = argmax p_fuse`` is a known id (every omitted id's
+    ``p_fuse`` stays below the best known one), ``y*`` is the argmax over the
+    known ids (ties to the lower id, as ``np.argmax`` over the vocabulary) and
+    the upload equals :func:`coveil_upload` on the full ``p_llm``, without
+    fusing the whole vocabulary.
+    """
+    alpha = check_alpha(alpha)
+    _check(lam, k)
+    if not certify_fused_top_k(p_slm, known_ids, known_llm, tail_bound, alpha, 1):
+        return None
+    fused_known = fuse(known_llm, p_slm[known_ids], alpha)
+    at_best = fused_known == fused_known.max()
+    best = int(np.argmin(np.where(at_best, known_ids, np.iinfo(np.int64).max)))
+    y_star = int(known_ids[best])
+    return _upload_y_star_or_nothing(p_slm, y_star, float(known_llm[best]), alpha=alpha, lam=lam, k=k)
 
 
 def coveil_select(
@@ -194,6 +240,10 @@ class CoVeil(Policy):
         return 1 if mode == "cloud" else self.k
 
     def decide_sparse(self, mode, p_slm, p_llm_lower, known_ids, tail_bound, *, alpha, rng=None):
+        if mode == "cloud" and self.space == "prob":
+            ids = coveil_upload_sparse(p_slm, known_ids, p_llm_lower[known_ids], tail_bound, alpha=alpha,
+                                       lam=self.lam, k=self.k)
+            return None if ids is None else CloudUpload.of(p_slm, ids, self.space)
         decision = super().decide_sparse(mode, p_slm, p_llm_lower, known_ids, tail_bound, alpha=alpha, rng=rng)
         if decision is not None or mode != "edge" or self.space != "prob":
             return decision
