@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -48,7 +48,6 @@ class CloudSequence:
     ids: list[int]
     cache: Any
     next_logits: np.ndarray
-    extras: dict[str, Any] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.ids)
