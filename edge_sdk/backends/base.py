@@ -11,9 +11,11 @@ import numpy as np
 class SLMBackend(Protocol):
     """A causal LM that keeps one sequence's KV cache and returns next-token logits.
 
-    ``prefill`` sets the sequence to ``ids`` (reusing any cached common prefix)
-    and ``append`` extends it by one token; both return the float32 logits of
-    the next token over the whole vocabulary, as a fresh array.
+    ``prefill`` sets the sequence to ``ids`` and ``append`` extends it by one
+    token; both return the float32 logits of the next token over the whole
+    vocabulary, as a fresh array.  ``prefill``'s result must depend on ``ids``
+    alone (a backend may serve it from its cache only where that gives the same
+    numbers), so that an audit's results do not depend on the order of its items.
     """
 
     name: str
