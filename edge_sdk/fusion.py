@@ -178,14 +178,22 @@ def certify_fused_top_k(
     kth = float(np.partition(fused_known, len(fused_known) - k)[len(fused_known) - k])
     if len(known_ids) == p_slm.shape[0]:
         return True
-    saved = p_slm[known_ids].copy()
-    try:
-        p_slm[known_ids] = -np.inf  # exclude the known ids from the max without copying the row
-        max_omitted_slm = float(p_slm.max())
-    finally:
-        p_slm[known_ids] = saved
-    upper = alpha * tail_bound + (1.0 - alpha) * max_omitted_slm
+    upper = alpha * tail_bound + (1.0 - alpha) * max_omitted(p_slm, known_ids)
     return kth > upper + rounding_margin(upper)
+
+
+def max_omitted(values: np.ndarray, known_ids: np.ndarray) -> float:
+    """``max values[j]`` over the ids ``j`` not in ``known_ids`` (``-inf`` if there are none).
+
+    One pass and no copy of the row: the known entries are set to ``-inf`` for
+    the pass and restored after it.
+    """
+    saved = values[known_ids].copy()
+    try:
+        values[known_ids] = -np.inf
+        return float(values.max())
+    finally:
+        values[known_ids] = saved
 
 
 def pick_token(p: np.ndarray, *, temperature: float = 0.0, rng: np.random.Generator | None = None) -> int:

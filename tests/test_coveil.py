@@ -10,13 +10,14 @@ from hypothesis import strategies as st
 from edge_sdk.fusion import fuse, top_k_ids
 from edge_sdk.policies import CloudUpload, CoVeil, SyncedToken, available_policies, make_policy
 from edge_sdk.policies.coveil import (
+    _omitted_upper_bounds,
     coveil_select,
     coveil_select_sparse,
     coveil_upload,
     coveil_upload_scores,
     coveil_upload_sparse,
 )
-from tests.conftest import distribution_pairs
+from tests.conftest import distribution_pairs, distributions
 
 
 def general_upload(p_slm: np.ndarray, p_llm: np.ndarray, alpha: float, lam: float, k: int) -> np.ndarray:
@@ -176,6 +177,20 @@ def test_sparse_decisions_are_the_full_decisions_whenever_certified(pair, m: int
     token = coveil_select_sparse(p_slm, lower, ids, tail, alpha=alpha, lam=lam, k=k)
     if token is not None:
         assert token == coveil_select(p_slm, p_llm, alpha=alpha, lam=lam, k=k)
+
+
+@settings(max_examples=500, deadline=None)
+@given(distributions(2, 80), st.data(), st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.floats(-0.5, 1.5))
+def test_omitted_upper_bounds_equal_a_full_vocabulary_pass(p_slm, data, alpha: float, tail_bound: float, shift: float):
+    known = np.zeros(p_slm.shape[0], dtype=bool)
+    known[data.draw(st.lists(st.integers(0, p_slm.shape[0] - 1), max_size=p_slm.shape[0]))] = True
+    j = data.draw(st.integers(0, p_slm.shape[0] - 1))
+    # levels right at some ub(j) (the cancellation case lowest ~ alpha * b included), or anywhere
+    full_upper = np.where(known, -np.inf, alpha * tail_bound + (1.0 - alpha) * p_slm.astype(np.float64))
+    lowest = float(full_upper[j]) if np.isfinite(full_upper[j]) and shift < 0.5 else alpha * tail_bound * shift
+    ids, upper = _omitted_upper_bounds(p_slm, known, alpha, tail_bound, lowest)
+    assert ids.tolist() == np.flatnonzero(full_upper >= lowest).tolist()
+    assert upper.tolist() == full_upper[full_upper >= lowest].tolist()
 
 
 def test_cloud_side_sparse_upload_breaks_a_fused_tie_to_the_lower_id_as_the_full_rule() -> None:

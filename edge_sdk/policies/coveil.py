@@ -18,6 +18,7 @@ from edge_sdk.fusion import (
     check_space,
     fuse,
     in_top_k,
+    max_omitted,
     rounding_margin,
     top_k_ids,
 )
@@ -148,6 +149,30 @@ def coveil_select(
     return int(candidates[int(np.argmin(objective))])
 
 
+def _omitted_upper_bounds(
+    p_slm: np.ndarray, known: np.ndarray, alpha: float, tail_bound: float, lowest: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """The omitted ids whose ``ub(j) = alpha*b + (1-alpha)*p_slm(j)`` may reach ``lowest``, and their ``ub``.
+
+    ``ub`` is evaluated in float64 exactly as over the whole vocabulary, but
+    only on the ids a float32 pre-filter keeps: ``ub`` grows with ``p_slm(j)``,
+    so every id with ``ub(j) >= lowest`` has ``p_slm(j)`` at least the cut
+    below, lowered by 1e-6 of the magnitudes involved (float64 rounding is
+    ~1e-16 of them); the exact test then runs on those few.  Every comparison of ``ub`` with a level ``>= lowest``
+    thus sees the same ids and values as a full pass would.
+    """
+    if alpha < 1.0:
+        cut = (lowest - alpha * tail_bound) / (1.0 - alpha)
+        cut -= 1e-6 * (abs(lowest) + abs(alpha * tail_bound)) / (1.0 - alpha) + 1e-30
+        ids = np.flatnonzero(p_slm >= np.float32(max(cut, np.finfo(np.float32).min)))
+    else:  # ub(j) = b for every omitted id
+        ids = np.arange(p_slm.shape[0])
+    ids = ids[~known[ids]]
+    upper = alpha * tail_bound + (1.0 - alpha) * p_slm[ids].astype(np.float64)
+    keep = upper >= lowest
+    return ids[keep], upper[keep]
+
+
 def coveil_select_sparse(
     p_slm: np.ndarray,
     p_llm_lower: np.ndarray,
@@ -183,9 +208,8 @@ def coveil_select_sparse(
     p_fuse = fuse(p_llm_lower, p_slm, alpha)
     candidates = top_k_ids(p_fuse, k)
     y_star = int(candidates[0])
-    upper = np.where(known, -np.inf, alpha * tail_bound + (1.0 - alpha) * p_slm.astype(np.float64))
     fused_star = float(p_fuse[y_star])
-    upper_max = float(upper.max())  # -inf when the cloud sent every id
+    upper_max = alpha * tail_bound + (1.0 - alpha) * max_omitted(p_slm, known_ids)  # -inf if every id was sent
     if not known[y_star] or (np.isfinite(upper_max) and fused_star <= upper_max + rounding_margin(upper_max)):
         return None
     known_candidates = candidates[known[candidates]]
@@ -197,14 +221,16 @@ def coveil_select_sparse(
     choice, fused_choice, j_choice = int(known_candidates[best]), float(fused[best]), float(objective[best])
     if fused_choice <= float(p_fuse[candidates[-1]]):
         return None  # c sits on the edge of TopK: a tie could push it out
+    threshold = float(p_fuse[candidates[-1]])
+    lowest = threshold - rounding_margin(threshold)  # below every level ``upper`` is compared with
+    omitted, upper = _omitted_upper_bounds(p_slm, known, alpha, tail_bound, lowest)
     reach_c = best + int(np.count_nonzero(upper >= fused_choice - rounding_margin(fused_choice)))
     if reach_c >= k:
         return None
-    threshold = float(p_fuse[candidates[-1]])
     if int(np.count_nonzero(known & (p_fuse >= threshold))) > len(known_candidates):
         return None  # a known token ties the TopK boundary from outside: it could still enter
-    entering = upper >= threshold - rounding_margin(threshold)
-    if entering.any():
+    entering = omitted[upper >= lowest]
+    if entering.size:
         j_best_case = fused_star + (lam - 1.0 + alpha) * p_slm[entering].astype(np.float64) - (alpha + lam) * tail_bound
         if float(j_best_case.min()) <= j_choice + rounding_margin(j_choice):
             return None
