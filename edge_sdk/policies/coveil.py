@@ -158,8 +158,9 @@ def _omitted_upper_bounds(
     only on the ids a float32 pre-filter keeps: ``ub`` grows with ``p_slm(j)``,
     so every id with ``ub(j) >= lowest`` has ``p_slm(j)`` at least the cut
     below, lowered by 1e-6 of the magnitudes involved (float64 rounding is
-    ~1e-16 of them); the exact test then runs on those few.  Every comparison of ``ub`` with a level ``>= lowest``
-    thus sees the same ids and values as a full pass would.
+    ~1e-16 of them); the exact test then runs on those few.  Every comparison
+    of ``ub`` with a level ``>= lowest`` thus sees the same ids and values as a
+    full pass would.
     """
     if alpha < 1.0:
         cut = (lowest - alpha * tail_bound) / (1.0 - alpha)
@@ -219,9 +220,9 @@ def coveil_select_sparse(
     )
     best = int(np.argmin(objective))
     choice, fused_choice, j_choice = int(known_candidates[best]), float(fused[best]), float(objective[best])
-    if fused_choice <= float(p_fuse[candidates[-1]]):
-        return None  # c sits on the edge of TopK: a tie could push it out
     threshold = float(p_fuse[candidates[-1]])
+    if fused_choice <= threshold:
+        return None  # c sits on the edge of TopK: a tie could push it out
     lowest = threshold - rounding_margin(threshold)  # below every level ``upper`` is compared with
     omitted, upper = _omitted_upper_bounds(p_slm, known, alpha, tail_bound, lowest)
     reach_c = best + int(np.count_nonzero(upper >= fused_choice - rounding_margin(fused_choice)))
