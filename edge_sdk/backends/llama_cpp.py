@@ -77,8 +77,8 @@ class LlamaCppSLM:
         ) or frozenset({self._model.token_eos()})
         self.bos_token_id = self._model.token_bos()
         self._tokens: list[int] = []
-        self._prompt: list[int] = []  # the last prompt prefilled, whose K/V still open the cache
-        self._prompt_logits: np.ndarray | None = None  # its next-token logits
+        # the last prompt prefilled (its K/V still open the cache) and its next-token logits
+        self._last_prefill: tuple[list[int], np.ndarray] | None = None
         self.evaluated_tokens = 0  # tokens run through the model so far (prompt and appended)
         self._fingerprint: bytes | None = None
 
@@ -125,15 +125,16 @@ class LlamaCppSLM:
             raise ValueError("prefill needs at least one token")
         if len(ids) >= self.n_ctx:
             raise ValueError(f"prompt of {len(ids)} tokens does not fit the context window n_ctx={self.n_ctx}")
-        if self._prompt_logits is not None and ids == self._prompt and self._tokens[: len(ids)] == ids:
-            self._truncate(len(ids))
-            return self._prompt_logits.copy()
-        self._prompt, self._prompt_logits = [], None
+        if self._last_prefill is not None and ids == self._last_prefill[0]:
+            self._truncate(len(ids))  # only append() extends the cache past the prompt
+            return self._last_prefill[1].copy()
+        self._last_prefill = None
         self._truncate(0)
         for start in range(0, len(ids), self.n_batch):
             self._decode(ids[start : start + self.n_batch])
-        self._prompt, self._prompt_logits = ids, self._last_logits()
-        return self._prompt_logits.copy()
+        logits = self._last_logits()
+        self._last_prefill = (ids, logits)
+        return logits.copy()
 
     def append(self, token_id: int) -> np.ndarray:
         """Extend the sequence by ``token_id``; return the next-token logits."""
