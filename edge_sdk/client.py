@@ -142,7 +142,6 @@ class EdgeClient:
         self._cloud = cloud
         self._grpc_channel: Any = None
         self._piece: Callable[[int], str] | None = None
-        self._neighbours: Any = None  # CusText's embedding neighbours, loaded on first use
 
     # -- connections -------------------------------------------------------------------------------
     def _connect(self) -> CloudConnection:
@@ -197,7 +196,7 @@ class EdgeClient:
     ) -> CollaborativeDecoder:
         """Build the decoder for one generation (what :meth:`stream` runs)."""
         if isinstance(policy, str):
-            policy = self._policy_by_name(policy)
+            policy = make_policy(policy, backend=self.slm)  # a policy that needs the model builds from it
         slm = self.slm
         cloud_prompt = slm.tokenize(public_query, add_bos=True)
         slm_prompt = (
@@ -234,19 +233,6 @@ class EdgeClient:
             masked_ids=frozenset(masked),
             rng=rng if rng is not None else np.random.default_rng(seed),
         )
-
-    def _policy_by_name(self, name: str) -> Policy:
-        """A registered policy with its defaults; CusText gets its neighbours from the SLM's own embeddings."""
-        if name != "custext":
-            return make_policy(name)
-        if self._neighbours is None:
-            from edge_sdk.policies import EmbeddingNeighbours, load_token_embeddings
-
-            gguf_path = getattr(getattr(self.slm, "source", None), "gguf_path", None)
-            if gguf_path is None:
-                raise ValueError("CusText needs token embeddings: pass CusText(neighbours=...) for this backend")
-            self._neighbours = EmbeddingNeighbours(load_token_embeddings(gguf_path))
-        return make_policy(name, neighbours=self._neighbours)
 
     def stream(self, public_query: str, private_context: str = "", **kwargs: Any) -> GenerationStream:
         """Decode token by token: iterate the returned stream for each token's text as it is decided.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from edge_sdk.backends.base import SLMBackend
 from edge_sdk.policies.base import (
     FUSION_MODES,
     CloudUpload,
@@ -34,39 +35,38 @@ from edge_sdk.policies.baselines import (
 )
 from edge_sdk.policies.coveil import CoVeil, coveil_select, coveil_upload
 from edge_sdk.policies.undefended import Undefended
+from edge_sdk.registry import Registry
 
-_REGISTRY: dict[str, type[Policy]] = {}
+#: every registered defence, by its ``name``
+POLICIES: Registry[type[Policy]] = Registry("policy")
 
 
 def register_policy(cls: type[Policy], *, force: bool = False) -> type[Policy]:
     """Add a policy class under ``cls.name`` (usable as a class decorator)."""
-    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls and not force:
-        raise ValueError(f"a policy named {cls.name!r} is already registered ({_REGISTRY[cls.name].__qualname__})")
-    _REGISTRY[cls.name] = cls
-    return cls
+    return POLICIES.register(cls.name, cls, force=force)  # type: ignore[return-value]
 
 
 def available_policies(mode: FusionMode | None = None) -> list[str]:
     """Registered policy names, optionally only those that define ``mode``."""
-    return sorted(name for name, cls in _REGISTRY.items() if mode is None or mode in cls.modes)
+    return [name for name in POLICIES.names() if mode is None or mode in POLICIES.get(name).modes]
 
 
 def policy_class(name: str) -> type[Policy]:
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown policy {name!r}; available: {', '.join(available_policies())}") from None
+    """The class registered as ``name`` (:class:`~edge_sdk.registry.UnknownNameError` with suggestions otherwise)."""
+    return POLICIES.get(name)
 
 
-def make_policy(name: str, **params: Any) -> Policy:
-    """Instantiate a registered policy by name with its parameters."""
-    return policy_class(name)(**params)
+def make_policy(name: str, backend: SLMBackend | None = None, **params: Any) -> Policy:
+    """Instantiate a registered policy by name with its parameters.
+
+    With ``backend`` the policy builds itself from the edge model
+    (:meth:`Policy.from_backend`), e.g. CusText's embedding neighbours.
+    """
+    cls = policy_class(name)
+    return cls(**params) if backend is None else cls.from_backend(backend, **params)
 
 
-for _cls in (Undefended, CoVeil):
-    register_policy(_cls)
-
-for _cls in (CoGenesis, DPLogit, DPFusion, CusText, LDPSampler, InvisibleInk):
+for _cls in (Undefended, CoVeil, CoGenesis, DPLogit, DPFusion, CusText, LDPSampler, InvisibleInk):
     register_policy(_cls)
 
 __all__ = [
@@ -80,6 +80,7 @@ __all__ = [
     "EmbeddingNeighbours",
     "FusionMode",
     "InvisibleInk",
+    "POLICIES",
     "LDPSampler",
     "Observation",
     "Policy",
