@@ -17,11 +17,14 @@ from __future__ import annotations
 
 from abc import ABC
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
 from edge_sdk.fusion import FusionSpace, certify_fused_top_k, fuse_upload, top_k_ids
+
+if TYPE_CHECKING:
+    from edge_sdk.backends.base import SLMBackend
 
 FusionMode = Literal["cloud", "edge"]
 FUSION_MODES: tuple[str, ...] = ("cloud", "edge")
@@ -108,6 +111,15 @@ class Policy(ABC):
     #: inputs are probabilities ("prob") or logits ("logit")
     space: FusionSpace = field(default="prob", init=False)
 
+    @classmethod
+    def from_backend(cls, backend: SLMBackend, **params: Any) -> Policy:
+        """Build the policy for the edge model ``backend``.
+
+        Most policies need nothing of the model; one that does (CusText's
+        embedding neighbours) overrides this, so no caller special-cases a name.
+        """
+        return cls(**params)
+
     def llm_support(self, mode: FusionMode) -> int | None:
         """How much of ``p_llm`` the decision reads, so a sparse cloud distribution can be certified.
 
@@ -175,7 +187,9 @@ class Policy(ABC):
 
     def describe(self) -> str:
         """A short label with the policy's parameters, for tables and ledgers."""
-        params = ", ".join(f"{k}={v}" for k, v in vars(self).items() if not k.startswith("_") and k != "space")
+        params = ", ".join(
+            f"{k}={v}" for k, v in vars(self).items() if not k.startswith("_") and (k != "space" or v != "prob")
+        )
         return f"{self.name}({params})" if params else self.name
 
 
