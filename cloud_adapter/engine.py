@@ -41,9 +41,9 @@ import numpy as np
 
 from cloud_adapter.llm import CloudSequence, TransformersLLM
 from edge_sdk import wire
-from edge_sdk.fusion import FusionSpace, check_alpha, exposure_set, pick_token, softmax, top_k_ids
+from edge_sdk.fusion import FusionSpace, NonFiniteError, check_alpha, check_finite, pick_token, softmax, top_k_ids
 from edge_sdk.models import VocabularyMismatchError, check_same_vocabulary
-from edge_sdk.policies.base import CloudUpload
+from edge_sdk.policies.base import CloudUpload, SyncedToken
 
 #: finished transcripts kept in memory for :meth:`CloudEngine.transcript`
 TRANSCRIPTS_KEPT = 1000
@@ -344,6 +344,7 @@ class SessionTranscript:
     request: wire.SessionRequest
     cloud_model: str
     max_new_tokens: int
+    exposure_k: int  # K of every step's exposure set E_t^K
     steps: list[StepRecord] = field(default_factory=list)
     finish_reason: str | None = None
     bytes_up: int = 0
@@ -360,6 +361,7 @@ class SessionTranscript:
             "prompt_ids": list(req.prompt_ids),
             "resume_prefix": list(req.resume_prefix),
             "max_new_tokens": self.max_new_tokens,
+            "exposure_k": self.exposure_k,
             "cloud_model": self.cloud_model,
             "edge_model": req.edge_model,
             "steps": [step.as_dict() for step in self.steps],
@@ -515,14 +517,6 @@ def _all_unique(ids: np.ndarray, vocab_size: int) -> bool:
     return int(np.count_nonzero(seen)) == ids.size
 
 
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    """``z - logsumexp(z)`` in float32 (the sum accumulated in float64)."""
-    z = np.asarray(logits, dtype=np.float32)
-    top = float(z.max())
-    log_norm = top + math.log(float(np.exp(z - np.float32(top)).sum(dtype=np.float64)))
-    return z - np.float32(log_norm)
-
-
 class SessionHandler:
     """The cloud side of one stream: consumes ``EdgeMessage`` protos, yields ``CloudMessage`` protos.
 
@@ -548,9 +542,8 @@ class SessionHandler:
         self._rng: np.random.Generator | None = None
         self._step = 0
         self._pending: StepRecord | None = None  # the step whose distribution the edge holds
-        self._p_llm = np.empty(0, np.float32)  # p_llm of the current step
-        self._llm_values = np.empty(0, np.float32)  # what the cloud sends and fuses: p_llm or log p_llm
-        self._sent_ids = np.empty(0, np.int64)  # TopK(p_llm) sent in this step's sparse distribution
+        self._llm_values = np.empty(0, np.float32)  # what the cloud sends and fuses: p_llm or raw z_llm
+        self._ranking: wire.CloudDistribution | None = None  # this step's row, for E_t^K (sent ids or dense)
         self._bytes_up = 0
         self._bytes_down = 0
         self.started_at = time.monotonic()  # when the stream began
@@ -626,7 +619,7 @@ class SessionHandler:
         max_new_tokens = self._validate_open(request)
 
         session_id = uuid.uuid4().hex
-        transcript = SessionTranscript(session_id, request, llm.name, max_new_tokens)
+        transcript = SessionTranscript(session_id, request, llm.name, max_new_tokens, engine.exposure_k)
         engine._admit(self, session_id)
         self.session_id = session_id
         self._transcript = transcript
@@ -712,11 +705,10 @@ class SessionHandler:
                     "INVALID_ARGUMENT", f"this session fuses on the cloud: step {signal.step} needs an upload, got "
                     f"{kind or 'no signal'}"
                 )
-            upload = self._parse_upload(signal.upload, request.space)
+            observation = upload = self._parse_upload(signal.upload, request.space)
             token = self._pick(upload)
             record.upload_size = len(upload)
             record.upload = _largest(upload, self.engine.transcript_upload_limit)
-            record.exposure = upload.exposure(self.engine.exposure_k)
         else:
             if kind != "token_id":
                 raise ProtocolError(
@@ -728,10 +720,8 @@ class SessionHandler:
                 raise ProtocolError(
                     "INVALID_ARGUMENT", f"token id {token} is outside the vocabulary of {self.engine.llm.vocab_size}"
                 )
-            k = self.engine.exposure_k
-            # the sparse ids are TopK(p_llm) in the same order: their first k are E_t^K, no second selection
-            sent = self._sent_ids
-            record.exposure = sent[:k] if len(sent) >= min(k, self._p_llm.size) else exposure_set(self._p_llm, k)
+            observation = SyncedToken(token)
+        record.exposure = wire.step_exposure(observation, self._ranking, self.engine.exposure_k)
         record.token_id = token
         record.bytes_up += size
         self._transcript.steps.append(record)
@@ -791,30 +781,34 @@ class SessionHandler:
         return pick_token(scores, temperature=request.temperature, rng=self._rng)
 
     def _next_distribution(self, forward_ns: int) -> Any:
-        """Read ``p_llm`` of the current step off the sequence and build its distribution message.
+        """Read the current step's row off the sequence and build its distribution message.
 
-        Sparse (the top ``top_m`` entries and the tail certificate) unless the
-        edge asked for ``top_m`` = vocabulary size: then dense.
+        The row is ``p_llm`` in probability space and the raw logits ``z_llm``
+        in logit space (both rank tokens alike).  Sparse (the top ``top_m``
+        entries and the tail certificate) unless the edge asked for ``top_m`` =
+        vocabulary size: then dense.
         """
         request, seq = self._request, self._seq
         assert request is not None and seq is not None
-        self._p_llm = softmax(seq.next_logits)
-        self._llm_values = _log_softmax(seq.next_logits) if request.space == "logit" else self._p_llm
+        try:
+            logits = check_finite(seq.next_logits, f"the cloud model's logits at step {self._step}")
+        except NonFiniteError as exc:
+            raise ProtocolError("INTERNAL", str(exc)) from None
+        p_llm = softmax(logits)
+        self._llm_values = np.asarray(logits, dtype=np.float32) if request.space == "logit" else p_llm
         self._pending = StepRecord(self._step)
-        if request.top_m >= self._p_llm.size:  # every entry: dense, half the bytes of listing each id
-            self._sent_ids = np.empty(0, np.int64)
-            full = wire.CloudDistribution(step=self._step, dense=self._llm_values, forward_ns=forward_ns)
-            return self._count_down(wire.encode_distribution(full), self._pending)
-        sparse = wire.CloudDistribution.sparse_from(self._step, self._p_llm, request.top_m, forward_ns)
-        self._sent_ids = sparse.ids
-        if request.space == "logit":
-            # same ids, tail mass kept in probability (the certificate); values and bound become log-probs
-            omitted = sparse.ids.size < self._p_llm.size
-            sparse = replace(
-                sparse,
-                values=self._llm_values[sparse.ids],
-                tail_bound=float(self._llm_values[sparse.ids[-1]]) if omitted else 0.0,
-            )
+        if request.top_m >= p_llm.size:  # every entry: dense, half the bytes of listing each id
+            self._ranking = wire.CloudDistribution(step=self._step, dense=self._llm_values, forward_ns=forward_ns)
+            return self._count_down(wire.encode_distribution(self._ranking), self._pending)
+        tail_mass = None
+        if request.space == "logit":  # the certificate's tail mass stays a probability
+            tail_mass = max(0.0, 1.0 - float(p_llm[top_k_ids(self._llm_values, request.top_m)].sum(dtype=np.float64)))
+        sparse = wire.CloudDistribution.sparse_from(
+            self._step, self._llm_values, request.top_m, forward_ns, tail_mass=tail_mass
+        )
+        # E_t^K is read off the sent ids when they are enough, else off the whole row
+        enough = len(sparse.ids) >= self.engine.exposure_k
+        self._ranking = sparse if enough else wire.CloudDistribution(step=self._step, dense=self._llm_values)
         return self._count_down(wire.encode_distribution(sparse), self._pending)
 
     # -- ending --------------------------------------------------------------------------------------

@@ -50,6 +50,28 @@ def check_alpha(alpha: float) -> float:
     return alpha
 
 
+class NonFiniteError(ValueError):
+    """A distribution or logits row holds NaN or an infinity (it would be mis-ranked by ``TopK``)."""
+
+
+def check_finite(values: np.ndarray, what: str) -> np.ndarray:
+    """Return ``values`` if every entry is finite, else raise :class:`NonFiniteError` naming ``what``.
+
+    One float32 sum decides it (NaN and infinities propagate into it; finite
+    logits or probabilities cannot overflow float32 in a sum over any
+    vocabulary); only a failing row is searched for the culprit.
+    """
+    values = np.asarray(values)
+    if values.size and not np.isfinite(values.sum(dtype=np.float32)):
+        bad = np.flatnonzero(~np.isfinite(values))
+        if bad.size:
+            raise NonFiniteError(
+                f"{what} holds {bad.size} non-finite value(s) (first at id {int(bad[0])}: {values[bad[0]]}); "
+                "refusing to rank or fuse it"
+            )
+    return values
+
+
 def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
     """``p(i) = exp(z(i)/T - max z/T) / sum_j exp(z(j)/T - max z/T)`` in float32."""
     if temperature <= 0:

@@ -20,7 +20,7 @@ import numpy as np
 
 from edge_sdk import wire
 from edge_sdk.backends.base import SLMBackend
-from edge_sdk.fusion import exposure_set, log_probs, softmax
+from edge_sdk.fusion import check_finite, softmax
 from edge_sdk.leakage import LeakageMeter
 from edge_sdk.policies.base import CloudUpload, FusionMode, Policy, SyncedToken
 from edge_sdk.transport import CloudConnection, CloudError
@@ -52,6 +52,7 @@ class PrivacyLedger:
 
     mode: FusionMode
     policy: str
+    exposure_k: int = 100  # K of every entry's exposure set E_t^K
     entries: list[LedgerEntry] = field(default_factory=list)
     reconnects: int = 0
 
@@ -144,11 +145,23 @@ class CollaborativeDecoder:
         self.masked = np.fromiter(sorted(masked_ids), dtype=np.int64)
         self.rng = rng
         self.tokens: list[int] = []
-        self.ledger = PrivacyLedger(mode=settings.mode, policy=policy.describe())
+        self.ledger = PrivacyLedger(mode=settings.mode, policy=policy.describe(), exposure_k=settings.exposure_k)
         self.finish_reason: str | None = None
         self._p_slm: np.ndarray | None = None  # the policy's view of the SLM's next distribution
         self._p_llm_buffer = np.zeros(slm.vocab_size, dtype=np.float32)  # the sparse cloud view, reused
         self._stop_ids: frozenset[int] = frozenset(slm.eos_token_ids)
+
+    @property
+    def top_m(self) -> int:
+        """How many cloud values to ask for per sparse step.
+
+        Edge-side the exposure set ``E_t^K`` is the cloud's own top ``K``, so at
+        least ``K`` values are asked for: the ledger then records ``K`` ids per
+        step whatever ``settings.top_m`` says.
+        """
+        s = self.settings
+        top_m = max(s.top_m, s.exposure_k) if s.mode == "edge" else s.top_m
+        return min(top_m, self.slm.vocab_size)
 
     def request(self) -> wire.SessionRequest:
         s = self.settings
@@ -163,31 +176,43 @@ class CollaborativeDecoder:
             vocab_fingerprint=self.slm.vocab_fingerprint(),
             edge_model=self.slm.name,
             vocab_size=self.slm.vocab_size,
-            top_m=s.top_m,
+            top_m=self.top_m,
             resume_prefix=tuple(self.tokens),
         )
 
     # -- one step ------------------------------------------------------------------------------------
     def _edge_arrays(self, logits: np.ndarray) -> np.ndarray:
-        """``p_slm`` in the policy's space, with masked ids removed."""
+        """The SLM's row in the policy's space, with masked ids removed.
+
+        Probability space: ``softmax(z)`` with masked ids zeroed and the rest
+        renormalised.  Logit space: the raw logits (what the authors' release
+        fuses), masked ids lowered to the row's minimum.
+        """
+        logits = check_finite(np.asarray(logits, dtype=np.float32)[: self.slm.vocab_size], "the SLM's logits")
+        if self.policy.space == "logit":
+            z = logits.copy()
+            if self.masked.size:
+                z[self.masked] = z.min()
+            return z
         p = softmax(logits)
         if self.masked.size:
             p[self.masked] = 0.0
             total = p.sum(dtype=np.float64)
             if total > 0:
                 p /= np.float32(total)
-        return log_probs(p) if self.policy.space == "logit" else p
+        return p
 
     def _decide(
         self, p_slm: np.ndarray, dist: wire.CloudDistribution, withheld: bool
     ) -> CloudUpload | SyncedToken | None:
         """The step's signal, or ``None`` when a sparse ``dist`` cannot certify the policy's decision."""
         mode, alpha = self.settings.mode, self.settings.alpha
-        p_llm = dist.lower_dense(self.slm.vocab_size, out=self._p_llm_buffer)
         if withheld:  # budget reached: a signal the cloud could have produced on its own
             if mode == "cloud":
                 return CloudUpload.empty(self.policy.space)
-            return SyncedToken(int(np.argmax(p_llm)))  # the cloud's own top token is always sent
+            return SyncedToken(dist.top_id())  # the cloud's own top token is always sent
+        fill = np.finfo(np.float32).min if self.policy.space == "logit" else 0.0  # a lower bound of omitted values
+        p_llm = dist.lower_dense(self.slm.vocab_size, out=self._p_llm_buffer, fill=fill)
         if dist.is_full:
             signal = self.policy.decide(mode, p_slm, p_llm, alpha=alpha, rng=self.rng)
         else:
@@ -229,9 +254,9 @@ class CollaborativeDecoder:
                 signal = self._decide(p_slm, dist, withheld)
                 assert signal is not None, "a full distribution always decides"
             edge_s = time.perf_counter() - started
+            exposure = wire.step_exposure(signal, dist, k)
+            self.meter.observe(exposure)
             if isinstance(signal, CloudUpload):
-                exposure = signal.exposure(k)
-                self.meter.observe(exposure)
                 wait = time.perf_counter()
                 token, finished = connection.upload(step, signal)
                 wait_s += time.perf_counter() - wait
@@ -239,8 +264,6 @@ class CollaborativeDecoder:
             else:
                 token, uploaded = signal.token_id, 0
                 connection.sync_token(step, token)
-                exposure = dist.ids[:k] if not dist.is_full else exposure_set(dist.dense, k)
-                self.meter.observe(exposure)
                 self.meter.observe([token])
                 finished = token in self._stop_ids or step + 1 >= max_steps
             self.tokens.append(token)

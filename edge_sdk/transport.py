@@ -192,14 +192,21 @@ class CloudConnection:
 
     def distribution(self) -> wire.CloudDistribution:
         """The cloud's (sparse) distribution for the next step."""
+        return self._decode_distribution(self._receive("distribution"))
+
+    def _decode_distribution(self, message: Any) -> wire.CloudDistribution:
+        """Parse a distribution; a malformed one (NaN, infinities, bad lengths) ends the session."""
         assert self.info is not None, "open the session first"
-        return wire.decode_distribution(self._receive("distribution"), self.info.vocab_size)
+        try:
+            return wire.decode_distribution(message, self.info.vocab_size)
+        except ValueError as exc:
+            raise CloudError("DATA_LOSS", f"the cloud sent a malformed distribution: {exc}") from None
 
     def request_full(self, step: int) -> wire.CloudDistribution:
         """Ask for the full distribution of ``step`` (the cloud learns that we asked)."""
         assert self.info is not None, "open the session first"
         self._send(wire.encode_request_full(step))
-        return wire.decode_distribution(self._receive("distribution"), self.info.vocab_size)
+        return self._decode_distribution(self._receive("distribution"))
 
     def upload(self, step: int, upload: CloudUpload) -> tuple[int, bool]:
         """Cloud-side fusion: send the upload, return ``(token the cloud picked, finished)``."""

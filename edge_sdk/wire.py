@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk.fusion import FusionSpace, top_k_ids
-from edge_sdk.policies.base import CloudUpload, FusionMode
+from edge_sdk.fusion import FusionSpace, check_finite, top_k_ids
+from edge_sdk.policies.base import CloudUpload, FusionMode, Observation
 
 PROTOCOL_VERSION = 1
 #: cloud probabilities per sparse step unless the session asks otherwise
@@ -113,29 +113,68 @@ class CloudDistribution:
         return self.dense is not None
 
     @classmethod
-    def sparse_from(cls, step: int, p: np.ndarray, top_m: int, forward_ns: int = 0) -> CloudDistribution:
-        """Top-``top_m`` of ``p`` with the certificate ``(tail_bound, tail_mass)``."""
-        ids = top_k_ids(p, top_m)
-        values = p[ids].astype(np.float32)
-        omitted = p.shape[0] - len(ids)
-        tail_bound = float(values[-1]) if omitted and len(values) else 0.0
-        tail_mass = max(0.0, 1.0 - float(values.sum(dtype=np.float64))) if omitted else 0.0
-        return cls(step, ids, values, tail_bound, tail_mass, None, forward_ns)
+    def sparse_from(
+        cls, step: int, values: np.ndarray, top_m: int, forward_ns: int = 0, *, tail_mass: float | None = None
+    ) -> CloudDistribution:
+        """Top-``top_m`` of ``values`` (probabilities, or raw logits in logit space) with its certificate.
 
-    def lower_dense(self, vocab_size: int, out: np.ndarray | None = None) -> np.ndarray:
-        """A dense array exact where known and 0 (a lower bound) where omitted.
+        ``tail_bound`` is the smallest value sent (every omitted one is at most
+        that); ``tail_mass`` is the probability the omitted ids hold, computed
+        here from probabilities, given by the caller for logits.
+        """
+        ids = top_k_ids(values, top_m)
+        sent = values[ids].astype(np.float32)
+        omitted = values.shape[0] - len(ids)
+        tail_bound = float(sent[-1]) if omitted and len(sent) else 0.0
+        if tail_mass is None:
+            tail_mass = max(0.0, 1.0 - float(sent.sum(dtype=np.float64))) if omitted else 0.0
+        return cls(step, ids, sent, tail_bound, tail_mass, None, forward_ns)
 
-        ``out``, a float32 buffer of ``vocab_size`` reused across steps, saves
-        faulting in a fresh megabyte each step.
+    def lower_dense(self, vocab_size: int, out: np.ndarray | None = None, fill: float = 0.0) -> np.ndarray:
+        """A dense array exact where known and ``fill`` where omitted.
+
+        ``fill`` must be a lower bound of every omitted value: 0 for
+        probabilities, float32's lowest value for logits.  ``out``, a float32
+        buffer of ``vocab_size`` reused across steps, saves faulting in a fresh
+        megabyte each step.
         """
         if self.dense is not None:
             return self.dense
         if out is None:
-            out = np.zeros(vocab_size, dtype=np.float32)
+            out = np.full(vocab_size, fill, dtype=np.float32)
         else:
-            out.fill(0.0)
+            out.fill(fill)
         out[self.ids] = self.values
         return out
+
+    def top_ids(self, k: int) -> np.ndarray:
+        """``TopK`` of the cloud's row (ids by decreasing value, ties to the lower id).
+
+        A sparse row already lists its ids that way; it must hold at least
+        ``k`` of them (``ValueError`` otherwise: ask for ``top_m >= k``).
+        """
+        if self.dense is not None:
+            return top_k_ids(self.dense, k)
+        if len(self.ids) < k:
+            raise ValueError(f"the sparse distribution holds {len(self.ids)} ids, fewer than K = {k}: use top_m >= K")
+        return self.ids[:k]
+
+    def top_id(self) -> int:
+        """The cloud's own most likely token (``argmax``, ties to the lower id)."""
+        return int(self.top_ids(1)[0])
+
+
+def step_exposure(signal: Observation, dist: CloudDistribution, k: int) -> np.ndarray:
+    """DecodeLeak's ``E_t^K`` of one step, as both ends compute it (one rule, one ``K``).
+
+    Cloud-side fusion: ``TopK`` of the uploaded SLM values
+    (:meth:`~edge_sdk.policies.base.CloudUpload.exposure`).  Edge-side fusion:
+    the cloud's own ``TopK`` of the step's distribution ``dist`` (``p_llm``, or
+    ``z_llm`` in logit space: the same ranking).
+    """
+    if isinstance(signal, CloudUpload):
+        return signal.exposure(k)
+    return dist.top_ids(k)
 
 
 def encode_open(req: SessionRequest) -> Any:
@@ -239,12 +278,16 @@ def decode_distribution(msg: Any, vocab_size: int) -> CloudDistribution:
         dense = values_from_bytes(msg.dense)
         if dense.shape[0] != vocab_size:
             raise ValueError(f"full distribution has {dense.shape[0]} entries, vocabulary has {vocab_size}")
+        check_finite(dense, "the cloud's full distribution")
         return CloudDistribution(step=int(msg.step), dense=dense, forward_ns=int(msg.forward_ns))
     ids, values = ids_from_bytes(msg.ids), values_from_bytes(msg.values)
     if ids.shape != values.shape:
         raise ValueError(f"sparse distribution has {ids.size} ids but {values.size} values")
     if ids.size and int(ids.max()) >= vocab_size:
         raise ValueError("sparse distribution names an id outside the vocabulary")
+    check_finite(values, "the cloud's sparse distribution")
+    if not (np.isfinite(msg.tail_bound) and np.isfinite(msg.tail_mass)):
+        raise ValueError("the cloud's sparse distribution has a non-finite tail bound or tail mass")
     return CloudDistribution(
         step=int(msg.step),
         ids=ids,

@@ -59,6 +59,7 @@ class Cloud:
     channel: grpc.Channel
     transcript_dir: Path
     reference: dict[str, list[int]]
+    prompt_logits: np.ndarray  # the model's raw next-token logits after PROMPT
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +67,7 @@ def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cloud]:
     llm = TransformersLLM(dtype="fp32")
     # computed before the server exists: nothing else touches the model meanwhile
     reference = {text: greedy_reference(llm, llm.tokenize(text), NEW_TOKENS) for text in (PROMPT, OTHER_PROMPT)}
+    prompt_logits = llm.open(llm.tokenize(PROMPT)).next_logits.copy()
     transcript_dir = tmp_path_factory.mktemp("transcripts")
     batcher = StepBatcher(llm)
     engine = CloudEngine(llm, Limits(max_sessions_per_client=2, max_new_tokens=64), transcript_dir, EXPOSURE_K,
@@ -74,7 +76,7 @@ def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cloud]:
     server.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     try:
-        yield Cloud(llm, engine, batcher, channel, transcript_dir, reference)
+        yield Cloud(llm, engine, batcher, channel, transcript_dir, reference, prompt_logits)
     finally:
         channel.close()
         server.stop(None)
@@ -195,7 +197,12 @@ def test_sparse_distribution_is_the_top_of_the_full_one(cloud: Cloud) -> None:
         np.testing.assert_array_equal(sparse.ids, top_k_ids(full.dense, 16))
         np.testing.assert_array_equal(sparse.values, full.dense[sparse.ids])
         assert sparse.tail_bound == sparse.values[-1]
-        probs = np.exp(full.dense.astype(np.float64)) if space == "logit" else full.dense.astype(np.float64)
+        if space == "logit":  # raw logits, as the release fuses them: the model's own row, not normalised
+            np.testing.assert_allclose(full.dense, cloud.prompt_logits, rtol=0, atol=1e-4)
+            shifted = np.exp(full.dense.astype(np.float64) - full.dense.max())
+            probs = shifted / shifted.sum()
+        else:
+            probs = full.dense.astype(np.float64)
         assert probs.sum() == pytest.approx(1.0, abs=1e-4)
         assert sparse.tail_mass == pytest.approx(1.0 - probs[sparse.ids].sum(), abs=1e-5)
         stream.send(wire.encode_close())

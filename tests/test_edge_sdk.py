@@ -7,7 +7,7 @@ import pytest
 
 from edge_sdk.client import EdgeClient
 from edge_sdk.fusion import fuse, softmax
-from edge_sdk.policies import CoVeil, Undefended, make_policy
+from edge_sdk.policies import CloudUpload, CoVeil, Undefended, make_policy
 from edge_sdk.transport import CloudConnection, CloudError, InProcessChannel
 
 from tests.conftest import PRIVATE_CONTEXT, PUBLIC_PROMPT
@@ -201,3 +201,115 @@ def test_every_policy_is_selectable_by_name_custext_with_the_slm_embeddings(clie
     assert len(result.token_ids) == 2
     for name in ("undefended", "coveil", "cogenesis", "dp_logit", "dp_fusion"):
         assert client.generate(PUBLIC, PRIVATE, mode="cloud", policy=name, max_new_tokens=1).token_ids
+
+
+# -- logit space: raw logits on both ends, the authors' release rules --------------------------------
+
+
+def direct_logit_run(slm, llm, steps: int, choose) -> tuple[list[int], list[np.ndarray]]:
+    """Greedy collaborative decoding on both models' raw logit rows; ``choose(z_slm, z_llm) -> token``."""
+    from edge_sdk.client import CONTEXT_SEPARATOR
+
+    z_slm = slm.prefill(slm.tokenize(PRIVATE + CONTEXT_SEPARATOR + PUBLIC, add_bos=True))
+    seq = llm.open(llm.tokenize(PUBLIC))
+    tokens, rows = [], []
+    for _ in range(steps):
+        rows.append(z_slm.copy())
+        token = choose(z_slm, seq.next_logits)
+        tokens.append(token)
+        if token in slm.eos_token_ids:
+            break
+        z_slm = slm.append(token)
+        llm.step([(seq, token)])
+    return tokens, rows
+
+
+@pytest.mark.parametrize("mode", ["cloud", "edge"])
+def test_logit_space_loop_fuses_raw_logits(client, slm, engine, mode: str) -> None:
+    from edge_sdk.fusion import fuse_upload
+    from edge_sdk.policies.coveil import coveil_select_logit, coveil_upload_logit
+
+    alpha, lam = 0.5, 1.0
+    if mode == "cloud":
+        def choose(z_slm, z_llm):
+            ids = coveil_upload_logit(z_slm, z_llm, alpha=alpha, lam=lam, k=50)
+            return int(np.argmax(fuse_upload(z_llm, ids, z_slm[ids], alpha)))
+    else:
+        def choose(z_slm, z_llm):
+            return coveil_select_logit(z_slm, z_llm, alpha=alpha, lam=lam, k=50)
+
+    expected, rows = direct_logit_run(slm, engine.llm, STEPS, choose)
+    decoder = client.decoder(PUBLIC, PRIVATE, mode=mode, policy=CoVeil(lam=lam, space="logit"), alpha=alpha,
+                             max_new_tokens=STEPS)
+    connection = CloudConnection(InProcessChannel(engine.session("tests")))
+    list(decoder.steps(connection))
+    assert decoder.tokens == expected
+    transcript = engine.transcript(connection.info.session_id)
+    assert transcript["space"] == "logit"
+    if mode == "cloud":
+        uploads = [(s["upload_ids"], s["upload_values"]) for s in transcript["steps"]]
+        assert any(ids for ids, _ in uploads)
+        for (ids, values), z_slm in zip(uploads, rows):  # the cloud saw the SLM's raw logits, nothing rescaled
+            np.testing.assert_array_equal(np.array(values, np.float32), z_slm[ids])
+    # the sparse row certified most steps: the logit-space certificates are in use
+    assert decoder.ledger.full_requests < len(decoder.tokens)
+
+
+def test_undefended_in_logit_space_is_the_release_fusion(client, slm, engine) -> None:
+    expected, _ = direct_logit_run(slm, engine.llm, STEPS, lambda zs, zl: int(np.argmax(0.5 * zl + 0.5 * zs)))
+    for mode in ("cloud", "edge"):
+        result = client.generate(PUBLIC, PRIVATE, mode=mode, policy=Undefended(space="logit"), alpha=0.5,
+                                 max_new_tokens=STEPS)
+        assert result.token_ids == expected, mode
+
+
+def test_budget_fallback_never_picks_a_token_the_cloud_left_out(client, engine) -> None:
+    """Edge-side, once the budget is spent the cloud's own top token is sent; in logit space omitted ids
+    were filled with 0, above every negative logit, so the old argmax over the sparse row could pick one."""
+    for space in ("prob", "logit"):
+        decoder = client.decoder(PUBLIC, PRIVATE, mode="edge", policy=Undefended(space=space), alpha=0.5,
+                                 max_new_tokens=4, exposure_budget=0.0)
+        connection = CloudConnection(InProcessChannel(engine.session("tests")))
+        list(decoder.steps(connection))
+        transcript = engine.transcript(connection.info.session_id)
+        for step in transcript["steps"]:  # exposure[0] is the cloud's own argmax
+            assert step["token_id"] == step["exposure"][0], space
+
+
+def test_non_finite_logits_are_refused_on_both_ends(slm, engine) -> None:
+    from cloud_adapter.engine import ProtocolError
+    from edge_sdk import wire
+    from edge_sdk.fusion import NonFiniteError
+
+    class NaNAfterPrefill:
+        """The SLM, except that its second row holds a NaN."""
+
+        def __init__(self, inner) -> None:
+            self.inner = inner
+            self.name, self.vocab_size, self.eos_token_ids = inner.name, inner.vocab_size, inner.eos_token_ids
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def append(self, token_id: int) -> np.ndarray:
+            row = self.inner.append(token_id)
+            row[17] = np.nan
+            return row
+
+    client = EdgeClient(lambda: engine.session("tests"), slm=NaNAfterPrefill(slm))
+    with pytest.raises(NonFiniteError, match="SLM's logits.*id 17"):
+        client.generate(PUBLIC, PRIVATE, mode="edge", policy=Undefended(), max_new_tokens=3)
+    assert engine.active_sessions == 0
+
+    # a distribution with an infinity never reaches a policy: the edge ends the session with DATA_LOSS
+    message = wire.encode_distribution(wire.CloudDistribution(step=0, dense=np.array([0.5, np.inf], np.float32)))
+    with pytest.raises(ValueError, match="non-finite"):
+        wire.decode_distribution(message.distribution, 2)
+    # the cloud refuses an upload holding NaN
+    handler = engine.session("tests")
+    request = client.decoder(PUBLIC, PRIVATE, mode="cloud", policy=Undefended()).request()
+    list(handler.handle(wire.encode_open(request)))
+    bad = CloudUpload(np.array([1, 2]), np.array([0.5, np.nan], np.float32))
+    with pytest.raises(ProtocolError, match="finite"):
+        list(handler.handle(wire.encode_upload(0, bad)))
+    handler.abandon("error")

@@ -17,6 +17,7 @@ from edge_sdk.fusion import (
     check_alpha,
     check_space,
     fuse,
+    fuse_upload,
     in_top_k,
     max_omitted,
     rounding_margin,
@@ -64,16 +65,15 @@ def coveil_upload(
     In probability space ``g(i) >= 0`` for every ``i != y*`` (both of its
     terms are non-negative), so ``S`` is empty or ``{y*}``: the fast path
     decides only ``y* in C`` (a rank count, no selection) and the sign of
-    ``g(y*)``.  Logit space runs the general rule (logits can be negative).
+    ``g(y*)``.  ``space="logit"`` runs the authors' release on raw logits
+    instead (:func:`coveil_upload_logit`).
     """
     alpha = check_alpha(alpha)
     _check(lam, k)
+    if check_space(space) == "logit":
+        return coveil_upload_logit(p_slm, p_llm, alpha=alpha, lam=lam, k=k)
     y_star = int(np.argmax(fuse(p_llm, p_slm, alpha)))
-    if check_space(space) == "prob":
-        return _upload_y_star_or_nothing(p_slm, y_star, float(p_llm[y_star]), alpha=alpha, lam=lam, k=k)
-    candidates = top_k_ids(p_slm, k)
-    g = coveil_upload_scores(p_slm, p_llm, candidates, y_star, alpha=alpha, lam=lam)
-    return np.sort(candidates[g < 0])
+    return _upload_y_star_or_nothing(p_slm, y_star, float(p_llm[y_star]), alpha=alpha, lam=lam, k=k)
 
 
 def _upload_y_star_or_nothing(
@@ -125,6 +125,7 @@ def coveil_select(
     alpha: float = 0.3,
     lam: float = 1.0,
     k: int = 50,
+    space: FusionSpace = "prob",
 ) -> int:
     """Edge-side CoVeil: the token to synchronise.
 
@@ -133,10 +134,13 @@ def coveil_select(
         J(i) = -(p_fuse(i) - p_fuse(y*)) + lam * (p_slm(i) - p_llm(i))
 
     returns ``argmin_{i in C} J(i)``, ties to the higher ``p_fuse`` and then
-    the lower id.  The same rule applies to logits (pass them for both arrays).
+    the lower id.  ``space="logit"`` runs the authors' release on raw logits
+    instead (:func:`coveil_select_logit`).
     """
     alpha = check_alpha(alpha)
     _check(lam, k)
+    if check_space(space) == "logit":
+        return coveil_select_logit(p_slm, p_llm, alpha=alpha, lam=lam, k=k)
     p_fuse = fuse(p_llm, p_slm, alpha)
     candidates = top_k_ids(p_fuse, k)  # by decreasing p_fuse, ties to the lower id
     if lam == 0.0:
@@ -238,6 +242,222 @@ def coveil_select_sparse(
     return choice
 
 
+# --------------------------------------------------------------------------- logit space (the authors' release)
+#
+# The release works on raw model logits z (not log-probabilities) and its rules differ from the paper's
+# probability-space ones in both modes.  Ties: TopK and argmax go to the lower id (np.argmax's first
+# occurrence, as torch.argmax); candidate lists are ordered by decreasing z_llm, ties to the lower id.
+# Arithmetic is float32 as in the release, so boundary cases (an objective of exactly 0) agree with it.
+
+
+def _masked_fusion(z_slm: np.ndarray, z_llm: np.ndarray, candidates: np.ndarray, alpha: float) -> np.ndarray:
+    """``r = alpha * z_llm`` with ``(1 - alpha) * z_slm`` added on ``candidates`` only (float32, full row)."""
+    return fuse_upload(z_llm, candidates, z_slm[candidates], alpha)
+
+
+def _release_upload_rule(
+    z_slm_c: np.ndarray, z_llm_c: np.ndarray, candidates: np.ndarray, winner: int, *, alpha: float, lam: float
+) -> np.ndarray:
+    """``S = {c in C : -(1-alpha) z_S(c) (1[c=w] - 1/K) + lam |z_S(c) - z_L(c)| < 0}``, ascending (float32)."""
+    indicator = (candidates == winner).astype(np.float32) - np.float32(1.0 / len(candidates))
+    utility = np.float32(1.0 - alpha) * z_slm_c * indicator
+    privacy = np.float32(lam) * np.abs(z_slm_c - z_llm_c)
+    return np.sort(candidates[-utility + privacy < 0])
+
+
+def coveil_upload_logit(
+    z_slm: np.ndarray, z_llm: np.ndarray, *, alpha: float = 0.5, lam: float = 1.0, k: int = 50
+) -> np.ndarray:
+    """Cloud-side CoVeil on raw logits, as the authors' release does it: the ids of ``z_slm`` to upload.
+
+    ::
+
+        C  = TopK(z_S, K)
+        r  = alpha * z_L,  r[C] += (1 - alpha) * z_S[C]          (the SLM counts on C only)
+        w  = argmax r
+        g(c) = -(1 - alpha) * z_S(c) * (1[c = w] - 1/K) + lam * |z_S(c) - z_L(c)|
+        S  = {c in C : g(c) < 0}
+
+    The cloud then fuses ``alpha * z_L + (1 - alpha) * m * z_S`` with ``m`` the
+    indicator of ``S``.  Unlike probability space several ids can be uploaded,
+    and an uploaded negative logit lowers its token.
+    """
+    alpha = check_alpha(alpha)
+    _check(lam, k)
+    candidates = top_k_ids(z_slm, k)
+    winner = int(np.argmax(_masked_fusion(z_slm, z_llm, candidates, alpha)))
+    return _release_upload_rule(
+        z_slm[candidates], z_llm[candidates], candidates, winner, alpha=alpha, lam=lam
+    )
+
+
+def coveil_upload_logit_sparse(
+    z_slm: np.ndarray,
+    known_ids: np.ndarray,
+    known_llm: np.ndarray,
+    tail_bound: float,
+    *,
+    alpha: float = 0.5,
+    lam: float = 1.0,
+    k: int = 50,
+) -> np.ndarray | None:
+    """:func:`coveil_upload_logit` from the cloud's top-M logits; ``None`` unless provably the same.
+
+    The rule reads ``z_L`` on ``C`` and everywhere through ``w = argmax r``.
+    Certified when every id of ``C`` was sent and the best ``r`` over the sent
+    ids beats ``alpha * b`` (``b`` = ``tail_bound`` >= every omitted ``z_L``):
+    an omitted id lies outside ``C``, so its ``r = alpha * z_L <= alpha * b``.
+    """
+    alpha = check_alpha(alpha)
+    _check(lam, k)
+    candidates = top_k_ids(z_slm, k)
+    position = _positions(known_ids, candidates)
+    if position is None:
+        return None
+    r_known = np.float32(alpha) * np.asarray(known_llm, dtype=np.float32)
+    in_pool = np.flatnonzero(np.isin(known_ids, candidates))
+    r_known[in_pool] += np.float32(1.0 - alpha) * z_slm[known_ids[in_pool]]
+    winner = _certified_argmax(known_ids, r_known, alpha * tail_bound, complete=len(known_ids) == z_slm.shape[0])
+    if winner is None:
+        return None
+    return _release_upload_rule(
+        z_slm[candidates], np.asarray(known_llm, dtype=np.float32)[position], candidates, winner, alpha=alpha, lam=lam
+    )
+
+
+def _positions(known_ids: np.ndarray, ids: np.ndarray) -> np.ndarray | None:
+    """Where each of ``ids`` sits in ``known_ids``; ``None`` if one of them is not known."""
+    order = np.argsort(known_ids, kind="stable")
+    at = np.searchsorted(known_ids, ids, sorter=order)
+    at = np.minimum(at, len(known_ids) - 1)
+    found = order[at]
+    if len(known_ids) == 0 or not np.array_equal(known_ids[found], ids):
+        return None
+    return found
+
+
+def _certified_argmax(ids: np.ndarray, scores: np.ndarray, omitted_bound: float, *, complete: bool) -> int | None:
+    """``argmax`` over the whole row, from the scores of ``ids`` and a bound on every other id's score.
+
+    The lowest id among the best known scores wins (np.argmax's tie rule);
+    ``None`` unless it beats ``omitted_bound`` by more than float32 rounding
+    (an omitted id could otherwise win or tie).
+    """
+    best = float(scores.max())
+    if not complete and not best > omitted_bound + rounding_margin(omitted_bound):
+        return None
+    return int(ids[scores == scores.max()].min())
+
+
+def _release_candidates(z_llm: np.ndarray, k: int, extra: list[int]) -> np.ndarray:
+    """``TopK(z_L, k)`` plus ``extra``, unique, by decreasing ``z_L`` (ties to the lower id)."""
+    ids = np.unique(np.concatenate([top_k_ids(z_llm, k), np.asarray(extra, dtype=np.int64)]))
+    return ids[np.lexsort((ids, -z_llm[ids]))]
+
+
+def _release_select_rule(
+    z_slm: np.ndarray, z_llm: np.ndarray, candidates: np.ndarray, winner: int, *, alpha: float, lam: float
+) -> int:
+    """``argmin_{c in C} u(c) + lam * p(c)`` (first in ``C``'s order on ties), float32 as the release.
+
+    ``u(c) = -(1-alpha) z_S(c) (1[c=w] - 1/|C|)``,
+    ``p(c) = (z_S(c) - mean_C z_S) - (z_L(c) - mean_C z_L)``.
+    """
+    small, large = z_slm[candidates], z_llm[candidates]
+    indicator = (candidates == winner).astype(np.float32) - np.float32(1.0 / len(candidates))
+    utility_cost = -(np.float32(1.0 - alpha) * small * indicator)
+    privacy_cost = (small - small.mean(dtype=np.float32)) - (large - large.mean(dtype=np.float32))
+    return int(candidates[int(np.argmin(utility_cost + np.float32(lam) * privacy_cost))])
+
+
+def coveil_select_logit(
+    z_slm: np.ndarray, z_llm: np.ndarray, *, alpha: float = 0.5, lam: float = 1.0, k: int = 50
+) -> int:
+    """Edge-side CoVeil on raw logits, as the authors' release does it: the token to synchronise.
+
+    ::
+
+        f = alpha * z_L + (1 - alpha) * z_S
+        C = TopK(z_L, K) ∪ {argmax f, argmax z_L}                 (ordered by decreasing z_L)
+        r = alpha * z_L,  r[C] += (1 - alpha) * z_S[C],  w = argmax r
+            (if w is not in C: add it to C and recompute r and w once)
+        u(c) = -(1 - alpha) * z_S(c) * (1[c = w] - 1/|C|)
+        p(c) = (z_S(c) - mean_C z_S) - (z_L(c) - mean_C z_L)
+        choose argmin_{c in C} u(c) + lam * p(c)
+    """
+    alpha = check_alpha(alpha)
+    _check(lam, k)
+    fused_top = int(np.argmax(fuse(z_llm, z_slm, alpha)))
+    candidates = _release_candidates(z_llm, k, [fused_top, int(np.argmax(z_llm))])
+    winner = int(np.argmax(_masked_fusion(z_slm, z_llm, candidates, alpha)))
+    if winner not in candidates:
+        candidates = _release_candidates(z_llm, k, [*candidates.tolist(), winner])
+        winner = int(np.argmax(_masked_fusion(z_slm, z_llm, candidates, alpha)))
+    return _release_select_rule(z_slm, z_llm, candidates, winner, alpha=alpha, lam=lam)
+
+
+def coveil_select_logit_sparse(
+    z_slm: np.ndarray,
+    known_ids: np.ndarray,
+    known_llm: np.ndarray,
+    tail_bound: float,
+    *,
+    alpha: float = 0.5,
+    lam: float = 1.0,
+    k: int = 50,
+) -> int | None:
+    """:func:`coveil_select_logit` from the cloud's top-M logits; ``None`` unless provably the same.
+
+    With every omitted ``z_L(j) <= b``:
+
+    1. ``TopK(z_L, K)`` is known when the ``K``-th sent value exceeds ``b``
+       (``known_ids`` come by decreasing value, so it is their first ``K``);
+    2. ``argmax f`` is known when the best sent ``f`` beats
+       ``alpha * b + (1 - alpha) * max_{j omitted} z_S(j)``;
+    3. each ``w = argmax r`` is known when the best sent ``r`` beats ``alpha * b``
+       (omitted ids are outside ``C``, where ``r = alpha * z_L``).
+
+    Then ``C``, ``w`` and both costs read only sent values.
+    """
+    alpha = check_alpha(alpha)
+    _check(lam, k)
+    vocab = z_slm.shape[0]
+    known_ids = np.asarray(known_ids, dtype=np.int64)
+    known_llm = np.asarray(known_llm, dtype=np.float32)
+    complete = len(known_ids) == vocab
+    pool = min(k, vocab)
+    if len(known_ids) < pool or (not complete and len(known_ids) > pool and not known_llm[pool - 1] > tail_bound):
+        return None
+    if not complete and len(known_ids) == pool:
+        return None  # the K-th sent value is the bound itself: an omitted id may tie it
+    known_slm = z_slm[known_ids]
+    fused_known = fuse(known_llm, known_slm, alpha)
+    fused_bound = alpha * tail_bound + (1.0 - alpha) * max_omitted(z_slm, known_ids)
+    fused_top = _certified_argmax(known_ids, fused_known, fused_bound, complete=complete)
+    if fused_top is None:
+        return None
+    z_llm_lower = np.full(vocab, np.finfo(np.float32).min, dtype=np.float32)  # exact on the sent ids
+    z_llm_lower[known_ids] = known_llm
+    top_ids = known_ids[np.lexsort((known_ids, -known_llm))[:pool]]
+    candidates = _release_candidates(z_llm_lower, 0, [*top_ids.tolist(), fused_top])
+
+    def winner_of(pool_ids: np.ndarray) -> int | None:
+        r_known = np.float32(alpha) * known_llm
+        inside = np.isin(known_ids, pool_ids)
+        r_known[inside] += np.float32(1.0 - alpha) * known_slm[inside]
+        return _certified_argmax(known_ids, r_known, alpha * tail_bound, complete=complete)
+
+    winner = winner_of(candidates)
+    if winner is None:
+        return None
+    if winner not in candidates:
+        candidates = _release_candidates(z_llm_lower, 0, [*candidates.tolist(), winner])
+        winner = winner_of(candidates)
+        if winner is None:
+            return None
+    return _release_select_rule(z_slm, z_llm_lower, candidates, winner, alpha=alpha, lam=lam)
+
+
 @dataclass
 class CoVeil(Policy):
     """CoVeil in both fusion modes (the SDK's default policy).
@@ -245,7 +465,8 @@ class CoVeil(Policy):
     Args:
         lam: privacy weight lambda (0 = pure utility).
         k: candidate pool size ``|C|``.
-        space: ``"prob"`` (the paper) or ``"logit"`` (the authors' release).
+        space: ``"prob"`` (the paper, default) or ``"logit"`` (the authors' release: raw logits and its rules,
+            :func:`coveil_upload_logit`, :func:`coveil_select_logit`; the release used ``alpha = 0.5``).
     """
 
     name = "coveil"
@@ -261,18 +482,26 @@ class CoVeil(Policy):
 
     def llm_support(self, mode: FusionMode) -> int | None:
         # cloud-side reads y* = argmax p_fuse and p_llm(y*); edge-side reads TopK(p_fuse) and p_llm on it.
-        # In logit space the cloud-side pool TopK(z_slm) may read z_llm anywhere, so ask for everything.
+        # Logit space has certificates of its own (decide_sparse); the generic one does not apply.
         if self.space == "logit":
             return None
         return 1 if mode == "cloud" else self.k
 
     def decide_sparse(self, mode, p_slm, p_llm_lower, known_ids, tail_bound, *, alpha, rng=None):
-        if mode == "cloud" and self.space == "prob":
-            ids = coveil_upload_sparse(p_slm, known_ids, p_llm_lower[known_ids], tail_bound, alpha=alpha,
-                                       lam=self.lam, k=self.k)
+        known_llm = p_llm_lower[known_ids]
+        if self.space == "logit":
+            if mode == "cloud":
+                ids = coveil_upload_logit_sparse(p_slm, known_ids, known_llm, tail_bound, alpha=alpha,
+                                                 lam=self.lam, k=self.k)
+                return None if ids is None else CloudUpload.of(p_slm, ids, self.space)
+            token = coveil_select_logit_sparse(p_slm, known_ids, known_llm, tail_bound, alpha=alpha,
+                                               lam=self.lam, k=self.k)
+            return None if token is None else SyncedToken(token)
+        if mode == "cloud":
+            ids = coveil_upload_sparse(p_slm, known_ids, known_llm, tail_bound, alpha=alpha, lam=self.lam, k=self.k)
             return None if ids is None else CloudUpload.of(p_slm, ids, self.space)
         decision = super().decide_sparse(mode, p_slm, p_llm_lower, known_ids, tail_bound, alpha=alpha, rng=rng)
-        if decision is not None or mode != "edge" or self.space != "prob":
+        if decision is not None:
             return decision
         token = coveil_select_sparse(p_slm, p_llm_lower, known_ids, tail_bound, alpha=alpha, lam=self.lam, k=self.k)
         return None if token is None else SyncedToken(token)
@@ -282,4 +511,4 @@ class CoVeil(Policy):
         return CloudUpload.of(p_slm, ids, self.space)
 
     def edge_token(self, p_slm, p_llm, *, alpha, rng=None) -> SyncedToken:
-        return SyncedToken(coveil_select(p_slm, p_llm, alpha=alpha, lam=self.lam, k=self.k))
+        return SyncedToken(coveil_select(p_slm, p_llm, alpha=alpha, lam=self.lam, k=self.k, space=self.space))

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edge_sdk.fusion import fuse, pick_token
+from edge_sdk.fusion import FusionSpace, check_space, fuse, pick_token, softmax
 from edge_sdk.policies.base import CloudUpload, FusionMode, Policy, SyncedToken
 
 
@@ -17,12 +17,19 @@ class Undefended(Policy):
     * cloud-side: upload the whole ``p_slm`` (every id; the cloud sees ``o_t = p_S``);
     * edge-side: synchronise ``argmax(alpha * p_llm + (1 - alpha) * p_slm)``, or a
       draw from it at ``temperature > 0``.
+
+    In ``space="logit"`` the arrays are raw logits and the fusion is
+    ``alpha * z_llm + (1 - alpha) * z_slm`` (a draw then comes from its softmax).
     """
 
     name = "undefended"
     modes = frozenset({"cloud", "edge"})
 
     temperature: float = 0.0
+    space: FusionSpace = "prob"
+
+    def __post_init__(self) -> None:
+        check_space(self.space)
 
     def llm_support(self, mode: FusionMode) -> int | None:
         if mode == "cloud":
@@ -30,7 +37,10 @@ class Undefended(Policy):
         return 1 if self.temperature == 0.0 else None
 
     def cloud_upload(self, p_slm, p_llm, *, alpha, rng=None) -> CloudUpload:
-        return CloudUpload(np.arange(p_slm.shape[0], dtype=np.int64), p_slm)
+        return CloudUpload(np.arange(p_slm.shape[0], dtype=np.int64), p_slm, self.space)
 
     def edge_token(self, p_slm, p_llm, *, alpha, rng=None) -> SyncedToken:
-        return SyncedToken(pick_token(fuse(p_llm, p_slm, alpha), temperature=self.temperature, rng=rng))
+        fused = fuse(p_llm, p_slm, alpha)
+        if self.space == "logit" and self.temperature > 0:
+            fused = softmax(fused)  # pick_token draws from p**(1/T), and softmax(z)**(1/T) ∝ exp(z/T)
+        return SyncedToken(pick_token(fused, temperature=self.temperature, rng=rng))
