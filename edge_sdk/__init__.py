@@ -1,7 +1,54 @@
 """CoVeil edge SDK: private cloud-edge collaborative decoding on the device.
 
-Importing this package is light: numpy only.  llama.cpp and gRPC are imported
-when the objects that need them are first used.
+>>> from edge_sdk import EdgeClient, CoVeil, LlamaCppSLM, Credentials
+
+Importing this package is light: numpy only.  Each name below is imported
+from its module when first used (as transformers does), so llama.cpp loads
+with :class:`LlamaCppSLM` and gRPC with the first remote session.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+#: public name -> the module that defines it
+_EXPORTS = {
+    "EdgeClient": "edge_sdk.client",
+    "Credentials": "edge_sdk.client",
+    "GenerationResult": "edge_sdk.client",
+    "LlamaCppSLM": "edge_sdk.backends.llama_cpp",
+    "SLMBackend": "edge_sdk.backends.base",
+    "CoVeil": "edge_sdk.policies",
+    "Undefended": "edge_sdk.policies",
+    "Policy": "edge_sdk.policies",
+    "make_policy": "edge_sdk.policies",
+    "available_policies": "edge_sdk.policies",
+    "PrivacyLedger": "edge_sdk.session",
+    "CloudError": "edge_sdk.transport",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+if TYPE_CHECKING:
+    from edge_sdk.backends.base import SLMBackend
+    from edge_sdk.backends.llama_cpp import LlamaCppSLM
+    from edge_sdk.client import Credentials, EdgeClient, GenerationResult
+    from edge_sdk.policies import CoVeil, Policy, Undefended, available_policies, make_policy
+    from edge_sdk.session import PrivacyLedger
+    from edge_sdk.transport import CloudError
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'edge_sdk' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -44,3 +44,27 @@ def test_wire_code_is_generated_from_the_proto() -> None:
     pb = wire.pb()
     assert pb.DESCRIPTOR.package == "coveil.v1"
     assert "Decode" in pb.DESCRIPTOR.services_by_name["CollaborativeDecoding"].methods_by_name
+
+
+def test_the_front_door_names_import_lazily() -> None:
+    # naming the exports loads nothing heavy until one is used
+    modules = imported_after("import edge_sdk; dir(edge_sdk); edge_sdk.CoVeil; edge_sdk.Undefended")
+    assert not [m for m in modules if any(m == h or m.startswith(h + ".") for h in HEAVY)]
+    code = (
+        "from edge_sdk import EdgeClient, CoVeil, LlamaCppSLM, Credentials; "
+        "import edge_sdk.client, edge_sdk.backends.llama_cpp, edge_sdk.policies; "
+        "assert EdgeClient is edge_sdk.client.EdgeClient and Credentials is edge_sdk.client.Credentials; "
+        "assert LlamaCppSLM is edge_sdk.backends.llama_cpp.LlamaCppSLM and CoVeil is edge_sdk.policies.CoVeil"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+    result = subprocess.run([sys.executable, "-c", "import edge_sdk; edge_sdk.Nope"], capture_output=True,
+                            text=True, cwd=ROOT)
+    assert result.returncode != 0 and "has no attribute 'Nope'" in result.stderr
+
+
+def test_llama_cpp_prints_nothing_unless_asked() -> None:
+    load = "from edge_sdk.backends.llama_cpp import LlamaCppSLM; s = LlamaCppSLM(n_ctx=128, verbose={})"
+    quiet = subprocess.run([sys.executable, "-c", load.format(False)], capture_output=True, text=True, cwd=ROOT)
+    assert quiet.returncode == 0 and quiet.stderr == "" and quiet.stdout == ""
+    loud = subprocess.run([sys.executable, "-c", load.format(True)], capture_output=True, text=True, cwd=ROOT)
+    assert loud.returncode == 0 and "llama" in loud.stderr

@@ -10,12 +10,42 @@ of its last position only, and :meth:`LlamaCppSLM.append` copies that one row
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from edge_sdk.models import ModelSource, embedded_model, vocab_fingerprint
+
+
+log = logging.getLogger(__name__)
+
+#: the ctypes callback handed to llama.cpp (kept referenced: the C side holds only a pointer)
+_native_log_callback: Any = None
+_native_verbose = False
+
+
+def _route_native_logs(llama_cpp: Any, verbose: bool) -> None:
+    """Send llama.cpp's (and ggml's) own log lines to stderr only when ``verbose``; else to this module's logger
+    at DEBUG, so an app embedding the SDK prints nothing it did not ask for."""
+    global _native_log_callback, _native_verbose
+    _native_verbose = verbose
+    if _native_log_callback is not None:
+        return
+
+    @llama_cpp.llama_log_callback
+    def callback(level: int, text: bytes, user_data: Any) -> None:
+        line = text.decode("utf-8", errors="replace")
+        if _native_verbose:
+            print(line, end="", file=sys.stderr, flush=True)
+        elif line.strip():
+            log.debug("llama.cpp: %s", line.rstrip())
+
+    _native_log_callback = callback
+    llama_cpp.llama_log_set(callback, None)
 
 
 class LlamaCppSLM:
@@ -41,9 +71,9 @@ class LlamaCppSLM:
         verbose: bool = False,
     ) -> None:
         import llama_cpp
-        from llama_cpp import _internals, _logger
+        from llama_cpp import _internals
 
-        _logger.set_verbose(verbose)
+        _route_native_logs(llama_cpp, verbose)
 
         if model is None:
             model = embedded_model()
