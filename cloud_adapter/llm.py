@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from cloud_adapter.hf_loading import load_causal_lm
-from edge_sdk.models import ModelSource, embedded_model, vocab_fingerprint
+from edge_sdk.models import ModelSource, embedded_model, tokenizer_vocab_size, vocab_fingerprint
 
 
 @dataclass(eq=False)
@@ -191,7 +191,15 @@ class TransformersLLM:
         self.model, self.tokenizer = model, tokenizer
         self.dtype = self.model.dtype
         self.device = self.model.device
-        self.vocab_size = len(self.tokenizer)
+        self._token_strings = self.tokenizer.convert_ids_to_tokens(list(range(len(self.tokenizer))))
+        # the shared tokenizer ids; output rows past them (padding) are dropped from every row
+        self.vocab_size = tokenizer_vocab_size(self._token_strings)
+        del self._token_strings[self.vocab_size :]
+        outputs = getattr(self.model.config, "vocab_size", None) or self.vocab_size
+        if outputs < self.vocab_size:
+            raise ValueError(
+                f"model {name!r} has {outputs} output rows but its tokenizer defines {self.vocab_size} tokens"
+            )
         eos = self.model.generation_config.eos_token_id if self.model.generation_config is not None else None
         eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         if getattr(self.tokenizer, "eos_token_id", None) is not None:
@@ -209,9 +217,13 @@ class TransformersLLM:
     def detokenize(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
+    def token_strings(self) -> list[bytes]:
+        """Every tokenizer entry's raw string ("▁the", "Ġthe"), in id order."""
+        return [str(token).encode("utf-8") for token in self._token_strings]
+
     def vocab_fingerprint(self) -> bytes:
         if self._fingerprint is None:
-            self._fingerprint = vocab_fingerprint(self.tokenizer.convert_ids_to_tokens(list(range(self.vocab_size))))
+            self._fingerprint = vocab_fingerprint(self._token_strings)
         return self._fingerprint
 
     # -- helpers -----------------------------------------------------------------------------------
@@ -429,3 +441,41 @@ class TransformersLLM:
             kv.advance(1)
             seq.ids.append(t)
             seq.next_logits = self._logit_rows(out.logits)[0]
+
+
+class TransformersSLM:
+    """A transformers model as an edge :class:`~edge_sdk.backends.base.SLMBackend` (one sequence).
+
+    For full-precision reference runs and tests: the same model code as the
+    cloud, driven through the edge's narrow interface.  ``prefill`` opens a
+    fresh KV cache, so its result depends on the prompt alone.
+    """
+
+    def __init__(self, llm: TransformersLLM) -> None:
+        self.llm = llm
+        self.name = llm.name
+        self.vocab_size = llm.vocab_size
+        self.eos_token_ids = llm.eos_token_ids
+        self._seq: CloudSequence | None = None
+
+    def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
+        return self.llm.tokenize(text, add_bos=add_bos)
+
+    def detokenize(self, ids: list[int]) -> str:
+        return self.llm.detokenize(ids)
+
+    def token_strings(self) -> list[bytes]:
+        return self.llm.token_strings()
+
+    def vocab_fingerprint(self) -> bytes:
+        return self.llm.vocab_fingerprint()
+
+    def prefill(self, ids: list[int]) -> np.ndarray:
+        self._seq = self.llm.open(ids)
+        return self._seq.next_logits.copy()
+
+    def append(self, token_id: int) -> np.ndarray:
+        if self._seq is None:
+            raise RuntimeError("append before prefill: the sequence is empty")
+        self.llm.step([(self._seq, int(token_id))])
+        return self._seq.next_logits.copy()

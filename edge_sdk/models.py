@@ -14,12 +14,15 @@ model or GGUF (cloud) of one family are accepted by path or name.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 EMBEDDED_NAME = "gemma-3-270m (embedded, Q4_K_M)"
 _SPM_SPACE = "\u2581".encode()
+#: what GGUF converters name the output rows a tokenizer does not define ("[PAD151665]")
+_PADDING_PIECE = re.compile(rb"\[PAD\d+\]")
 
 
 class VocabularyMismatchError(ValueError):
@@ -88,8 +91,32 @@ def resolve_model(spec: str | None) -> ModelSource:
     return ModelSource(name=spec, hf_name_or_dir=str(path.resolve()) if path.exists() else spec)
 
 
+def tokenizer_vocab_size(tokens: Sequence[bytes | str]) -> int:
+    """How many of ``tokens`` the tokenizer itself defines: all but a trailing run of padding placeholders.
+
+    A model's output matrix is often padded past its tokenizer (Qwen2.5-1.5B
+    has 151,936 rows, Qwen2.5-72B 152,064, for one tokenizer of 151,665
+    entries); GGUF converters list the extra rows as ``[PAD<id>]`` tokens.
+    Fusion works on the shared tokenizer ids ``0 .. n-1``: padding ids are
+    never chosen, uploaded or counted.  Tokens a tokenizer does define but
+    never uses (Gemma's ``<unused...>``) are real entries and stay.
+    """
+    n = len(tokens)
+    while n and _PADDING_PIECE.fullmatch(_as_bytes(tokens[n - 1])):
+        n -= 1
+    return n
+
+
+def _as_bytes(token: bytes | str) -> bytes:
+    return token.encode("utf-8") if isinstance(token, str) else bytes(token)
+
+
 def vocab_fingerprint(tokens: Iterable[bytes | str]) -> bytes:
     """sha256 over the token strings in id order (UTF-8, each length-prefixed).
+
+    Give it the tokenizer's own entries (:func:`tokenizer_vocab_size`), not
+    the padded output size: two models of one family then agree however far
+    each pads its output matrix.
 
     Two tokenizers with the same fingerprint map every id to the same string,
     which is what id-by-id fusion needs.  SentencePiece's word-boundary mark
@@ -99,7 +126,7 @@ def vocab_fingerprint(tokens: Iterable[bytes | str]) -> bytes:
     digest = hashlib.sha256()
     count = 0
     for token in tokens:
-        data = (token.encode("utf-8") if isinstance(token, str) else bytes(token)).replace(_SPM_SPACE, b" ")
+        data = _as_bytes(token).replace(_SPM_SPACE, b" ")
         digest.update(len(data).to_bytes(4, "little"))
         digest.update(data)
         count += 1

@@ -227,6 +227,12 @@ class CollaborativeDecoder:
     def steps(self, connection: CloudConnection) -> Iterator[StepEvent]:
         """Open (or resume) the session on ``connection`` and decode until the end."""
         info = connection.open(self.request())
+        if info.vocab_size != self.slm.vocab_size:  # the fingerprint matched; the sizes must too
+            raise CloudError(
+                "FAILED_PRECONDITION",
+                f"the cloud model {info.cloud_model!r} reports a vocabulary of {info.vocab_size} tokens, the edge "
+                f"model {self.slm.name!r} has {self.slm.vocab_size}",
+            )
         self._stop_ids = frozenset(self.slm.eos_token_ids) | info.eos_token_ids
         max_steps = min(self.settings.max_new_tokens, info.max_new_tokens)
         if self._p_slm is None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk.models import ModelSource, embedded_model, vocab_fingerprint
+from edge_sdk.models import ModelSource, embedded_model, tokenizer_vocab_size, vocab_fingerprint
 
 
 log = logging.getLogger(__name__)
@@ -100,8 +100,13 @@ class LlamaCppSLM:
         self._batch = _internals.LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
         self.n_ctx = n_ctx
         self.n_batch = n_batch
-        self.vocab_size = self._model.n_vocab()
+        self.n_outputs = self._model.n_vocab()  # logits per row, padding rows included
         vocab = self._model.vocab
+        get_text = llama_cpp.llama_vocab_get_text
+        self._token_strings = [get_text(vocab, i) for i in range(self.n_outputs)]
+        # the shared tokenizer ids: rows past them are padding ("[PAD<id>]") and never take part in fusion
+        self.vocab_size = tokenizer_vocab_size(self._token_strings)
+        del self._token_strings[self.vocab_size :]
         self.eos_token_ids = frozenset(
             i for i in range(self.vocab_size) if llama_cpp.llama_vocab_is_eog(vocab, i)
         ) or frozenset({self._model.token_eos()})
@@ -120,10 +125,8 @@ class LlamaCppSLM:
         return self._model.detokenize(list(ids), special=False).decode("utf-8", errors="replace")
 
     def token_strings(self) -> list[bytes]:
-        """Every token's string, in id order (what the vocabulary fingerprint hashes)."""
-        get_text = self._llama_cpp.llama_vocab_get_text
-        vocab = self._model.vocab
-        return [get_text(vocab, i) for i in range(self.vocab_size)]
+        """Every tokenizer entry's raw string, in id order (what the vocabulary fingerprint hashes)."""
+        return list(self._token_strings)
 
     def vocab_fingerprint(self) -> bytes:
         if self._fingerprint is None:
@@ -190,7 +193,7 @@ class LlamaCppSLM:
         row = self._llama_cpp.llama_get_logits_ith(self._ctx.ctx, -1)
         if not row:
             raise RuntimeError("llama.cpp returned no logits for the last position")
-        return np.ctypeslib.as_array(row, shape=(self.vocab_size,)).copy()
+        return np.ctypeslib.as_array(row, shape=(self.n_outputs,))[: self.vocab_size].copy()
 
     def close(self) -> None:
         """Free the native context and model (also done at garbage collection)."""

@@ -1,0 +1,41 @@
+"""A tiny byte-level BPE model family built in the test session (no download): a tokenizer trained with the
+``tokenizers`` library on a few sentences, and random Qwen2-architecture models over it whose output matrices
+are padded past the tokenizer, as Qwen2.5's and Llama-3's are."""
+
+from __future__ import annotations
+
+from typing import Any
+
+CORPUS = [
+    "The patient has jaundice, a swollen liver and raised bilirubin after years of alcohol use.",
+    "Which organ is affected? The liver, the heart, the lung or the kidney.",
+    "She was not able to sleep because the neighbours argued until midnight about the broken fence.",
+    "A 70-year-old man presents with chest pain on exertion and shortness of breath.",
+    "Answer: the reason is that the context mentions the evidence in the first sentence.",
+    "\n".join(["Question: what happened next?", "Options:", "(A) yes", "(B) no"]),
+]
+END = "<|endoftext|>"
+
+
+def bpe_tokenizer(vocab_size: int = 400) -> Any:
+    """A byte-level BPE tokenizer ("Ġthe", "Ċ" pieces) as a transformers fast tokenizer, with no BOS."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    trainer = ByteLevelBPETokenizer()
+    trainer.train_from_iterator(CORPUS * 20, vocab_size=vocab_size, min_frequency=1, special_tokens=[END])
+    return PreTrainedTokenizerFast(tokenizer_object=trainer._tokenizer, eos_token=END)
+
+
+def random_qwen(tokenizer: Any, *, output_rows: int, seed: int) -> Any:
+    """A 2-layer random Qwen2 causal LM whose output matrix has ``output_rows >= len(tokenizer)`` rows."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=output_rows, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False,
+        eos_token_id=tokenizer.convert_tokens_to_ids(END), bos_token_id=None, pad_token_id=None,
+    )
+    return Qwen2ForCausalLM(config).eval()
