@@ -86,6 +86,9 @@ class _StubTokenizer:
     def __len__(self) -> int:
         return 90  # fewer than the model's 100 logits, as with padded embedding tables
 
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        return [f"<t{i}>" for i in ids]
+
 
 @pytest.fixture(scope="module")
 def tiny() -> TransformersLLM:
