@@ -194,7 +194,16 @@ class EdgeClient:
         seed: int = 0,
         rng: np.random.Generator | None = None,
     ) -> CollaborativeDecoder:
-        """Build the decoder for one generation (what :meth:`stream` runs)."""
+        """Build the decoder for one generation (what :meth:`stream` runs).
+
+        ``seed`` is the *cloud's* sampling seed for cloud-side fusion at
+        ``temperature > 0``; it is public (sent when the session opens, never in
+        edge-side fusion) and never seeds the edge.  Randomised policies draw
+        from ``rng``: by default a generator seeded from OS entropy per
+        generation, so nothing the cloud sees lets it replay the edge's noise.
+        Pass an explicit generator only where reproducibility matters more
+        (tests, audits run in one process).
+        """
         if isinstance(policy, str):
             policy = make_policy(policy, backend=self.slm)  # a policy that needs the model builds from it
         slm = self.slm
@@ -231,7 +240,8 @@ class EdgeClient:
             cloud_prompt=cloud_prompt,
             meter=LeakageMeter(frozenset(private_ids)),
             masked_ids=frozenset(masked),
-            rng=rng if rng is not None else np.random.default_rng(seed),
+            # the policy's randomness comes from OS entropy, never from anything on the wire
+            rng=rng if rng is not None else np.random.default_rng(),
         )
 
     def stream(self, public_query: str, private_context: str = "", **kwargs: Any) -> GenerationStream:

@@ -94,7 +94,7 @@ class DecodeSettings:
     max_new_tokens: int = 256
     top_m: int = wire.DEFAULT_TOP_M
     temperature: float = 0.0  # cloud-side sampling when the cloud picks
-    seed: int = 0
+    seed: int = 0  # the cloud's sampling seed (cloud-side fusion only); the edge never uses it
     exposure_k: int = 100  # DecodeLeak's K for the meter's exposure sets
     exposure_budget: float | None = None  # stop uploading once the meter reaches this share
 
@@ -119,7 +119,8 @@ class CollaborativeDecoder:
         meter: the live leakage meter for this private context.
         masked_ids: token ids that must never leave the device; their SLM
             probability is zeroed before the policy runs.
-        rng: the generator randomised policies draw from.
+        rng: the generator randomised policies draw from (seed it from OS entropy: anything derived from
+            what crosses the wire would let the cloud replay the policy's noise).
     """
 
     def __init__(
@@ -171,7 +172,7 @@ class CollaborativeDecoder:
             alpha=s.alpha,
             space=self.policy.space,
             temperature=s.temperature,
-            seed=s.seed,
+            seed=s.seed if s.mode == "cloud" else 0,  # the cloud's own sampling seed: it samples only cloud-side
             max_new_tokens=s.max_new_tokens,
             vocab_fingerprint=self.slm.vocab_fingerprint(),
             edge_model=self.slm.name,
