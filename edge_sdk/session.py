@@ -21,7 +21,7 @@ import numpy as np
 from edge_sdk import wire
 from edge_sdk.backends.base import SLMBackend
 from edge_sdk.fusion import check_finite, softmax
-from edge_sdk.leakage import LeakageMeter
+from edge_sdk.leakage import ExposureTrace, LeakageMeter
 from edge_sdk.policies.base import CloudUpload, FusionMode, Policy, SyncedToken
 from edge_sdk.transport import CloudConnection, CloudError
 
@@ -75,6 +75,10 @@ class PrivacyLedger:
     @property
     def leak_share(self) -> float:
         return self.entries[-1].leak_share if self.entries else 0.0
+
+    def exposure_trace(self) -> ExposureTrace:
+        """DecodeLeak's exposure sequence ``{E_t^K}`` as the edge recorded it (``K`` = ``exposure_k``)."""
+        return ExposureTrace(self.exposure_k, tuple(entry.exposure for entry in self.entries))
 
     def summary(self) -> str:
         steps = len(self.entries)

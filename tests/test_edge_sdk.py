@@ -86,12 +86,18 @@ def test_sparse_cloud_distribution_gives_the_same_decisions_as_full(client, slm)
 
 
 def test_ledger_exposure_equals_the_cloud_transcript(client, engine) -> None:
-    for mode in ("cloud", "edge"):
-        decoder = client.decoder(PUBLIC, PRIVATE, mode=mode, policy=Undefended(), max_new_tokens=4)
+    from edge_sdk.leakage import ExposureTrace
+
+    # top_m = 16 < K = 100: edge-side the edge still records K ids per step (it asks for at least K values)
+    for mode, top_m in (("cloud", 256), ("edge", 256), ("edge", 16)):
+        decoder = client.decoder(PUBLIC, PRIVATE, mode=mode, policy=Undefended(), max_new_tokens=4, top_m=top_m)
         connection = CloudConnection(InProcessChannel(engine.session("tests")))
         list(decoder.steps(connection))
         transcript = engine.transcript(connection.info.session_id)
         assert [tuple(s["exposure"]) for s in transcript["steps"]] == [e.exposure for e in decoder.ledger.entries]
+        assert decoder.ledger.exposure_trace() == ExposureTrace.from_transcript(transcript)
+        assert transcript["exposure_k"] == decoder.ledger.exposure_k == 100
+        assert all(len(e.exposure) == 100 for e in decoder.ledger.entries), (mode, top_m)
         assert [s["token_id"] for s in transcript["steps"]] == decoder.tokens
 
 
