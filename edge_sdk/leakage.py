@@ -194,25 +194,29 @@ def piece_reader(source: object, family: PieceFamily | None = None) -> PieceDeco
     """Token id → its text, for a backend or a tokenizer, whichever family its vocabulary is.
 
     * an edge backend with ``token_strings()`` (:class:`~edge_sdk.backends.llama_cpp.LlamaCppSLM`):
-      its raw GGUF vocabulary, with its EOS/BOS ids as the special ids;
+      its raw GGUF vocabulary, with its ``special_token_ids`` as the special ids when it has
+      them, else its EOS and BOS ids;
     * a transformers tokenizer (``convert_ids_to_tokens``) or a ``tokenizers.Tokenizer``
-      (``id_to_token``): its raw vocabulary and its special tokens;
+      (``id_to_token``): its raw vocabulary, and its special tokens (added ones included);
     * anything else with ``detokenize(ids)``: one detokenisation per id.
 
     ``family`` skips the detection (e.g. ``GGUF_TOKENIZER_FAMILY[metadata["tokenizer.ggml.model"]]``).
     """
     strings = getattr(source, "token_strings", None)
     if strings is not None:
-        special = set(getattr(source, "eos_token_ids", ()) or ())
-        bos = getattr(source, "bos_token_id", None)
-        if bos is not None and bos >= 0:
-            special.add(int(bos))
+        special = getattr(source, "special_token_ids", None)
+        if special is None:
+            special = set(getattr(source, "eos_token_ids", ()) or ())
+            bos = getattr(source, "bos_token_id", None)
+            if bos is not None and bos >= 0:
+                special.add(int(bos))
         return PieceDecoder(strings(), family, special)
     if hasattr(source, "convert_ids_to_tokens"):
         size = len(source)  # type: ignore[arg-type]
         pieces = source.convert_ids_to_tokens(list(range(size)))
-        return PieceDecoder([p if p is not None else "" for p in pieces], family,
-                            getattr(source, "all_special_ids", ()))
+        added = getattr(source, "added_tokens_decoder", {})
+        special = {*getattr(source, "all_special_ids", ()), *(i for i, t in added.items() if getattr(t, "special", False))}
+        return PieceDecoder([p if p is not None else "" for p in pieces], family, special)
     if hasattr(source, "id_to_token") and hasattr(source, "get_vocab_size"):
         size = source.get_vocab_size(with_added_tokens=True)
         pieces = [source.id_to_token(i) or "" for i in range(size)]
@@ -274,37 +278,51 @@ def is_content_word(word: str) -> bool:
     return bool(folded) and (is_number(folded) or folded not in stop_words())
 
 
-def piece_is_content(piece: str, word: str | None = None) -> bool:
-    """Whether a token's *text* (decoded, not its raw vocabulary piece) carries content.
+def piece_is_content(piece: str) -> bool:
+    """Whether a token's *text* (decoded, not its raw vocabulary piece) can carry content on its own.
 
-    No content: whitespace, punctuation, a stop word.  When ``word`` is the
-    content word the token was cut from and the token is only a fragment of it
-    (``"ir"`` of ``"bilirubin"``, ``"'s"`` of ``"patient's"``), the fragment
-    also needs more than two letters unless it is a number: short fragments
-    say nothing about the word and turn up in almost every exposure set.
+    No content: whitespace, punctuation, a stop word (``" the"``, ``"\\n"``, ``","``).
     """
     core = fold(_strip_edges(piece.strip()))
-    if not core:
-        return False
-    if is_number(core):
-        return True
-    if core in stop_words():
-        return False
-    return word is None or core == fold(_strip_edges(word)) or len(core) > 2
+    return bool(core) and (is_number(core) or core not in stop_words())
+
+
+def word_token_ids(word: str, tokenize: Callable[[str], list[int]], piece: Callable[[int], str]) -> set[int]:
+    """The ids that stand for one content word, tokenised as ``" " + word``.
+
+    Its number pieces always count.  Of its other pieces, the most specific
+    kind it has counts: pieces of more than two letters that are not stop
+    words (``"bilirubin"`` without ``"ir"``, ``"patient's"`` without ``"'s"``:
+    short fragments say little and turn up in almost every exposure set);
+    for a word without one (``"ERCP"`` = ``▁ER CP``, ``"no"``), its pieces
+    that are not stop words; for a word of stop-word pieces alone
+    (``"thereof"`` = ``▁there of``), those.  Whitespace and punctuation
+    pieces never count, so every content word keeps at least one id.
+    """
+    cores = [(i, fold(_strip_edges(piece(i).strip()))) for i in tokenize(" " + word)]
+    cores = [(i, core) for i, core in cores if core]
+    ids = {i for i, core in cores if is_number(core)}
+    letters = [(i, core) for i, core in cores if not is_number(core)]
+    stop = stop_words()
+    for keep in (lambda c: len(c) > 2 and c not in stop, lambda c: c not in stop, lambda c: True):
+        chosen = {i for i, core in letters if keep(core)}
+        if chosen:
+            return ids | chosen
+    return ids
 
 
 def content_token_ids(text: str, tokenize: Callable[[str], list[int]], piece: Callable[[int], str]) -> set[int]:
-    """``T(text)``: the content token ids of ``text``.
+    """``T(text)``: the content token ids of ``text``, the union of :func:`word_token_ids` over its
+    content words (:func:`is_content_word`).
 
-    Each content word is tokenised as ``" " + word``, as it would appear
-    mid-sentence; of its ids, those whose text carries content are kept
-    (:func:`piece_is_content`).  ``piece`` must give a token's text, e.g. a
-    :class:`PieceDecoder`, never its raw vocabulary string.
+    Each word is tokenised as ``" " + word``, as it would appear mid-sentence.
+    ``piece`` must give a token's text, e.g. a :class:`PieceDecoder`, never its
+    raw vocabulary string.
     """
     ids: set[int] = set()
     for word in words(text):
         if is_content_word(word):
-            ids.update(i for i in tokenize(" " + word) if piece_is_content(piece(i), word))
+            ids |= word_token_ids(word, tokenize, piece)
     return ids
 
 

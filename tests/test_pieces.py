@@ -21,6 +21,7 @@ from edge_sdk.leakage import (
     detect_piece_family,
     piece_is_content,
     piece_reader,
+    word_token_ids,
     words,
 )
 
@@ -199,6 +200,23 @@ def test_negations_are_evidence_with_gemma(slm) -> None:  # noqa: ANN001
     assert content_token_ids("not", tokenize, piece) == {not_}
     assert content_token_ids("no fever", tokenize, piece) == {no, fever}
     assert content_token_ids("the", tokenize, piece) == set()
+
+
+@pytest.mark.model
+def test_a_content_word_keeps_its_most_specific_pieces_with_gemma(slm) -> None:  # noqa: ANN001
+    """Fails on the old filter, which left "ERCP" and "thenar" with no evidence token at all."""
+    piece = piece_reader(slm)
+    tokenize = functools.partial(slm.tokenize, add_bos=False)
+    er, cp = tokenize(" ERCP")
+    then, ar = tokenize(" thenar")
+    patient, apostrophe, s = tokenize(" patient's")
+    assert [piece(i) for i in (er, cp, then, ar, patient, apostrophe, s)] == [" ER", "CP", " then", "ar", " patient",
+                                                                               "'", "s"]
+    # no piece of more than two letters: the pieces that are not stop words count
+    assert word_token_ids("ERCP", tokenize, piece) == {er, cp}
+    assert word_token_ids("thenar", tokenize, piece) == {ar}  # " then" is a stop word
+    # a longer piece is there: the one-letter fragment and the apostrophe do not count
+    assert word_token_ids("patient's", tokenize, piece) == {patient}
 
 
 # -- the meter and the trace ---------------------------------------------------------------------------
