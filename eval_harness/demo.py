@@ -44,8 +44,8 @@ class RunRow:
     full_requests: int = 0
 
     def add(self, item: DecodeLeakItem, result: GenerationResult, seconds: float, vocab: Vocabulary, k: int) -> None:
-        exposures = [entry.exposure for entry in result.ledger.entries]
-        recall = evidence_recall(item.evidence_spans, exposures, k, vocab, names=("token_er", "span_er"))
+        recall = evidence_recall(item.evidence_spans, result.ledger.exposure_trace(), k, vocab,
+                                 names=("token_er", "span_er"), public_query=item.public_query)
         self.correct.append(predicted_letter(result.text) == item.answer)
         self.token_er.append(recall[f"token_er@{k}"])
         self.span_er.append(recall[f"span_er@{k}"])
