@@ -20,6 +20,7 @@ import numpy as np
 from edge_sdk import wire
 from edge_sdk.backends.base import SLMBackend
 from edge_sdk.leakage import LeakageMeter, content_token_ids, piece_reader
+from edge_sdk.masking import never_upload_ids
 from edge_sdk.policies import Policy, make_policy
 from edge_sdk.policies.base import FusionMode
 from edge_sdk.session import CollaborativeDecoder, DecodeSettings, PrivacyLedger, run_with_resume
@@ -217,11 +218,7 @@ class EdgeClient:
             self._piece = piece_reader(slm)
         piece = self._piece
         private_ids = content_token_ids(private_context, lambda t: slm.tokenize(t, add_bos=False), piece)
-        masked: set[int] = set()
-        for span in never_upload:
-            if span not in private_context:
-                raise ValueError(f"never_upload span {span!r} does not occur in the private context")
-            masked |= content_token_ids(span, lambda t: slm.tokenize(t, add_bos=False), piece)
+        masked = never_upload_ids(never_upload, private_context, lambda t: slm.tokenize(t, add_bos=False), piece)
         if exposure_budget is not None and not 0.0 <= exposure_budget <= 1.0:
             raise ValueError(f"exposure_budget must lie in [0, 1], got {exposure_budget}")
         settings = DecodeSettings(
@@ -239,7 +236,7 @@ class EdgeClient:
             slm_prompt=slm_prompt,
             cloud_prompt=cloud_prompt,
             meter=LeakageMeter(frozenset(private_ids)),
-            masked_ids=frozenset(masked),
+            masked_ids=masked,
             # the policy's randomness comes from OS entropy, never from anything on the wire
             rng=rng if rng is not None else np.random.default_rng(),
         )

@@ -20,8 +20,9 @@ import numpy as np
 
 from edge_sdk import wire
 from edge_sdk.backends.base import SLMBackend
-from edge_sdk.fusion import check_finite, softmax
+from edge_sdk.fusion import check_finite, fuse, softmax, top_k_ids
 from edge_sdk.leakage import ExposureTrace, LeakageMeter
+from edge_sdk.masking import MASKED_UPLOAD_LIMIT
 from edge_sdk.policies.base import CloudUpload, FusionMode, Policy, SyncedToken
 from edge_sdk.transport import CloudConnection, CloudError
 
@@ -148,6 +149,9 @@ class CollaborativeDecoder:
         self.cloud_prompt = list(cloud_prompt)
         self.meter = meter
         self.masked = np.fromiter(sorted(masked_ids), dtype=np.int64)
+        self._masked_set = frozenset(int(i) for i in masked_ids)
+        # the lowest value a row can hold in the policy's space: 0 for probabilities, float32's minimum for logits
+        self._lowest = np.float32(np.finfo(np.float32).min if policy.space == "logit" else 0.0)
         self.rng = rng
         self.tokens: list[int] = []
         self.ledger = PrivacyLedger(mode=settings.mode, policy=policy.describe(), exposure_k=settings.exposure_k)
@@ -191,13 +195,13 @@ class CollaborativeDecoder:
 
         Probability space: ``softmax(z)`` with masked ids zeroed and the rest
         renormalised.  Logit space: the raw logits (what the authors' release
-        fuses), masked ids lowered to the row's minimum.
+        fuses), masked ids lowered to float32's minimum.
         """
         logits = check_finite(np.asarray(logits, dtype=np.float32)[: self.slm.vocab_size], "the SLM's logits")
         if self.policy.space == "logit":
             z = logits.copy()
             if self.masked.size:
-                z[self.masked] = z.min()
+                z[self.masked] = self._lowest
             return z
         p = softmax(logits)
         if self.masked.size:
@@ -216,18 +220,40 @@ class CollaborativeDecoder:
             if mode == "cloud":
                 return CloudUpload.empty(self.policy.space)
             return SyncedToken(dist.top_id())  # the cloud's own top token is always sent
-        fill = np.finfo(np.float32).min if self.policy.space == "logit" else 0.0  # a lower bound of omitted values
+        fill = self._lowest  # a lower bound of every omitted value
         p_llm = dist.lower_dense(self.slm.vocab_size, out=self._p_llm_buffer, fill=fill)
+        if self.masked.size and mode == "edge":  # a masked token is never chosen, however much the cloud favours it
+            if p_llm is dist.dense:
+                p_llm = p_llm.copy()
+            p_llm[self.masked] = fill
         if dist.is_full:
             signal = self.policy.decide(mode, p_slm, p_llm, alpha=alpha, rng=self.rng)
         else:
             signal = self.policy.decide_sparse(mode, p_slm, p_llm, dist.ids, dist.tail_bound, alpha=alpha, rng=self.rng)
             if signal is None:
                 return None
-        if mode == "cloud" and self.masked.size and len(signal.ids):  # type: ignore[union-attr]
-            keep = ~np.isin(signal.ids, self.masked)  # type: ignore[union-attr]
-            signal = CloudUpload(signal.ids[keep], signal.values[keep], signal.space)  # type: ignore[union-attr]
-        return signal
+        return self._without_masked(signal, p_slm, p_llm) if self.masked.size else signal
+
+    def _without_masked(self, signal: CloudUpload | SyncedToken, p_slm: np.ndarray, p_llm: np.ndarray):
+        """The signal with every masked id gone, and nothing that points at them.
+
+        An upload loses its masked ids; one listing the whole vocabulary keeps
+        only its :data:`~edge_sdk.masking.MASKED_UPLOAD_LIMIT` largest values
+        (with every id listed, the missing ones would stand out).  A masked
+        token (a sampler's rare draw) is replaced by the best unmasked fused one.
+        """
+        if isinstance(signal, SyncedToken):
+            if signal.token_id not in self._masked_set:
+                return signal
+            fused = fuse(p_llm, p_slm, self.settings.alpha)
+            fused[self.masked] = self._lowest
+            return SyncedToken(int(np.argmax(fused)))
+        ids, values = signal.ids, signal.values
+        if len(ids) >= self.slm.vocab_size - self.masked.size:  # every id (but the masked): a predictable set
+            keep = top_k_ids(np.where(np.isin(ids, self.masked), -np.inf, values), MASKED_UPLOAD_LIMIT)
+        else:
+            keep = np.flatnonzero(~np.isin(ids, self.masked))
+        return CloudUpload(ids[keep], values[keep], signal.space)
 
     def steps(self, connection: CloudConnection) -> Iterator[StepEvent]:
         """Open (or resume) the session on ``connection`` and decode until the end."""

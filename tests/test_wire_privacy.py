@@ -51,3 +51,81 @@ def test_the_cloud_sampling_seed_is_sent_only_in_cloud_side_fusion(client) -> No
     for mode, sent in (("cloud", 1234), ("edge", 0)):
         decoder = client.decoder(PUBLIC_PROMPT, PRIVATE_CONTEXT, mode=mode, seed=1234)
         assert decoder.request().seed == sent, mode
+
+
+# -- never_upload ----------------------------------------------------------------------------------
+
+
+def masked_ids(slm, spans: list[str], context: str) -> frozenset[int]:
+    from edge_sdk.leakage import piece_reader
+    from edge_sdk.masking import never_upload_ids
+
+    return never_upload_ids(spans, context, lambda t: slm.tokenize(t, add_bos=False), piece_reader(slm))
+
+
+def test_never_upload_masks_every_spelling_of_any_span(slm) -> None:
+    context = "Seen by Dr. Li with 王小明; she was not febrile. The Jaundice was new."
+    tokens = lambda text: set(slm.tokenize(text, add_bos=False))  # noqa: E731
+    # a non-ASCII name: every token of it, with or without a leading space
+    name = masked_ids(slm, ["王小明"], context)
+    assert tokens("王小明") <= name and tokens(" 王小明") <= name
+    # a short name and title: the words in every case, never the "." between them
+    doctor = masked_ids(slm, ["Dr. Li"], context)
+    assert tokens(" Li") | tokens("Li") | tokens(" li") | tokens(" LI") <= doctor
+    assert not tokens(".") & doctor
+    # a stop word marked on purpose is masked, and so is a variant in another case without the space
+    negation = masked_ids(slm, ["not"], context)
+    assert tokens(" not") | tokens("Not") | tokens(" NOT") <= negation
+    assert tokens(" jaundice") | tokens("jaundice") <= masked_ids(slm, ["Jaundice"], context)
+    with pytest.raises(ValueError, match="no token that could be masked"):
+        masked_ids(slm, [";"], context)
+    with pytest.raises(ValueError, match="does not occur"):
+        masked_ids(slm, ["Dr. Wu"], context)
+
+
+def test_a_masked_id_is_never_uploaded_nor_missing_from_a_predictable_set(client, engine, slm) -> None:
+    from edge_sdk.masking import MASKED_UPLOAD_LIMIT
+    from edge_sdk.policies import Undefended
+
+    spans = ["jaundice", "bilirubin"]
+    masked = masked_ids(slm, spans, PRIVATE_CONTEXT)
+    decoder = client.decoder(PUBLIC_PROMPT, PRIVATE_CONTEXT, mode="cloud", policy=Undefended(), max_new_tokens=3,
+                             never_upload=spans)
+    connection = CloudConnection(InProcessChannel(engine.session("tests")))
+    list(decoder.steps(connection))
+    for entry, step in zip(decoder.ledger.entries, engine.transcript(connection.info.session_id)["steps"]):
+        # the full upload became its top values: the masked ids hide among the many ids left out
+        assert step["upload_size"] == entry.values_uploaded == MASKED_UPLOAD_LIMIT
+        assert not set(step["upload_ids"]) & masked
+
+
+class FavouringCloud:
+    """A cloud handler whose every full distribution puts 0.99 on one token (a curious cloud probing it)."""
+
+    def __init__(self, handler, token: int) -> None:
+        self.handler, self.token = handler, token
+
+    def handle(self, message):
+        from edge_sdk import wire
+
+        for reply in self.handler.handle(message):
+            if reply.WhichOneof("kind") == "distribution" and reply.distribution.dense:
+                dense = wire.values_from_bytes(reply.distribution.dense).copy()
+                dense[self.token] = 0.99
+                reply.distribution.dense = wire.values_to_bytes(dense)
+            yield reply
+
+    def abandon(self, reason: str) -> None:
+        self.handler.abandon(reason)
+
+
+def test_a_masked_token_is_never_sent_however_much_the_cloud_favours_it(client, engine, slm) -> None:
+    from edge_sdk.policies import Undefended
+
+    target = slm.tokenize(" jaundice", add_bos=False)[0]
+    for never_upload, sent_target in (([], True), (["jaundice"], False)):
+        decoder = client.decoder(PUBLIC_PROMPT, PRIVATE_CONTEXT, mode="edge", policy=Undefended(), alpha=0.9,
+                                 max_new_tokens=3, top_m=slm.vocab_size, never_upload=never_upload)
+        connection = CloudConnection(InProcessChannel(FavouringCloud(engine.session("tests"), target)))
+        list(decoder.steps(connection))
+        assert (target in decoder.tokens) is sent_target, never_upload
