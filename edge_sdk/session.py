@@ -45,6 +45,7 @@ class LedgerEntry:
     wait_ms: float  # time blocked on the cloud
     cloud_forward_ms: float  # the cloud's own forward pass for this step's distribution (as it reports)
     exposure: tuple[int, ...] = ()  # DecodeLeak's E_t^K: the top-K ids the cloud can read off this step
+    sends: int = 1  # how often this step's signal was sent (a broken stream re-sends the same bytes)
 
 
 @dataclass
@@ -88,6 +89,20 @@ class PrivacyLedger:
             f"{self.values_uploaded} SLM values uploaded, {self.full_requests} full-distribution requests, "
             f"{self.bytes_up} B up / {self.bytes_down} B down, leakage meter {self.leak_share:.1%}"
         )
+
+
+@dataclass(eq=False)
+class _SentSignal:
+    """A step's decided signal until the cloud acknowledges it, with what its sends cost so far."""
+
+    step: int
+    signal: CloudUpload | SyncedToken
+    exposure: np.ndarray
+    full_requested: bool
+    withheld: bool
+    sends: int = 0
+    bytes_up: int = 0
+    bytes_down: int = 0
 
 
 @dataclass(frozen=True)
@@ -159,6 +174,7 @@ class CollaborativeDecoder:
         self._p_slm: np.ndarray | None = None  # the policy's view of the SLM's next distribution
         self._p_llm_buffer = np.zeros(slm.vocab_size, dtype=np.float32)  # the sparse cloud view, reused
         self._stop_ids: frozenset[int] = frozenset(slm.eos_token_ids)
+        self._unacknowledged: _SentSignal | None = None  # sent, but the stream broke before the reply
 
     @property
     def top_m(self) -> int:
@@ -256,7 +272,18 @@ class CollaborativeDecoder:
         return CloudUpload(ids[keep], values[keep], signal.space)
 
     def steps(self, connection: CloudConnection) -> Iterator[StepEvent]:
-        """Open (or resume) the session on ``connection`` and decode until the end."""
+        """Open (or resume) the session on ``connection`` and decode until the end.
+
+        The SLM prefills the private prompt *before* the session opens: the
+        cloud's clock then starts after the only step whose duration grows
+        with the private context's length (or drops when a repeated prompt is
+        served from the cache), so step 0's timing tells it nothing of either.
+        A step whose signal was sent but never acknowledged (the stream broke)
+        sends exactly that signal again on the next connection: a fresh draw
+        would hand the cloud a second sample of the same step.
+        """
+        if self._p_slm is None:
+            self._p_slm = self._edge_arrays(self.slm.prefill(self.slm_prompt + self.tokens))
         info = connection.open(self.request())
         if info.vocab_size != self.slm.vocab_size:  # the fingerprint matched; the sizes must too
             raise CloudError(
@@ -266,8 +293,6 @@ class CollaborativeDecoder:
             )
         self._stop_ids = frozenset(self.slm.eos_token_ids) | info.eos_token_ids
         max_steps = min(self.settings.max_new_tokens, info.max_new_tokens)
-        if self._p_slm is None:
-            self._p_slm = self._edge_arrays(self.slm.prefill(self.slm_prompt + self.tokens))
         k = self.settings.exposure_k
         while len(self.tokens) < max_steps:
             step = len(self.tokens)
@@ -279,30 +304,42 @@ class CollaborativeDecoder:
                 raise CloudError("INTERNAL", f"the cloud sent step {dist.step}, expected {step}")
             cloud_forward_ns = dist.forward_ns  # a full row sent on request carries no forward of its own
             started = time.perf_counter()
-            p_slm = self._p_slm
-            budget = self.settings.exposure_budget
-            withheld = budget is not None and self.meter.share >= budget
-            signal = self._decide(p_slm, dist, withheld)
-            full_requested = signal is None
-            if signal is None:
-                wait = time.perf_counter()
-                dist = connection.request_full(step)
-                wait_s += time.perf_counter() - wait
+            sent = self._unacknowledged if self._unacknowledged is not None and self._unacknowledged.step == step else None
+            if sent is None:
+                p_slm = self._p_slm
+                budget = self.settings.exposure_budget
+                withheld = budget is not None and self.meter.share >= budget
                 signal = self._decide(p_slm, dist, withheld)
-                assert signal is not None, "a full distribution always decides"
+                full_requested = signal is None
+                if signal is None:
+                    wait = time.perf_counter()
+                    dist = connection.request_full(step)
+                    wait_s += time.perf_counter() - wait
+                    signal = self._decide(p_slm, dist, withheld)
+                    assert signal is not None, "a full distribution always decides"
+                exposure = wire.step_exposure(signal, dist, k)
+                sent = self._unacknowledged = _SentSignal(step, signal, exposure, full_requested, withheld)
             edge_s = time.perf_counter() - started
-            exposure = wire.step_exposure(signal, dist, k)
+            signal, exposure = sent.signal, sent.exposure
             self.meter.observe(exposure)
-            if isinstance(signal, CloudUpload):
-                wait = time.perf_counter()
-                token, finished = connection.upload(step, signal)
-                wait_s += time.perf_counter() - wait
-                uploaded = len(signal)
-            else:
-                token, uploaded = signal.token_id, 0
-                connection.sync_token(step, token)
-                self.meter.observe([token])
-                finished = token in self._stop_ids or step + 1 >= max_steps
+            sent.sends += 1
+            try:
+                if isinstance(signal, CloudUpload):
+                    wait = time.perf_counter()
+                    token, finished = connection.upload(step, signal)
+                    wait_s += time.perf_counter() - wait
+                    uploaded = len(signal)
+                else:
+                    token, uploaded = signal.token_id, 0
+                    connection.sync_token(step, token)
+                    self.meter.observe([token])
+                    finished = token in self._stop_ids or step + 1 >= max_steps
+            except CloudError:
+                # what this attempt sent stays on the record of the step
+                sent.bytes_up += connection.bytes.edge_to_cloud - up0
+                sent.bytes_down += connection.bytes.cloud_to_edge - down0
+                raise
+            self._unacknowledged = None
             self.tokens.append(token)
             if not finished:
                 started_own = time.perf_counter()
@@ -315,15 +352,16 @@ class CollaborativeDecoder:
                 policy=self.policy.name,
                 signal="upload" if isinstance(signal, CloudUpload) else "token",
                 values_uploaded=uploaded,
-                full_requested=full_requested,
-                withheld=withheld,
-                bytes_up=connection.bytes.edge_to_cloud - up0,
-                bytes_down=connection.bytes.cloud_to_edge - down0,
+                full_requested=sent.full_requested,
+                withheld=sent.withheld,
+                bytes_up=sent.bytes_up + connection.bytes.edge_to_cloud - up0,
+                bytes_down=sent.bytes_down + connection.bytes.cloud_to_edge - down0,
                 leak_share=self.meter.share,
                 edge_ms=edge_s * 1e3,
                 wait_ms=wait_s * 1e3,
                 cloud_forward_ms=cloud_forward_ns / 1e6,
                 exposure=tuple(int(i) for i in exposure),
+                sends=sent.sends,
             )
             self.ledger.entries.append(entry)
             yield StepEvent(token, entry)

@@ -129,3 +129,85 @@ def test_a_masked_token_is_never_sent_however_much_the_cloud_favours_it(client, 
         connection = CloudConnection(InProcessChannel(FavouringCloud(engine.session("tests"), target)))
         list(decoder.steps(connection))
         assert (target in decoder.tokens) is sent_target, never_upload
+
+
+# -- retries ---------------------------------------------------------------------------------------
+
+
+class LoseReplyAt:
+    """Hands every message to the cloud, but loses the cloud's reply to the signal of step ``step`` once:
+    the upload arrived, the edge never heard back."""
+
+    def __init__(self, handler, step: int) -> None:
+        self.handler, self.step = handler, step
+
+    def handle(self, message):
+        from edge_sdk.transport import CloudError
+
+        replies = list(self.handler.handle(message))
+        if message.WhichOneof("kind") == "signal" and message.signal.step == self.step:
+            raise CloudError("UNAVAILABLE", "connection reset", retryable=True)
+        return replies
+
+    def abandon(self, reason: str) -> None:
+        self.handler.abandon(reason)
+
+
+def test_a_retried_step_sends_exactly_the_bytes_it_sent_before(client, engine) -> None:
+    from edge_sdk.session import run_with_resume
+
+    sessions = []
+
+    def connect() -> CloudConnection:
+        handler = engine.session("tests")
+        sessions.append(handler)
+        return CloudConnection(InProcessChannel(LoseReplyAt(handler, 1) if len(sessions) == 1 else handler))
+
+    # DP-Logit draws fresh noise from OS entropy: a second draw for step 1 would differ
+    decoder = client.decoder(PUBLIC_PROMPT, PRIVATE_CONTEXT, mode="cloud", policy=DPLogit(epsilon=1.0),
+                             max_new_tokens=3)
+    list(run_with_resume(decoder, connect, backoff_s=0.0))
+    first, second = (engine.transcript(h.session_id) for h in sessions)
+    seen_first = [(s["upload_ids"], s["upload_values"]) for s in first["steps"] if s["step"] == 1]
+    seen_second = [(s["upload_ids"], s["upload_values"]) for s in second["steps"] if s["step"] == 1]
+    assert seen_first and seen_first == seen_second
+    entry = decoder.ledger.entries[1]
+    assert entry.sends == 2 and [e.sends for e in decoder.ledger.entries] == [1, 2, 1]
+    # the ledger records both sends of step 1: at least twice the bytes of step 1's upload message
+    from edge_sdk import wire
+    from edge_sdk.policies import CloudUpload
+
+    upload = CloudUpload(np.array(seen_first[0][0]), np.array(seen_first[0][1], np.float32))
+    assert entry.bytes_up >= 2 * wire.encode_upload(1, upload).ByteSize()
+
+
+def test_the_private_prompt_is_prefilled_before_the_session_opens(slm, engine) -> None:
+    """Step 0's timing would otherwise carry the private context's length (and whether it repeats)."""
+    events: list[str] = []
+
+    class RecordingSLM:
+        def __init__(self, inner) -> None:
+            self.inner = inner
+            self.name, self.vocab_size, self.eos_token_ids = inner.name, inner.vocab_size, inner.eos_token_ids
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def prefill(self, ids):
+            events.append("prefill")
+            return self.inner.prefill(ids)
+
+    class RecordingCloud:
+        def __init__(self, handler) -> None:
+            self.handler = handler
+
+        def handle(self, message):
+            events.append(message.WhichOneof("kind"))
+            return self.handler.handle(message)
+
+        def abandon(self, reason: str) -> None:
+            self.handler.abandon(reason)
+
+    client = EdgeClient(lambda: RecordingCloud(engine.session("tests")), slm=RecordingSLM(slm))
+    client.generate(PUBLIC_PROMPT, PRIVATE_CONTEXT, mode="edge", max_new_tokens=2)
+    assert events[:2] == ["prefill", "open"]
