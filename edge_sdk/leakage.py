@@ -215,7 +215,8 @@ def piece_reader(source: object, family: PieceFamily | None = None) -> PieceDeco
         size = len(source)  # type: ignore[arg-type]
         pieces = source.convert_ids_to_tokens(list(range(size)))
         added = getattr(source, "added_tokens_decoder", {})
-        special = {*getattr(source, "all_special_ids", ()), *(i for i, t in added.items() if getattr(t, "special", False))}
+        special = {*getattr(source, "all_special_ids", ()),
+                   *(i for i, token in added.items() if getattr(token, "special", False))}
         return PieceDecoder([p if p is not None else "" for p in pieces], family, special)
     if hasattr(source, "id_to_token") and hasattr(source, "get_vocab_size"):
         size = source.get_vocab_size(with_added_tokens=True)

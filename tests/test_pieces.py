@@ -102,7 +102,8 @@ def test_byte_level_alphabet_is_gpt2s() -> None:
 
 
 def test_byte_level_pieces_read_as_text() -> None:
-    decoder = PieceDecoder(["Ġthe", "Ċ", "Ã", "¯", "ĠcafÃ©", "<|endoftext|>"], family="byte_level", special_ids=[5])
+    pieces = ["Ġthe", "Ċ", "Ã", "¯", "ĠcafÃ©", "<|endoftext|>"]
+    decoder = PieceDecoder(pieces, family="byte_level", special_ids=[5])
     assert decoder(0) == " the" and decoder(1) == "\n"
     assert decoder(2) == "\ufffd"  # half of a two-byte character
     assert decoder.decode([2, 3]) == "ï"  # the bytes are joined before decoding

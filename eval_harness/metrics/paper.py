@@ -112,13 +112,16 @@ def _advance(word: bytes, at: int, piece: bytes) -> int | None:
     return None
 
 
-def _index(trace: ExposureTrace, vocab: Vocabulary) -> list[tuple[dict[int, dict[bytes, int]], dict[int, dict[bytes, int]]]]:
+_Bucket = dict[int, dict[bytes, int]]  # first byte → {text: best rank}
+
+
+def _index(trace: ExposureTrace, vocab: Vocabulary) -> list[tuple[_Bucket, _Bucket]]:
     """Per step: (word starts by first byte, whole pieces by first byte), each text → its best rank."""
     index = []
     specials = vocab.specials  # control tokens stand for no text
     for step in trace.steps:
-        starts: dict[int, dict[bytes, int]] = {}
-        pieces: dict[int, dict[bytes, int]] = {}
+        starts: _Bucket = {}
+        pieces: _Bucket = {}
         for rank, token_id in enumerate(step, 1):
             if token_id in specials:
                 continue
@@ -133,7 +136,7 @@ def _index(trace: ExposureTrace, vocab: Vocabulary) -> list[tuple[dict[int, dict
     return index
 
 
-def _cutoff(word: bytes, index: list) -> int | None:
+def _cutoff(word: bytes, index: list[tuple[_Bucket, _Bucket]]) -> int | None:
     """The smallest ``k`` at which some run of consecutive steps spells ``word`` (min over runs of the max rank)."""
     best: int | None = None
     active: dict[int, int] = {}  # position in the word → smallest max-rank of a run that reached it

@@ -27,7 +27,8 @@ class Vocabulary:
     @classmethod
     def from_slm(cls, slm: object, family: PieceFamily | None = None) -> Vocabulary:
         """The vocabulary of an edge backend (``tokenize(text, add_bos=...)`` and ``token_strings()``)."""
-        return cls(lambda text: slm.tokenize(text, add_bos=False), piece_reader(slm, family))  # type: ignore[attr-defined]
+        tokenize = slm.tokenize  # type: ignore[attr-defined]
+        return cls(lambda text: tokenize(text, add_bos=False), piece_reader(slm, family))
 
     @classmethod
     def from_hf(cls, tokenizer: object, family: PieceFamily | None = None) -> Vocabulary:
