@@ -116,7 +116,9 @@ class DecodeSettings:
     temperature: float = 0.0  # cloud-side sampling when the cloud picks
     seed: int = 0  # the cloud's sampling seed (cloud-side fusion only); the edge never uses it
     exposure_k: int = 100  # DecodeLeak's K for the meter's exposure sets
-    exposure_budget: float | None = None  # stop uploading once the meter reaches this share
+    # once the share of the private context's content tokens the edge itself has put before the cloud reaches
+    # this, only signals the cloud could produce alone are sent (an empty upload, or the cloud's own top token)
+    exposure_budget: float | None = None
 
 
 @dataclass
@@ -271,6 +273,20 @@ class CollaborativeDecoder:
             keep = np.flatnonzero(~np.isin(ids, self.masked))
         return CloudUpload(ids[keep], values[keep], signal.space)
 
+    @staticmethod
+    def _sent_by_choice(signal: CloudUpload | SyncedToken, exposure: np.ndarray, dist: wire.CloudDistribution):
+        """The ids this step's signal put before the cloud by the edge's own choice: what the budget meter counts.
+
+        Cloud-side, the uploaded values' ``E_t^K``.  Edge-side, the synchronised
+        token, unless it is the cloud's own top token: a cloud can force that
+        one (all its mass on a probe word), and counting it would make the
+        budget's switch an oracle telling whether the probe is private.  The
+        cloud's own top-``K`` is never counted: the cloud chose those ids.
+        """
+        if isinstance(signal, CloudUpload):
+            return exposure
+        return () if signal.token_id == dist.top_id() else (signal.token_id,)
+
     def steps(self, connection: CloudConnection) -> Iterator[StepEvent]:
         """Open (or resume) the session on ``connection`` and decode until the end.
 
@@ -321,7 +337,6 @@ class CollaborativeDecoder:
                 sent = self._unacknowledged = _SentSignal(step, signal, exposure, full_requested, withheld)
             edge_s = time.perf_counter() - started
             signal, exposure = sent.signal, sent.exposure
-            self.meter.observe(exposure)
             sent.sends += 1
             try:
                 if isinstance(signal, CloudUpload):
@@ -332,7 +347,6 @@ class CollaborativeDecoder:
                 else:
                     token, uploaded = signal.token_id, 0
                     connection.sync_token(step, token)
-                    self.meter.observe([token])
                     finished = token in self._stop_ids or step + 1 >= max_steps
             except CloudError:
                 # what this attempt sent stays on the record of the step
@@ -340,6 +354,7 @@ class CollaborativeDecoder:
                 sent.bytes_down += connection.bytes.cloud_to_edge - down0
                 raise
             self._unacknowledged = None
+            self.meter.observe(self._sent_by_choice(signal, exposure, dist))
             self.tokens.append(token)
             if not finished:
                 started_own = time.perf_counter()

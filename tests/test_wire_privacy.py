@@ -211,3 +211,23 @@ def test_the_private_prompt_is_prefilled_before_the_session_opens(slm, engine) -
     client = EdgeClient(lambda: RecordingCloud(engine.session("tests")), slm=RecordingSLM(slm))
     client.generate(PUBLIC_PROMPT, PRIVATE_CONTEXT, mode="edge", max_new_tokens=2)
     assert events[:2] == ["prefill", "open"]
+
+
+def test_the_exposure_budget_is_no_oracle_for_words_the_cloud_pushes(client, engine, slm) -> None:
+    """A curious cloud puts all its mass on a probe word and watches when withholding starts.  Whether the
+    probe is a word of the private context or not, the edge withholds at the same steps."""
+    from edge_sdk.policies import Undefended
+
+    private_probe = slm.tokenize(" bilirubin", add_bos=False)[0]
+    public_probe = slm.tokenize(" umbrella", add_bos=False)[0]
+    decoder = client.decoder(PUBLIC_PROMPT, PRIVATE_CONTEXT)
+    assert private_probe in decoder.meter.private_content_ids and public_probe not in decoder.meter.private_content_ids
+    budget = 0.5 / len(decoder.meter.private_content_ids)  # the first private id counted would trip it
+
+    def withheld(probe: int) -> list[bool]:
+        decoder = client.decoder(PUBLIC_PROMPT, PRIVATE_CONTEXT, mode="edge", policy=Undefended(), alpha=0.9,
+                                 max_new_tokens=4, top_m=slm.vocab_size, exposure_budget=budget)
+        list(decoder.steps(CloudConnection(InProcessChannel(FavouringCloud(engine.session("tests"), probe)))))
+        return [entry.withheld for entry in decoder.ledger.entries]
+
+    assert withheld(private_probe) == withheld(public_probe) == [False] * 4
