@@ -267,3 +267,14 @@ def test_stop_words_load_lazily() -> None:
     code = "import sys, edge_sdk.leakage; print('stop_words' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.model
+def test_llama_cpp_names_its_special_tokens(slm) -> None:
+    """Control and unused tokens are special, as transformers' tokenizer marks them; words are not."""
+    special = slm.special_token_ids
+    index = {piece: i for i, piece in enumerate(slm.token_strings())}
+    for text in (b"<bos>", b"<eos>", b"<pad>", b"<unused0>", b"<start_of_turn>"):
+        assert index[text] in special, text
+    assert slm.bos_token_id in special and slm.eos_token_ids <= special
+    assert not special & set(slm.tokenize(" jaundice and the liver", add_bos=False))

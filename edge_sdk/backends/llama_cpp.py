@@ -111,6 +111,11 @@ class LlamaCppSLM:
             i for i in range(self.vocab_size) if llama_cpp.llama_vocab_is_eog(vocab, i)
         ) or frozenset({self._model.token_eos()})
         self.bos_token_id = self._model.token_bos()
+        special = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNUSED | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
+        #: control, unused and unknown tokens ("<eos>", "<unused0>"): never text, as a tokenizer's decode skips them
+        self.special_token_ids = frozenset(
+            i for i in range(self.vocab_size) if llama_cpp.llama_vocab_get_attr(vocab, i) & special
+        )
         self._tokens: list[int] = []
         # the last prompt prefilled (its K/V still open the cache) and its next-token logits
         self._last_prefill: tuple[list[int], np.ndarray] | None = None
