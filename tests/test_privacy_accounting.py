@@ -4,24 +4,54 @@ from __future__ import annotations
 
 import math
 
+import dp_accounting
 import numpy as np
 import pytest
+from dp_accounting import rdp
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy import stats
 
 from edge_sdk.privacy_accounting import (
+    EPSILON_UNITS,
     analytic_gaussian_sigma,
+    check_positive_int,
     dp_fusion_beta,
+    dp_fusion_divergence_bound,
     dp_fusion_epsilon,
     dp_fusion_step_epsilon,
+    dp_fusion_token_beta,
     gaussian_delta,
+    gaussian_zcdp_rho,
     invisible_ink_clip,
+    rdp_epsilon,
+    renyi_divergence,
     standard_normal_cdf,
+    symmetric_renyi_divergence,
     zcdp_epsilon,
     zcdp_rho,
 )
 
 SETTINGS = settings(max_examples=60, deadline=None)
+
+#: the paper's swept epsilons (appendix "Defense Baseline Adaptations and Parameter Ranges")
+DP_LOGIT_GRID = (0.01, 0.05, 0.1, 0.5, 1, 2, 4, 8, 16, 32, 64)
+DP_FUSION_GRID = (0, 0.1, 0.5, 1, 2, 3, 4, 8, 16, 32, 64)  # edge-side; the cloud-side grid lacks 3
+INVISIBLE_INK_GRID = (1, 2, 4, 8, 16, 32, 64, 128)
+#: Renyi orders for dp-accounting's conversions: dense enough that its minimum is within 1e-4 of the infimum
+DENSE_ORDERS = np.concatenate([1.0 + np.geomspace(1e-3, 1.0, 2000), np.geomspace(2.0, 1e6, 20000)])
+
+
+def scipy_gaussian_delta(epsilon: float, sigma: float, sensitivity: float) -> float:
+    """Balle & Wang's Theorem 8 written out with scipy.stats.norm (an implementation independent of ours)."""
+    a = sensitivity / (2 * sigma) - epsilon * sigma / sensitivity
+    b = -sensitivity / (2 * sigma) - epsilon * sigma / sensitivity
+    return float(stats.norm.cdf(a) - math.exp(epsilon) * stats.norm.cdf(b))
+
+
+def dp_accounting_zcdp_epsilon(rho: float, delta: float) -> float:
+    """dp-accounting's epsilon of rho-zCDP: RDP ``a * rho`` at every order, its CKS conversion at the best order."""
+    return float(rdp.compute_epsilon(DENSE_ORDERS, rho * DENSE_ORDERS, delta)[0])
 
 
 def brute_force_cks_epsilon(rho: float, delta: float) -> float:
@@ -45,6 +75,24 @@ def test_gaussian_delta_hand_worked() -> None:
     assert gaussian_delta(0.0, 1.0, 1.0) == pytest.approx(0.3829249, abs=1e-7)
     # eps = 1, s = D = 1: Phi(-1/2) - e * Phi(-3/2) = 0.3085375 - 2.7182818 * 0.0668072 = 0.1269370
     assert gaussian_delta(1.0, 1.0, 1.0) == pytest.approx(0.1269370, abs=1e-6)
+
+
+@SETTINGS
+@given(epsilon=st.floats(0.0, 20.0), sigma=st.floats(0.05, 20.0), sensitivity=st.floats(0.1, 5.0))
+def test_gaussian_delta_matches_scipy(epsilon: float, sigma: float, sensitivity: float) -> None:
+    expected = scipy_gaussian_delta(epsilon, sigma, sensitivity)
+    assert gaussian_delta(epsilon, sigma, sensitivity) == pytest.approx(max(expected, 0.0), rel=1e-9, abs=1e-15)
+
+
+@pytest.mark.parametrize("epsilon", DP_LOGIT_GRID)
+def test_dp_logit_grid_sigma_matches_scipy_and_dp_accounting(epsilon: float) -> None:
+    # DP-Logit's calibration: L2 sensitivity sqrt 2, delta 1e-5
+    sigma = analytic_gaussian_sigma(epsilon, 1e-5, math.sqrt(2))
+    # scipy's delta at sigma meets the target, and a sigma 1e-6 smaller does not
+    assert scipy_gaussian_delta(epsilon, sigma, math.sqrt(2)) <= 1e-5 * (1 + 1e-9)
+    assert scipy_gaussian_delta(epsilon, sigma * (1 - 1e-6), math.sqrt(2)) > 1e-5
+    # dp-accounting calibrates sensitivity 1; delta depends on sigma / D only
+    assert sigma == pytest.approx(math.sqrt(2) * dp_accounting.get_sigma_gaussian(epsilon, 1e-5), rel=1e-8)
 
 
 def test_gaussian_delta_large_epsilon_does_not_overflow() -> None:
@@ -110,6 +158,16 @@ def test_zcdp_epsilon_matches_grid_minimum_and_beats_the_simple_bound(rho: float
     assert epsilon < rho + 2 * math.sqrt(rho * math.log(1 / delta))
 
 
+@SETTINGS
+@given(rho=st.floats(1e-4, 50.0), delta=st.floats(1e-9, 1e-2))
+def test_zcdp_epsilon_matches_dp_accounting(rho: float, delta: float) -> None:
+    # dp-accounting minimises the same CKS bound over a finite grid of orders: never below the infimum
+    reference = dp_accounting_zcdp_epsilon(rho, delta)
+    epsilon = zcdp_epsilon(rho, delta)
+    assert epsilon <= reference * (1 + 1e-9)
+    assert epsilon == pytest.approx(reference, rel=1e-4)
+
+
 def test_zcdp_epsilon_hand_worked() -> None:
     # rho = 1, delta = 1e-6: the optimal order solves (a-1)^2 = log(1e6) - log(a), a = 4.5085,
     # giving eps = 4.5085 + (13.8155 + 3.5085 * log(1 - 1/4.5085) - log(4.5085)) / 3.5085 = 7.7662
@@ -140,6 +198,53 @@ def test_zcdp_rho_of_zero_epsilon_is_zero() -> None:
 def test_zcdp_epsilon_rejects_bad_input(rho: float, delta: float) -> None:
     with pytest.raises(ValueError):
         zcdp_epsilon(rho, delta)
+
+
+# --------------------------------------------------------------------------- Gaussian zCDP, RDP conversion
+
+
+@pytest.mark.parametrize(("sigma", "sensitivity"), [(1.0, 1.0), (5.3, math.sqrt(2)), (0.4, 2.0)])
+def test_gaussian_zcdp_rho_matches_dp_accounting_gaussian_rdp(sigma: float, sensitivity: float) -> None:
+    # dp-accounting's Gaussian RDP (noise multiplier sigma / D) and a zCDP event with our rho give one epsilon
+    orders = [1.5, 2.0, 3.0, 5.0, 8.0, 16.0, 32.0, 64.0]
+    gaussian = rdp.RdpAccountant(orders)
+    gaussian.compose(dp_accounting.GaussianDpEvent(noise_multiplier=sigma / sensitivity), count=7)
+    zcdp = rdp.RdpAccountant(orders)
+    zcdp.compose(dp_accounting.ZCDpEvent(rho=gaussian_zcdp_rho(sigma, sensitivity)), count=7)
+    assert zcdp.get_epsilon(1e-5) == pytest.approx(gaussian.get_epsilon(1e-5), rel=1e-9)
+    # hand-worked: D = sqrt 2, sigma = 5.3: rho = 2 / (2 * 28.09) = 1 / 28.09 = 0.0355999
+    assert gaussian_zcdp_rho(5.3, math.sqrt(2)) == pytest.approx(0.0355999, abs=1e-7)
+
+
+def test_rdp_epsilon_hand_worked_and_never_below_the_cks_conversion() -> None:
+    # (2, 256)-RDP at delta 1e-5: 256 + log(1e5) / 1 = 267.5129
+    assert rdp_epsilon(256.0, 2.0, 1e-5) == pytest.approx(267.512925, abs=1e-6)
+    for order, value in [(2.0, 256.0), (3.0, 1.0), (17.0, 0.25)]:
+        improved, _ = rdp.compute_epsilon([order], [value], 1e-5)
+        assert rdp_epsilon(value, order, 1e-5) >= improved
+
+
+def test_rdp_epsilon_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="Renyi-DP epsilon"):
+        rdp_epsilon(-1.0, 2.0, 1e-5)
+    with pytest.raises(ValueError, match="Renyi order"):
+        rdp_epsilon(1.0, 1.0, 1e-5)
+
+
+# --------------------------------------------------------------------------- Renyi divergences
+
+
+def test_renyi_divergences_hand_worked() -> None:
+    p, q = np.array([0.5, 0.5]), np.array([0.25, 0.75])
+    # sum p^2/q = 0.25/0.25 + 0.25/0.75 = 4/3;  sum q^2/p = 0.0625/0.5 + 0.5625/0.5 = 1.25
+    assert renyi_divergence(p, q, 2.0) == pytest.approx(math.log(4 / 3))
+    assert renyi_divergence(q, p, 2.0) == pytest.approx(math.log(1.25))
+    assert symmetric_renyi_divergence(p, q, 2.0) == pytest.approx(math.log(4 / 3))
+    assert symmetric_renyi_divergence(p, p, 3.0) == pytest.approx(0.0, abs=1e-12)
+    # order 3: sum p^3/q^2 = 0.125/0.0625 + 0.125/0.5625 = 2.2222, halved log: log(2.2222)/2 = 0.39925
+    assert renyi_divergence(p, q, 3.0) == pytest.approx(0.399254, abs=1e-6)
+    # a zero is floored at 1e-10: sum p^2/q over p = [1, 0], q = [0, 1] is 1/1e-10 + 1e-20 = 1e10
+    assert renyi_divergence([1.0, 0.0], [0.0, 1.0]) == pytest.approx(math.log(1e10))
 
 
 # --------------------------------------------------------------------------- DP-Fusion
@@ -187,6 +292,39 @@ def test_dp_fusion_beta_rejects_bad_input(kwargs: dict) -> None:
         dp_fusion_beta(**kwargs)
 
 
+def test_dp_fusion_token_beta_hand_worked() -> None:
+    # one group: a token bounded by beta costs 4 beta, so eps = 2 per token allows beta = 1/2
+    assert dp_fusion_token_beta(2.0) == 0.5
+    assert dp_fusion_token_beta(0.0) == 0.0
+    # N = 2, a = 2: eps_step(1/4) = log(1/2 + e/2) = 0.6201145 (above), so beta(0.6201145) = 1/4
+    assert dp_fusion_token_beta(0.6201145, order=2.0, n_groups=2) == pytest.approx(0.25, abs=1e-7)
+
+
+@SETTINGS
+@given(epsilon=st.floats(0.0, 64.0), order=st.floats(1.1, 16.0), groups=st.integers(1, 8))
+def test_dp_fusion_token_beta_inverts_the_step_epsilon(epsilon: float, order: float, groups: int) -> None:
+    beta = dp_fusion_token_beta(epsilon, order=order, n_groups=groups)
+    assert dp_fusion_step_epsilon(beta, order, groups) == pytest.approx(epsilon, rel=1e-9, abs=1e-12)
+
+
+def test_dp_fusion_divergence_bound_is_order_times_beta() -> None:
+    # dp-fusion-lib: "internal bound is alpha * beta per the paper notation"
+    assert dp_fusion_divergence_bound(0.5, 2.0) == 1.0
+    assert dp_fusion_divergence_bound(0.1, 3.0) == pytest.approx(0.3)
+    assert dp_fusion_divergence_bound(-0.2, 2.0) == -0.4
+    with pytest.raises(ValueError, match="beta"):
+        dp_fusion_divergence_bound(math.nan)
+
+
+def test_dp_fusion_grid_collapses_per_generation_but_not_per_token() -> None:
+    # the source's (eps, delta) over T = 256 tokens leaves no budget below log(1e5) = 11.51 ...
+    collapsed = [e for e in DP_FUSION_GRID if dp_fusion_beta(e, max_new_tokens=256, delta=1e-5) <= 0]
+    assert collapsed == [0, 0.1, 0.5, 1, 2, 3, 4, 8]
+    # ... whereas per token every grid point is its own bound, b = 2 * eps / 4 at order 2
+    bounds = [dp_fusion_divergence_bound(dp_fusion_token_beta(e)) for e in DP_FUSION_GRID]
+    assert bounds == [e / 2 for e in DP_FUSION_GRID]
+
+
 def test_dp_fusion_step_epsilon_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match="beta"):
         dp_fusion_step_epsilon(-0.1)
@@ -197,11 +335,29 @@ def test_dp_fusion_step_epsilon_rejects_bad_input() -> None:
 # --------------------------------------------------------------------------- InvisibleInk
 
 
+@pytest.mark.parametrize("epsilon", INVISIBLE_INK_GRID)
+def test_invisible_ink_clip_spends_epsilon_by_dp_accounting(epsilon: float) -> None:
+    # T tokens, each the exponential mechanism with clip C at temperature tau: (C/tau)^2/2-zCDP per token,
+    # composed by dp-accounting's RDP accountant and converted at delta = 1e-6
+    clip = invisible_ink_clip(epsilon, max_new_tokens=256, delta=1e-6, temperature=1.1)
+    accountant = rdp.RdpAccountant(list(DENSE_ORDERS[::10]))
+    accountant.compose(dp_accounting.ZCDpEvent(rho=(clip / 1.1) ** 2 / 2), count=256)
+    spent = accountant.get_epsilon(1e-6)
+    assert epsilon * (1 - 1e-9) <= spent <= epsilon * (1 + 1e-3)
+
+
 def test_invisible_ink_clip_hand_worked() -> None:
-    # C = tau * s * sqrt(2 * rho / T) with rho from the CKS inverse
-    rho = zcdp_rho(10.0, 1e-6)
-    expected = 1.1 * math.sqrt(2 * rho / 500)
-    assert invisible_ink_clip(10.0, max_new_tokens=500, delta=1e-6, temperature=1.1) == pytest.approx(expected)
+    # eps = 10, delta = 1e-6: rho = 1.5393, whose CKS epsilon is 10 (optimal order a = 3.845 solves
+    # 1.5393 * 2.845^2 = 12.46 = log(1e6) - log(3.845); then 1.5393 * 3.845 = 5.9186 and
+    # (13.8155 + 2.845 * log(1 - 1/3.845) - log 3.845) / 2.845 = (13.8155 - 0.8569 - 1.3468) / 2.845 = 4.0815,
+    # 5.9186 + 4.0815 = 10.000); with T = 500, tau = 1.1: C = 1.1 * sqrt(2 * 1.5393 / 500) = 0.086315
+    assert zcdp_rho(10.0, 1e-6) == pytest.approx(1.5393, abs=2e-4)
+    assert invisible_ink_clip(10.0, max_new_tokens=500, delta=1e-6, temperature=1.1) == pytest.approx(0.086315, abs=2e-5)
+
+
+def test_invisible_ink_grid_gives_distinct_clips() -> None:
+    clips = [invisible_ink_clip(e, max_new_tokens=256, temperature=1.1) for e in INVISIBLE_INK_GRID]
+    assert all(0 < a < b for a, b in zip(clips, clips[1:]))
 
 
 @SETTINGS
@@ -219,3 +375,16 @@ def test_invisible_ink_clip_rejects_bad_input() -> None:
         invisible_ink_clip(1.0, max_new_tokens=10, temperature=0.0)
     with pytest.raises(ValueError, match="private references"):
         invisible_ink_clip(1.0, max_new_tokens=10, n_private=0)
+
+
+# --------------------------------------------------------------------------- units and checks
+
+
+def test_epsilon_units_are_the_documented_four() -> None:
+    assert EPSILON_UNITS == ("per_token", "per_generation", "calibration", "none")
+
+
+@pytest.mark.parametrize("value", [0, -3, 2.5])
+def test_check_positive_int_names_the_parameter(value: float) -> None:
+    with pytest.raises(ValueError, match="upload size"):
+        check_positive_int(value, "upload size")
