@@ -24,7 +24,9 @@ from typing import Any
 import grpc
 import torch
 
-from cloud_adapter.engine import CloudEngine, Limits, StepBatcher
+from cloud_adapter.engine import CloudEngine
+from cloud_adapter.limits import Limits
+from cloud_adapter.runners import StepBatcher
 from cloud_adapter.llm import TransformersLLM
 from cloud_adapter.server import build_server
 from edge_sdk import wire
@@ -132,7 +134,7 @@ def main() -> None:
     runs: dict[str, list[float]] = {name: [] for name in configs}
     batch_stats: dict[str, tuple[float, float]] = {}  # of each configuration's fastest run
     with StepBatcher(llm, batch_window_ms=args.batch_window_ms) as batcher:
-        limits = Limits(max_sessions_total=max(SESSION_COUNTS), max_new_tokens=max(args.tokens, 1))
+        limits = Limits(max_sessions=max(SESSION_COUNTS), max_new_tokens=max(args.tokens, 1))
         engine = CloudEngine(llm, limits, runner=batcher)
         server, port = build_server(engine, address="127.0.0.1:0", max_workers=max(SESSION_COUNTS) + 4)
         server.start()

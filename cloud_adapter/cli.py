@@ -8,6 +8,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cloud_adapter.limits import Limits
 from edge_sdk.models import ModelSource, resolve_model
 
 if TYPE_CHECKING:
@@ -24,7 +26,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("coveil.cloud")
 
-_MiB = 1024 * 1024
 
 
 class JsonLogFormatter(logging.Formatter):
@@ -118,6 +119,24 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _limit_flag(name: str) -> str:
+    """``Limits`` field → flag: ``idle_timeout_s`` → ``--idle-timeout``."""
+    return "--" + name.removesuffix("_s").replace("_", "-")
+
+
+def add_limit_flags(group: argparse._ArgumentGroup) -> None:
+    """One flag per :class:`~cloud_adapter.limits.Limits` field, its default and help taken from the field."""
+    for spec in dataclasses.fields(Limits):
+        seconds = spec.name.endswith("_s")
+        kind = _positive_float if seconds else _positive_int
+        group.add_argument(_limit_flag(spec.name), dest=spec.name, type=kind, default=spec.default,
+                           metavar="SECONDS" if seconds else "N", help=spec.metadata["help"])
+
+
+def limits_from_args(args: argparse.Namespace) -> Limits:
+    return Limits(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(Limits)})
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="coveil-cloud",
@@ -157,20 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     network.add_argument("--tls-key", type=Path, metavar="PEM", help="server private key (with --tls-cert)")
     network.add_argument("--tls-client-ca", type=Path, metavar="PEM",
                          help="CA that client certificates must chain to (mutual TLS)")
-    network.add_argument("--max-message-bytes", type=_positive_int, default=8 * _MiB,
-                         help="largest gRPC message received or sent")
 
     sessions = serve.add_argument_group("sessions")
-    sessions.add_argument("--max-sessions", type=_positive_int, default=24,
-                          help="concurrent sessions over all clients (each holds a KV cache)")
-    sessions.add_argument("--max-sessions-per-client", type=_positive_int, default=8,
-                          help="concurrent sessions of one client identity")
-    sessions.add_argument("--idle-timeout", type=_positive_float, default=300.0, metavar="SECONDS",
-                          help="evict a session whose edge sends nothing for this long")
-    sessions.add_argument("--max-new-tokens", type=_positive_int, default=1024,
-                          help="the most tokens one session may decode (and the default when the edge asks for 0)")
-    sessions.add_argument("--max-upload", type=_positive_int, metavar="IDS",
-                          help="the most ids one cloud-fusion upload may carry (default: the vocabulary size)")
+    add_limit_flags(sessions)
     sessions.add_argument("--batch-window-ms", type=float, default=2.0,
                           help="how long the model worker waits for other sessions' steps before a batched forward")
     sessions.add_argument("--transcript-dir", type=Path, metavar="DIR",
@@ -190,7 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_serve(args: argparse.Namespace, source: ModelSource, tls: TlsConfig | None, tokens: list[str]) -> None:
     """Load the model, warm it up and serve until SIGTERM/SIGINT."""
-    from cloud_adapter.engine import CloudEngine, Limits, StepBatcher
+    from cloud_adapter.engine import CloudEngine
+    from cloud_adapter.runners import StepBatcher
     from cloud_adapter.llm import TransformersLLM
     from cloud_adapter.server import serve
 
@@ -203,18 +212,11 @@ def run_serve(args: argparse.Namespace, source: ModelSource, tls: TlsConfig | No
     start = time.perf_counter()
     llm = TransformersLLM(source, dtype=dtype, device=args.device, device_map=args.device_map)
     log.info("loaded %s (vocabulary %d) in %.1f s", llm.name, llm.vocab_size, time.perf_counter() - start)
-    limits = Limits(
-        max_sessions_total=args.max_sessions,
-        max_sessions_per_client=args.max_sessions_per_client,
-        idle_timeout_s=args.idle_timeout,
-        max_new_tokens=args.max_new_tokens,
-        max_upload=args.max_upload,
-        max_message_bytes=args.max_message_bytes,
-    )
+    limits = limits_from_args(args)
     with StepBatcher(llm, batch_window_ms=args.batch_window_ms) as batcher:
         engine = CloudEngine(llm, limits, args.transcript_dir, args.exposure_k, runner=batcher)
         serve(engine, address=f"{args.host}:{args.port}", token=tokens, tls=tls,
-              max_workers=args.max_sessions + 8, grace_s=args.shutdown_grace)
+              max_workers=limits.max_sessions + limits.max_unopened_streams + 8, grace_s=args.shutdown_grace)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

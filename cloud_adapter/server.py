@@ -1,9 +1,14 @@
 """The gRPC face of the cloud adapter: ``coveil.v1.CollaborativeDecoding/Decode``.
 
 A synchronous ``grpc.server`` gives each stream one pool thread, which drives
-one :class:`~cloud_adapter.engine.SessionHandler`; the model itself runs on
-the engine's runner (a :class:`~cloud_adapter.engine.StepBatcher` in
+one :class:`~cloud_adapter.session.SessionHandler`; the model itself runs on
+the engine's runner (a :class:`~cloud_adapter.runners.StepBatcher` in
 production), never on a stream's thread.
+
+Every stream holds a pool thread, so streams are bounded before they cost
+anything: at most ``Limits.max_unopened_streams`` may wait for their open
+(each for at most ``Limits.open_timeout_s``), at most ``Limits.max_sessions``
+decode, and the pool keeps threads beyond both for health checks and refusals.
 
 Security: an optional set of bearer tokens (metadata
 ``authorization: Bearer <token>``; each token is one client identity, without
@@ -31,7 +36,9 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from cloud_adapter.engine import CloudEngine, ProtocolError, SessionHandler
+from cloud_adapter.engine import CloudEngine
+from cloud_adapter.session import SessionHandler
+from cloud_adapter.validation import ProtocolError
 from edge_sdk._wire import coveil_pb2, coveil_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -85,27 +92,57 @@ class _Inbox:
 
     :meth:`get` returns the next message, ``None`` once the stream has ended
     (the edge half-closed, cancelled or disconnected), and raises
-    ``queue.Empty`` when nothing came within ``timeout`` seconds.
+    ``queue.Empty`` when nothing came within ``timeout`` seconds.  At most
+    ``capacity`` messages are read ahead: beyond that the reader waits, and
+    gRPC's flow control holds the edge back.
     """
 
     _END = object()
 
-    def __init__(self, requests: Iterator[Any]) -> None:
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    def __init__(self, requests: Iterator[Any], capacity: int) -> None:
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=capacity)
+        self._closed = threading.Event()
         threading.Thread(target=self._read, args=(requests,), name="coveil-stream-reader", daemon=True).start()
 
     def _read(self, requests: Iterator[Any]) -> None:
         try:
             for message in requests:
-                self._queue.put(message)
+                while not self._closed.is_set():
+                    try:
+                        self._queue.put(message, timeout=0.5)
+                        break
+                    except queue.Full:
+                        continue
+                if self._closed.is_set():
+                    return
         except grpc.RpcError:
             pass  # cancelled or disconnected: the stream simply ends
         finally:
-            self._queue.put(self._END)
+            try:
+                self._queue.put_nowait(self._END)
+            except queue.Full:
+                pass  # nobody reads any more: the handler has gone
 
     def get(self, timeout: float) -> Any | None:
         item = self._queue.get(timeout=timeout)
         return None if item is self._END else item
+
+    def close(self) -> None:
+        """The handler is done: a reader blocked on a full queue lets go."""
+        self._closed.set()
+
+
+class _UnopenedPlace:
+    """A stream's place among the unopened streams, given back exactly once (when it opens or ends)."""
+
+    def __init__(self, engine: CloudEngine) -> None:
+        self._engine = engine
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._engine.admission.stream_done()
 
 
 class DecodeServicer(coveil_pb2_grpc.CollaborativeDecodingServicer):
@@ -122,10 +159,17 @@ class DecodeServicer(coveil_pb2_grpc.CollaborativeDecodingServicer):
 
     def Decode(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:  # noqa: N802
         client_id = self._authenticate(context)
+        try:
+            self._engine.admission.admit_stream()
+        except ProtocolError as exc:
+            log_event(logging.WARNING, "stream_refused", status=exc.code)
+            context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
+        unopened = _UnopenedPlace(self._engine)
         handler = self._engine.session(client_id)
+        inbox = _Inbox(request_iterator, self._engine.limits.inbox_messages)
         status: tuple[grpc.StatusCode, str] | None = None
         try:
-            yield from self._drive(handler, _Inbox(request_iterator))
+            yield from self._drive(handler, inbox, unopened)
         except ProtocolError as exc:
             handler.abandon("idle" if exc.code == "DEADLINE_EXCEEDED" else "error")
             log_event(logging.INFO, "session_refused", session_id=handler.session_id, status=exc.code,
@@ -137,6 +181,8 @@ class DecodeServicer(coveil_pb2_grpc.CollaborativeDecodingServicer):
                       traceback="".join(traceback.format_tb(exc.__traceback__)))
             status = (grpc.StatusCode.INTERNAL, f"internal error in session {handler.session_id}; the server logged it")
         finally:
+            inbox.close()
+            unopened.release()
             handler.abandon("cancelled")  # no-op unless the edge went away mid-session
             if handler.session_id is not None:
                 log_event(logging.INFO, "session_ended", session_id=handler.session_id, reason=handler.finish_reason,
@@ -145,20 +191,25 @@ class DecodeServicer(coveil_pb2_grpc.CollaborativeDecodingServicer):
         if status is not None:
             context.abort(*status)
 
-    def _drive(self, handler: SessionHandler, inbox: _Inbox) -> Iterator[Any]:
-        idle_timeout_s = self._engine.limits.idle_timeout_s
+    def _drive(self, handler: SessionHandler, inbox: _Inbox, unopened: _UnopenedPlace) -> Iterator[Any]:
+        limits = self._engine.limits
         while not handler.finished:
+            opening = handler.session_id is None
+            timeout_s = limits.open_timeout_s if opening else limits.idle_timeout_s
             try:
-                message = inbox.get(timeout=idle_timeout_s)
+                message = inbox.get(timeout=timeout_s)
             except queue.Empty:
-                raise ProtocolError("DEADLINE_EXCEEDED", f"session idle for {idle_timeout_s:g} s") from None
+                what = "stream sent no open" if opening else "session idle"
+                raise ProtocolError("DEADLINE_EXCEEDED", f"{what} for {timeout_s:g} s") from None
             if message is None:
                 return
-            opening = handler.session_id is None
-            yield from handler.handle(message)
-            if opening and handler.session_id is not None:
-                log_event(logging.INFO, "session_opened", session_id=handler.session_id,
-                          open_ms=round(1000 * (time.monotonic() - handler.started_at), 1))
+            for reply in handler.handle(message):
+                if opening and handler.session_id is not None:
+                    opening = False
+                    unopened.release()  # from now on it counts as a session
+                    log_event(logging.INFO, "session_opened", session_id=handler.session_id,
+                              open_ms=round(1000 * (time.monotonic() - handler.started_at), 1))
+                yield reply
 
     def _authenticate(self, context: grpc.ServicerContext) -> str:
         """The caller's identity: its token's label, or its host when no tokens are configured."""
@@ -188,9 +239,10 @@ def _assemble(
     tokens = [token] if isinstance(token, str) else list(token or ())
     if not tokens:
         log.warning("no bearer token configured: any client that reaches %s can open sessions", address)
-    if max_workers <= engine.limits.max_sessions_total:
-        log.warning("max_workers=%d leaves no thread beyond the %d sessions for health checks and refusals",
-                    max_workers, engine.limits.max_sessions_total)
+    streams = engine.limits.max_sessions + engine.limits.max_unopened_streams
+    if max_workers <= streams:
+        log.warning("max_workers=%d leaves no thread beyond the %d streams (sessions and unopened) for health checks "
+                    "and refusals", max_workers, streams)
     message_limit = engine.limits.max_message_bytes
     server = grpc.server(
         ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="coveil-rpc"),

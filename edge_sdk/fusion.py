@@ -227,7 +227,11 @@ def pick_token(p: np.ndarray, *, temperature: float = 0.0, rng: np.random.Genera
         return int(np.argmax(p))
     if rng is None:
         raise ValueError("sampling at temperature > 0 needs an explicit numpy Generator")
-    return sample_from(np.power(np.maximum(p, 0.0), 1.0 / temperature, dtype=np.float64), rng)
+    # p**(1/T) / max p**(1/T) = exp((log p - log max p) / T): no overflow or underflow to all zeros at small T
+    with np.errstate(divide="ignore"):
+        log_p = np.log(np.maximum(np.asarray(p, dtype=np.float64), 0.0))
+    weights = np.exp((log_p - log_p.max()) / temperature)
+    return sample_from(weights, rng)
 
 
 def sample_from(weights: np.ndarray, rng: np.random.Generator) -> int:

@@ -22,7 +22,9 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cloud_adapter.engine import CloudEngine, Limits, StepBatcher
+from cloud_adapter.engine import CloudEngine
+from cloud_adapter.limits import Limits
+from cloud_adapter.runners import StepBatcher
 from cloud_adapter.llm import CloudSequence, TransformersLLM
 from cloud_adapter.server import SERVICE_NAME, TlsConfig, build_server
 from edge_sdk import wire

@@ -283,7 +283,7 @@ def test_budget_fallback_never_picks_a_token_the_cloud_left_out(client, engine) 
 
 
 def test_non_finite_logits_are_refused_on_both_ends(slm, engine) -> None:
-    from cloud_adapter.engine import ProtocolError
+    from cloud_adapter.validation import ProtocolError
     from edge_sdk import wire
     from edge_sdk.fusion import NonFiniteError
 

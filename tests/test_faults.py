@@ -6,7 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from cloud_adapter.engine import CloudEngine, StepBatcher
+from cloud_adapter.engine import CloudEngine
+from cloud_adapter.runners import StepBatcher
 from cloud_adapter.llm import TransformersLLM
 from cloud_adapter.local import free_loopback_port
 from cloud_adapter.server import build_server

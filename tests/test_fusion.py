@@ -122,3 +122,15 @@ def test_certification_refuses_when_the_tail_could_win() -> None:
     # cloud sent only id 0; id 2 could reach 0.3*0.5 + 0.7*1.0 > 0.3*0.5
     assert not certify_fused_top_k(p_slm, np.array([0]), p_llm[[0]], 0.5, 0.3, 1)
     assert certify_fused_top_k(p_slm, np.array([0, 1, 2]), p_llm, 0.0, 0.3, 2)
+
+
+def test_sampling_at_a_tiny_temperature_is_the_argmax_not_a_crash() -> None:
+    # 20 ids, the largest 0.062: 0.062 ** (1 / 0.002) = 10**-604, which float64 rounds to 0 for every id
+    p = np.full(20, 0.0494, dtype=np.float32)
+    p[13] = 0.062
+    for temperature in (0.002, 1e-6):
+        assert pick_token(p, temperature=temperature, rng=np.random.default_rng(0)) == 13
+    # two equal maxima stay a fair choice between them
+    p[4] = 0.062
+    draws = {pick_token(p, temperature=0.002, rng=np.random.default_rng(seed)) for seed in range(40)}
+    assert draws == {4, 13}

@@ -1,0 +1,116 @@
+"""What one cloud server allows, and the admission of sessions against those limits.
+
+:class:`Limits` is the single source of every limit's default: ``coveil-cloud
+serve`` builds its flags from the fields (their ``help`` metadata), so a
+default is written once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+
+from cloud_adapter.validation import ProtocolError
+
+_MiB = 1024 * 1024
+
+
+def _limit(default: float | int | None, help: str) -> object:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one cloud server allows (every field is a ``coveil-cloud serve`` flag: ``--max-sessions`` ...)."""
+
+    max_sessions: int = _limit(24, "concurrent sessions over all clients")  # type: ignore[assignment]
+    max_sessions_per_client: int = _limit(8, "concurrent sessions of one client identity")  # type: ignore[assignment]
+    max_unopened_streams: int = _limit(  # type: ignore[assignment]
+        8, "streams that have not sent their open yet (each holds a server thread until it does)"
+    )
+    open_timeout_s: float = _limit(10.0, "seconds a new stream may take to send its open")  # type: ignore[assignment]
+    idle_timeout_s: float = _limit(  # type: ignore[assignment]
+        300.0, "seconds a session may stay silent before it is evicted and its KV cache freed"
+    )
+    max_new_tokens: int = _limit(  # type: ignore[assignment]
+        1024, "most tokens one session may decode (also the default when the edge asks for 0)"
+    )
+    max_prompt_tokens: int = _limit(  # type: ignore[assignment]
+        4096, "most tokens of public prompt plus resumed prefix one session may open with"
+    )
+    max_upload: int | None = _limit(None, "most ids one upload may carry; None: the vocabulary size")  # type: ignore[assignment]
+    max_message_bytes: int = _limit(8 * _MiB, "largest gRPC message accepted or sent")  # type: ignore[assignment]
+    inbox_messages: int = _limit(  # type: ignore[assignment]
+        4, "messages of one stream read ahead of its session (beyond that, gRPC flow control holds the edge)"
+    )
+    transcript_bytes: int = _limit(  # type: ignore[assignment]
+        256 * _MiB, "memory the finished sessions' transcripts may hold (the oldest are dropped first)"
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("max_sessions", "max_sessions_per_client", "max_unopened_streams", "max_new_tokens",
+                     "max_prompt_tokens", "max_message_bytes", "inbox_messages", "transcript_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Limits.{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("open_timeout_s", "idle_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"Limits.{name} must be positive, got {getattr(self, name)}")
+        if self.max_upload is not None and self.max_upload < 0:
+            raise ValueError(f"Limits.max_upload must be non-negative, got {self.max_upload}")
+
+    @property
+    def max_prompt_chars(self) -> int:
+        """A text prompt longer than this cannot fit ``max_prompt_tokens`` (refused before it is tokenised)."""
+        return 32 * self.max_prompt_tokens
+
+
+class Admission:
+    """Counts live sessions (per client and in all) and unopened streams against :class:`Limits`."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self._lock = threading.Lock()
+        self._sessions: Counter[str] = Counter()
+        self._unopened = 0
+
+    @property
+    def sessions(self) -> int:
+        with self._lock:
+            return sum(self._sessions.values())
+
+    def admit_stream(self) -> None:
+        """A new stream that has not opened yet; ``RESOURCE_EXHAUSTED`` beyond ``max_unopened_streams``."""
+        with self._lock:
+            if self._unopened >= self.limits.max_unopened_streams:
+                raise ProtocolError(
+                    "RESOURCE_EXHAUSTED",
+                    f"{self._unopened} streams are already waiting to open a session; retry later",
+                )
+            self._unopened += 1
+
+    def stream_done(self) -> None:
+        """A stream admitted by :meth:`admit_stream` opened its session or ended."""
+        with self._lock:
+            self._unopened -= 1
+
+    def admit_session(self, client_id: str) -> None:
+        with self._lock:
+            if sum(self._sessions.values()) >= self.limits.max_sessions:
+                raise ProtocolError(
+                    "RESOURCE_EXHAUSTED",
+                    f"the server is at its limit of {self.limits.max_sessions} concurrent sessions; retry later",
+                )
+            if self._sessions[client_id] >= self.limits.max_sessions_per_client:
+                raise ProtocolError(
+                    "RESOURCE_EXHAUSTED",
+                    f"this client already has {self.limits.max_sessions_per_client} open sessions, its limit; "
+                    "close one first",
+                )
+            self._sessions[client_id] += 1
+
+    def session_done(self, client_id: str) -> None:
+        with self._lock:
+            self._sessions[client_id] -= 1
+            if not self._sessions[client_id]:
+                del self._sessions[client_id]

@@ -1,0 +1,147 @@
+"""What the cloud observed in each session, in DecodeLeak's exposure format, and where finished ones are kept."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edge_sdk import wire
+from edge_sdk.fusion import top_k_ids
+from edge_sdk.policies.base import CloudUpload
+
+
+@dataclass(eq=False)
+class StepRecord:
+    """What the cloud observed at one step (arrays stay numpy until serialised)."""
+
+    step: int
+    token_id: int | None = None
+    full_requested: bool = False
+    upload: CloudUpload | None = None  # at most the engine's transcript_upload_limit largest values
+    upload_size: int = 0  # how many values the edge uploaded
+    exposure: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    bytes_up: int = 0
+    bytes_down: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        entry: dict[str, Any] = {"step": self.step, "token_id": self.token_id, "full_requested": self.full_requested}
+        if self.upload is not None:
+            entry["upload_ids"] = self.upload.ids.tolist()
+            entry["upload_values"] = self.upload.values.tolist()
+            entry["upload_size"] = self.upload_size
+        entry["exposure"] = self.exposure.tolist()
+        entry["bytes_up"] = self.bytes_up
+        entry["bytes_down"] = self.bytes_down
+        return entry
+
+
+@dataclass(eq=False)
+class SessionTranscript:
+    """Everything the cloud saw in one session, in DecodeLeak's exposure format (see :meth:`as_dict`)."""
+
+    session_id: str
+    request: wire.SessionRequest
+    cloud_model: str
+    max_new_tokens: int
+    exposure_k: int  # K of every step's exposure set E_t^K
+    steps: list[StepRecord] = field(default_factory=list)
+    finish_reason: str | None = None
+    bytes_up: int = 0
+    bytes_down: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        req = self.request
+        return {
+            "session_id": self.session_id,
+            "mode": req.mode,
+            "space": req.space,
+            "alpha": req.alpha,
+            "temperature": req.temperature,
+            "prompt_ids": list(req.prompt_ids),
+            "resume_prefix": list(req.resume_prefix),
+            "max_new_tokens": self.max_new_tokens,
+            "exposure_k": self.exposure_k,
+            "cloud_model": self.cloud_model,
+            "edge_model": req.edge_model,
+            "steps": [step.as_dict() for step in self.steps],
+            "finish_reason": self.finish_reason,
+            "bytes_up": self.bytes_up,
+            "bytes_down": self.bytes_down,
+        }
+
+
+def largest_values(upload: CloudUpload, limit: int) -> CloudUpload:
+    """``upload`` itself, or its ``limit`` largest values when it holds more."""
+    if len(upload) <= limit:
+        return upload
+    keep = top_k_ids(upload.values, limit)
+    return CloudUpload(upload.ids[keep], upload.values[keep], upload.space)
+
+
+def _write_json_atomically(path: Path, data: dict[str, Any]) -> None:
+    fd, staging = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as out:
+            json.dump(data, out)
+        os.replace(staging, path)
+    except BaseException:
+        Path(staging).unlink(missing_ok=True)
+        raise
+
+
+def _step_bytes(step: StepRecord) -> int:
+    """Memory a step's record holds: its arrays plus a fixed overhead for the Python objects."""
+    held = step.exposure.nbytes + 256
+    if step.upload is not None:
+        held += step.upload.ids.nbytes + step.upload.values.nbytes
+    return held
+
+
+class TranscriptStore:
+    """The finished sessions' transcripts: the newest ``max_kept`` within ``max_bytes``, optionally on disk too.
+
+    Args:
+        max_kept: how many transcripts stay in memory for :meth:`get`.
+        max_bytes: the memory they may hold together; the oldest are dropped first (the newest always stays).
+        directory: when set, each transcript is also written there as ``<session_id>.json``.
+    """
+
+    def __init__(self, max_kept: int = 1000, max_bytes: int = 256 * 1024 * 1024, directory: Path | None = None) -> None:
+        self.max_kept, self.max_bytes = max_kept, max_bytes
+        self.directory = Path(directory) if directory is not None else None
+        if self.directory is not None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[str, tuple[SessionTranscript, int]] = OrderedDict()
+        self.bytes_held = 0
+
+    def add(self, transcript: SessionTranscript) -> None:
+        size = sum(_step_bytes(step) for step in transcript.steps) + 1024
+        with self._lock:
+            self._kept[transcript.session_id] = (transcript, size)
+            self.bytes_held += size
+            while len(self._kept) > 1 and (len(self._kept) > self.max_kept or self.bytes_held > self.max_bytes):
+                _, (_, dropped) = self._kept.popitem(last=False)
+                self.bytes_held -= dropped
+        if self.directory is not None:
+            _write_json_atomically(self.directory / f"{transcript.session_id}.json", transcript.as_dict())
+
+    def get(self, session_id: str) -> dict[str, Any]:
+        with self._lock:
+            kept = self._kept.get(session_id)
+        if kept is None:
+            raise KeyError(f"no finished session {session_id!r} is kept (the newest {self.max_kept} within "
+                           f"{self.max_bytes} bytes are)")
+        return kept[0].as_dict()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._kept)

@@ -1,0 +1,169 @@
+"""The cloud adapter's limits hold against streams and requests that try to exhaust it.
+
+The server here runs a tiny random model of the byte-level BPE family built in
+the test session (tests/tiny_models.py), so each case costs milliseconds.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from cloud_adapter.engine import CloudEngine
+from cloud_adapter.limits import Limits
+from cloud_adapter.llm import TransformersLLM
+from cloud_adapter.runners import StepBatcher
+from cloud_adapter.server import SERVICE_NAME, _Inbox, build_server
+from cloud_adapter.transcript import SessionTranscript, StepRecord, TranscriptStore
+from cloud_adapter.validation import ProtocolError
+from edge_sdk import wire
+from edge_sdk._wire import coveil_pb2_grpc
+from edge_sdk.policies.base import CloudUpload
+
+from tests.tiny_models import bpe_tokenizer, random_qwen
+
+PROMPT = "Which organ is affected? The liver, the heart or the lung."
+
+
+@pytest.fixture(scope="module")
+def tiny_llm() -> TransformersLLM:
+    tokenizer = bpe_tokenizer()
+    return TransformersLLM.from_loaded(random_qwen(tokenizer, output_rows=448, seed=5), tokenizer, "tiny-bpe")
+
+
+def open_request(llm: TransformersLLM, **overrides) -> wire.SessionRequest:
+    fields = dict(prompt_ids=tuple(llm.tokenize(PROMPT)), mode="edge", max_new_tokens=4,
+                  vocab_fingerprint=llm.vocab_fingerprint(), edge_model="test-edge", vocab_size=llm.vocab_size,
+                  top_m=16)
+    fields.update(overrides)
+    return wire.SessionRequest(**fields)
+
+
+class SilentStream:
+    """A Decode stream that never sends anything until ``finish()``."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        stub = coveil_pb2_grpc.CollaborativeDecodingStub(channel)
+        self.call = stub.Decode(iter(self._outbox.get, None), timeout=30)
+
+    def status(self) -> grpc.StatusCode:
+        try:
+            for _ in self.call:
+                pass
+        except grpc.RpcError as exc:
+            return exc.code()
+        return grpc.StatusCode.OK
+
+    def finish(self) -> None:
+        self._outbox.put(None)
+
+
+def test_streams_that_never_open_cannot_starve_the_server(tiny_llm) -> None:
+    """Before, each silent stream held a pool thread for the idle timeout and counted against nothing:
+    a handful froze the server, health checks included."""
+    limits = Limits(max_sessions=2, max_unopened_streams=2, open_timeout_s=1.5)
+    engine = CloudEngine(tiny_llm, limits)
+    server, port = build_server(engine, address="127.0.0.1:0", max_workers=8)
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        silent = [SilentStream(channel) for _ in range(10)]
+        time.sleep(0.3)
+        health = health_pb2_grpc.HealthStub(channel)
+        reply = health.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=2)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        codes = [stream.status() for stream in silent]
+        assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 8  # refused at once, holding nothing
+        assert codes.count(grpc.StatusCode.DEADLINE_EXCEEDED) == 2  # the admitted two waited open_timeout_s
+        # their places are free again: a real session opens and decodes
+        stream = SilentStream(channel)
+        stream._outbox.put(wire.encode_open(open_request(tiny_llm)))
+        replies = iter(stream.call)
+        assert next(replies).WhichOneof("kind") == "opened"
+        stream.finish()
+        for stream in silent:
+            stream.finish()
+    finally:
+        channel.close()
+        server.stop(None)
+
+
+def test_oversized_prompts_are_refused_before_any_work(tiny_llm) -> None:
+    limits = Limits(max_prompt_tokens=32)
+    engine = CloudEngine(tiny_llm, limits)
+    calls = []
+    engine.tokenize = lambda text: calls.append(text) or tiny_llm.tokenize(text)  # type: ignore[method-assign]
+
+    def refused(message) -> str:
+        handler = engine.session("tests")
+        with pytest.raises(ProtocolError) as caught:
+            list(handler.handle(message))
+        assert caught.value.code == "INVALID_ARGUMENT"
+        return caught.value.message
+
+    assert "32" in refused(wire.encode_open(open_request(tiny_llm, prompt_ids=tuple(range(33)))))
+    # 33 resumed tokens after a 1-token prompt: over the limit as well
+    assert "32" in refused(wire.encode_open(open_request(tiny_llm, prompt_ids=(5,), resume_prefix=tuple([7] * 32))))
+    text = wire.encode_open(open_request(tiny_llm))
+    text.open.text = "word " * 400  # 2000 characters can never fit 32 tokens: refused without tokenising
+    assert "characters" in refused(text)
+    assert calls == []
+    assert engine.active_sessions == 0
+
+
+def test_the_stream_inbox_reads_ahead_only_a_few_messages() -> None:
+    pulled: list[int] = []
+
+    def requests() -> Iterator[int]:
+        for i in range(100):
+            pulled.append(i)
+            yield i
+
+    inbox = _Inbox(requests(), capacity=3)
+    time.sleep(0.3)
+    assert len(pulled) <= 3 + 1  # three queued and one the reader holds, waiting for room
+    assert [inbox.get(timeout=1) for _ in range(5)] == [0, 1, 2, 3, 4]
+    inbox.close()
+
+
+def test_finished_transcripts_are_capped_by_bytes(tiny_llm) -> None:
+    store = TranscriptStore(max_kept=1000, max_bytes=200_000)
+    request = open_request(tiny_llm, mode="cloud")
+    for n in range(12):
+        transcript = SessionTranscript(f"s{n}", request, "tiny", 4, 100)
+        upload = CloudUpload(np.arange(5000), np.full(5000, 0.1, np.float32))  # 60 kB of arrays per step
+        transcript.steps.append(StepRecord(0, token_id=1, upload=upload, upload_size=5000))
+        store.add(transcript)
+    assert store.bytes_held <= 200_000
+    assert 1 <= len(store) <= 3
+    store.get("s11")  # the newest stays
+    with pytest.raises(KeyError):
+        store.get("s0")
+
+
+def test_cloud_sampling_survives_alpha_zero_with_nothing_uploaded(tiny_llm) -> None:
+    """alpha = 0 and an empty upload leave zeros to sample from; the cloud samples its own row instead."""
+    engine = CloudEngine(tiny_llm)
+    handler = engine.session("tests")
+    request = open_request(tiny_llm, mode="cloud", alpha=0.0, temperature=0.7, seed=3)
+    list(handler.handle(wire.encode_open(request)))
+    replies = list(handler.handle(wire.encode_upload(0, CloudUpload.empty())))
+    assert replies[0].WhichOneof("kind") == "token"
+    assert 0 <= replies[0].token.token_id < tiny_llm.vocab_size
+    handler.abandon("closed")
+
+
+def test_a_failed_batch_fails_its_sessions_not_the_worker(tiny_llm) -> None:
+    with StepBatcher(tiny_llm) as batcher:
+        seq, _ = batcher.prefill(tiny_llm.tokenize(PROMPT))
+        with pytest.raises(Exception):
+            batcher.forward(seq, 10**9)  # an id no embedding has
+        other, _ = batcher.prefill(tiny_llm.tokenize(PROMPT))
+        assert batcher.forward(other, 5) > 0
