@@ -28,27 +28,38 @@ from eval_harness.datasets import DecodeLeakItem, load_task, predicted_letter
 from eval_harness.metrics import Vocabulary, evidence_recall
 
 
+#: (metric, compat) pairs the demo reports: the paper's definitions and the authors' evaluate_leakage.py
+DEMO_METRICS = (("token_er", "paper"), ("span_er", "paper"), ("token_er", "release"), ("span_er", "release"))
+
+
+def metric_key(name: str, compat: str, k: int) -> str:
+    return f"{name}@{k}" if compat == "paper" else f"{name}@{k} ({compat})"
+
+
 @dataclass
 class RunRow:
     """Aggregates of one (mode, policy) over all items."""
 
     mode: str
     policy: str
+    k: int = 100
     correct: list[bool] = field(default_factory=list)
-    token_er: list[float] = field(default_factory=list)
-    span_er: list[float] = field(default_factory=list)
+    recall: dict[str, list[float]] = field(default_factory=dict)
     bytes_up: int = 0
     bytes_down: int = 0
     tokens: int = 0
     seconds: float = 0.0
     full_requests: int = 0
 
-    def add(self, item: DecodeLeakItem, result: GenerationResult, seconds: float, vocab: Vocabulary, k: int) -> None:
-        recall = evidence_recall(item.evidence_spans, result.ledger.exposure_trace(), k, vocab,
-                                 names=("token_er", "span_er"), public_query=item.public_query)
+    def add(self, item: DecodeLeakItem, result: GenerationResult, seconds: float, vocab: Vocabulary) -> None:
+        trace = result.ledger.exposure_trace()
+        for compat in ("paper", "release"):
+            names = tuple(name for name, c in DEMO_METRICS if c == compat)
+            recall = evidence_recall(item.evidence_spans, trace, self.k, vocab, names=names,
+                                     public_query=item.public_query, compat=compat)
+            for name in names:
+                self.recall.setdefault(metric_key(name, compat, self.k), []).append(recall[f"{name}@{self.k}"])
         self.correct.append(predicted_letter(result.text) == item.answer)
-        self.token_er.append(recall[f"token_er@{k}"])
-        self.span_er.append(recall[f"span_er@{k}"])
         self.bytes_up += result.ledger.bytes_up
         self.bytes_down += result.ledger.bytes_down
         self.tokens += len(result.token_ids)
@@ -61,8 +72,7 @@ class RunRow:
             "mode": self.mode,
             "policy": self.policy,
             "accuracy": float(np.mean(self.correct)),
-            "token_er@100": float(np.mean(self.token_er)),
-            "span_er@100": float(np.mean(self.span_er)),
+            **{key: float(np.mean(values)) for key, values in self.recall.items()},
             "up_bytes_per_token": self.bytes_up / tokens,
             "down_bytes_per_token": self.bytes_down / tokens,
             "tokens_per_s": self.tokens / max(self.seconds, 1e-9),
@@ -121,7 +131,7 @@ def run_demo(
                     started = time.perf_counter()
                     result = client.generate(item.public_prompt, item.private_context, mode=mode, policy=policy,
                                              alpha=alpha, max_new_tokens=max_new_tokens)
-                    row.add(item, result, time.perf_counter() - started, vocab, k=100)
+                    row.add(item, result, time.perf_counter() - started, vocab)
                     progress.advance(task)
     summaries = [row.summary() for row in rows.values()]
     _print_table(console, summaries, len(items))
@@ -134,14 +144,19 @@ def run_demo(
 def _print_table(console, summaries: list[dict[str, float | str]], n_items: int) -> None:  # noqa: ANN001
     from rich.table import Table
 
-    table = Table(title=f"Collaborative decoding on {n_items} MedPriv + CommPriv items (DecodeLeak K = 100)")
-    for column in ("mode", "policy", "accuracy", "Token-ER@100", "Span-ER@100", "up B/token", "down B/token",
-                   "tokens/s", "full requests"):
+    k = 100
+    table = Table(title=f"Collaborative decoding on {n_items} MedPriv + CommPriv items: DecodeLeak @K={k}, the "
+                        "paper's definitions and (release) the authors' evaluate_leakage.py")
+    recall_columns = {metric_key(name, compat, k): f"{name.replace('_er', '').title()}-ER"
+                      + ("" if compat == "paper" else f" ({compat})") for name, compat in DEMO_METRICS}
+    for column in ("mode", "policy", "acc.", *recall_columns.values(), "up B/tok", "down B/tok", "tok/s",
+                   "full req."):
         table.add_column(column, justify="left" if column in ("mode", "policy") else "right")
     for s in summaries:
         table.add_row(
-            f"{s['mode']}-side", str(s["policy"]), f"{s['accuracy']:.0%}", f"{s['token_er@100']:.1%}",
-            f"{s['span_er@100']:.1%}", f"{s['up_bytes_per_token']:,.0f}", f"{s['down_bytes_per_token']:,.0f}",
+            str(s["mode"]), str(s["policy"]), f"{s['accuracy']:.0%}",
+            *(f"{s[key]:.1%}" for key in recall_columns),
+            f"{s['up_bytes_per_token']:,.0f}", f"{s['down_bytes_per_token']:,.0f}",
             f"{s['tokens_per_s']:.1f}", f"{s['full_requests']}",
         )
     console.print(table)
