@@ -193,7 +193,7 @@ def main() -> None:
 
     from cloud_adapter.llm import TransformersLLM
     from edge_sdk.backends.llama_cpp import LlamaCppSLM
-    from edge_sdk.client import CONTEXT_SEPARATOR, EdgeClient
+    from edge_sdk.client import CONTEXT_SEPARATOR, Credentials, EdgeClient
     from edge_sdk.policies import CoVeil
     from eval_harness.datasets import load_task
 
@@ -209,7 +209,7 @@ def main() -> None:
         llm = TransformersLLM(dtype="auto")  # what `coveil-cloud serve --dtype auto` loads
         dtype = str(llm.dtype).removeprefix("torch.")
         timed_slm = TimedSLM(slm)
-        with EdgeClient(address, slm=timed_slm) as client:
+        with EdgeClient(address, slm=timed_slm, credentials=Credentials(plaintext=True)) as client:
 
             def generate(item, mode: str, top_m: int | None, tokens: int):  # noqa: ANN001, ANN202
                 extra = {} if top_m is None else {"top_m": top_m}

@@ -29,7 +29,7 @@ import time
 import traceback
 from collections.abc import Collection, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +57,11 @@ class TlsConfig:
     """PEM-encoded server certificate chain and key; with ``client_ca``, clients must present a certificate (mTLS)."""
 
     cert_chain: bytes
-    private_key: bytes
+    private_key: bytes = field(repr=False)
     client_ca: bytes | None = None
+
+    def __repr__(self) -> str:
+        return f"TlsConfig(cert_chain=<{len(self.cert_chain)} bytes>, private_key=<hidden>, mtls={self.client_ca is not None})"
 
     @classmethod
     def from_files(cls, cert: Path, key: Path, client_ca: Path | None = None) -> TlsConfig:
@@ -237,6 +240,8 @@ def _assemble(
     max_workers: int,
 ) -> tuple[grpc.Server, int, health.HealthServicer]:
     tokens = [token] if isinstance(token, str) else list(token or ())
+    if any(not t or not t.strip() for t in tokens):
+        raise ValueError("an empty bearer token would authenticate anyone who sends none: remove it")
     if not tokens:
         log.warning("no bearer token configured: any client that reaches %s can open sessions", address)
     streams = engine.limits.max_sessions + engine.limits.max_unopened_streams

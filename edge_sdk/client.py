@@ -10,6 +10,7 @@ the public query, the policy's per-step signals and the tokens chosen.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,20 +31,55 @@ from edge_sdk.transport import CloudConnection, CloudSessionHandler, GrpcChannel
 CONTEXT_SEPARATOR = "\n\n"
 
 
+def is_loopback(address: str) -> bool:
+    """Whether a gRPC target names this machine: ``localhost``, ``127.0.0.0/8``, ``[::1]`` or a Unix socket."""
+    if address.startswith("unix:"):
+        return True
+    host = address.rsplit(":", 1)[0] if address.count(":") == 1 or address.startswith("[") else address
+    host = host.strip("[]").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 @dataclass(frozen=True)
 class Credentials:
     """How to authenticate to a cloud adapter.
 
+    TLS is the default: with no ``root_cert`` the server is verified against
+    the system's trust roots.  ``plaintext=True`` turns TLS off and is
+    accepted only for a loopback address (a local adapter); the client never
+    falls back to plaintext on its own.
+
     Args:
-        token: bearer token sent as ``authorization: Bearer <token>``.
-        root_cert: PEM of the CA that signed the server's certificate; enables TLS.
+        token: bearer token sent as ``authorization: Bearer <token>`` (``None``: none; never empty).
+        root_cert: PEM of the CA that signed the server's certificate (``None``: the system's roots).
         client_cert, client_key: PEM pair for mutual TLS.
+        plaintext: no TLS (loopback only).
     """
 
     token: str | None = None
     root_cert: bytes | None = None
     client_cert: bytes | None = None
     client_key: bytes | None = None
+    plaintext: bool = False
+
+    def __post_init__(self) -> None:
+        if self.token is not None and not self.token.strip():
+            raise ValueError("an empty bearer token authenticates nobody: pass token=None for no token")
+        if (self.client_cert is None) != (self.client_key is None):
+            raise ValueError("client_cert and client_key go together (mutual TLS)")
+        if self.plaintext and (self.root_cert is not None or self.client_cert is not None):
+            raise ValueError("plaintext=True cannot use TLS material (root_cert, client_cert)")
+
+    def __repr__(self) -> str:
+        shown = [f"token={'<set>' if self.token else None}"]
+        shown += [f"{name}={'<set>' if getattr(self, name) is not None else None}"
+                  for name in ("root_cert", "client_cert", "client_key")]
+        return f"Credentials({', '.join(shown)}, plaintext={self.plaintext})"
 
     @classmethod
     def from_files(
@@ -53,16 +89,32 @@ class Credentials:
         root_cert: str | Path | None = None,
         client_cert: str | Path | None = None,
         client_key: str | Path | None = None,
+        plaintext: bool = False,
     ) -> Credentials:
         def read(path: str | Path | None) -> bytes | None:
             return Path(path).read_bytes() if path else None
 
         token = Path(token_file).read_text().strip() if token_file else None
-        return cls(token, read(root_cert), read(client_cert), read(client_key))
+        if token_file and not token:
+            raise ValueError(f"token file {token_file} is empty")
+        return cls(token, read(root_cert), read(client_cert), read(client_key), plaintext)
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
         return (("authorization", f"Bearer {self.token}"),) if self.token else ()
+
+    def channel_credentials(self, address: str) -> Any:
+        """``grpc.ChannelCredentials`` for ``address``, or ``None`` for plaintext (loopback only)."""
+        import grpc
+
+        if self.plaintext:
+            if not is_loopback(address):
+                raise ValueError(
+                    f"refusing plaintext to {address}: it is not a loopback address; give the adapter's CA "
+                    "(root_cert / --tls-ca) or rely on the system's trust roots"
+                )
+            return None
+        return grpc.ssl_channel_credentials(self.root_cert, self.client_key, self.client_cert)
 
 
 @dataclass
@@ -161,10 +213,9 @@ class EdgeClient:
             ("grpc.max_receive_message_length", 64 << 20),
             ("grpc.max_send_message_length", 64 << 20),
         ]
-        creds = self.credentials
-        if creds.root_cert is None:
+        tls = self.credentials.channel_credentials(address)
+        if tls is None:
             return grpc.insecure_channel(address, options=options)
-        tls = grpc.ssl_channel_credentials(creds.root_cert, creds.client_key, creds.client_cert)
         return grpc.secure_channel(address, tls, options=options)
 
     def close(self) -> None:

@@ -52,24 +52,71 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--cloud", metavar="HOST:PORT",
                       help="use a running cloud adapter instead of starting one on loopback")
     demo.add_argument("--token-file", type=Path, help="bearer token for --cloud (file holding the token)")
-    demo.add_argument("--tls-ca", type=Path, help="CA certificate (PEM) to verify a TLS --cloud")
+    demo.add_argument("--tls-ca", type=Path,
+                      help="CA certificate (PEM) of a TLS --cloud (default: verify against the system's trust roots)")
+    demo.add_argument("--plaintext", action="store_true",
+                      help="talk to --cloud without TLS (accepted for a loopback address only)")
     demo.add_argument("--model", help="model for both sides: a .gguf path (default: the embedded Gemma-3 270M)")
     demo.add_argument("--out", type=Path, default=Path("runs/demo"),
                       help="where to write demo_results.json and privacy_utility.png (default: runs/demo)")
-    demo.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    demo.add_argument("-v", "--verbose", action="store_true",
+                      help="log progress details, and show the full traceback of an error")
     return parser
+
+
+#: what to check for each status an expected failure of a remote adapter carries
+_STATUS_HINTS = {
+    "UNAUTHENTICATED": "the adapter refused the bearer token: check --token-file",
+    "PERMISSION_DENIED": "the adapter refused this client: check --token-file and the client certificate",
+    "UNAVAILABLE": "cannot reach the cloud adapter: check --cloud (host:port, is it running?), and TLS: a TLS "
+    "adapter needs --tls-ca (or a certificate the system trusts), a plaintext one --plaintext",
+    "DEADLINE_EXCEEDED": "the cloud adapter did not answer in time: is it overloaded, or the address wrong (--cloud)?",
+    "RESOURCE_EXHAUSTED": "the cloud adapter is at its session limit: retry later",
+    "FAILED_PRECONDITION": "the edge and cloud models do not fit together: check --model on both sides",
+}
+
+
+def explain(exc: BaseException) -> str | None:
+    """One line for an expected failure (and the flag that fixes it), ``None`` for a bug."""
+    from edge_sdk.transport import CloudError
+
+    if isinstance(exc, CloudError):
+        hint = _STATUS_HINTS.get(exc.code, "the cloud adapter ended the session")
+        return f"{hint} ({exc.code}: {exc})"
+    if isinstance(exc, FileNotFoundError):
+        return f"no such file: {exc.filename}"
+    if isinstance(exc, OSError):
+        return f"cannot use {exc.filename or 'a file'}: {exc.strerror or exc}"
+    if isinstance(exc, ValueError):
+        return str(exc)
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        print(f"coveil {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        message = explain(exc)
+        if message is None or args.verbose:
+            raise
+        print(f"coveil {args.command}: {message}", file=sys.stderr)
+        return 1
+
+
+def run(args: argparse.Namespace) -> int:
     if args.command == "demo":
         from eval_harness.demo import run_demo
 
         if args.items < 1 or args.max_new_tokens < 1:
             print("coveil demo: --items and --max-new-tokens must be at least 1", file=sys.stderr)
             return 2
-        credentials = Credentials.from_files(token_file=args.token_file, root_cert=args.tls_ca)
+        credentials = Credentials.from_files(token_file=args.token_file, root_cert=args.tls_ca,
+                                             plaintext=args.plaintext)
         run_demo(
             items_per_task=args.items,
             max_new_tokens=args.max_new_tokens,

@@ -117,6 +117,7 @@ def run_demo(
             with console.status("starting the cloud adapter on loopback (the first run converts the model once)"):
                 cloud = stack.enter_context(local_cloud(workdir, model=model, threads=cloud_threads))
             console.print(f"cloud adapter ready at {cloud} ({cloud_threads} torch threads, {edge_threads} for llama.cpp)")
+            credentials = Credentials(plaintext=True)  # our own adapter, on loopback
         slm = LlamaCppSLM(model if model and model.endswith(".gguf") else None, n_threads=edge_threads)
         vocab = Vocabulary(lambda text: slm.tokenize(text, add_bos=False), piece_reader(slm))
         client = stack.enter_context(EdgeClient(cloud, slm=slm, credentials=credentials))

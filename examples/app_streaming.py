@@ -60,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cloud", metavar="HOST:PORT", help="a running cloud adapter (default: start one locally)")
     parser.add_argument("--token-file", help="bearer token for --cloud (if the adapter requires one)")
+    parser.add_argument("--tls-ca", help="CA certificate (PEM) of a TLS --cloud (default: the system's trust roots)")
+    parser.add_argument("--plaintext", action="store_true", help="no TLS to --cloud (a loopback address only)")
     parser.add_argument("--mode", choices=["cloud", "edge"], default="cloud", help="where the distributions are fused")
     parser.add_argument("--lam", type=float, default=1.0, help="CoVeil's privacy weight lambda")
     parser.add_argument("--max-new-tokens", type=int, default=16)
@@ -69,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
 
     local_edge_threads, cloud_threads = split_cores()
     edge_threads = args.edge_threads or (None if args.cloud else local_edge_threads)
-    credentials = Credentials.from_files(token_file=args.token_file)
+    credentials = Credentials.from_files(
+            token_file=args.token_file, root_cert=args.tls_ca, plaintext=args.plaintext or not args.cloud
+        )
 
     with cloud_or_local(args.cloud, threads=cloud_threads) as address:
         slm = LlamaCppSLM(n_threads=edge_threads)  # the embedded Gemma-3 270M (GGUF)

@@ -107,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cloud", metavar="HOST:PORT", help="a running cloud adapter (default: start one locally)")
     parser.add_argument("--token-file", help="bearer token for --cloud (if the adapter requires one)")
+    parser.add_argument("--tls-ca", help="CA certificate (PEM) of a TLS --cloud (default: the system's trust roots)")
+    parser.add_argument("--plaintext", action="store_true", help="no TLS to --cloud (a loopback address only)")
     parser.add_argument("--confidence", type=float, default=0.5, help="ConfidentTop1's confidence threshold")
     parser.add_argument("--max-gap", type=float, default=0.2, help="ConfidentTop1's largest edge-cloud gap")
     parser.add_argument("--lam", type=float, default=1.0, help="CoVeil's privacy weight, for the comparison")
@@ -123,7 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     print(ConfidentTop1.__doc__.splitlines()[0])
     with cloud_or_local(args.cloud, threads=cloud_threads) as address:
         slm = LlamaCppSLM(n_threads=edge_threads)
-        credentials = Credentials.from_files(token_file=args.token_file)
+        credentials = Credentials.from_files(
+            token_file=args.token_file, root_cert=args.tls_ca, plaintext=args.plaintext or not args.cloud
+        )
         with EdgeClient(address, slm=slm, credentials=credentials) as client:
             results = {}
             for policy in (custom, CoVeil(lam=args.lam)):

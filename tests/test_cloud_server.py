@@ -32,6 +32,8 @@ from edge_sdk._wire import coveil_pb2, coveil_pb2_grpc
 from edge_sdk.fusion import fuse_upload, softmax, top_k_ids
 from edge_sdk.policies.base import CloudUpload
 
+from tests.tls_material import pem_pair
+
 pytestmark = pytest.mark.model
 
 TOKEN = "test-token"
@@ -472,48 +474,11 @@ def test_idle_session_is_evicted(cloud: Cloud) -> None:
         server.stop(None)
 
 
-def _pem_pair(
-    common_name: str, issuer: tuple[Any, Any] | None, *, is_ca: bool = False
-) -> tuple[Any, Any, bytes, bytes]:
-    """(key, certificate, key PEM, certificate PEM): self-signed when ``issuer`` (key, cert) is None."""
-    import datetime
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    issuer_key, issuer_cert = issuer if issuer is not None else (key, None)
-    now = datetime.datetime.now(datetime.timezone.utc)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(issuer_cert.subject if issuer_cert is not None else name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.BasicConstraints(ca=is_ca, path_length=None), critical=True)
-    )
-    if not is_ca:
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-    cert = builder.sign(issuer_key, hashes.SHA256())
-    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
-    return key, cert, key_pem, cert.public_bytes(serialization.Encoding.PEM)
-
-
 def test_mutual_tls_admits_only_clients_with_a_certificate(cloud: Cloud) -> None:
     pytest.importorskip("cryptography")
-    ca_key, ca_cert, _, ca_pem = _pem_pair("coveil test CA", None, is_ca=True)
-    _, _, server_key_pem, server_cert_pem = _pem_pair("coveil cloud", (ca_key, ca_cert))
-    _, _, client_key_pem, client_cert_pem = _pem_pair("coveil edge", (ca_key, ca_cert))
+    ca_key, ca_cert, _, ca_pem = pem_pair("coveil test CA", None, is_ca=True)
+    _, _, server_key_pem, server_cert_pem = pem_pair("coveil cloud", (ca_key, ca_cert))
+    _, _, client_key_pem, client_cert_pem = pem_pair("coveil edge", (ca_key, ca_cert))
     engine = CloudEngine(cloud.llm, runner=cloud.batcher)
     server, port = build_server(engine, address="127.0.0.1:0", max_workers=4,
                                 tls=TlsConfig(server_cert_pem, server_key_pem, client_ca=ca_pem))

@@ -50,7 +50,7 @@ def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.mark.model
 def test_app_streaming(cloud: str) -> None:
-    out = run_example("app_streaming.py", "--cloud", cloud, "--max-new-tokens", "8",
+    out = run_example("app_streaming.py", "--cloud", cloud, "--plaintext", "--max-new-tokens", "8",
                       "--edge-threads", str(EDGE_THREADS))
     lines = out.splitlines()
     answer = next(line for line in lines if line.startswith("A:"))
@@ -69,7 +69,7 @@ def test_app_streaming(cloud: str) -> None:
 
 @pytest.mark.model
 def test_custom_policy(cloud: str) -> None:
-    out = run_example("custom_policy.py", "--cloud", cloud, "--max-new-tokens", "8",
+    out = run_example("custom_policy.py", "--cloud", cloud, "--plaintext", "--max-new-tokens", "8",
                       "--edge-threads", str(EDGE_THREADS))
     assert "registered policy: confident_top1(confidence=0.5, max_gap=0.2)" in out
     summaries = re.findall(r"^  (\d+) steps, cloud-side fusion with (\w+)\(.*\): (\d+) SLM values uploaded",

@@ -11,7 +11,7 @@ from cloud_adapter.runners import StepBatcher
 from cloud_adapter.llm import TransformersLLM
 from cloud_adapter.local import free_loopback_port
 from cloud_adapter.server import build_server
-from edge_sdk.client import EdgeClient
+from edge_sdk.client import Credentials, EdgeClient
 from edge_sdk.policies import CoVeil
 from edge_sdk.transport import CloudError
 
@@ -42,7 +42,7 @@ def test_a_cloud_restart_mid_generation_is_resumed(slm, engine: CloudEngine, mod
     port = free_loopback_port()
     server = start_server(engine, port)
     try:
-        with EdgeClient(f"127.0.0.1:{port}", slm=slm) as client:
+        with EdgeClient(f"127.0.0.1:{port}", slm=slm, credentials=Credentials(plaintext=True)) as client:
             uninterrupted = client.generate(PUBLIC, PRIVATE, mode=mode, policy=CoVeil(lam=1.0), max_new_tokens=STEPS)
             stream = client.stream(PUBLIC, PRIVATE, mode=mode, policy=CoVeil(lam=1.0), max_new_tokens=STEPS)
             pieces = iter(stream)
@@ -59,7 +59,7 @@ def test_a_cloud_restart_mid_generation_is_resumed(slm, engine: CloudEngine, mod
 
 def test_a_cloud_that_stays_away_fails_with_a_clear_error(slm) -> None:
     port = free_loopback_port()  # nothing listens here
-    with EdgeClient(f"127.0.0.1:{port}", slm=slm, max_reconnects=1) as client:
+    with EdgeClient(f"127.0.0.1:{port}", slm=slm, max_reconnects=1, credentials=Credentials(plaintext=True)) as client:
         with pytest.raises(CloudError) as failure:
             client.generate(PUBLIC, PRIVATE, mode="edge", max_new_tokens=2)
     assert failure.value.code == "UNAVAILABLE"
