@@ -23,17 +23,13 @@ from edge_sdk.policies.base import (
     SyncedToken,
     UnsupportedModeError,
 )
-from edge_sdk.policies.baselines import (
-    CoGenesis,
-    CusText,
-    DPFusion,
-    DPLogit,
-    EmbeddingNeighbours,
-    InvisibleInk,
-    LDPSampler,
-    load_token_embeddings,
-)
+from edge_sdk.policies.cogenesis import CoGenesis
 from edge_sdk.policies.coveil import CoVeil, coveil_select, coveil_upload
+from edge_sdk.policies.custext import CusText, EmbeddingNeighbours, TokenClusters, load_token_embeddings
+from edge_sdk.policies.dp_fusion import DPFusion
+from edge_sdk.policies.dp_logit import DPLogit
+from edge_sdk.policies.invisible_ink import InvisibleInk
+from edge_sdk.policies.ldp_sampler import LDPSampler
 from edge_sdk.policies.undefended import Undefended
 from edge_sdk.registry import Registry
 
@@ -85,6 +81,7 @@ __all__ = [
     "Observation",
     "Policy",
     "SyncedToken",
+    "TokenClusters",
     "Undefended",
     "UnsupportedModeError",
     "available_policies",

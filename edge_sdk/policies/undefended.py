@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from edge_sdk.fusion import FusionSpace, check_space, fuse, pick_token, softmax
 from edge_sdk.policies.base import CloudUpload, FusionMode, Policy, SyncedToken
+from edge_sdk.privacy_accounting import EpsilonUnit
 
 
 @dataclass
@@ -24,6 +27,7 @@ class Undefended(Policy):
 
     name = "undefended"
     modes = frozenset({"cloud", "edge"})
+    epsilon_units: ClassVar[Mapping[str, EpsilonUnit]] = {"cloud": "none", "edge": "none"}
 
     temperature: float = 0.0
     space: FusionSpace = "prob"
