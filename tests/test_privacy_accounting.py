@@ -352,7 +352,8 @@ def test_invisible_ink_clip_hand_worked() -> None:
     # (13.8155 + 2.845 * log(1 - 1/3.845) - log 3.845) / 2.845 = (13.8155 - 0.8569 - 1.3468) / 2.845 = 4.0815,
     # 5.9186 + 4.0815 = 10.000); with T = 500, tau = 1.1: C = 1.1 * sqrt(2 * 1.5393 / 500) = 0.086315
     assert zcdp_rho(10.0, 1e-6) == pytest.approx(1.5393, abs=2e-4)
-    assert invisible_ink_clip(10.0, max_new_tokens=500, delta=1e-6, temperature=1.1) == pytest.approx(0.086315, abs=2e-5)
+    clip = invisible_ink_clip(10.0, max_new_tokens=500, delta=1e-6, temperature=1.1)
+    assert clip == pytest.approx(0.086315, abs=2e-5)
 
 
 def test_invisible_ink_grid_gives_distinct_clips() -> None:
