@@ -137,9 +137,32 @@ class StepBatcher:
     def _require_open(self) -> None:
         if self._closed:
             raise RuntimeError("the model worker has shut down")
+        if not self._worker.is_alive():
+            raise RuntimeError("the model worker has died; the server must be restarted")
+
+    @property
+    def alive(self) -> bool:
+        """Whether the worker still serves: false once :meth:`close` was called or the thread died."""
+        return not self._closed and self._worker.is_alive()
+
+    @property
+    def died(self) -> bool:
+        """Whether the worker thread ended without :meth:`close` (health checks then report NOT_SERVING)."""
+        return not self._closed and not self._worker.is_alive()
 
     # -- the worker thread ---------------------------------------------------------------------
     def _work(self) -> None:
+        try:
+            self._serve_requests()
+        finally:  # whatever ended the worker, nobody waits forever on it
+            with self._cond:
+                waiting = [*self._steps, *self._prefills]
+                self._steps, self._prefills = [], deque()
+            for request in waiting:
+                if not request.result.done():
+                    request.result.set_exception(RuntimeError("the model worker has died"))
+
+    def _serve_requests(self) -> None:
         while True:
             with self._cond:
                 while not (self._steps or self._prefills or self._closed):
@@ -197,9 +220,11 @@ class StepBatcher:
         start = time.perf_counter_ns()
         try:
             self._llm.step([(request.seq, request.token_id) for request in steps])
-        except Exception as exc:  # delivered to every session of the batch
+        except BaseException as exc:  # delivered to every session of the batch
             for request in steps:
-                request.result.set_exception(exc)
+                request.result.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
+            if not isinstance(exc, Exception):
+                raise  # the worker cannot go on (interpreter exit and the like)
             return
         elapsed = time.perf_counter_ns() - start
         self.step_seconds += elapsed / 1e9
@@ -212,7 +237,11 @@ class StepBatcher:
         start = time.perf_counter_ns()
         try:
             seqs = self._llm.open_many([request.prompt_ids for request in requests])
-        except Exception as exc:
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                for request in requests:
+                    request.result.set_exception(RuntimeError(repr(exc)))
+                raise  # the worker cannot go on
             if len(requests) > 1:
                 for request in requests:
                     self._run_prefills([request])

@@ -255,6 +255,10 @@ def _assemble(
             ("grpc.max_receive_message_length", message_limit),
             ("grpc.max_send_message_length", message_limit),
             ("grpc.so_reuseport", 0),
+            # edges ping every 20 s to notice a dead connection; allow it, also between sessions
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+            ("grpc.http2.max_ping_strikes", 0),
         ],
     )
     coveil_pb2_grpc.add_CollaborativeDecodingServicer_to_server(DecodeServicer(engine, tokens), server)
@@ -268,7 +272,22 @@ def _assemble(
     log_event(logging.INFO, "model_warm", warm_up_ms=round(1000 * (time.perf_counter() - start), 1))
     for service in ("", SERVICE_NAME):
         health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+    if hasattr(engine.runner, "died"):
+        threading.Thread(target=_watch_runner, args=(engine, health_servicer), name="coveil-health", daemon=True).start()
     return server, port, health_servicer
+
+
+def _watch_runner(engine: CloudEngine, health_servicer: health.HealthServicer, period_s: float = 0.5) -> None:
+    """Report NOT_SERVING once the model worker has died: a load balancer then stops sending sessions here.
+
+    Ends quietly when the worker is closed on purpose (server shutdown)."""
+    runner: Any = engine.runner
+    while runner.alive:
+        time.sleep(period_s)
+    if runner.died:
+        log_event(logging.ERROR, "model_worker_died")
+        for service in ("", SERVICE_NAME):
+            health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
 
 
 def build_server(

@@ -29,6 +29,8 @@ from edge_sdk.transport import CloudConnection, CloudSessionHandler, GrpcChannel
 
 #: joins the private context and the public query in the SLM's prompt
 CONTEXT_SEPARATOR = "\n\n"
+#: the default deadline of one session's stream (a generation of 1024 tokens at 2 tokens/s fits)
+DEFAULT_SESSION_TIMEOUT_S = 900.0
 
 
 def is_loopback(address: str) -> bool:
@@ -175,7 +177,8 @@ class EdgeClient:
             returning a cloud session handler (in-process use: tests, harness).
         slm: the edge model (e.g. :class:`edge_sdk.backends.llama_cpp.LlamaCppSLM`).
         credentials: token and TLS material for a remote adapter.
-        timeout_s: per-session deadline on the gRPC stream (``None`` = none).
+        timeout_s: per-session deadline on the gRPC stream (``None`` = none); the channel also pings the
+            adapter every 20 s, so a dead connection is noticed within half a minute, not at the deadline.
         max_reconnects: how often a broken session is reopened before giving up.
     """
 
@@ -185,7 +188,7 @@ class EdgeClient:
         *,
         slm: SLMBackend,
         credentials: Credentials | None = None,
-        timeout_s: float | None = None,
+        timeout_s: float | None = DEFAULT_SESSION_TIMEOUT_S,
         max_reconnects: int = 3,
     ) -> None:
         self.slm = slm
@@ -212,6 +215,9 @@ class EdgeClient:
         options = [
             ("grpc.max_receive_message_length", 64 << 20),
             ("grpc.max_send_message_length", 64 << 20),
+            ("grpc.keepalive_time_ms", 20_000),
+            ("grpc.keepalive_timeout_ms", 10_000),
+            ("grpc.keepalive_permit_without_calls", 1),
         ]
         tls = self.credentials.channel_credentials(address)
         if tls is None:

@@ -205,6 +205,7 @@ class CollaborativeDecoder:
             vocab_size=self.slm.vocab_size,
             top_m=self.top_m,
             resume_prefix=tuple(self.tokens),
+            stop_token_ids=tuple(sorted(self.slm.eos_token_ids)),  # the cloud stops where the edge would
         )
 
     # -- one step ------------------------------------------------------------------------------------
@@ -381,7 +382,10 @@ class CollaborativeDecoder:
             self.ledger.entries.append(entry)
             yield StepEvent(token, entry)
             if finished:
-                self.finish_reason = connection.finished()
+                try:
+                    self.finish_reason = connection.finished()
+                except CloudError:  # the stream broke after the last token: the generation itself is complete
+                    self.finish_reason = "eos" if token in self._stop_ids else "max_new_tokens"
                 return
         self.finish_reason = "max_new_tokens"
 

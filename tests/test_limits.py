@@ -167,3 +167,66 @@ def test_a_failed_batch_fails_its_sessions_not_the_worker(tiny_llm) -> None:
             batcher.forward(seq, 10**9)  # an id no embedding has
         other, _ = batcher.prefill(tiny_llm.tokenize(PROMPT))
         assert batcher.forward(other, 5) > 0
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the worker dies on purpose
+def test_a_dead_model_worker_turns_health_to_not_serving_and_fails_sessions_fast(tiny_llm) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with StepBatcher(tiny_llm) as batcher:
+        engine = CloudEngine(tiny_llm, runner=batcher)
+        server, port = build_server(engine, address="127.0.0.1:0", max_workers=16)
+        server.start()
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        health = health_pb2_grpc.HealthStub(channel)
+        request = health_pb2.HealthCheckRequest(service=SERVICE_NAME)
+        try:
+            assert health.Check(request, timeout=5).status == health_pb2.HealthCheckResponse.SERVING
+            seq, _ = batcher.prefill(tiny_llm.tokenize(PROMPT))
+            original = tiny_llm.step
+
+            def die(batch):
+                raise SystemExit("the worker's process is going down")
+
+            tiny_llm.step = die  # type: ignore[method-assign]
+            try:
+                with pytest.raises(RuntimeError):
+                    batcher.forward(seq, 5)  # the step in flight fails instead of hanging
+            finally:
+                tiny_llm.step = original  # type: ignore[method-assign]
+            deadline = time.monotonic() + 5
+            while health.Check(request, timeout=5).status == health_pb2.HealthCheckResponse.SERVING:
+                assert time.monotonic() < deadline, "health still says SERVING after the worker died"
+                time.sleep(0.1)
+            with pytest.raises(RuntimeError, match="died"):
+                batcher.prefill(tiny_llm.tokenize(PROMPT))  # later sessions fail at once
+        finally:
+            channel.close()
+            server.stop(None)
+
+
+def test_a_drop_after_the_last_token_does_not_undo_the_generation(tiny_llm) -> None:
+    """The cloud's closing 'finished' message is lost: the tokens are all there, so the generation stands."""
+    from cloud_adapter.llm import TransformersSLM
+    from edge_sdk.client import EdgeClient
+
+    engine = CloudEngine(tiny_llm)
+
+    class LoseFinished:
+        def __init__(self, handler) -> None:
+            self.handler = handler
+
+        def handle(self, message):
+            return [reply for reply in self.handler.handle(message) if reply.WhichOneof("kind") != "finished"]
+
+        def abandon(self, reason: str) -> None:
+            self.handler.abandon(reason)
+
+    slm = TransformersSLM(tiny_llm)
+    client = EdgeClient(lambda: LoseFinished(engine.session("tests")), slm=slm, max_reconnects=0)
+    for mode in ("cloud", "edge"):
+        result = client.generate(PROMPT, "private note", mode=mode, max_new_tokens=3)
+        assert len(result.token_ids) == 3 and result.finish_reason == "max_new_tokens", mode
+    # the edge tells the cloud where it would stop
+    request = client.decoder(PROMPT, "private note", mode="edge").request()
+    assert set(request.stop_token_ids) == set(slm.eos_token_ids) and request.stop_token_ids
