@@ -33,10 +33,37 @@ CONTEXT_SEPARATOR = "\n\n"
 DEFAULT_SESSION_TIMEOUT_S = 900.0
 
 
+def grpc_target(cloud: str | Sequence[str]) -> str:
+    """The gRPC target for one address or several replicas (``["10.0.0.1:50051", "10.0.0.2:50051"]`` →
+    ``"ipv4:10.0.0.1:50051,10.0.0.2:50051"``, which gRPC balances with ``round_robin``)."""
+    if isinstance(cloud, str):
+        return cloud
+    addresses = [str(a).strip() for a in cloud]
+    if not addresses:
+        raise ValueError("no cloud adapter address given")
+    if len(addresses) == 1:
+        return addresses[0]
+    families = set()
+    for address in addresses:
+        host = address.rsplit(":", 1)[0].strip("[]")
+        try:
+            families.add(ipaddress.ip_address(host).version)
+        except ValueError:
+            raise ValueError(
+                f"replica {address!r} is not an ip:port: list IP addresses, or give one DNS name whose records "
+                "name the replicas ('dns:///cloud.example:50051')"
+            ) from None
+    if len(families) != 1:
+        raise ValueError("list replicas of one address family (all IPv4 or all IPv6)")
+    return f"ipv{families.pop()}:" + ",".join(addresses)
+
+
 def is_loopback(address: str) -> bool:
     """Whether a gRPC target names this machine: ``localhost``, ``127.0.0.0/8``, ``[::1]`` or a Unix socket."""
     if address.startswith("unix:"):
         return True
+    if address.startswith(("ipv4:", "ipv6:")):  # several replicas: every one must be local
+        return all(is_loopback(part) for part in address[5:].split(","))
     host = address.rsplit(":", 1)[0] if address.count(":") == 1 or address.startswith("[") else address
     host = host.strip("[]").lower()
     if host == "localhost":
@@ -173,8 +200,11 @@ class EdgeClient:
     """Collaborative decoding from the device.
 
     Args:
-        cloud: ``"host:port"`` of a cloud adapter, or a zero-argument callable
-            returning a cloud session handler (in-process use: tests, harness).
+        cloud: ``"host:port"`` of a cloud adapter; several replicas as a list of
+            ``"ip:port"`` (or one DNS name with several records, ``"dns:///cloud.example:50051"``):
+            sessions are spread over them by gRPC's ``round_robin`` policy and a
+            session whose replica dies resumes on another; or a zero-argument
+            callable returning a cloud session handler (in-process use: tests, harness).
         slm: the edge model (e.g. :class:`edge_sdk.backends.llama_cpp.LlamaCppSLM`).
         credentials: token and TLS material for a remote adapter.
         timeout_s: per-session deadline on the gRPC stream (``None`` = none); the channel also pings the
@@ -184,7 +214,7 @@ class EdgeClient:
 
     def __init__(
         self,
-        cloud: str | Callable[[], CloudSessionHandler],
+        cloud: str | Sequence[str] | Callable[[], CloudSessionHandler],
         *,
         slm: SLMBackend,
         credentials: Credentials | None = None,
@@ -195,7 +225,7 @@ class EdgeClient:
         self.credentials = credentials or Credentials()
         self.timeout_s = timeout_s
         self.max_reconnects = max_reconnects
-        self._cloud = cloud
+        self._cloud = cloud if callable(cloud) else grpc_target(cloud)
         self._grpc_channel: Any = None
         self._piece: Callable[[int], str] | None = None
 
@@ -209,7 +239,7 @@ class EdgeClient:
             GrpcChannel(self._grpc_channel, metadata=self.credentials.metadata, timeout_s=self.timeout_s)
         )
 
-    def _open_grpc_channel(self, address: str) -> Any:
+    def _open_grpc_channel(self, target: str) -> Any:
         import grpc
 
         options = [
@@ -218,11 +248,12 @@ class EdgeClient:
             ("grpc.keepalive_time_ms", 20_000),
             ("grpc.keepalive_timeout_ms", 10_000),
             ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.lb_policy_name", "round_robin"),  # one session per replica in turn, skipping dead ones
         ]
-        tls = self.credentials.channel_credentials(address)
+        tls = self.credentials.channel_credentials(target)
         if tls is None:
-            return grpc.insecure_channel(address, options=options)
-        return grpc.secure_channel(address, tls, options=options)
+            return grpc.insecure_channel(target, options=options)
+        return grpc.secure_channel(target, tls, options=options)
 
     def close(self) -> None:
         """Close the gRPC channel (sessions close themselves)."""

@@ -63,3 +63,38 @@ def test_a_cloud_that_stays_away_fails_with_a_clear_error(slm) -> None:
         with pytest.raises(CloudError) as failure:
             client.generate(PUBLIC, PRIVATE, mode="edge", max_new_tokens=2)
     assert failure.value.code == "UNAVAILABLE"
+
+
+@pytest.mark.parametrize("mode", ["cloud", "edge"])
+def test_a_session_resumes_on_another_replica_when_its_own_dies(slm, engine: CloudEngine, mode: str) -> None:
+    """Two adapters on loopback behind gRPC's round_robin; the one serving the session is killed mid-generation."""
+    replicas = [engine, CloudEngine(engine.llm, runner=engine.runner)]
+    ports = [free_loopback_port() for _ in replicas]
+    servers = [start_server(e, port) for e, port in zip(replicas, ports)]
+    try:
+        addresses = [f"127.0.0.1:{port}" for port in ports]
+        with EdgeClient(addresses, slm=slm, credentials=Credentials(plaintext=True)) as client:
+            uninterrupted = client.generate(PUBLIC, PRIVATE, mode=mode, policy=CoVeil(lam=1.0), max_new_tokens=STEPS)
+            stream = client.stream(PUBLIC, PRIVATE, mode=mode, policy=CoVeil(lam=1.0), max_new_tokens=STEPS)
+            pieces = iter(stream)
+            for _ in range(3):
+                next(pieces)
+            serving = next(i for i, e in enumerate(replicas) if e.active_sessions == 1)
+            servers[serving].stop(None)  # the replica holding the session dies and stays down
+            list(pieces)
+            assert replicas[1 - serving].transcripts  # the other replica finished the session
+    finally:
+        for server in servers:
+            server.stop(None)
+    assert stream.ledger.reconnects >= 1
+    assert stream.token_ids == uninterrupted.token_ids
+
+
+def test_replica_lists_become_one_balanced_target() -> None:
+    from edge_sdk.client import grpc_target
+
+    assert grpc_target(["10.0.0.1:50051", "10.0.0.2:50051"]) == "ipv4:10.0.0.1:50051,10.0.0.2:50051"
+    assert grpc_target(["[::1]:1", "[::1]:2"]) == "ipv6:[::1]:1,[::1]:2"
+    assert grpc_target(["cloud.example:1"]) == "cloud.example:1"
+    with pytest.raises(ValueError, match="dns:///"):
+        grpc_target(["cloud-a.example:1", "cloud-b.example:1"])
