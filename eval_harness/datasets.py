@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from edge_sdk.registry import Registry
+
 DATA_DIR = Path(__file__).resolve().parent / "data"
 LETTERS = ("A", "B", "C", "D")
 
@@ -49,17 +51,32 @@ def predicted_letter(generation: str) -> str | None:
     return match.group(1) if match else None
 
 
-def item_from_row(row: dict) -> DecodeLeakItem:
+def item_from_row(row: object) -> DecodeLeakItem:
     """Parse one row of the published MedPriv/CommPriv JSONL format (raises ``ValueError`` if malformed)."""
+    if not isinstance(row, dict):
+        raise ValueError(f"a row must be a JSON object, got {type(row).__name__}")
     missing = [key for key in ("_id", "public_query", "options", "private_context", "filtered_context",
                                "answer_idx") if key not in row]
     if missing:
         raise ValueError(f"row {row.get('_id', '?')} lacks {', '.join(missing)}")
+    item_id = row["_id"]
+    if not isinstance(item_id, (str, int)) or isinstance(item_id, bool) or not str(item_id).strip():
+        raise ValueError(f"row _id must be a non-empty string, got {item_id!r}")
+    for key in ("public_query", "private_context", "filtered_context"):
+        if not isinstance(row[key], str):
+            raise ValueError(f"row {item_id}: {key} must be a string, got {type(row[key]).__name__}")
+    options = row["options"]
+    if not isinstance(options, dict) or not options or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in options.items()
+    ):
+        raise ValueError(f"row {item_id}: options must map option letters to their texts")
+    if row["answer_idx"] not in options:
+        raise ValueError(f"row {item_id}: answer_idx {row['answer_idx']!r} is not one of the options {sorted(options)}")
     spans = tuple(span.strip() for span in row["filtered_context"].split(",") if span.strip())
     return DecodeLeakItem(
-        item_id=str(row["_id"]),
+        item_id=str(item_id),
         public_query=row["public_query"],
-        options={k: str(v) for k, v in row["options"].items()},
+        options={k: str(v) for k, v in options.items()},
         private_context=row["private_context"],
         evidence_spans=spans,
         answer=row["answer_idx"],
@@ -68,33 +85,33 @@ def item_from_row(row: dict) -> DecodeLeakItem:
 
 def read_jsonl(path: Path, limit: int | None = None) -> Iterator[DecodeLeakItem]:
     with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if limit is not None and number > limit:
-                return
-            if line.strip():
-                try:
+        number = 0
+        try:
+            for number, line in enumerate(lines, 1):
+                if limit is not None and number > limit:
+                    return
+                if line.strip():
                     yield item_from_row(json.loads(line))
-                except (json.JSONDecodeError, ValueError) as exc:
-                    raise ValueError(f"{path}:{number}: {exc}") from exc
+        except ValueError as exc:  # JSON errors, malformed rows and undecodable bytes alike
+            raise ValueError(f"{path}:{number + 1 if isinstance(exc, UnicodeDecodeError) else number}: {exc}") from exc
 
 
-TASKS: dict[str, Callable[[int | None], list[DecodeLeakItem]]] = {}
+#: benchmark tasks by name: each loads its items (``limit`` = the first N, ``None`` = all)
+TASKS: Registry[Callable[[int | None], list[DecodeLeakItem]]] = Registry("task")
 
 
 def register_task(name: str, loader: Callable[[int | None], list[DecodeLeakItem]]) -> None:
-    if name in TASKS:
-        raise ValueError(f"task {name!r} is already registered")
-    TASKS[name] = loader
+    TASKS.register(name, loader)
 
 
 def load_task(name_or_path: str, limit: int | None = None) -> list[DecodeLeakItem]:
     """Items of a registered task (``medpriv``, ``commpriv``) or of a JSONL file in the same format."""
     if name_or_path in TASKS:
-        return TASKS[name_or_path](limit)
+        return TASKS.get(name_or_path)(limit)
     path = Path(name_or_path)
     if path.suffix == ".jsonl" and path.is_file():
         return list(read_jsonl(path, limit))
-    raise ValueError(f"unknown task {name_or_path!r}: choose one of {', '.join(sorted(TASKS))} or a .jsonl path")
+    raise ValueError(f"unknown task {name_or_path!r}: choose one of {', '.join(TASKS.names())} or a .jsonl path")
 
 
 register_task("medpriv", lambda limit: list(read_jsonl(DATA_DIR / "MEDPRIV.jsonl", limit)))
