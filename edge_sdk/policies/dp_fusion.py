@@ -33,8 +33,10 @@ from edge_sdk.privacy_accounting import (
 
 #: relative width at which the reverse-direction search stops (the source bisects to 1e-6 absolute)
 _WEIGHT_TOLERANCE = 1e-12
-#: Newton / secant rounds of that search (each at least squares the relative error; a safety cap)
-_WEIGHT_STEPS = 60
+#: a feasible point that uses all but this fraction of the slack ``limit - total(0)`` ends that search
+_SLACK_TOLERANCE = 1e-12
+#: rounds of that search (Illinois converges superlinearly; a safety cap)
+_WEIGHT_STEPS = 100
 
 _SCRATCH = threading.local()
 
@@ -77,12 +79,11 @@ def dp_fusion_lambda(p_private: np.ndarray, p_public: np.ndarray, bound: float, 
         G(l) = sum q^a m^(1-a)
 
     and the feasible set ``{l : F, G <= e^{(a-1) b}}`` is an interval
-    ``[0, l*]``: ``l*`` is found exactly, not bisected.  At order 2 the forward
-    root is closed-form (other orders search on ``F^(1/a)``, a weighted norm of
-    an affine function and so convex); the reverse sum is checked at it (four
-    passes) and, only when it binds, ``log G`` (convex: ``G`` is a sum of
-    log-convex terms) is searched by :func:`_largest_feasible`.  The result
-    never exceeds the bound and is non-decreasing in ``b``.
+    ``[0, l*]``: ``l*`` is found to a relative 1e-12, not bisected to 1e-6.
+    At order 2 the forward root is closed-form (other orders search ``F``);
+    the reverse sum is checked at it (four passes) and, only when it binds,
+    searched by :func:`_largest_feasible`.  The result never exceeds the bound
+    and is non-decreasing in ``b``.
     """
     return _Mixing(p_private, p_public, bound, order).weight()
 
@@ -122,44 +123,33 @@ class _Mixing:
             return self.trivial
         if self.order == 2.0:
             return _order_two_forward_root(self.direction, self.floored, self.work, self.base, self.limit)
-        return _largest_feasible(self._forward, self.base ** (1.0 / self.order), self.limit ** (1.0 / self.order), 1.0)
+        return _largest_feasible(self._forward, self.base, self.limit, 1.0)
 
     def reverse_allows(self, weight: float) -> bool:
         """Whether ``G(weight) <= e^{(a-1) b}`` (four passes)."""
-        return self._reverse(weight, False)[0] <= self.exponent
+        return self._reverse(weight) <= self.limit
 
     def weight(self) -> float:
         """``lambda``: the forward root, lowered to the reverse constraint's root when that binds."""
         weight = self.forward_root()
         if self.trivial is not None or weight == 0.0:
             return weight
-        return _largest_feasible(self._reverse, math.log(self.base), self.exponent, weight)
+        return _largest_feasible(self._reverse, self.base, self.limit, weight)
 
-    def _forward(self, weight: float, with_slope: bool) -> tuple[float, float]:
-        # F^(1/a) = (sum q u^a)^(1/a), u = m/q: a weighted a-norm of an affine function, so convex;
-        # (F^(1/a))' = F^(1/a - 1) * sum d u^(a-1).  General orders only: temporaries are fine here.
-        order = self.order
+    def _forward(self, weight: float) -> float:
+        # F = sum m^a q^(1-a) = sum m u^(a-1), u = m/q (general orders only: temporaries are fine here)
         mixture = self.floored + weight * self.direction
-        power = np.power(mixture / self.floored, order - 1.0)
-        total = _dot(power, mixture)
-        slope = total ** (1.0 / order - 1.0) * _dot(power, self.direction) if with_slope else 0.0
-        return total ** (1.0 / order), slope
+        return _dot(np.power(mixture / self.floored, self.order - 1.0), mixture)
 
-    def _reverse(self, weight: float, with_slope: bool) -> tuple[float, float]:
-        # log G with G = sum q s^(a-1), s = q/m: each term is exp of a convex function of l, so G is
-        # log-convex; (log G)' = (1-a) sum d s^a / G
-        order, work = self.order, self.work
+    def _reverse(self, weight: float) -> float:
+        # G = sum q^a m^(1-a) = sum q s^(a-1), s = q/m
+        work = self.work
         np.multiply(self.direction, weight, out=work)
         work += self.floored
         np.divide(self.floored, work, out=work)
-        ratio = work.copy() if order != 2.0 and with_slope else work
-        if order != 2.0:
-            np.power(work, order - 1.0, out=work)
-        total = _dot(work, self.floored)
-        if not with_slope:
-            return math.log(total), 0.0
-        work *= ratio
-        return math.log(total), (1.0 - order) * _dot(work, self.direction) / total
+        if self.order != 2.0:
+            np.power(work, self.order - 1.0, out=work)
+        return _dot(work, self.floored)
 
 
 def _order_two_forward_root(
@@ -186,45 +176,46 @@ def _order_two_forward_root(
     return weight
 
 
-def _largest_feasible(
-    sums: Callable[[float, bool], tuple[float, float]], base: float, limit: float, high: float
-) -> float:
-    """Largest ``l`` in ``[0, high]`` with ``h(l) <= limit`` for a convex ``h`` with ``h(0) = base <= limit``.
+def _largest_feasible(total: Callable[[float], float], base: float, limit: float, high: float) -> float:
+    """Largest ``l`` in ``[0, high]`` with ``total(l) <= limit``, given ``total(0) = base <= limit``.
 
-    ``sums(l, True)`` returns ``(h(l), h'(l))``; ``sums(l, False)`` may skip the
-    derivative.  If ``h(high) <= limit`` that is the answer; otherwise the root
-    is bracketed by ``[a, b]``: ``b`` moves by Newton steps (from an infeasible
-    point a convex function's tangent crosses ``limit`` at or beyond the root,
-    so ``b`` stays infeasible) and ``a`` by secant steps (the chord of a convex
-    function lies above it, so the secant point is feasible; it is evaluated,
-    and kept only if it is).  The feasible end is returned once the bracket's
-    relative width is 1e-12.
+    The feasible set is an interval ``[0, l*]`` (``total`` is convex).  If
+    ``high`` is feasible it is the answer; otherwise Illinois regula falsi
+    runs on ``f(l) = limit / total(l) - 1`` (positive exactly where ``l`` is
+    feasible).  Near a pole of the reverse sum (``total ~ A / (1 - l + c)``)
+    ``f`` is nearly linear in ``l``, so interpolation converges in a few steps
+    where Newton or bisection crawl.  Every end of the bracket is an
+    evaluated point classified by its own ``f``, and the feasible end is
+    returned once the bracket's relative width is 1e-12 (or a feasible point
+    leaves less than 1e-12 of the slack ``limit - base``): the result never
+    exceeds the bound, whatever the interpolation does.
     """
-    value, _ = sums(high, False)
+    value = total(high)
     if value <= limit:
         return high
-    value, slope = sums(high, True)
-    low, low_value = 0.0, base
+    low, f_low = 0.0, limit / base - 1.0
+    f_high = limit / value - 1.0
+    side = 0
     for _ in range(_WEIGHT_STEPS):
         if high - low <= _WEIGHT_TOLERANCE * high:
             break
-        if slope > 0.0:
-            newton = high - (value - limit) / slope
-            if low < newton < high:
-                value_n, slope_n = sums(newton, True)
-                if value_n > limit:
-                    high, value, slope = newton, value_n, slope_n
-                else:
-                    low, low_value = newton, value_n
-                    continue
-        secant = low + (limit - low_value) * (high - low) / (value - low_value)
-        if not low < secant < high:
-            secant = 0.5 * (low + high)
-        value_s, slope_s = sums(secant, True)
-        if value_s <= limit:
-            low, low_value = secant, value_s
+        guess = high - f_high * (high - low) / (f_high - f_low)
+        if not low < guess < high:
+            guess = 0.5 * (low + high)
+        value = total(guess)
+        f_guess = limit / value - 1.0
+        if value <= limit:
+            if limit - value <= _SLACK_TOLERANCE * (limit - base):  # the bound is met as tightly as it can be
+                return guess
+            low, f_low = guess, f_guess
+            if side == -1:
+                f_high *= 0.5
+            side = -1
         else:
-            high, value, slope = secant, value_s, slope_s
+            high, f_high = guess, f_guess
+            if side == 1:
+                f_low *= 0.5
+            side = 1
     return low
 
 
