@@ -179,8 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sessions = serve.add_argument_group("sessions")
     add_limit_flags(sessions)
-    sessions.add_argument("--batch-window-ms", type=float, default=2.0,
-                          help="how long the model worker waits for other sessions' steps before a batched forward")
+    sessions.add_argument("--batch-window-ms", type=float, default=10.0,
+                          help="the longest a batched forward waits for the sessions expected back (those whose "
+                               "edges answer within this long); a slower session catches the next batch")
     sessions.add_argument("--transcript-dir", type=Path, metavar="DIR",
                           help="write each session's observation transcript (what the cloud saw) to "
                                "DIR/<session_id>.json")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -68,14 +68,20 @@ class _PrefillRequest:
 class StepBatcher:
     """One worker thread owns the model and batches the decode steps of all sessions.
 
-    Sessions call :meth:`forward` from their own threads; the worker takes the
-    waiting step requests, keeps waiting for the other live sessions as long as
-    one arrives within ``batch_window_ms`` of the last (it stops at once when
-    every live sequence has a request waiting) and runs one
-    ``llm.step(batch)``.  Sessions join (:meth:`prefill`) and leave
-    (:meth:`release`) between steps: continuous batching.  Prefills run on the
-    same thread, between step batches, so no two forwards ever overlap; the
-    prefills that queued up meanwhile run as one padded ``llm.open_many``.
+    Sessions call :meth:`forward` from their own threads.  The worker gathers
+    the sessions known to be mid-step: every live sequence whose last forward
+    has been delivered comes back with its next token after its edge's turn
+    (its *return gap*), so a batch waits for each live sequence whose recent
+    return gap (an exponential average) is within ``batch_window_ms``, for at
+    most ``batch_window_ms`` after its first request, then runs one
+    ``llm.step(batch)``.  A session whose edge is slow (or gone quiet) is not
+    waited for and catches the next batch; a single session never waits.
+    Gathering by membership instead of a window restarted at each arrival
+    keeps sessions that fell into two groups from staying split.  Sessions
+    join (:meth:`prefill`) and leave (:meth:`release`) between steps:
+    continuous batching.  Prefills run on the same thread, between step
+    batches, so no two forwards ever overlap; the prefills that queued up
+    meanwhile run as one padded ``llm.open_many``.
 
     Attributes:
         batch_sizes: how many step batches of each size ran.
@@ -83,7 +89,10 @@ class StepBatcher:
         step_seconds: wall time spent inside ``llm.step``.
     """
 
-    def __init__(self, llm: TransformersLLM, *, batch_window_ms: float = 2.0) -> None:
+    #: weight of the newest return gap in its exponential average
+    GAP_SMOOTHING = 0.3
+
+    def __init__(self, llm: TransformersLLM, *, batch_window_ms: float = 10.0) -> None:
         if batch_window_ms < 0:
             raise ValueError(f"batch_window_ms must be non-negative, got {batch_window_ms}")
         self._llm = llm
@@ -92,7 +101,13 @@ class StepBatcher:
         self._steps: list[_StepRequest] = []
         self._prefills: deque[_PrefillRequest] = deque()
         self._live: set[CloudSequence] = set()
+        self._delivered_at: dict[int, float] = {}  # id(seq) -> when its last forward was delivered
+        self._return_gap: dict[int, float] = {}  # id(seq) -> average seconds from delivery to its next request
         self._closed = False
+        self._dead = False  # the worker thread has ended
+        #: called (on the dying worker thread) if the worker ends without :meth:`close`; the server reports
+        #: NOT_SERVING to health checks from here
+        self.on_death: list[Callable[[], None]] = []
         self.batch_sizes: Counter[int] = Counter()
         self.prefill_sizes: Counter[int] = Counter()
         self.step_seconds = 0.0
@@ -112,6 +127,11 @@ class StepBatcher:
         request = _StepRequest(seq, int(token_id))
         with self._cond:
             self._require_open()
+            delivered = self._delivered_at.get(id(seq))
+            if delivered is not None:
+                gap = time.monotonic() - delivered
+                previous = self._return_gap.get(id(seq), gap)
+                self._return_gap[id(seq)] = previous + self.GAP_SMOOTHING * (gap - previous)
             self._steps.append(request)
             self._cond.notify_all()
         return request.result.result()
@@ -119,6 +139,8 @@ class StepBatcher:
     def release(self, seq: CloudSequence) -> None:
         with self._cond:
             self._live.discard(seq)
+            self._delivered_at.pop(id(seq), None)
+            self._return_gap.pop(id(seq), None)
             self._cond.notify_all()  # a batch waiting for this sequence can go now
 
     def close(self) -> None:
@@ -137,18 +159,9 @@ class StepBatcher:
     def _require_open(self) -> None:
         if self._closed:
             raise RuntimeError("the model worker has shut down")
-        if not self._worker.is_alive():
+        if self._dead:
             raise RuntimeError("the model worker has died; the server must be restarted")
 
-    @property
-    def alive(self) -> bool:
-        """Whether the worker still serves: false once :meth:`close` was called or the thread died."""
-        return not self._closed and self._worker.is_alive()
-
-    @property
-    def died(self) -> bool:
-        """Whether the worker thread ended without :meth:`close` (health checks then report NOT_SERVING)."""
-        return not self._closed and not self._worker.is_alive()
 
     # -- the worker thread ---------------------------------------------------------------------
     def _work(self) -> None:
@@ -156,11 +169,16 @@ class StepBatcher:
             self._serve_requests()
         finally:  # whatever ended the worker, nobody waits forever on it
             with self._cond:
+                self._dead = True  # from here on every request fails at once
                 waiting = [*self._steps, *self._prefills]
                 self._steps, self._prefills = [], deque()
+                died = not self._closed
             for request in waiting:
                 if not request.result.done():
                     request.result.set_exception(RuntimeError("the model worker has died"))
+            if died:
+                for callback in self.on_death:
+                    callback()
 
     def _serve_requests(self) -> None:
         while True:
@@ -198,23 +216,22 @@ class StepBatcher:
         return taken
 
     def _wait_for_batch(self) -> None:
-        """With the lock held: wait until every live sequence asked for a step or none came for a window.
+        """With the lock held: wait for the live sequences expected back, at most a window after the first request.
 
-        The window restarts at each arrival: sessions answer one after another
-        (each reply costs the server and its edge some Python work), so a batch
-        of ``n`` may gather over more than one window but never waits more than
-        ``n`` windows, and never for a session that stays away.
+        Expected back: every live sequence without a request yet whose
+        average return gap is within the window (a new one counts as expected).
         """
         deadline = time.monotonic() + self._window_s
-        arrived = len(self._steps)
-        while arrived < len(self._live) and not self._closed:
+        while not self._closed:
+            waiting = {id(request.seq) for request in self._steps}
+            expected = [
+                seq for seq in self._live
+                if id(seq) not in waiting and self._return_gap.get(id(seq), 0.0) <= self._window_s
+            ]
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if not expected or remaining <= 0:
                 return
             self._cond.wait(remaining)
-            if len(self._steps) > arrived:
-                arrived = len(self._steps)
-                deadline = time.monotonic() + self._window_s
 
     def _run_steps(self, steps: list[_StepRequest]) -> None:
         start = time.perf_counter_ns()
@@ -229,6 +246,10 @@ class StepBatcher:
         elapsed = time.perf_counter_ns() - start
         self.step_seconds += elapsed / 1e9
         self.batch_sizes[len(steps)] += 1
+        now = time.monotonic()
+        with self._cond:
+            for request in steps:
+                self._delivered_at[id(request.seq)] = now
         for request in steps:
             request.result.set_result(elapsed)
 
@@ -250,7 +271,10 @@ class StepBatcher:
             return
         elapsed = time.perf_counter_ns() - start
         self.prefill_sizes[len(requests)] += 1
+        now = time.monotonic()
         with self._cond:
             self._live.update(seqs)
+            for seq in seqs:
+                self._delivered_at[id(seq)] = now
         for request, seq in zip(requests, seqs, strict=True):
             request.result.set_result((seq, elapsed))

@@ -272,22 +272,17 @@ def _assemble(
     log_event(logging.INFO, "model_warm", warm_up_ms=round(1000 * (time.perf_counter() - start), 1))
     for service in ("", SERVICE_NAME):
         health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
-    if hasattr(engine.runner, "died"):
-        threading.Thread(target=_watch_runner, args=(engine, health_servicer), name="coveil-health", daemon=True).start()
+    death_callbacks = getattr(engine.runner, "on_death", None)
+    if death_callbacks is not None:
+
+        def not_serving() -> None:
+            """The model worker died: report NOT_SERVING, so a load balancer stops sending sessions here."""
+            log_event(logging.ERROR, "model_worker_died")
+            for service in ("", SERVICE_NAME):
+                health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+        death_callbacks.append(not_serving)
     return server, port, health_servicer
-
-
-def _watch_runner(engine: CloudEngine, health_servicer: health.HealthServicer, period_s: float = 0.5) -> None:
-    """Report NOT_SERVING once the model worker has died: a load balancer then stops sending sessions here.
-
-    Ends quietly when the worker is closed on purpose (server shutdown)."""
-    runner: Any = engine.runner
-    while runner.alive:
-        time.sleep(period_s)
-    if runner.died:
-        log_event(logging.ERROR, "model_worker_died")
-        for service in ("", SERVICE_NAME):
-            health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
 
 
 def build_server(
