@@ -127,7 +127,7 @@ def test_the_old_catch_all_module_is_gone() -> None:
         importlib.import_module("edge_sdk.policies.baselines")
 
 
-@pytest.mark.parametrize("name", (*BASELINES, "undefended"))
+@pytest.mark.parametrize("name", (*BASELINES, "undefended", "coveil"))
 def test_every_mode_says_what_its_epsilon_covers(name: str) -> None:
     cls = policy_class(name)
     assert set(cls.epsilon_units) == set(cls.modes)

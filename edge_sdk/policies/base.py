@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from abc import ABC
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
@@ -108,6 +109,8 @@ class Policy(ABC):
 
     name: ClassVar[str] = "policy"
     modes: ClassVar[frozenset[str]] = frozenset()
+    #: per mode, what the policy's epsilon means ("per_token", "per_generation", "calibration" or "none")
+    epsilon_units: ClassVar[Mapping[str, str]] = {}
     #: inputs are probabilities ("prob") or logits ("logit")
     space: FusionSpace = field(default="prob", init=False)
 

@@ -471,6 +471,7 @@ class CoVeil(Policy):
 
     name = "coveil"
     modes = frozenset({"cloud", "edge"})
+    epsilon_units = {"cloud": "none", "edge": "none"}  # a heuristic defence: no DP budget (lam is its knob)
 
     lam: float = 1.0
     k: int = 50
