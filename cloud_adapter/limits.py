@@ -27,9 +27,9 @@ class Limits:
     max_sessions: int = _limit(24, "concurrent sessions over all clients")  # type: ignore[assignment]
     max_sessions_per_client: int = _limit(8, "concurrent sessions of one client identity")  # type: ignore[assignment]
     max_unopened_streams: int = _limit(  # type: ignore[assignment]
-        8, "streams that have not sent their open yet (each holds a server thread until it does)"
+        32, "streams that have sent nothing yet (each holds a server thread until its first message)"
     )
-    open_timeout_s: float = _limit(10.0, "seconds a new stream may take to send its open")  # type: ignore[assignment]
+    open_timeout_s: float = _limit(10.0, "seconds a new stream may take to send its first message")  # type: ignore[assignment]
     idle_timeout_s: float = _limit(  # type: ignore[assignment]
         300.0, "seconds a session may stay silent before it is evicted and its KV cache freed"
     )

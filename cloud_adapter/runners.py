@@ -197,6 +197,9 @@ class StepBatcher:
                 self._run_steps(steps)
             elif prefills:
                 self._run_prefills(prefills)
+            # drop this batch's requests before waiting for the next: they hold their sequences, and with
+            # them the KV caches of sessions that may have ended meanwhile
+            del steps, prefills
 
     def _take_prefills(self) -> list[_PrefillRequest]:
         """With the lock held: the waiting prefills that one padded forward should run together.

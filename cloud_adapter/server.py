@@ -206,10 +206,10 @@ class DecodeServicer(coveil_pb2_grpc.CollaborativeDecodingServicer):
                 raise ProtocolError("DEADLINE_EXCEEDED", f"{what} for {timeout_s:g} s") from None
             if message is None:
                 return
+            unopened.release()  # it has spoken: from here on the session limits apply
             for reply in handler.handle(message):
                 if opening and handler.session_id is not None:
                     opening = False
-                    unopened.release()  # from now on it counts as a session
                     log_event(logging.INFO, "session_opened", session_id=handler.session_id,
                               open_ms=round(1000 * (time.monotonic() - handler.started_at), 1))
                 yield reply
