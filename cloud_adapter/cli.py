@@ -192,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     logs = serve.add_argument_group("logging")
     logs.add_argument("--log-json", action="store_true", help="one JSON object per log line")
+    logs.add_argument("-v", "--verbose", action="store_true", help="show the full traceback of an error")
     logs.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                       help="least severe level logged")
     return parser
@@ -238,8 +239,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
     configure_logging(json_lines=args.log_json, level=args.log_level)
-    run_serve(args, source, tls, tokens)
+    try:
+        run_serve(args, source, tls, tokens)
+    except (OSError, ValueError, RuntimeError) as exc:  # expected failures: one line, the flag that fixes it
+        if args.verbose:
+            raise
+        print(f"coveil-cloud serve: {explain_failure(exc, args)}", file=sys.stderr)
+        return 1
     return 0
+
+
+def explain_failure(exc: BaseException, args: argparse.Namespace) -> str:
+    """One line for an expected failure of ``serve``."""
+    text = str(exc)
+    if isinstance(exc, RuntimeError) and "bind" in text.lower():
+        return f"cannot listen on {args.host}:{args.port} (is the port taken?): choose another --port or --host"
+    if isinstance(exc, FileNotFoundError):
+        return f"no such file: {exc.filename} (check --model / --gguf-file)"
+    if isinstance(exc, OSError):
+        return f"cannot use {exc.filename or 'a file'}: {exc.strerror or exc}"
+    return text
 
 
 if __name__ == "__main__":

@@ -146,3 +146,21 @@ def test_the_cli_says_what_failed_in_one_line(adapter, tmp_path: Path) -> None:
     assert bad_flag.returncode == 2 and "modes are 'cloud' and/or 'edge'" in bad_flag.stderr
     verbose = coveil(*cases[0][0], "-v")
     assert verbose.returncode != 0 and "Traceback" in verbose.stderr
+
+
+@pytest.mark.model
+def test_the_cloud_cli_says_what_failed_in_one_line(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "cloud_adapter.cli", "serve", "--port", str(port)],
+                                capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert result.returncode == 1, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("coveil-cloud serve:")]
+    assert len(lines) == 1 and "--port" in lines[0] and "Traceback" not in result.stderr
+    missing = subprocess.run([sys.executable, "-m", "cloud_adapter.cli", "serve", "--token-file",
+                              str(tmp_path / "nope.txt")], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert missing.returncode == 2 and "nope.txt" in missing.stderr and "Traceback" not in missing.stderr
