@@ -4,9 +4,9 @@
     batched prefill into a DynamicCache, then ``model(input_ids[B, 1])`` per
     step, reading each row's logits to numpy), batch 8 against batch 1.
 (b) The real thing: 1, 4 and 8 concurrent edge-mode sessions with different
-    prompt lengths through the gRPC server on loopback; each client answers
-    every distribution at once with the argmax of the sparse distribution
-    (skipping end-of-generation ids so every session runs the full length).
+    prompt lengths through the gRPC server on loopback (``cloud_adapter.loadgen``:
+    each client answers every distribution at once with its best id that does
+    not end the generation, so every session runs the full length).
 (c) batch8_vs_ideal = batch8_speedup / ideal_batch8_speedup (target >= 0.8), computed in each round from
     that round's own runs; the median over the rounds is reported with its spread (min..max).
 
@@ -18,10 +18,7 @@ and batch8_vs_ideal_min, batch8_vs_ideal_max.
 from __future__ import annotations
 
 import argparse
-import queue
-import threading
 import time
-from typing import Any
 
 import grpc
 import numpy as np
@@ -31,9 +28,8 @@ from cloud_adapter.engine import CloudEngine
 from cloud_adapter.limits import Limits
 from cloud_adapter.runners import StepBatcher
 from cloud_adapter.llm import TransformersLLM
+from cloud_adapter.loadgen import run_load
 from cloud_adapter.server import build_server
-from edge_sdk import wire
-from edge_sdk._wire import coveil_pb2_grpc
 
 TEXT = (
     "The history of the printing press begins in the fifteenth century, when movable metal type made it possible "
@@ -72,51 +68,16 @@ def ideal_tokens_per_s(llm: TransformersLLM, batch: int, tokens: int) -> float:
 
 # -- (b) sessions through the server -----------------------------------------------------------------
 
-_END = object()
-
-
-def run_session(channel: grpc.Channel, request: wire.SessionRequest, start_together: threading.Barrier,
-                finished_at: list[float]) -> None:
-    """One edge-mode session that answers each sparse distribution with its best non-EOS id."""
-    outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    replies = coveil_pb2_grpc.CollaborativeDecodingStub(channel).Decode(iter(outbox.get, _END))
-    outbox.put(wire.encode_open(request))
-    info = wire.decode_opened(next(replies).opened)
-    dist = wire.decode_distribution(next(replies).distribution, info.vocab_size)
-    start_together.wait()
-    while True:
-        token = next(int(i) for i in dist.ids if int(i) not in info.eos_token_ids)
-        outbox.put(wire.encode_token(dist.step, token))
-        reply = next(replies)
-        if reply.WhichOneof("kind") == "finished":
-            assert reply.finished.steps == request.max_new_tokens, reply.finished
-            finished_at.append(time.perf_counter())
-            outbox.put(_END)
-            return
-        dist = wire.decode_distribution(reply.distribution, info.vocab_size)
-
 
 def served_decode(llm: TransformersLLM, channel: grpc.Channel, sessions: int, tokens: int) -> float:
     """Seconds ``sessions`` concurrent sessions take from their common start (all prefilled) to the last finish."""
     text_ids = llm.tokenize(TEXT)
-    requests = [
-        wire.SessionRequest(prompt_ids=tuple(text_ids[:length]), mode="edge", max_new_tokens=tokens,
-                            vocab_fingerprint=llm.vocab_fingerprint(), vocab_size=llm.vocab_size, top_m=8)
-        for length in PROMPT_LENGTHS[:sessions]
-    ]
-    start_together = threading.Barrier(sessions + 1)
-    finished_at: list[float] = []
-    threads = [threading.Thread(target=run_session, args=(channel, request, start_together, finished_at))
-               for request in requests]
-    for thread in threads:
-        thread.start()
-    start_together.wait()
-    start = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    if len(finished_at) != sessions:
-        raise RuntimeError(f"only {len(finished_at)} of {sessions} sessions finished")
-    return max(finished_at) - start
+    prompts = [text_ids[:length] for length in PROMPT_LENGTHS[:sessions]]
+    report = run_load(channel, prompts, fingerprint=llm.vocab_fingerprint(), vocab_size=llm.vocab_size,
+                      tokens=tokens, top_m=8)
+    if report.errors:
+        raise RuntimeError(f"{len(report.errors)} of {sessions} sessions failed: {report.errors[0]}")
+    return report.wall_seconds
 
 
 def main() -> None:

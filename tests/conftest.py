@@ -38,6 +38,17 @@ def slm():
     return LlamaCppSLM(n_ctx=512, n_threads=1)
 
 
+@pytest.fixture(scope="session")
+def gemma_llm():
+    """The embedded Gemma-3 270M in transformers, float32, loaded once for every test module that needs it.
+
+    Modules share it one after another (never two batchers at once); a test that changes the model loads
+    its own copy."""
+    from cloud_adapter.llm import TransformersLLM
+
+    return TransformersLLM(dtype="fp32")
+
+
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)

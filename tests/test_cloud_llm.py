@@ -223,8 +223,8 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def gemma_fp32() -> Iterator[TransformersLLM]:
-    yield TransformersLLM(dtype="fp32")
+def gemma_fp32(gemma_llm) -> TransformersLLM:
+    return gemma_llm
 
 
 @pytest.mark.model

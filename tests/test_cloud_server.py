@@ -67,8 +67,8 @@ class Cloud:
 
 
 @pytest.fixture(scope="module")
-def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cloud]:
-    llm = TransformersLLM(dtype="fp32")
+def cloud(tmp_path_factory: pytest.TempPathFactory, gemma_llm: TransformersLLM) -> Iterator[Cloud]:
+    llm = gemma_llm
     # computed before the server exists: nothing else touches the model meanwhile
     reference = {text: greedy_reference(llm, llm.tokenize(text), NEW_TOKENS) for text in (PROMPT, OTHER_PROMPT)}
     prompt_logits = llm.open(llm.tokenize(PROMPT)).next_logits.copy()

@@ -19,11 +19,10 @@ STEPS = 8
 
 
 @pytest.fixture(scope="module")
-def engine():
+def engine(gemma_llm):
     from cloud_adapter.engine import CloudEngine
-    from cloud_adapter.llm import TransformersLLM
 
-    return CloudEngine(TransformersLLM(dtype="fp32"))
+    return CloudEngine(gemma_llm)
 
 
 @pytest.fixture(scope="module")

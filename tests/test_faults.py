@@ -8,7 +8,6 @@ import pytest
 
 from cloud_adapter.engine import CloudEngine
 from cloud_adapter.runners import StepBatcher
-from cloud_adapter.llm import TransformersLLM
 from cloud_adapter.local import free_loopback_port
 from cloud_adapter.server import build_server
 from edge_sdk.client import Credentials, EdgeClient
@@ -24,10 +23,9 @@ STEPS = 8
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[CloudEngine]:
-    llm = TransformersLLM(dtype="fp32")
-    with StepBatcher(llm) as batcher:
-        yield CloudEngine(llm, runner=batcher)
+def engine(gemma_llm) -> Iterator[CloudEngine]:
+    with StepBatcher(gemma_llm) as batcher:
+        yield CloudEngine(gemma_llm, runner=batcher)
 
 
 def start_server(engine: CloudEngine, port: int):  # noqa: ANN201

@@ -32,27 +32,12 @@ from eval_harness.metrics import (
     token_er_at_k,
 )
 
-CORPUS = [
-    "the patient is not well and the liver is swollen.",
-    "the doctor said the liver is not enlarged and there is no fever.",
-    "the patient has jaundice; the jaundice is not new.",
-    "a swollen liver and jaundice point to the liver.",
-    "bilirubin is a pigment.",
-    "the 70-year-old patient's liver is not in pain.\n",
-]
-
+from tests.tiny_models import trained_bpe
 
 @functools.cache
 def bpe():  # noqa: ANN201
-    """(tokenizer, Vocabulary) of a byte-level BPE trained on CORPUS, read through its raw "Ġ" pieces."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=340, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  special_tokens=["<|endoftext|>"], show_progress=False)
-    tokenizer.train_from_iterator(CORPUS * 3, trainer)
+    """(tokenizer, Vocabulary) of a byte-level BPE trained on the clinical corpus, read through its raw "Ġ" pieces."""
+    tokenizer = trained_bpe()
     return tokenizer, Vocabulary.from_hf(tokenizer)
 
 

@@ -17,10 +17,8 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def llm():
-    from cloud_adapter.llm import TransformersLLM
-
-    return TransformersLLM(dtype="fp32")
+def llm(gemma_llm):
+    return gemma_llm
 
 
 def test_both_backends_share_one_vocabulary(slm, llm) -> None:

@@ -54,13 +54,12 @@ class RecordingChannel:
 
 
 @pytest.fixture(scope="module")
-def adapter() -> Iterator[str]:
+def adapter(gemma_llm) -> Iterator[str]:
     from cloud_adapter.engine import CloudEngine
-    from cloud_adapter.llm import TransformersLLM
     from cloud_adapter.runners import StepBatcher
     from cloud_adapter.server import build_server
 
-    llm = TransformersLLM(dtype="fp32")
+    llm = gemma_llm
     with StepBatcher(llm) as batcher:
         server, port = build_server(CloudEngine(llm, runner=batcher), address="127.0.0.1:0", max_workers=8)
         server.start()

@@ -4,6 +4,7 @@ are padded past the tokenizer, as Qwen2.5's and Llama-3's are."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 CORPUS = [
@@ -17,14 +18,36 @@ CORPUS = [
 END = "<|endoftext|>"
 
 
+#: the corpus the metric and piece tests train their tokenizer on (their hand-worked numbers assume it)
+CLINICAL_CORPUS = (
+    "the patient is not well and the liver is swollen.",
+    "the doctor said the liver is not enlarged and there is no fever.",
+    "the patient has jaundice; the jaundice is not new.",
+    "a swollen liver and jaundice point to the liver.",
+    "bilirubin is a pigment.",
+    "the 70-year-old patient's liver is not in pain.\n",
+)
+
+
+@functools.cache
+def trained_bpe(corpus: tuple[str, ...] = CLINICAL_CORPUS, vocab_size: int = 340, repeats: int = 3) -> Any:
+    """A byte-level BPE ``tokenizers.Tokenizer`` trained on ``corpus`` (deterministic: the same pieces every run)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=[END], show_progress=False)
+    tokenizer.train_from_iterator(list(corpus) * repeats, trainer)
+    return tokenizer
+
+
 def bpe_tokenizer(vocab_size: int = 400) -> Any:
     """A byte-level BPE tokenizer ("Ġthe", "Ċ" pieces) as a transformers fast tokenizer, with no BOS."""
-    from tokenizers import ByteLevelBPETokenizer
     from transformers import PreTrainedTokenizerFast
 
-    trainer = ByteLevelBPETokenizer()
-    trainer.train_from_iterator(CORPUS * 20, vocab_size=vocab_size, min_frequency=1, special_tokens=[END])
-    return PreTrainedTokenizerFast(tokenizer_object=trainer._tokenizer, eos_token=END)
+    return PreTrainedTokenizerFast(tokenizer_object=trained_bpe(tuple(CORPUS), vocab_size, 20), eos_token=END)
 
 
 def random_qwen(tokenizer: Any, *, output_rows: int, seed: int) -> Any:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from edge_sdk.leakage import ExposureTrace, content_token_ids, fold, is_content_word, words
-from eval_harness.metrics.rules import Evidence
+from eval_harness.metrics.rules import Evidence, first_ranks
 from eval_harness.metrics.vocabulary import Vocabulary
 
 
@@ -52,12 +52,7 @@ def evidence(spans: Sequence[str], public_query: str, vocab: Vocabulary) -> Evid
 
 
 def token_ranks(trace: ExposureTrace, vocab: Vocabulary) -> dict[int, int]:
-    ranks: dict[int, int] = {}
-    for step in trace.steps:
-        for rank, token_id in enumerate(step, 1):
-            if rank < ranks.get(token_id, rank + 1):
-                ranks[token_id] = rank
-    return ranks
+    return first_ranks(trace.steps)
 
 
 # -- reading words across steps ------------------------------------------------------------------

@@ -32,7 +32,7 @@ import re
 from collections.abc import Sequence
 
 from edge_sdk.leakage import ExposureTrace
-from eval_harness.metrics.rules import Evidence
+from eval_harness.metrics.rules import Evidence, first_ranks
 from eval_harness.metrics.vocabulary import Vocabulary
 
 #: the release's whole stop-word list
@@ -80,13 +80,8 @@ def evidence(spans: Sequence[str], public_query: str, vocab: Vocabulary) -> Evid
 
 
 def token_ranks(trace: ExposureTrace, vocab: Vocabulary) -> dict[int, int]:
-    ranks: dict[int, int] = {}
-    for step in trace.steps:
-        content = (i for i in step if not is_filtered(vocab.piece(i)))
-        for rank, token_id in enumerate(content, 1):
-            if rank < ranks.get(token_id, rank + 1):
-                ranks[token_id] = rank
-    return ranks
+    """Ranks among each step's *content* ids, as the release counts its first k."""
+    return first_ranks((i for i in step if not is_filtered(vocab.piece(i))) for step in trace.steps)
 
 
 def word_cutoffs(words: frozenset[str], trace: ExposureTrace, vocab: Vocabulary) -> dict[str, int]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -39,6 +39,16 @@ class Evidence:
             "public_spans": self.public_spans,
             "empty_spans": self.empty_spans,
         }
+
+
+def first_ranks(steps: Iterable[Iterable[int]]) -> dict[int, int]:
+    """Each id → the best (smallest) 1-based rank it holds in any step: the least ``k`` with it in ``E^k``."""
+    ranks: dict[int, int] = {}
+    for step in steps:
+        for rank, token_id in enumerate(step, 1):
+            if rank < ranks.get(token_id, rank + 1):
+                ranks[token_id] = rank
+    return ranks
 
 
 class Rules(Protocol):
