@@ -73,26 +73,38 @@ class Admission:
         self._lock = threading.Lock()
         self._sessions: Counter[str] = Counter()
         self._unopened = 0
+        self._unopened_by: Counter[str] = Counter()
 
     @property
     def sessions(self) -> int:
         with self._lock:
             return sum(self._sessions.values())
 
-    def admit_stream(self) -> None:
-        """A new stream that has not opened yet; ``RESOURCE_EXHAUSTED`` beyond ``max_unopened_streams``."""
+    def admit_stream(self, client_id: str) -> None:
+        """A new stream that has sent nothing yet; ``RESOURCE_EXHAUSTED`` beyond ``max_unopened_streams`` in all
+        or beyond ``max_sessions_per_client`` for one client (so one client's silent streams cannot lock out
+        the others)."""
         with self._lock:
             if self._unopened >= self.limits.max_unopened_streams:
                 raise ProtocolError(
                     "RESOURCE_EXHAUSTED",
                     f"{self._unopened} streams are already waiting to open a session; retry later",
                 )
+            if self._unopened_by[client_id] >= self.limits.max_sessions_per_client:
+                raise ProtocolError(
+                    "RESOURCE_EXHAUSTED",
+                    f"this client already has {self._unopened_by[client_id]} streams that sent nothing yet",
+                )
             self._unopened += 1
+            self._unopened_by[client_id] += 1
 
-    def stream_done(self) -> None:
-        """A stream admitted by :meth:`admit_stream` opened its session or ended."""
+    def stream_done(self, client_id: str) -> None:
+        """A stream admitted by :meth:`admit_stream` spoke or ended."""
         with self._lock:
             self._unopened -= 1
+            self._unopened_by[client_id] -= 1
+            if not self._unopened_by[client_id]:
+                del self._unopened_by[client_id]
 
     def admit_session(self, client_id: str) -> None:
         with self._lock:

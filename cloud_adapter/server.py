@@ -138,14 +138,14 @@ class _Inbox:
 class _UnopenedPlace:
     """A stream's place among the unopened streams, given back exactly once (when it opens or ends)."""
 
-    def __init__(self, engine: CloudEngine) -> None:
-        self._engine = engine
+    def __init__(self, engine: CloudEngine, client_id: str) -> None:
+        self._engine, self._client_id = engine, client_id
         self._held = True
 
     def release(self) -> None:
         if self._held:
             self._held = False
-            self._engine.admission.stream_done()
+            self._engine.admission.stream_done(self._client_id)
 
 
 class DecodeServicer(coveil_pb2_grpc.CollaborativeDecodingServicer):
@@ -163,11 +163,11 @@ class DecodeServicer(coveil_pb2_grpc.CollaborativeDecodingServicer):
     def Decode(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:  # noqa: N802
         client_id = self._authenticate(context)
         try:
-            self._engine.admission.admit_stream()
+            self._engine.admission.admit_stream(client_id)
         except ProtocolError as exc:
             log_event(logging.WARNING, "stream_refused", status=exc.code)
             context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
-        unopened = _UnopenedPlace(self._engine)
+        unopened = _UnopenedPlace(self._engine, client_id)
         handler = self._engine.session(client_id)
         inbox = _Inbox(request_iterator, self._engine.limits.inbox_messages)
         status: tuple[grpc.StatusCode, str] | None = None

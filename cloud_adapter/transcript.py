@@ -124,7 +124,10 @@ class TranscriptStore:
         self.bytes_held = 0
 
     def add(self, transcript: SessionTranscript) -> None:
-        size = sum(_step_bytes(step) for step in transcript.steps) + 1024
+        request = transcript.request
+        size = sum(_step_bytes(step) for step in transcript.steps) + 1024 + len(request.edge_model) + 8 * (
+            len(request.prompt_ids) + len(request.resume_prefix) + len(request.stop_token_ids)
+        )
         with self._lock:
             self._kept[transcript.session_id] = (transcript, size)
             self.bytes_held += size

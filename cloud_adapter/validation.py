@@ -33,8 +33,18 @@ class ProtocolError(Exception):
         self.message = message
 
 
+#: the longest edge model name kept (it is logged and stored in the transcript)
+MAX_MODEL_NAME = 256
+#: the most end-of-generation ids an edge may add
+MAX_STOP_IDS = 256
+
+
 def check_open_message(msg: Any, *, cloud_model: str, fingerprint: bytes, limits: Limits) -> None:
     """The checks an ``OpenSession`` must pass before its prompt is tokenised or the session admitted."""
+    if len(msg.edge_model) > MAX_MODEL_NAME:
+        raise ProtocolError("INVALID_ARGUMENT", f"the edge model's name is longer than {MAX_MODEL_NAME} characters")
+    if len(msg.stop_token_ids.ids) // 4 > MAX_STOP_IDS:
+        raise ProtocolError("INVALID_ARGUMENT", f"more than {MAX_STOP_IDS} stop token ids")
     if msg.protocol_version != wire.PROTOCOL_VERSION:
         raise ProtocolError(
             "FAILED_PRECONDITION",

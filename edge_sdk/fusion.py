@@ -189,8 +189,9 @@ def certify_fused_top_k(
     so if the ``k``-th largest fused value among the known ids exceeds ``ub``,
     the top ``k`` of the fused distribution are all known ids and a decision
     that reads only them (and ``p_llm`` on them) is exactly the one the full
-    distribution would give.  A small relative margin absorbs float32
-    rounding; when in doubt the answer is ``False`` (ask for the full row).
+    distribution would give.  A small margin relative to the terms of each
+    side (not to their sum, which may cancel when logits are negative) absorbs
+    float32 rounding; when in doubt the answer is ``False`` (ask for the full row).
     """
     if k <= 0:
         return True
@@ -200,8 +201,12 @@ def certify_fused_top_k(
     kth = float(np.partition(fused_known, len(fused_known) - k)[len(fused_known) - k])
     if len(known_ids) == p_slm.shape[0]:
         return True
-    upper = alpha * tail_bound + (1.0 - alpha) * max_omitted(p_slm, known_ids)
-    return kth > upper + rounding_margin(upper)
+    slm_omitted = max_omitted(p_slm, known_ids)
+    upper = alpha * tail_bound + (1.0 - alpha) * slm_omitted
+    # rounding scales with each side's terms, not with a sum that may cancel (logits can be negative)
+    at = int(np.argmin(np.abs(fused_known - np.float32(kth))))
+    terms = abs(alpha * float(known_llm[at])) + abs((1.0 - alpha) * float(p_slm[known_ids[at]]))
+    return kth > upper + rounding_margin(terms + abs(alpha * tail_bound) + abs((1.0 - alpha) * slm_omitted))
 
 
 def max_omitted(values: np.ndarray, known_ids: np.ndarray) -> float:

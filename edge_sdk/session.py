@@ -37,7 +37,8 @@ class LedgerEntry:
     signal: str  # "upload" or "token"
     values_uploaded: int  # cloud-side: how many SLM values were sent
     full_requested: bool  # the edge asked for the full cloud distribution (the cloud saw that)
-    withheld: bool  # the exposure budget was reached: only a cloud-only signal was sent
+    withheld: bool  # the exposure budget was spent: only a cloud-only signal was sent
+    steered: bool  # the private context steered the signal (an upload, or a token other than the cloud's top)
     bytes_up: int
     bytes_down: int
     leak_share: float  # share of the private context's content tokens exposed so far
@@ -116,8 +117,9 @@ class DecodeSettings:
     temperature: float = 0.0  # cloud-side sampling when the cloud picks
     seed: int = 0  # the cloud's sampling seed (cloud-side fusion only); the edge never uses it
     exposure_k: int = 100  # DecodeLeak's K for the meter's exposure sets
-    # once the share of the private context's content tokens the edge itself has put before the cloud reaches
-    # this, only signals the cloud could produce alone are sent (an empty upload, or the cloud's own top token)
+    # the largest share of the generation's steps (of max_new_tokens) whose signal the private context may steer
+    # (a non-empty upload, a token other than the cloud's own top); after that only signals the cloud could
+    # produce alone are sent.  The cloud can count those steps itself: the switch tells it nothing new.
     exposure_budget: float | None = None
 
 
@@ -139,8 +141,8 @@ class CollaborativeDecoder:
         slm_prompt: ids the SLM conditions on (private context + public query).
         cloud_prompt: ids the cloud conditions on (public query only).
         meter: the live leakage meter for this private context.
-        masked_ids: token ids that must never leave the device; their SLM
-            probability is zeroed before the policy runs.
+        masked_ids: ids of ``never_upload`` spans: the SLM's values for them are removed before the policy
+            runs (see :meth:`_edge_arrays`).
         rng: the generator randomised policies draw from (seed it from OS entropy: anything derived from
             what crosses the wire would let the cloud replay the policy's noise).
     """
@@ -166,7 +168,6 @@ class CollaborativeDecoder:
         self.cloud_prompt = list(cloud_prompt)
         self.meter = meter
         self.masked = np.fromiter(sorted(masked_ids), dtype=np.int64)
-        self._masked_set = frozenset(int(i) for i in masked_ids)
         # the lowest value a row can hold in the policy's space: 0 for probabilities, float32's minimum for logits
         self._lowest = np.float32(np.finfo(np.float32).min if policy.space == "logit" else 0.0)
         self.rng = rng
@@ -177,6 +178,7 @@ class CollaborativeDecoder:
         self._p_llm_buffer = np.zeros(slm.vocab_size, dtype=np.float32)  # the sparse cloud view, reused
         self._stop_ids: frozenset[int] = frozenset(slm.eos_token_ids)
         self._unacknowledged: _SentSignal | None = None  # sent, but the stream broke before the reply
+        self._steered_steps = 0  # steps whose signal the private context steered (what the budget counts)
 
     @property
     def top_m(self) -> int:
@@ -210,11 +212,15 @@ class CollaborativeDecoder:
 
     # -- one step ------------------------------------------------------------------------------------
     def _edge_arrays(self, logits: np.ndarray) -> np.ndarray:
-        """The SLM's row in the policy's space, with masked ids removed.
+        """The SLM's row in the policy's space, with what it says of masked ids removed.
 
         Probability space: ``softmax(z)`` with masked ids zeroed and the rest
         renormalised.  Logit space: the raw logits (what the authors' release
-        fuses), masked ids lowered to float32's minimum.
+        fuses), masked ids lowered to float32's minimum.  The policy then
+        decides as if the SLM gave the masked span nothing: a masked token
+        can only be chosen on the cloud's own probability, exactly as a word
+        the private context never mentions, so neither a masked value nor a
+        refusal of a token the cloud pushes tells the cloud anything.
         """
         logits = check_finite(np.asarray(logits, dtype=np.float32)[: self.slm.vocab_size], "the SLM's logits")
         if self.policy.space == "logit":
@@ -235,58 +241,36 @@ class CollaborativeDecoder:
     ) -> CloudUpload | SyncedToken | None:
         """The step's signal, or ``None`` when a sparse ``dist`` cannot certify the policy's decision."""
         mode, alpha = self.settings.mode, self.settings.alpha
-        if withheld:  # budget reached: a signal the cloud could have produced on its own
+        if withheld:  # budget spent: a signal the cloud could have produced on its own
             if mode == "cloud":
                 return CloudUpload.empty(self.policy.space)
-            return SyncedToken(dist.top_id())  # the cloud's own top token is always sent
-        fill = self._lowest  # a lower bound of every omitted value
-        p_llm = dist.lower_dense(self.slm.vocab_size, out=self._p_llm_buffer, fill=fill)
-        if self.masked.size and mode == "edge":  # a masked token is never chosen, however much the cloud favours it
-            if p_llm is dist.dense:
-                p_llm = p_llm.copy()
-            p_llm[self.masked] = fill
+            return SyncedToken(dist.top_id())  # the cloud's own top token
+        p_llm = dist.lower_dense(self.slm.vocab_size, out=self._p_llm_buffer, fill=self._lowest)
         if dist.is_full:
             signal = self.policy.decide(mode, p_slm, p_llm, alpha=alpha, rng=self.rng)
         else:
             signal = self.policy.decide_sparse(mode, p_slm, p_llm, dist.ids, dist.tail_bound, alpha=alpha, rng=self.rng)
             if signal is None:
                 return None
-        return self._without_masked(signal, p_slm, p_llm) if self.masked.size else signal
-
-    def _without_masked(self, signal: CloudUpload | SyncedToken, p_slm: np.ndarray, p_llm: np.ndarray):
-        """The signal with every masked id gone, and nothing that points at them.
-
-        An upload loses its masked ids; one listing the whole vocabulary keeps
-        only its :data:`~edge_sdk.masking.MASKED_UPLOAD_LIMIT` largest values
-        (with every id listed, the missing ones would stand out).  A masked
-        token (a sampler's rare draw) is replaced by the best unmasked fused one.
-        """
-        if isinstance(signal, SyncedToken):
-            if signal.token_id not in self._masked_set:
-                return signal
-            fused = fuse(p_llm, p_slm, self.settings.alpha)
-            fused[self.masked] = self._lowest
-            return SyncedToken(int(np.argmax(fused)))
-        ids, values = signal.ids, signal.values
-        if len(ids) >= self.slm.vocab_size - self.masked.size:  # every id (but the masked): a predictable set
-            keep = top_k_ids(np.where(np.isin(ids, self.masked), -np.inf, values), MASKED_UPLOAD_LIMIT)
-        else:
-            keep = np.flatnonzero(~np.isin(ids, self.masked))
-        return CloudUpload(ids[keep], values[keep], signal.space)
+        if self.masked.size and isinstance(signal, CloudUpload) and len(signal) >= self.slm.vocab_size:
+            # every id listed: the masked ones (their SLM value set to the floor) would stand out
+            keep = top_k_ids(signal.values, MASKED_UPLOAD_LIMIT)
+            signal = CloudUpload(signal.ids[keep], signal.values[keep], signal.space)
+        return signal
 
     @staticmethod
-    def _sent_by_choice(signal: CloudUpload | SyncedToken, exposure: np.ndarray, dist: wire.CloudDistribution):
-        """The ids this step's signal put before the cloud by the edge's own choice: what the budget meter counts.
+    def _steered(signal: CloudUpload | SyncedToken, dist: wire.CloudDistribution) -> bool:
+        """Whether the private context steered this step's signal, as the cloud itself can tell.
 
-        Cloud-side, the uploaded values' ``E_t^K``.  Edge-side, the synchronised
-        token, unless it is the cloud's own top token: a cloud can force that
-        one (all its mass on a probe word), and counting it would make the
-        budget's switch an oracle telling whether the probe is private.  The
-        cloud's own top-``K`` is never counted: the cloud chose those ids.
+        Cloud-side: anything was uploaded.  Edge-side: the token is not the
+        cloud's own top token.  The exposure budget counts only these steps, so
+        when it switches depends on nothing the cloud has not already seen
+        (counting private words instead made the switch an oracle: a cloud
+        pushing a probe word learned whether it was one of them).
         """
         if isinstance(signal, CloudUpload):
-            return exposure
-        return () if signal.token_id == dist.top_id() else (signal.token_id,)
+            return len(signal) > 0
+        return signal.token_id != dist.top_id()
 
     def steps(self, connection: CloudConnection) -> Iterator[StepEvent]:
         """Open (or resume) the session on ``connection`` and decode until the end.
@@ -325,7 +309,7 @@ class CollaborativeDecoder:
             if sent is None:
                 p_slm = self._p_slm
                 budget = self.settings.exposure_budget
-                withheld = budget is not None and self.meter.share >= budget
+                withheld = budget is not None and self._steered_steps >= budget * max_steps
                 signal = self._decide(p_slm, dist, withheld)
                 full_requested = signal is None
                 if signal is None:
@@ -355,7 +339,11 @@ class CollaborativeDecoder:
                 sent.bytes_down += connection.bytes.cloud_to_edge - down0
                 raise
             self._unacknowledged = None
-            self.meter.observe(self._sent_by_choice(signal, exposure, dist))
+            self.meter.observe(exposure)  # what the cloud can read off this step (reported, never decides anything)
+            if isinstance(signal, SyncedToken):
+                self.meter.observe([token])
+            steered = self._steered(signal, dist)
+            self._steered_steps += steered
             self.tokens.append(token)
             if not finished:
                 started_own = time.perf_counter()
@@ -370,6 +358,7 @@ class CollaborativeDecoder:
                 values_uploaded=uploaded,
                 full_requested=sent.full_requested,
                 withheld=sent.withheld,
+                steered=steered,
                 bytes_up=sent.bytes_up + connection.bytes.edge_to_cloud - up0,
                 bytes_down=sent.bytes_down + connection.bytes.cloud_to_edge - down0,
                 leak_share=self.meter.share,

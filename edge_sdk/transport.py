@@ -22,6 +22,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
+
 from edge_sdk import wire
 from edge_sdk.policies.base import CloudUpload
 
@@ -168,6 +170,7 @@ class CloudConnection:
         self._channel = channel
         self.bytes = ByteCounter()
         self.info: wire.SessionInfo | None = None
+        self._request: wire.SessionRequest | None = None
         self.finish_reason: str | None = None
 
     def _send(self, message: Any) -> None:
@@ -186,6 +189,7 @@ class CloudConnection:
         return getattr(message, kind)
 
     def open(self, request: wire.SessionRequest) -> wire.SessionInfo:
+        self._request = request
         self._send(wire.encode_open(request))
         self.info = wire.decode_opened(self._receive("opened"))
         return self.info
@@ -195,12 +199,28 @@ class CloudConnection:
         return self._decode_distribution(self._receive("distribution"))
 
     def _decode_distribution(self, message: Any) -> wire.CloudDistribution:
-        """Parse a distribution; a malformed one (NaN, infinities, bad lengths) ends the session."""
-        assert self.info is not None, "open the session first"
+        """Parse a distribution and check it against what was asked; anything else ends the session.
+
+        Malformed (NaN, infinities, bad lengths, ids out of order), fewer
+        values than the ``top_m`` asked for, or, in probability space, values
+        outside [0, 1]: a policy never sees it.
+        """
+        assert self.info is not None and self._request is not None, "open the session first"
         try:
-            return wire.decode_distribution(message, self.info.vocab_size)
+            dist = wire.decode_distribution(message, self.info.vocab_size)
         except ValueError as exc:
             raise CloudError("DATA_LOSS", f"the cloud sent a malformed distribution: {exc}") from None
+        values = dist.dense if dist.dense is not None else dist.values
+        if dist.dense is None and len(dist.ids) < min(self._request.top_m, self.info.vocab_size):
+            raise CloudError("DATA_LOSS", f"the cloud sent {len(dist.ids)} values, fewer than the "
+                             f"{self._request.top_m} asked for")
+        if self._request.space == "prob" and values.size:
+            total = float(values.sum(dtype=np.float64))
+            if float(values.min()) < 0 or float(values.max()) > 1 or total > 1 + 1e-3 or (
+                dist.dense is not None and total < 1 - 1e-3
+            ):
+                raise CloudError("DATA_LOSS", "the cloud sent probabilities that are not a distribution")
+        return dist
 
     def request_full(self, step: int) -> wire.CloudDistribution:
         """Ask for the full distribution of ``step`` (the cloud learns that we asked)."""
@@ -214,6 +234,9 @@ class CloudConnection:
         chosen = self._receive("token")
         if chosen.step != step:
             raise CloudError("INTERNAL", f"the cloud answered step {chosen.step} to step {step}")
+        assert self.info is not None
+        if chosen.token_id >= self.info.vocab_size:
+            raise CloudError("DATA_LOSS", f"the cloud chose token {chosen.token_id}, outside the vocabulary")
         return int(chosen.token_id), bool(chosen.finished)
 
     def sync_token(self, step: int, token_id: int) -> None:

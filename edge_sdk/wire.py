@@ -288,6 +288,13 @@ def decode_distribution(msg: Any, vocab_size: int) -> CloudDistribution:
     check_finite(values, "the cloud's sparse distribution")
     if not (np.isfinite(msg.tail_bound) and np.isfinite(msg.tail_mass)):
         raise ValueError("the cloud's sparse distribution has a non-finite tail bound or tail mass")
+    # the edge reads the cloud's top token, TopK and certificates off this order: it must be what it claims
+    if values.size > 1 and not bool(np.all(values[1:] <= values[:-1])):
+        raise ValueError("the cloud's sparse distribution does not list its ids by decreasing value")
+    if values.size and float(msg.tail_bound) > float(values[-1]):
+        raise ValueError("the cloud's tail bound exceeds a value it sent")
+    if np.unique(ids).size != ids.size:
+        raise ValueError("the cloud's sparse distribution lists an id twice")
     return CloudDistribution(
         step=int(msg.step),
         ids=ids,

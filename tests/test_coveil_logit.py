@@ -228,3 +228,19 @@ def test_full_row_decisions_never_read_the_sparse_fill() -> None:
     assert got == coveil_select_logit(z_slm, z_llm, alpha=0.5, lam=1.0, k=10)
     up = coveil_upload_logit_sparse(z_slm, ids, z_llm[ids], 1e30, alpha=0.5, lam=1.0, k=10)
     assert up is not None and up.tolist() == coveil_upload_logit(z_slm, z_llm, alpha=0.5, lam=1.0, k=10).tolist()
+
+
+def test_certificates_hold_when_the_bound_nearly_cancels() -> None:
+    """alpha*b and (1-alpha)*max z_S omitted nearly cancel: a margin relative to their sum (~0) let an omitted
+    id's rounding beat the bound, and the sparse rule certified id 0 where the full rule picks id 2."""
+    from edge_sdk.policies import Undefended
+
+    z_llm = z(0, -30, -30)
+    z_slm = z(-0.05712250620126724, -5000, 12.800020217895508)
+    assert coveil_select_logit(z_slm, z_llm, alpha=0.3, lam=0.0, k=1) == 2  # 0.3*-30 + 0.7*12.8 = 0.96 > -0.04
+    dist = CloudDistribution.sparse_from(0, z_llm, 2)
+    assert dist.ids.tolist() == [0, 1] and dist.tail_bound == -30.0
+    lower = dist.lower_dense(3, fill=np.finfo(np.float32).min)
+    assert coveil_select_logit_sparse(z_slm, dist.ids, dist.values, dist.tail_bound, alpha=0.3, lam=0.0, k=1) in (2, None)
+    decision = Undefended(space="logit").decide_sparse("edge", z_slm, lower, dist.ids, dist.tail_bound, alpha=0.3)
+    assert decision is None or decision.token_id == 2

@@ -230,3 +230,87 @@ def test_a_drop_after_the_last_token_does_not_undo_the_generation(tiny_llm) -> N
     # the edge tells the cloud where it would stop
     request = client.decoder(PROMPT, "private note", mode="edge").request()
     assert set(request.stop_token_ids) == set(slm.eos_token_ids) and request.stop_token_ids
+
+
+def test_one_client_cannot_lock_others_out_with_silent_streams(tiny_llm) -> None:
+    limits = Limits(max_sessions=4, max_sessions_per_client=2, max_unopened_streams=10, open_timeout_s=3)
+    engine = CloudEngine(tiny_llm, limits)
+    server, port = build_server(engine, address="127.0.0.1:0", token=["attacker", "victim"], max_workers=24)
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        stub = coveil_pb2_grpc.CollaborativeDecodingStub(channel)
+        silent = []
+        for _ in range(5):
+            outbox: queue.SimpleQueue = queue.SimpleQueue()
+            silent.append((outbox, stub.Decode(iter(outbox.get, None), metadata=[("authorization", "Bearer attacker")],
+                                               timeout=30)))
+        time.sleep(0.3)
+        outbox: queue.SimpleQueue = queue.SimpleQueue()
+        victim = stub.Decode(iter(outbox.get, None), metadata=[("authorization", "Bearer victim")], timeout=30)
+        outbox.put(wire.encode_open(open_request(tiny_llm)))
+        assert next(victim).WhichOneof("kind") == "opened"
+        outbox.put(None)
+        codes = []
+        for box, call in silent:
+            box.put(None)
+            try:
+                list(call)
+                codes.append(grpc.StatusCode.OK)
+            except grpc.RpcError as exc:
+                codes.append(exc.code())
+        assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 3  # beyond the attacker's own 2
+    finally:
+        channel.close()
+        server.stop(None)
+
+
+def test_open_fields_that_would_fill_memory_are_refused(tiny_llm) -> None:
+    engine = CloudEngine(tiny_llm)
+    for overrides in ({"edge_model": "x" * 300}, {"stop_token_ids": tuple(range(300))}):
+        with pytest.raises(ProtocolError) as caught:
+            list(engine.session("tests").handle(wire.encode_open(open_request(tiny_llm, **overrides))))
+        assert caught.value.code == "INVALID_ARGUMENT"
+
+
+def test_a_malicious_cloud_gets_a_status_not_a_crash_on_the_edge(tiny_llm) -> None:
+    """Rows shorter than asked, out of order, not a distribution, or a chosen token outside the vocabulary."""
+    from cloud_adapter.llm import TransformersSLM
+    from edge_sdk.client import EdgeClient
+    from edge_sdk.transport import CloudError
+
+    engine = CloudEngine(tiny_llm)
+
+    class Tampering:
+        def __init__(self, handler, tamper) -> None:
+            self.handler, self.tamper = handler, tamper
+
+        def handle(self, message):
+            for reply in self.handler.handle(message):
+                self.tamper(reply)
+                yield reply
+
+        def abandon(self, reason: str) -> None:
+            self.handler.abandon(reason)
+
+    def truncate(reply) -> None:
+        if reply.WhichOneof("kind") == "distribution" and reply.distribution.ids:
+            reply.distribution.ids = reply.distribution.ids[:40]
+            reply.distribution.values = reply.distribution.values[:40]
+
+    def scale(reply) -> None:
+        if reply.WhichOneof("kind") == "distribution" and reply.distribution.ids:
+            values = wire.values_from_bytes(reply.distribution.values) * 5
+            reply.distribution.values = wire.values_to_bytes(values)
+
+    def bad_token(reply) -> None:
+        if reply.WhichOneof("kind") == "token":
+            reply.token.token_id = 10**9
+
+    slm = TransformersSLM(tiny_llm)
+    for tamper, mode in ((truncate, "edge"), (scale, "edge"), (bad_token, "cloud")):
+        client = EdgeClient(lambda tamper=tamper: Tampering(engine.session("tests"), tamper), slm=slm,
+                            max_reconnects=0)
+        with pytest.raises(CloudError) as caught:
+            client.generate(PROMPT, "private note", mode=mode, max_new_tokens=2)
+        assert caught.value.code == "DATA_LOSS", tamper.__name__

@@ -15,11 +15,10 @@ pytestmark = pytest.mark.model
 
 
 @pytest.fixture(scope="module")
-def engine():
+def engine(gemma_llm):
     from cloud_adapter.engine import CloudEngine
-    from cloud_adapter.llm import TransformersLLM
 
-    return CloudEngine(TransformersLLM(dtype="fp32"))
+    return CloudEngine(gemma_llm)
 
 
 @pytest.fixture(scope="module")
@@ -100,10 +99,11 @@ def test_a_masked_id_is_never_uploaded_nor_missing_from_a_predictable_set(client
 
 
 class FavouringCloud:
-    """A cloud handler whose every full distribution puts 0.99 on one token (a curious cloud probing it)."""
+    """A cloud handler whose every full distribution puts ``mass`` on one token (a curious cloud probing it)."""
 
-    def __init__(self, handler, token: int) -> None:
-        self.handler, self.token = handler, token
+    def __init__(self, handler, token: int, mass: float = 0.99) -> None:
+        self.handler, self.token, self.mass = handler, token, mass
+        self.tops: list[int] = []  # the top id of each row it sent
 
     def handle(self, message):
         from edge_sdk import wire
@@ -111,24 +111,33 @@ class FavouringCloud:
         for reply in self.handler.handle(message):
             if reply.WhichOneof("kind") == "distribution" and reply.distribution.dense:
                 dense = wire.values_from_bytes(reply.distribution.dense).copy()
-                dense[self.token] = 0.99
+                dense *= (1.0 - self.mass) / (1.0 - dense[self.token])  # still a distribution: the edge checks
+                dense[self.token] = self.mass
                 reply.distribution.dense = wire.values_to_bytes(dense)
+                self.tops.append(int(np.argmax(dense)))
             yield reply
 
     def abandon(self, reason: str) -> None:
         self.handler.abandon(reason)
 
 
-def test_a_masked_token_is_never_sent_however_much_the_cloud_favours_it(client, engine, slm) -> None:
+def test_a_masked_word_looks_to_a_probing_cloud_like_a_word_the_context_never_mentions(client, engine, slm) -> None:
+    """A curious cloud pushes one probe token with 0.99 of its mass and watches what the edge does.  Refusing
+    a masked probe would tell it the probe is in the hidden span; instead the edge decides as if its SLM gave
+    the masked span nothing, i.e. exactly as for a word the private context never mentions."""
     from edge_sdk.policies import Undefended
 
-    target = slm.tokenize(" jaundice", add_bos=False)[0]
-    for never_upload, sent_target in (([], True), (["jaundice"], False)):
-        decoder = client.decoder(PUBLIC_PROMPT, PRIVATE_CONTEXT, mode="edge", policy=Undefended(), alpha=0.9,
+    masked_probe = slm.tokenize(" jaundice", add_bos=False)[0]
+    public_probe = slm.tokenize(" umbrella", add_bos=False)[0]
+
+    def sent(probe: int, alpha: float, never_upload: list[str]) -> list[bool]:
+        decoder = client.decoder(PUBLIC_PROMPT, PRIVATE_CONTEXT, mode="edge", policy=Undefended(), alpha=alpha,
                                  max_new_tokens=3, top_m=slm.vocab_size, never_upload=never_upload)
-        connection = CloudConnection(InProcessChannel(FavouringCloud(engine.session("tests"), target)))
-        list(decoder.steps(connection))
-        assert (target in decoder.tokens) is sent_target, never_upload
+        list(decoder.steps(CloudConnection(InProcessChannel(FavouringCloud(engine.session("tests"), probe)))))
+        return [token == probe for token in decoder.tokens]
+
+    for alpha in (0.3, 0.9):
+        assert sent(masked_probe, alpha, ["jaundice"]) == sent(public_probe, alpha, ["jaundice"]), alpha
 
 
 # -- retries ---------------------------------------------------------------------------------------
@@ -214,20 +223,57 @@ def test_the_private_prompt_is_prefilled_before_the_session_opens(slm, engine) -
 
 
 def test_the_exposure_budget_is_no_oracle_for_words_the_cloud_pushes(client, engine, slm) -> None:
-    """A curious cloud puts all its mass on a probe word and watches when withholding starts.  Whether the
-    probe is a word of the private context or not, the edge withholds at the same steps."""
-    from edge_sdk.policies import Undefended
+    """A curious cloud pushes a probe word and watches when withholding starts.  The budget counts only the steps
+    the private context steered as the cloud itself sees them (a token other than its own top), so the switch
+    comes at the same step whether the probe is a word of the private context or not, and the cloud could
+    have computed it from its own transcript."""
+    from edge_sdk.policies import CoVeil, Undefended
 
     private_probe = slm.tokenize(" bilirubin", add_bos=False)[0]
     public_probe = slm.tokenize(" umbrella", add_bos=False)[0]
     decoder = client.decoder(PUBLIC_PROMPT, PRIVATE_CONTEXT)
     assert private_probe in decoder.meter.private_content_ids and public_probe not in decoder.meter.private_content_ids
-    budget = 0.5 / len(decoder.meter.private_content_ids)  # the first private id counted would trip it
 
-    def withheld(probe: int) -> list[bool]:
-        decoder = client.decoder(PUBLIC_PROMPT, PRIVATE_CONTEXT, mode="edge", policy=Undefended(), alpha=0.9,
-                                 max_new_tokens=4, top_m=slm.vocab_size, exposure_budget=budget)
-        list(decoder.steps(CloudConnection(InProcessChannel(FavouringCloud(engine.session("tests"), probe)))))
-        return [entry.withheld for entry in decoder.ledger.entries]
+    def withheld(probe: int, alpha: float, mass: float, policy=CoVeil(lam=1.0)) -> list[bool]:  # noqa: B008
+        decoder = client.decoder(PUBLIC_PROMPT, PRIVATE_CONTEXT, mode="edge", policy=policy, alpha=alpha,
+                                 max_new_tokens=6, top_m=slm.vocab_size, exposure_budget=0.2)
+        cloud = FavouringCloud(engine.session("tests"), probe, mass)
+        list(decoder.steps(CloudConnection(InProcessChannel(cloud))))
+        # the cloud's own count: steps whose token was not the top of the row it sent, before each step
+        steered = np.cumsum([0] + [token != top for token, top in zip(decoder.tokens, cloud.tops)])[:-1]
+        flags = [entry.withheld for entry in decoder.ledger.entries]
+        assert flags == [bool(n >= 0.2 * 6) for n in steered]
+        return flags
 
-    assert withheld(private_probe) == withheld(public_probe) == [False] * 4
+    for alpha in (0.3, 0.6):  # a strong push: the switch comes at the same step for either probe
+        assert withheld(private_probe, alpha, 0.99) == withheld(public_probe, alpha, 0.99)
+    # a push the SLM disagrees with: the edge steers away, the budget runs out, and still only by what the cloud saw
+    assert any(withheld(public_probe, 0.1, 0.99, Undefended()))
+
+
+def test_a_cloud_cannot_misstate_its_own_top_token(client, engine, slm) -> None:
+    """The budget and the fallback read the cloud's top token off the order of its sparse row; a row whose ids
+    are not listed by decreasing value ends the session instead of being believed."""
+    from edge_sdk import wire
+    from edge_sdk.transport import CloudError
+
+    class Reordering:
+        def __init__(self, handler) -> None:
+            self.handler = handler
+
+        def handle(self, message):
+            for reply in self.handler.handle(message):
+                if reply.WhichOneof("kind") == "distribution" and reply.distribution.ids:
+                    ids = wire.ids_from_bytes(reply.distribution.ids)
+                    values = wire.values_from_bytes(reply.distribution.values)
+                    reply.distribution.ids = wire.ids_to_bytes(ids[::-1])
+                    reply.distribution.values = wire.values_to_bytes(values[::-1])
+                yield reply
+
+        def abandon(self, reason: str) -> None:
+            self.handler.abandon(reason)
+
+    decoder = client.decoder(PUBLIC_PROMPT, PRIVATE_CONTEXT, mode="edge", max_new_tokens=2, exposure_budget=0.5)
+    with pytest.raises(CloudError) as caught:
+        list(decoder.steps(CloudConnection(InProcessChannel(Reordering(engine.session("tests"))))))
+    assert caught.value.code == "DATA_LOSS" and "decreasing" in str(caught.value)

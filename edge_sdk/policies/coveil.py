@@ -317,7 +317,10 @@ def coveil_upload_logit_sparse(
     r_known = np.float32(alpha) * np.asarray(known_llm, dtype=np.float32)
     in_pool = np.flatnonzero(np.isin(known_ids, candidates))
     r_known[in_pool] += np.float32(1.0 - alpha) * z_slm[known_ids[in_pool]]
-    winner = _certified_argmax(known_ids, r_known, alpha * tail_bound, complete=len(known_ids) == z_slm.shape[0])
+    sizes = np.abs(alpha * known_llm.astype(np.float64))
+    sizes[in_pool] += np.abs((1.0 - alpha) * z_slm[known_ids[in_pool]].astype(np.float64))
+    winner = _certified_argmax(known_ids, r_known, sizes, alpha * tail_bound, abs(alpha * tail_bound),
+                               complete=len(known_ids) == z_slm.shape[0])
     if winner is None:
         return None
     return _release_upload_rule(
@@ -336,17 +339,27 @@ def _positions(known_ids: np.ndarray, ids: np.ndarray) -> np.ndarray | None:
     return found
 
 
-def _certified_argmax(ids: np.ndarray, scores: np.ndarray, omitted_bound: float, *, complete: bool) -> int | None:
+def _certified_argmax(
+    ids: np.ndarray, scores: np.ndarray, sizes: np.ndarray, omitted_bound: float, bound_size: float, *,
+    complete: bool,
+) -> int | None:
     """``argmax`` over the whole row, from the scores of ``ids`` and a bound on every other id's score.
 
     The lowest id among the best known scores wins (np.argmax's tie rule);
     ``None`` unless it beats ``omitted_bound`` by more than float32 rounding
-    (an omitted id could otherwise win or tie).
+    (an omitted id could otherwise win or tie).  Scores and bound are sums of
+    weighted terms (``sizes[i]``, ``bound_size``: the sums of their terms'
+    absolute values): the rounding scales with those, not with a sum that may
+    nearly cancel.
     """
-    best = float(scores.max())
-    if not complete and not best > omitted_bound + rounding_margin(omitted_bound):
+    best_score = scores.max()
+    best = int(ids[scores == best_score].min())
+    if complete:
+        return best
+    at = int(np.flatnonzero(ids == best)[0])
+    if not float(best_score) > omitted_bound + rounding_margin(float(sizes[at]) + bound_size):
         return None
-    return int(ids[scores == scores.max()].min())
+    return best
 
 
 def _release_candidates(z_llm: np.ndarray, k: int, extra: list[int]) -> np.ndarray:
@@ -432,8 +445,13 @@ def coveil_select_logit_sparse(
         return None  # the K-th sent value is the bound itself: an omitted id may tie it
     known_slm = z_slm[known_ids]
     fused_known = fuse(known_llm, known_slm, alpha)
-    fused_bound = alpha * tail_bound + (1.0 - alpha) * max_omitted(z_slm, known_ids)
-    fused_top = _certified_argmax(known_ids, fused_known, fused_bound, complete=complete)
+    slm_omitted = max_omitted(z_slm, known_ids)
+    fused_bound = alpha * tail_bound + (1.0 - alpha) * slm_omitted
+    llm_sizes = np.abs(alpha * known_llm.astype(np.float64))
+    slm_sizes = np.abs((1.0 - alpha) * known_slm.astype(np.float64))
+    bound_size = abs(alpha * tail_bound) + (abs((1.0 - alpha) * slm_omitted) if np.isfinite(slm_omitted) else 0.0)
+    fused_top = _certified_argmax(known_ids, fused_known, llm_sizes + slm_sizes, fused_bound, bound_size,
+                                  complete=complete)
     if fused_top is None:
         return None
     z_llm_lower = np.full(vocab, np.finfo(np.float32).min, dtype=np.float32)  # exact on the sent ids
@@ -445,7 +463,8 @@ def coveil_select_logit_sparse(
         r_known = np.float32(alpha) * known_llm
         inside = np.isin(known_ids, pool_ids)
         r_known[inside] += np.float32(1.0 - alpha) * known_slm[inside]
-        return _certified_argmax(known_ids, r_known, alpha * tail_bound, complete=complete)
+        return _certified_argmax(known_ids, r_known, np.where(inside, llm_sizes + slm_sizes, llm_sizes),
+                                 alpha * tail_bound, abs(alpha * tail_bound), complete=complete)
 
     winner = winner_of(candidates)
     if winner is None:
