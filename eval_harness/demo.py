@@ -164,27 +164,34 @@ def _print_table(console, summaries: list[dict[str, float | str]], n_items: int)
 
 
 def _plot(summaries: list[dict[str, float | str]], path: Path) -> Path:
+    """Accuracy against Token-ER@100, one line per fusion mode; labels alternate above and below their point
+    (cloud-side above first, edge-side below first) so that neighbouring points never write over each other."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    for mode, marker in (("cloud", "o"), ("edge", "s")):
-        points = [s for s in summaries if s["mode"] == mode]
+    fig, ax = plt.subplots(figsize=(6.8, 4.6))
+    for mode, marker, side in (("cloud", "o", 1), ("edge", "s", -1)):
+        points = sorted((s for s in summaries if s["mode"] == mode), key=lambda s: float(s["token_er@100"]))
         if not points:
             continue
-        ax.plot([s["token_er@100"] for s in points], [s["accuracy"] for s in points], marker=marker, linestyle="--",
-                label=f"{mode}-side fusion")
-        for s in points:
-            ax.annotate(str(s["policy"]), (s["token_er@100"], s["accuracy"]), textcoords="offset points",
-                        xytext=(4, 4), fontsize=7)
-    ax.set_xlabel("Token-ER@100 (private evidence exposed to the cloud; lower is better)")
-    ax.set_ylabel("accuracy")
-    ax.set_ylim(-0.05, 1.05)
-    ax.set_title("Privacy-utility trade-off")
+        xs = [100 * float(s["token_er@100"]) for s in points]
+        ys = [100 * float(s["accuracy"]) for s in points]
+        (line,) = ax.plot(xs, ys, marker=marker, linestyle="--", label=f"{mode}-side fusion")
+        for rank, (s, x, y) in enumerate(zip(points, xs, ys)):
+            undefended = s["policy"] == "undefended"
+            if undefended:  # the reference point: hollow and larger
+                ax.plot([x], [y], marker=marker, markersize=11, markerfacecolor="none", color=line.get_color())
+            up = side if rank % 2 == 0 else -side
+            ax.annotate(str(s["policy"]), (x, y), textcoords="offset points", xytext=(0, 10 * up),
+                        ha="center", va="bottom" if up > 0 else "top", fontsize=8, color=line.get_color())
+    ax.set_xlabel("Token-ER@100 (%): private evidence the cloud could read; lower is better")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_ylim(-5, 105)
+    ax.set_title("Privacy-utility trade-off (hollow marker: undefended)")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
