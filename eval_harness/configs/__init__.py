@@ -1,0 +1,1 @@
+"""Shipped harness configs (the paper's sweep grids)."""

@@ -1,0 +1,130 @@
+"""Sweep settings: the paper's grids as a shipped config, expanded into settings with stable keys.
+
+A :class:`Setting` is one point of a sweep (fusion mode, policy, its
+parameters, alpha, task); its :attr:`Setting.key` is a digest of exactly
+those fields, so a result row written today is recognised as done by a
+re-run tomorrow, on another machine or in another shard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from itertools import product
+from pathlib import Path
+from typing import Any
+
+from edge_sdk.policies import FUSION_MODES, policy_class
+
+#: the shipped config with the paper's grids (appendix "CoVeil Parameter Settings" and the baselines' ranges)
+PAPER_GRIDS = "paper_grids.json"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One point of a sweep.
+
+    Attributes:
+        task: the benchmark (``medpriv``, ``commpriv``) or a JSONL path.
+        mode: ``"cloud"`` or ``"edge"`` fusion.
+        policy: a registered policy name.
+        params: the policy's parameters (JSON values only).
+        alpha: the fusion weight of the cloud LLM.
+    """
+
+    task: str
+    mode: str
+    policy: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    alpha: float = 0.3
+
+    def __post_init__(self) -> None:
+        if self.mode not in FUSION_MODES:
+            raise ValueError(f"fusion mode must be one of {FUSION_MODES}, got {self.mode!r}")
+        cls = policy_class(self.policy)  # an unknown name fails here, with suggestions
+        if self.mode not in cls.modes:
+            raise ValueError(f"policy {self.policy!r} does not define {self.mode}-side fusion")
+        object.__setattr__(self, "params", dict(sorted(self.params.items())))
+
+    @property
+    def key(self) -> str:
+        """A stable digest of every field (canonical JSON, sorted keys): equal settings, equal keys."""
+        canonical = json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    def label(self) -> str:
+        """``"cloud coveil lam=1"``: short and readable, for progress bars and tables."""
+        params = " ".join(f"{k}={v}" for k, v in self.params.items())
+        return f"{self.mode} {self.policy}" + (f" {params}" if params else "")
+
+
+def load_grids(path: str | Path | None = None) -> dict[str, Any]:
+    """A grid config: the shipped paper grids, or a JSON file of the same shape."""
+    if path is None:
+        text = resources.files("eval_harness.configs").joinpath(PAPER_GRIDS).read_text(encoding="utf-8")
+    else:
+        text = Path(path).read_text(encoding="utf-8")
+    config = json.loads(text)
+    if not isinstance(config, dict) or not any(mode in config for mode in FUSION_MODES):
+        raise ValueError(f"a grid config maps 'cloud' and/or 'edge' to policies and their parameter lists: {path}")
+    return config
+
+
+def expand(
+    config: Mapping[str, Any],
+    tasks: Sequence[str],
+    *,
+    modes: Iterable[str] = FUSION_MODES,
+    policies: Iterable[str] | None = None,
+) -> list[Setting]:
+    """Every setting of ``config`` for each task: the product of each policy's parameter lists.
+
+    ``policies`` keeps only those names (all by default).  A parameter given as
+    a single value instead of a list is fixed.
+    """
+    chosen = None if policies is None else set(policies)
+    alpha = float(config.get("alpha", 0.3))
+    settings: list[Setting] = []
+    for mode in modes:
+        for name, grid in config.get(mode, {}).items():
+            if chosen is not None and name not in chosen:
+                continue
+            names = sorted(grid)
+            values = [grid[n] if isinstance(grid[n], list) else [grid[n]] for n in names]
+            for task, combo in product(tasks, product(*values)):
+                settings.append(Setting(task, mode, name, dict(zip(names, combo)), alpha))
+    if chosen is not None and (missing := chosen - {s.policy for s in settings}):
+        raise ValueError(f"the grid config has no setting for {', '.join(sorted(missing))} in {', '.join(modes)}")
+    return settings
+
+
+def shard(units: Iterable[tuple[Setting, str]], index: int, count: int) -> Iterator[tuple[Setting, str]]:
+    """The (setting, item id) pairs of shard ``index`` of ``count`` (0-based).
+
+    Assignment hashes the pair's key, so it does not depend on the order of
+    the grid or of the items, and every pair lands in exactly one shard.
+    """
+    if not 0 <= index < count:
+        raise ValueError(f"shard index must lie in 0..{count - 1}, got {index}")
+    for setting, item_id in units:
+        if int(row_key(setting, item_id).replace("-", ""), 16) % count == index:
+            yield setting, item_id
+
+
+def row_key(setting: Setting, item_id: str) -> str:
+    """The key of one result row: a setting applied to one item."""
+    return f"{setting.key}-{hashlib.sha256(item_id.encode()).hexdigest()[:12]}"
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"i/N"`` (1-based i, as people count shards) → ``(i - 1, N)``."""
+    try:
+        index, count = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise ValueError(f"a shard is i/N, e.g. 2/8, got {text!r}") from None
+    if not (count >= 1 and 1 <= index <= count):
+        raise ValueError(f"a shard i/N needs 1 <= i <= N, got {text!r}")
+    return index - 1, count

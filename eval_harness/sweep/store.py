@@ -1,0 +1,97 @@
+"""Append-only JSONL results: one row per (setting, item), written as it finishes, resumed by key.
+
+Each row is one JSON object on one line carrying a ``key``
+(:func:`eval_harness.sweep.grid.row_key`).  A row is appended and flushed
+as soon as it is finished, so a crash or Ctrl-C loses at most the row being
+written; a torn last line (the process died mid-write) is set aside when
+the file is next opened, never parsed as a result.  A re-run reads the keys
+already present and skips them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+
+class ResultStore:
+    """One JSONL results file, opened for appending.
+
+    Args:
+        path: the file (created with its parent directory if missing).
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._keys: set[str] = set()
+        self.recovered_bytes = 0  # bytes of a torn last line moved aside on opening
+        self._load()
+        self._file = self.path.open("a", encoding="utf-8")
+
+    def _load(self) -> None:
+        if not self.path.exists():
+            return
+        data = self.path.read_bytes()
+        end = data.rfind(b"\n") + 1
+        if end < len(data):  # a line without its newline: the writer died while writing it
+            torn = self.path.with_name(self.path.name + ".torn")
+            with torn.open("ab") as aside:
+                aside.write(data[end:] + b"\n")
+            with self.path.open("r+b") as out:
+                out.truncate(end)
+            self.recovered_bytes = len(data) - end
+        for number, line in enumerate(data[:end].splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                self._keys.add(str(row["key"]))
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise ValueError(f"{self.path}:{number}: not a result row ({exc})") from None
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def append(self, row: Mapping[str, Any]) -> None:
+        """Write one finished row (it must carry a ``key`` not written before) and flush it to the OS."""
+        key = str(row["key"])
+        if key in self._keys:
+            raise ValueError(f"row {key} is already in {self.path}")
+        self._file.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._keys.add(key)
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> ResultStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_rows(paths: Iterable[str | Path]) -> Iterator[dict[str, Any]]:
+    """The rows of several result files (e.g. one per shard), each key once (the first seen wins)."""
+    seen: set[str] = set()
+    for path in paths:
+        with Path(path).open(encoding="utf-8") as lines:
+            for number, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                    key = str(row["key"])
+                except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                    raise ValueError(f"{path}:{number}: not a result row ({exc})") from None
+                if key not in seen:
+                    seen.add(key)
+                    yield row

@@ -1,0 +1,127 @@
+"""Sweep settings, shards and the JSONL store: resumable, order-independent, crash-safe."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from edge_sdk.policies import make_policy, policy_class
+from eval_harness.sweep.grid import Setting, expand, load_grids, parse_shard, row_key, shard
+from eval_harness.sweep.store import ResultStore, read_rows
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_shipped_grids_are_the_papers() -> None:
+    settings = expand(load_grids(), ["medpriv"])
+    counts = {}
+    for s in settings:
+        counts[(s.mode, s.policy)] = counts.get((s.mode, s.policy), 0) + 1
+    # the appendix's grids, counted by hand: 12 + 9 + 11 + 10 lambdas/epsilons cloud-side, 12 + 11 + 8 + 11 + 8
+    # edge-side, plus one undefended run per mode
+    assert counts == {
+        ("cloud", "undefended"): 1, ("cloud", "coveil"): 12, ("cloud", "cogenesis"): 9, ("cloud", "dp_logit"): 11,
+        ("cloud", "dp_fusion"): 10, ("edge", "undefended"): 1, ("edge", "coveil"): 12, ("edge", "custext"): 11,
+        ("edge", "ldp_sampler"): 8, ("edge", "dp_fusion"): 11, ("edge", "invisible_ink"): 8,
+    }
+    assert {s.alpha for s in settings} == {0.3}
+    assert [s.params["lam"] for s in settings if s.mode == "edge" and s.policy == "coveil"] == [
+        0, 0.5, 1, 1.25, 1.5, 1.75, 1.8, 2, 2.25, 2.5, 3, 4]
+    for s in settings:  # every point is a valid setting of its policy
+        if s.policy == "custext":
+            assert set(s.params) <= {f for f in policy_class("custext").__dataclass_fields__}
+        else:
+            make_policy(s.policy, **s.params)
+    assert len({s.key for s in settings}) == len(settings) == 94  # 43 cloud-side + 51 edge-side
+
+
+def test_keys_are_stable_and_mean_the_setting() -> None:
+    a = Setting("medpriv", "cloud", "coveil", {"lam": 1.0, "k": 50})
+    b = Setting("medpriv", "cloud", "coveil", {"k": 50, "lam": 1.0})
+    assert a.key == b.key and a == b
+    assert a.key != Setting("medpriv", "cloud", "coveil", {"lam": 2.0, "k": 50}).key
+    assert a.key != Setting("commpriv", "cloud", "coveil", {"lam": 1.0, "k": 50}).key
+    assert a.key != Setting("medpriv", "cloud", "coveil", {"lam": 1.0, "k": 50}, alpha=0.5).key
+    # a hand-computed digest: the key is sha256 of the canonical JSON, so it survives processes and machines
+    import hashlib
+
+    canonical = '{"alpha":0.3,"mode":"cloud","params":{"k":50,"lam":1.0},"policy":"coveil","task":"medpriv"}'
+    assert a.key == hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    with pytest.raises(ValueError, match="does not define edge-side"):
+        Setting("medpriv", "edge", "cogenesis")
+    with pytest.raises(KeyError, match="did you mean 'coveil'"):
+        Setting("medpriv", "cloud", "coveli")
+
+
+def test_shards_split_every_unit_once_whatever_the_order() -> None:
+    settings = expand(load_grids(), ["medpriv", "commpriv"], policies=["coveil", "cogenesis"])
+    units = [(s, f"item-{i}") for s in settings for i in range(7)]
+    parts = [list(shard(units, i, 4)) for i in range(4)]
+    keys = [[row_key(s, item) for s, item in part] for part in parts]
+    assert sum(map(len, keys)) == len(units) and len(set().union(*map(set, keys))) == len(units)
+    assert all(len(part) > 0 for part in parts)
+    reversed_parts = [list(shard(reversed(units), i, 4)) for i in range(4)]
+    assert [sorted(row_key(s, x) for s, x in p) for p in reversed_parts] == [sorted(k) for k in keys]
+    assert parse_shard("2/8") == (1, 8)
+    for bad in ("0/8", "9/8", "2-8", "x/2"):
+        with pytest.raises(ValueError):
+            parse_shard(bad)
+
+
+def test_the_store_resumes_by_key_and_sets_a_torn_line_aside(tmp_path: Path) -> None:
+    path = tmp_path / "runs" / "results.jsonl"
+    with ResultStore(path) as store:
+        store.append({"key": "a", "value": 1})
+        store.append({"key": "b", "value": 2})
+        with pytest.raises(ValueError, match="already"):
+            store.append({"key": "a", "value": 3})
+    with path.open("a") as out:
+        out.write('{"key": "c", "val')  # the process died mid-write
+    with ResultStore(path) as store:
+        assert "a" in store and "b" in store and "c" not in store and len(store) == 2
+        assert store.recovered_bytes == len('{"key": "c", "val')
+        store.append({"key": "c", "value": 3})
+    assert [row["key"] for row in read_rows([path])] == ["a", "b", "c"]
+    assert (tmp_path / "runs" / "results.jsonl.torn").read_text() == '{"key": "c", "val\n'
+
+
+def test_rows_written_before_a_kill_are_kept(tmp_path: Path) -> None:
+    """A writer killed with SIGKILL mid-run loses nothing it had finished; a re-run skips those keys."""
+    path = tmp_path / "results.jsonl"
+    writer = (
+        "import sys, time\n"
+        "from eval_harness.sweep.store import ResultStore\n"
+        f"store = ResultStore({str(path)!r})\n"
+        "for i in range(10_000):\n"
+        "    store.append({'key': f'k{i}', 'payload': 'x' * 200})\n"
+        "    if i == 49: print('ready', flush=True)\n"
+        "    time.sleep(0.002)\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", writer], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "ready"
+    time.sleep(0.1)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    with ResultStore(path) as store:
+        done = len(store)
+        assert done >= 50
+        assert all(f"k{i}" in store for i in range(done))  # every finished row, in order, nothing torn
+        store.append({"key": f"k{done}", "payload": "resumed"})
+    rows = list(read_rows([path]))
+    assert [row["key"] for row in rows] == [f"k{i}" for i in range(done + 1)]
+
+
+def test_shard_files_merge_without_duplicates(tmp_path: Path) -> None:
+    first, second = tmp_path / "shard-1.jsonl", tmp_path / "shard-2.jsonl"
+    first.write_text(json.dumps({"key": "a", "v": 1}) + "\n" + json.dumps({"key": "b", "v": 2}) + "\n")
+    second.write_text(json.dumps({"key": "b", "v": 9}) + "\n" + json.dumps({"key": "c", "v": 3}) + "\n")
+    assert [(r["key"], r["v"]) for r in read_rows([first, second])] == [("a", 1), ("b", 2), ("c", 3)]
+    (tmp_path / "bad.jsonl").write_text("not json\n")
+    with pytest.raises(ValueError, match="bad.jsonl:1"):
+        list(read_rows([tmp_path / "bad.jsonl"]))
