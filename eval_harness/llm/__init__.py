@@ -1,0 +1,1 @@
+"""Clients for language models the harness calls as judges or attackers."""

@@ -1,0 +1,99 @@
+"""An OpenAI-compatible chat client with retries and an on-disk request cache.
+
+Any server that speaks the OpenAI chat API works: vLLM, llama.cpp's server,
+a hosted model.  Every call is cached on disk under the digest of its full
+request (model, messages, parameters), so a re-run of an audit costs no
+calls at all and a crash loses only the call in flight.  Transient failures
+(connection errors, time-outs, rate limits, 5xx) are retried with
+exponential backoff.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("COVEIL_CACHE_DIR", Path.home() / ".cache" / "coveil")).expanduser() / "llm-calls"
+
+
+class ChatClient:
+    """Chat completions from one model behind an OpenAI-compatible endpoint.
+
+    Args:
+        base_url: the endpoint, e.g. ``http://127.0.0.1:8080/v1``.
+        model: the model name the endpoint serves.
+        api_key_env: the environment variable holding the key (local servers accept any key; unset means
+            ``"not-needed"``).
+        cache_dir: where calls are cached (default ``$COVEIL_CACHE_DIR/llm-calls``); ``None`` disables it.
+        max_retries: attempts after the first for a transient failure.
+        backoff_s: the first retry's wait, doubled at each further one.
+        timeout_s: one request's time limit.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key_env: str = "OPENAI_API_KEY",
+        cache_dir: str | Path | None = "default",
+        max_retries: int = 4,
+        backoff_s: float = 1.0,
+        timeout_s: float = 120.0,
+    ) -> None:
+        import openai
+
+        self.model = model
+        self.base_url = base_url
+        self.cache_dir = default_cache_dir() if cache_dir == "default" else (Path(cache_dir) if cache_dir else None)
+        self.max_retries, self.backoff_s = max_retries, backoff_s
+        self.calls = 0  # requests that reached the endpoint (cache hits do not count)
+        self._openai = openai
+        self._client = openai.OpenAI(base_url=base_url, api_key=os.environ.get(api_key_env) or "not-needed",
+                                     timeout=timeout_s, max_retries=0)
+
+    def request_key(self, messages: Sequence[Mapping[str, str]], params: Mapping[str, Any]) -> str:
+        """The digest a call is cached under: model, messages and parameters, canonical JSON."""
+        body = {"model": self.model, "messages": list(messages), "params": dict(params)}
+        return hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+    def complete(self, messages: Sequence[Mapping[str, str]], **params: Any) -> str:
+        """The assistant's reply to ``messages`` (from the cache when this exact request was made before)."""
+        key = self.request_key(messages, params)
+        cached = self._cache_path(key)
+        if cached is not None and cached.is_file():
+            return json.loads(cached.read_text(encoding="utf-8"))["reply"]
+        reply = self._call_with_retries(messages, params)
+        if cached is not None:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            fd, staging = tempfile.mkstemp(prefix=cached.name + ".", dir=cached.parent)
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                json.dump({"model": self.model, "messages": list(messages), "params": params, "reply": reply}, out,
+                          ensure_ascii=False)
+            os.replace(staging, cached)
+        return reply
+
+    def _cache_path(self, key: str) -> Path | None:
+        return None if self.cache_dir is None else self.cache_dir / key[:2] / f"{key}.json"
+
+    def _call_with_retries(self, messages: Sequence[Mapping[str, str]], params: Mapping[str, Any]) -> str:
+        transient = (self._openai.APIConnectionError, self._openai.APITimeoutError, self._openai.RateLimitError,
+                     self._openai.InternalServerError)
+        for attempt in range(self.max_retries + 1):
+            try:
+                self.calls += 1
+                response = self._client.chat.completions.create(model=self.model, messages=list(messages), **params)
+                return response.choices[0].message.content or ""
+            except transient:
+                if attempt == self.max_retries:
+                    raise
+                time.sleep(self.backoff_s * 2**attempt)
+        raise AssertionError("unreachable")  # pragma: no cover
