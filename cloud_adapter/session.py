@@ -185,7 +185,7 @@ class SessionHandler:
                 )
             observation = upload = parse_upload(signal.upload, vocab_size=self.engine.llm.vocab_size,
                                                 max_upload=self.engine.max_upload, space=request.space)
-            token = self._pick(upload)
+            token = self._pick(upload, no_stop=signal.no_stop)
             record.upload_size = len(upload)
             record.upload = largest_values(upload, self.engine.transcript_upload_limit)
         else:
@@ -217,20 +217,25 @@ class SessionHandler:
         forward_ns = self.engine.runner.forward(self._seq, token)
         yield self._next_distribution(forward_ns)
 
-    def _pick(self, upload: CloudUpload) -> int:
+    def _pick(self, upload: CloudUpload, *, no_stop: bool = False) -> int:
         """The cloud-side token: ``argmax`` (or a draw) of ``alpha * row_llm + (1 - alpha) * m * upload``.
 
         With ``alpha = 0`` and nothing uploaded the fusion holds no information
         at all; the cloud then picks from its own row rather than from zeros.
+        ``no_stop`` takes the end-of-generation ids out of the choice.
         """
         request = self._request
         assert request is not None
         if request.alpha == 0.0 and not len(upload):
-            scores = self._llm_values
+            scores = self._llm_values.copy()
         else:
             scores = upload.fuse_with(self._llm_values, request.alpha)
         if request.space == "logit" and request.temperature > 0:
             scores = softmax(scores)  # pick_token samples from p**(1/T): softmax(z)**(1/T) ∝ exp(z/T)
+        if no_stop:  # scores are probabilities here, or raw fused logits when greedy in logit space
+            raw_logits = request.space == "logit" and request.temperature == 0
+            stops = np.fromiter(self._eos, dtype=np.int64)
+            scores[stops[stops < scores.shape[0]]] = np.finfo(np.float32).min if raw_logits else 0.0
         return pick_token(scores, temperature=request.temperature, rng=self._rng)
 
     def _next_distribution(self, forward_ns: int) -> Any:

@@ -24,7 +24,7 @@ from edge_sdk.leakage import LeakageMeter, content_token_ids, piece_reader
 from edge_sdk.masking import never_upload_ids
 from edge_sdk.policies import Policy, make_policy
 from edge_sdk.policies.base import FusionMode
-from edge_sdk.session import CollaborativeDecoder, DecodeSettings, PrivacyLedger, run_with_resume
+from edge_sdk.session import CollaborativeDecoder, DecodeSettings, PrivacyLedger, StoppingRule, run_with_resume
 from edge_sdk.transport import CloudConnection, CloudSessionHandler, GrpcChannel, InProcessChannel
 
 #: joins the private context and the public query in the SLM's prompt
@@ -282,6 +282,7 @@ class EdgeClient:
         top_m: int = wire.DEFAULT_TOP_M,
         seed: int = 0,
         rng: np.random.Generator | None = None,
+        stopping: StoppingRule | None = None,
     ) -> CollaborativeDecoder:
         """Build the decoder for one generation (what :meth:`stream` runs).
 
@@ -327,6 +328,7 @@ class EdgeClient:
             masked_ids=masked,
             # the policy's randomness comes from OS entropy, never from anything on the wire
             rng=rng if rng is not None else np.random.default_rng(),
+            stopping=stopping,
         )
 
     def stream(self, public_query: str, private_context: str = "", **kwargs: Any) -> GenerationStream:

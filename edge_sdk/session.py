@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import Protocol
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -92,6 +93,22 @@ class PrivacyLedger:
         )
 
 
+class StoppingRule(Protocol):
+    """When a generation may end and when it is complete, read off the text generated so far.
+
+    Both sides already hold that text, so following the rule reveals nothing
+    private (cloud-side the edge only tells the cloud "not yet").
+    """
+
+    def allows_end(self, text: str) -> bool:
+        """Whether an end-of-generation token may be chosen after ``text``."""
+        ...
+
+    def is_done(self, text: str) -> bool:
+        """Whether the generation is complete once it reads ``text`` (decoding stops there)."""
+        ...
+
+
 @dataclass(eq=False)
 class _SentSignal:
     """A step's decided signal until the cloud acknowledges it, with what its sends cost so far."""
@@ -145,6 +162,8 @@ class CollaborativeDecoder:
             runs (see :meth:`_edge_arrays`).
         rng: the generator randomised policies draw from (seed it from OS entropy: anything derived from
             what crosses the wire would let the cloud replay the policy's noise).
+        stopping: when the generation may end and when it is complete (``None``: at an end-of-generation
+            token or ``max_new_tokens``).
     """
 
     def __init__(
@@ -158,6 +177,7 @@ class CollaborativeDecoder:
         meter: LeakageMeter,
         masked_ids: frozenset[int] = frozenset(),
         rng: np.random.Generator | None = None,
+        stopping: StoppingRule | None = None,
     ) -> None:
         if settings.mode not in policy.modes:
             raise ValueError(f"policy {policy.name!r} does not support {settings.mode}-side fusion")
@@ -171,12 +191,14 @@ class CollaborativeDecoder:
         # the lowest value a row can hold in the policy's space: 0 for probabilities, float32's minimum for logits
         self._lowest = np.float32(np.finfo(np.float32).min if policy.space == "logit" else 0.0)
         self.rng = rng
+        self.stopping = stopping
         self.tokens: list[int] = []
         self.ledger = PrivacyLedger(mode=settings.mode, policy=policy.describe(), exposure_k=settings.exposure_k)
         self.finish_reason: str | None = None
         self._p_slm: np.ndarray | None = None  # the policy's view of the SLM's next distribution
         self._p_llm_buffer = np.zeros(slm.vocab_size, dtype=np.float32)  # the sparse cloud view, reused
         self._stop_ids: frozenset[int] = frozenset(slm.eos_token_ids)
+        self._stop_array = np.empty(0, dtype=np.int64)  # the same, as an array (set when the session opens)
         self._unacknowledged: _SentSignal | None = None  # sent, but the stream broke before the reply
         self._steered_steps = 0  # steps whose signal the private context steered (what the budget counts)
 
@@ -237,15 +259,30 @@ class CollaborativeDecoder:
         return p
 
     def _decide(
-        self, p_slm: np.ndarray, dist: wire.CloudDistribution, withheld: bool
+        self, p_slm: np.ndarray, dist: wire.CloudDistribution, withheld: bool, no_stop: bool = False
     ) -> CloudUpload | SyncedToken | None:
-        """The step's signal, or ``None`` when a sparse ``dist`` cannot certify the policy's decision."""
+        """The step's signal, or ``None`` when a sparse ``dist`` cannot certify the policy's decision.
+
+        ``no_stop`` (edge-side): end-of-generation ids are out of the choice this step; cloud-side the cloud
+        is told instead.
+        """
         mode, alpha = self.settings.mode, self.settings.alpha
+        stops = self._stop_array if no_stop and mode == "edge" else None
         if withheld:  # budget spent: a signal the cloud could have produced on its own
             if mode == "cloud":
                 return CloudUpload.empty(self.policy.space)
-            return SyncedToken(dist.top_id())  # the cloud's own top token
+            token = dist.top_id()  # the cloud's own top token (its best one that does not end, if it may not)
+            if stops is not None and token in self._stop_ids:
+                row = dist.lower_dense(self.slm.vocab_size, out=self._p_llm_buffer, fill=self._lowest).copy()
+                row[stops] = self._lowest
+                token = int(np.argmax(row))
+            return SyncedToken(token)
         p_llm = dist.lower_dense(self.slm.vocab_size, out=self._p_llm_buffer, fill=self._lowest)
+        if stops is not None:
+            p_llm = p_llm.copy() if p_llm is dist.dense else p_llm
+            p_llm[stops] = self._lowest
+            p_slm = p_slm.copy()
+            p_slm[stops] = self._lowest
         if dist.is_full:
             signal = self.policy.decide(mode, p_slm, p_llm, alpha=alpha, rng=self.rng)
         else:
@@ -293,6 +330,7 @@ class CollaborativeDecoder:
                 f"model {self.slm.name!r} has {self.slm.vocab_size}",
             )
         self._stop_ids = frozenset(self.slm.eos_token_ids) | info.eos_token_ids
+        self._stop_array = np.fromiter(sorted(i for i in self._stop_ids if i < self.slm.vocab_size), dtype=np.int64)
         max_steps = min(self.settings.max_new_tokens, info.max_new_tokens)
         k = self.settings.exposure_k
         while len(self.tokens) < max_steps:
@@ -305,18 +343,19 @@ class CollaborativeDecoder:
                 raise CloudError("INTERNAL", f"the cloud sent step {dist.step}, expected {step}")
             cloud_forward_ns = dist.forward_ns  # a full row sent on request carries no forward of its own
             started = time.perf_counter()
+            no_stop = self.stopping is not None and not self.stopping.allows_end(self.slm.detokenize(self.tokens))
             sent = self._unacknowledged if self._unacknowledged is not None and self._unacknowledged.step == step else None
             if sent is None:
                 p_slm = self._p_slm
                 budget = self.settings.exposure_budget
                 withheld = budget is not None and self._steered_steps >= budget * max_steps
-                signal = self._decide(p_slm, dist, withheld)
+                signal = self._decide(p_slm, dist, withheld, no_stop)
                 full_requested = signal is None
                 if signal is None:
                     wait = time.perf_counter()
                     dist = connection.request_full(step)
                     wait_s += time.perf_counter() - wait
-                    signal = self._decide(p_slm, dist, withheld)
+                    signal = self._decide(p_slm, dist, withheld, no_stop)
                     assert signal is not None, "a full distribution always decides"
                 exposure = wire.step_exposure(signal, dist, k)
                 sent = self._unacknowledged = _SentSignal(step, signal, exposure, full_requested, withheld)
@@ -326,7 +365,7 @@ class CollaborativeDecoder:
             try:
                 if isinstance(signal, CloudUpload):
                     wait = time.perf_counter()
-                    token, finished = connection.upload(step, signal)
+                    token, finished = connection.upload(step, signal, no_stop=no_stop)
                     wait_s += time.perf_counter() - wait
                     uploaded = len(signal)
                 else:
@@ -345,6 +384,9 @@ class CollaborativeDecoder:
             steered = self._steered(signal, dist)
             self._steered_steps += steered
             self.tokens.append(token)
+            done = self.stopping is not None and self.stopping.is_done(self.slm.detokenize(self.tokens))
+            if done and not finished:  # the rule ends it here: the edge closes the session
+                finished, self.finish_reason = True, "stop_rule"
             if not finished:
                 started_own = time.perf_counter()
                 # the SLM's next step (and its softmax) run while the cloud computes its own
@@ -371,6 +413,8 @@ class CollaborativeDecoder:
             self.ledger.entries.append(entry)
             yield StepEvent(token, entry)
             if finished:
+                if self.finish_reason == "stop_rule":
+                    return  # the session is closed by whoever owns the connection (run_with_resume does)
                 try:
                     self.finish_reason = connection.finished()
                 except CloudError:  # the stream broke after the last token: the generation itself is complete

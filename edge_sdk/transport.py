@@ -228,9 +228,12 @@ class CloudConnection:
         self._send(wire.encode_request_full(step))
         return self._decode_distribution(self._receive("distribution"))
 
-    def upload(self, step: int, upload: CloudUpload) -> tuple[int, bool]:
-        """Cloud-side fusion: send the upload, return ``(token the cloud picked, finished)``."""
-        self._send(wire.encode_upload(step, upload))
+    def upload(self, step: int, upload: CloudUpload, *, no_stop: bool = False) -> tuple[int, bool]:
+        """Cloud-side fusion: send the upload, return ``(token the cloud picked, finished)``.
+
+        ``no_stop``: the cloud must not pick an end-of-generation id this step.
+        """
+        self._send(wire.encode_upload(step, upload, no_stop=no_stop))
         chosen = self._receive("token")
         if chosen.step != step:
             raise CloudError("INTERNAL", f"the cloud answered step {chosen.step} to step {step}")

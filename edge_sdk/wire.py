@@ -305,15 +305,18 @@ def decode_distribution(msg: Any, vocab_size: int) -> CloudDistribution:
     )
 
 
-def encode_upload(step: int, upload: CloudUpload) -> Any:
-    """An upload of every id ``0..n-1`` travels dense (values only); any other upload sparse."""
+def encode_upload(step: int, upload: CloudUpload, *, no_stop: bool = False) -> Any:
+    """An upload of every id ``0..n-1`` travels dense (values only); any other upload sparse.
+
+    ``no_stop``: the cloud must not pick an end-of-generation id at this step.
+    """
     m = pb()
     n = len(upload)
     if n > 1 and upload.ids[0] == 0 and upload.ids[-1] == n - 1:  # ids are unique and ascending: 0..n-1
         body = m.Upload(values=values_to_bytes(upload.values), dense=True)
     else:
         body = m.Upload(ids=ids_to_bytes(upload.ids), values=values_to_bytes(upload.values))
-    return m.EdgeMessage(signal=m.StepSignal(step=step, upload=body))
+    return m.EdgeMessage(signal=m.StepSignal(step=step, upload=body, no_stop=no_stop))
 
 
 def encode_token(step: int, token_id: int) -> Any:
