@@ -1,0 +1,147 @@
+"""The reference runner: both models in HF transformers, many items decoded at once, one decoding loop.
+
+Each item runs the SDK's own loop (:class:`edge_sdk.client.EdgeClient` over
+the in-process transport, so the same bytes and checks as the wire) in a
+thread of its own.  Both models sit behind a
+:class:`~cloud_adapter.runners.StepBatcher`: the cloud LLM through the
+cloud engine, the SLM through :class:`BatchedSLM`, so the steps of the items
+in flight run as one padded forward per model, each with its KV cache, not
+one item at a time without a cache as the authors' release does.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cloud_adapter.engine import CloudEngine
+from cloud_adapter.limits import Limits
+from cloud_adapter.llm import CloudSequence, TransformersLLM
+from cloud_adapter.runners import StepBatcher
+from edge_sdk.client import EdgeClient, GenerationResult
+from edge_sdk.policies import Policy
+
+
+class BatchedSLM:
+    """An :class:`~edge_sdk.backends.base.SLMBackend` whose forwards go through a shared :class:`StepBatcher`.
+
+    One instance per concurrent item; instances sharing a batcher have their
+    steps folded into one batched forward.  ``prefill`` opens a fresh KV cache,
+    so its result depends on the prompt alone.
+    """
+
+    def __init__(self, llm: TransformersLLM, batcher: StepBatcher, tokenizer_lock: threading.Lock) -> None:
+        self.llm, self.batcher, self._lock = llm, batcher, tokenizer_lock
+        self.name, self.vocab_size, self.eos_token_ids = llm.name, llm.vocab_size, llm.eos_token_ids
+        self._seq: CloudSequence | None = None
+
+    def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
+        with self._lock:  # fast tokenizers refuse concurrent use
+            return self.llm.tokenize(text, add_bos=add_bos)
+
+    def detokenize(self, ids: list[int]) -> str:
+        with self._lock:
+            return self.llm.detokenize(ids)
+
+    def token_strings(self) -> list[bytes]:
+        return self.llm.token_strings()
+
+    def vocab_fingerprint(self) -> bytes:
+        return self.llm.vocab_fingerprint()
+
+    def prefill(self, ids: list[int]) -> np.ndarray:
+        self.close()
+        self._seq, _ = self.batcher.prefill(ids)
+        return self._seq.next_logits.copy()
+
+    def append(self, token_id: int) -> np.ndarray:
+        if self._seq is None:
+            raise RuntimeError("append before prefill: the sequence is empty")
+        self.batcher.forward(self._seq, int(token_id))
+        return self._seq.next_logits.copy()
+
+    def close(self) -> None:
+        """Let the batcher forget this item's sequence (its KV cache goes with it)."""
+        if self._seq is not None:
+            self.batcher.release(self._seq)
+            self._seq = None
+
+
+@dataclass(frozen=True)
+class ItemRun:
+    """What one item needs: the prompts, and a policy built for this item (randomised ones get their own rng)."""
+
+    item_id: str
+    public_prompt: str
+    private_context: str
+    policy: Policy
+    rng: np.random.Generator | None = None
+    stopping: Any = None
+
+
+class ReferenceRunner:
+    """Both models in transformers, ``concurrency`` items in flight; results as the in-process SDK gives them.
+
+    Args:
+        slm: the edge model in transformers (e.g. the full-precision twin of a GGUF).
+        llm: the cloud model.
+        concurrency: items decoded at once (the batch each model's forwards gather).
+        batch_window_ms: how long a batched forward waits for items expected back.
+    """
+
+    def __init__(self, slm: TransformersLLM, llm: TransformersLLM, *, concurrency: int = 8,
+                 batch_window_ms: float = 10.0) -> None:
+        self.slm_model, self.llm = slm, llm
+        self.concurrency = concurrency
+        self._slm_batcher = StepBatcher(slm, batch_window_ms=batch_window_ms)
+        self._llm_batcher = StepBatcher(llm, batch_window_ms=batch_window_ms)
+        limits = Limits(max_sessions=concurrency, max_sessions_per_client=concurrency)
+        self.engine = CloudEngine(llm, limits, runner=self._llm_batcher)
+        self._tokenizer_lock = threading.Lock()
+
+    @property
+    def batch_sizes(self) -> tuple[dict[int, int], dict[int, int]]:
+        """How many batched forwards of each size ran: (SLM, cloud LLM)."""
+        return dict(self._slm_batcher.batch_sizes), dict(self._llm_batcher.batch_sizes)
+
+    def run(
+        self,
+        runs: Sequence[ItemRun],
+        *,
+        mode: str,
+        alpha: float,
+        max_new_tokens: int,
+        on_result: Callable[[ItemRun, GenerationResult], None] | None = None,
+    ) -> list[GenerationResult]:
+        """Decode every item; ``on_result`` is called (from a worker thread) as each one finishes."""
+
+        def one(item: ItemRun) -> GenerationResult:
+            slm = BatchedSLM(self.slm_model, self._slm_batcher, self._tokenizer_lock)
+            try:
+                client = EdgeClient(lambda: self.engine.session("reference"), slm=slm)
+                result = client.generate(item.public_prompt, item.private_context, mode=mode, policy=item.policy,
+                                         alpha=alpha, max_new_tokens=max_new_tokens, rng=item.rng,
+                                         stopping=item.stopping)
+            finally:
+                slm.close()
+            if on_result is not None:
+                on_result(item, result)
+            return result
+
+        with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="reference-item") as pool:
+            return list(pool.map(one, runs))
+
+    def close(self) -> None:
+        self._slm_batcher.close()
+        self._llm_batcher.close()
+
+    def __enter__(self) -> ReferenceRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
