@@ -21,7 +21,7 @@ import numpy as np
 
 from edge_sdk import wire
 from edge_sdk.backends.base import SLMBackend
-from edge_sdk.fusion import check_finite, fuse, softmax, top_k_ids
+from edge_sdk.fusion import check_finite, softmax, top_k_ids
 from edge_sdk.leakage import ExposureTrace, LeakageMeter
 from edge_sdk.masking import MASKED_UPLOAD_LIMIT
 from edge_sdk.policies.base import CloudUpload, FusionMode, Policy, SyncedToken

@@ -49,6 +49,14 @@ def gemma_llm():
     return TransformersLLM(dtype="fp32")
 
 
+@pytest.fixture(scope="module")
+def engine(gemma_llm):
+    """An in-process cloud engine over the shared model (one per test module: its transcripts stay apart)."""
+    from cloud_adapter.engine import CloudEngine
+
+    return CloudEngine(gemma_llm)
+
+
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)

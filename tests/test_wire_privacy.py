@@ -15,13 +15,6 @@ pytestmark = pytest.mark.model
 
 
 @pytest.fixture(scope="module")
-def engine(gemma_llm):
-    from cloud_adapter.engine import CloudEngine
-
-    return CloudEngine(gemma_llm)
-
-
-@pytest.fixture(scope="module")
 def client(slm, engine) -> EdgeClient:
     return EdgeClient(lambda: engine.session("tests"), slm=slm)
 

@@ -21,38 +21,32 @@ import numpy as np
 
 from cloud_adapter.engine import CloudEngine
 from cloud_adapter.limits import Limits
-from cloud_adapter.llm import CloudSequence, TransformersLLM
+from cloud_adapter.llm import TransformersLLM, TransformersSLM
 from cloud_adapter.runners import StepBatcher
 from edge_sdk.client import EdgeClient, GenerationResult
 from edge_sdk.policies import Policy
 
 
-class BatchedSLM:
-    """An :class:`~edge_sdk.backends.base.SLMBackend` whose forwards go through a shared :class:`StepBatcher`.
+class BatchedSLM(TransformersSLM):
+    """A :class:`~cloud_adapter.llm.TransformersSLM` whose forwards go through a shared :class:`StepBatcher`.
 
     One instance per concurrent item; instances sharing a batcher have their
-    steps folded into one batched forward.  ``prefill`` opens a fresh KV cache,
-    so its result depends on the prompt alone.
+    steps folded into one batched forward, and share one lock for the
+    tokenizer (fast tokenizers refuse concurrent use).
     """
 
     def __init__(self, llm: TransformersLLM, batcher: StepBatcher, tokenizer_lock: threading.Lock) -> None:
-        self.llm, self.batcher, self._lock = llm, batcher, tokenizer_lock
-        self.name, self.vocab_size, self.eos_token_ids = llm.name, llm.vocab_size, llm.eos_token_ids
-        self._seq: CloudSequence | None = None
+        super().__init__(llm)
+        self.batcher, self._lock = batcher, tokenizer_lock
+        self.source = llm.source  # a policy that needs the model's files (CusText) finds them here
 
     def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
-        with self._lock:  # fast tokenizers refuse concurrent use
-            return self.llm.tokenize(text, add_bos=add_bos)
+        with self._lock:
+            return super().tokenize(text, add_bos=add_bos)
 
     def detokenize(self, ids: list[int]) -> str:
         with self._lock:
-            return self.llm.detokenize(ids)
-
-    def token_strings(self) -> list[bytes]:
-        return self.llm.token_strings()
-
-    def vocab_fingerprint(self) -> bytes:
-        return self.llm.vocab_fingerprint()
+            return super().detokenize(ids)
 
     def prefill(self, ids: list[int]) -> np.ndarray:
         self.close()
