@@ -283,6 +283,7 @@ class EdgeClient:
         seed: int = 0,
         rng: np.random.Generator | None = None,
         stopping: StoppingRule | None = None,
+        exposure_k: int = 100,
     ) -> CollaborativeDecoder:
         """Build the decoder for one generation (what :meth:`stream` runs).
 
@@ -317,6 +318,7 @@ class EdgeClient:
             top_m=top_m,
             seed=seed,
             exposure_budget=exposure_budget,
+            exposure_k=exposure_k,
         )
         return CollaborativeDecoder(
             slm,

@@ -146,7 +146,7 @@ ARGUMENT = st.one_of(
 @given(st.lists(ARGUMENT, max_size=6))
 def test_the_command_lines_parse_or_exit_with_a_usage_error(argv) -> None:
     from cloud_adapter.cli import build_parser as cloud_parser
-    from eval_harness.cli import build_parser as edge_parser
+    from eval_harness.cli.coveil import build_parser as edge_parser
 
     for build in (edge_parser, cloud_parser):
         try:

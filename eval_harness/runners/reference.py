@@ -95,8 +95,13 @@ class ReferenceRunner:
         self._slm_batcher = StepBatcher(slm, batch_window_ms=batch_window_ms)
         self._llm_batcher = StepBatcher(llm, batch_window_ms=batch_window_ms)
         limits = Limits(max_sessions=concurrency, max_sessions_per_client=concurrency)
-        self.engine = CloudEngine(llm, limits, runner=self._llm_batcher)
+        self.engine = CloudEngine(llm, limits, runner=self._llm_batcher, exposure_k=1000)
         self._tokenizer_lock = threading.Lock()
+
+    @property
+    def policy_backend(self) -> BatchedSLM:
+        """The edge model as a backend, for policies that build themselves from it (CusText's clusters)."""
+        return BatchedSLM(self.slm_model, self._slm_batcher, self._tokenizer_lock)
 
     @property
     def batch_sizes(self) -> tuple[dict[int, int], dict[int, int]]:
@@ -111,6 +116,7 @@ class ReferenceRunner:
         alpha: float,
         max_new_tokens: int,
         on_result: Callable[[ItemRun, GenerationResult], None] | None = None,
+        exposure_k: int = 100,
     ) -> list[GenerationResult]:
         """Decode every item; ``on_result`` is called (from a worker thread) as each one finishes."""
 
@@ -120,7 +126,7 @@ class ReferenceRunner:
                 client = EdgeClient(lambda: self.engine.session("reference"), slm=slm)
                 result = client.generate(item.public_prompt, item.private_context, mode=mode, policy=item.policy,
                                          alpha=alpha, max_new_tokens=max_new_tokens, rng=item.rng,
-                                         stopping=item.stopping)
+                                         stopping=item.stopping, exposure_k=exposure_k)
             finally:
                 slm.close()
             if on_result is not None:

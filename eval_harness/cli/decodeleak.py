@@ -1,0 +1,142 @@
+"""``decodeleak``: DecodeLeak audits on the reference runner (both models in transformers).
+
+``decodeleak sweep`` runs the paper's grids (or a grid config of yours) over
+MedPriv/CommPriv items and appends one JSONL row per (setting, item) as it
+finishes; a re-run skips what is there, so a crash or Ctrl-C loses nothing.
+``decodeleak run`` is one setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from edge_sdk.policies import FUSION_MODES
+
+USAGE_ERROR = 2
+
+
+def _csv(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _param(text: str) -> tuple[str, float | int]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"a parameter is NAME=VALUE, got {text!r}")
+    number = float(value)
+    return name, int(number) if number.is_integer() and "." not in value else number
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tasks", type=_csv, default=["medpriv"], help="benchmarks or JSONL files (default: medpriv)")
+    parser.add_argument("--limit", type=int, help="the first N items of each task")
+    parser.add_argument("--out", type=Path, default=Path("runs/decodeleak/results.jsonl"),
+                        help="the JSONL results file (appended to; pairs already in it are skipped)")
+    parser.add_argument("--shard", default="1/1", help="run only shard i of N (e.g. 2/8), into its own --out")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the randomised policies' per-item generators")
+    parser.add_argument("--concurrency", type=int, default=8, help="items decoded at once (each model's batch)")
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="tokens per answer (the paper: 256)")
+    parser.add_argument("--slm", default="embedded", help="the edge model: 'embedded', a GGUF or a transformers dir")
+    parser.add_argument("--llm", default="embedded", help="the cloud model (same family as --slm)")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
+                        help="both models' dtype (auto: bf16 where the hardware has native kernels)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show the full traceback of an error")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="decodeleak", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sweep = commands.add_parser("sweep", help="a grid of settings over a dataset",
+                                description="Run every setting of a grid config (default: the paper's grids).")
+    sweep.add_argument("config", nargs="?", type=Path, help="a grid config JSON (default: the paper's grids)")
+    sweep.add_argument("--modes", type=_csv, default=list(FUSION_MODES), help="fusion modes (default: cloud,edge)")
+    sweep.add_argument("--policies", type=_csv, help="only these policies (default: all in the config)")
+    _common(sweep)
+    run = commands.add_parser("run", help="one setting over a dataset",
+                              description="One setting (mode, policy, parameters, alpha) over a dataset.")
+    run.add_argument("--mode", choices=FUSION_MODES, required=True, help="fusion mode")
+    run.add_argument("--policy", required=True, help="a registered policy name")
+    run.add_argument("--param", type=_param, action="append", default=[], metavar="NAME=VALUE",
+                     help="a policy parameter, e.g. --param lam=1 (repeatable)")
+    run.add_argument("--alpha", type=float, default=0.3, help="the cloud LLM's fusion weight (default: 0.3)")
+    _common(run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return execute(args)
+    except KeyboardInterrupt:
+        print(f"decodeleak {args.command}: interrupted; the rows written so far are kept in {args.out}",
+              file=sys.stderr)
+        return 130
+    except (ValueError, KeyError, OSError) as exc:
+        if args.verbose:
+            raise
+        print(f"decodeleak {args.command}: {exc}", file=sys.stderr)
+        return 1
+
+
+def execute(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from eval_harness.datasets import load_task
+    from eval_harness.protocol import DecodingProtocol
+    from eval_harness.sweep.grid import Setting, expand, load_grids, parse_shard
+    from eval_harness.sweep.store import ResultStore
+
+    shard_of = parse_shard(args.shard)
+    if args.command == "sweep":
+        settings = expand(load_grids(args.config), args.tasks, modes=args.modes, policies=args.policies)
+    else:
+        settings = [Setting(task, args.mode, args.policy, dict(args.param), args.alpha) for task in args.tasks]
+    items = {task: load_task(task, args.limit) for task in args.tasks}
+    protocol = DecodingProtocol(max_new_tokens=args.max_new_tokens)
+    runner, vocab, metadata = _reference(args, protocol)
+    total = sum(len(items[s.task]) for s in settings)
+    with runner, ResultStore(args.out) as store, Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn("eta"), TimeRemainingColumn(),
+    ) as progress:
+        bar = progress.add_task(f"decodeleak {args.command} (shard {args.shard})", total=total)
+        from eval_harness.sweep.execute import run_sweep
+
+        outcome = run_sweep(settings, items, runner, store, protocol=protocol, vocab=vocab, metadata=metadata,
+                            seed=args.seed, shard_of=shard_of, on_row=lambda row: progress.advance(bar))
+        progress.update(bar, total=outcome.pending, completed=outcome.written)
+    print(f"{outcome.written} rows written to {args.out}; {outcome.skipped} already there; "
+          f"{len(settings)} settings x {', '.join(f'{len(v)} {k}' for k, v in items.items())} items "
+          f"(shard {args.shard})")
+    return 0
+
+
+def _reference(args: argparse.Namespace, protocol):  # noqa: ANN001, ANN202
+    """The reference runner, the vocabulary the metrics read, and the metadata every row carries."""
+    from cloud_adapter.llm import TransformersLLM
+    from edge_sdk.leakage import piece_reader
+    from edge_sdk.models import resolve_model
+    from eval_harness.metrics import Vocabulary
+    from eval_harness.runners.reference import ReferenceRunner
+    from eval_harness.sweep.execute import SEED_POLICY, file_digest, package_version
+
+    slm_source, llm_source = resolve_model(args.slm), resolve_model(args.llm)
+    slm = TransformersLLM(slm_source, dtype=args.dtype)
+    llm = TransformersLLM(llm_source, dtype=args.dtype)
+    vocab = Vocabulary(lambda text: slm.tokenize(text, add_bos=False), piece_reader(slm.tokenizer))
+    metadata = {
+        "models": {
+            "slm": {"name": slm.name, "sha256": file_digest(slm_source.gguf_path)},
+            "llm": {"name": llm.name, "sha256": file_digest(llm_source.gguf_path)},
+        },
+        "dtype": str(llm.dtype).removeprefix("torch."),
+        "backend": "reference (transformers, both models)",
+        "protocol": protocol.describe(),
+        "seed": args.seed,
+        "seed_policy": SEED_POLICY,
+        "version": package_version(),
+    }
+    return ReferenceRunner(slm, llm, concurrency=args.concurrency), vocab, metadata
