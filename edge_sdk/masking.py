@@ -1,4 +1,10 @@
-"""``never_upload``: spans of the private context whose tokens must never leave the device.
+"""``never_upload``: spans of the private context whose tokens the SLM says nothing about to the cloud.
+
+The session removes the SLM's values for these ids before any policy runs
+(``edge_sdk.session``), so no upload, token or refusal is shaped by the span;
+a masked token can still be chosen on the cloud's own probability, exactly
+as a word the context never mentions (refusing it would tell a probing cloud
+which words are hidden).
 
 The mask is deliberately wider than DecodeLeak's content tokens: a span the
 user marks is masked whatever its words are (stop words, short words such as
