@@ -63,6 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a policy parameter, e.g. --param lam=1 (repeatable)")
     run.add_argument("--alpha", type=float, default=0.3, help="the cloud LLM's fusion weight (default: 0.3)")
     _common(run)
+    report = commands.add_parser("report", help="the paper's tables from result files",
+                                 description="Tables per fusion mode and setting (item counts, accuracy, "
+                                             "Token/ROUGE1/Span-ER@100 and AUC@100 with 95%% bootstrap intervals), "
+                                             "by the paper's rules and by the release's, as Markdown and CSV.")
+    report.add_argument("results", nargs="+", type=Path, help="JSONL result files (shards are merged)")
+    report.add_argument("--out", type=Path, default=Path("runs/decodeleak/report"),
+                        help="where tables.md and tables.csv are written")
+    report.add_argument("-v", "--verbose", action="store_true", help="show the full traceback of an error")
     return parser
 
 
@@ -71,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return execute(args)
     except KeyboardInterrupt:
-        print(f"decodeleak {args.command}: interrupted; the rows written so far are kept in {args.out}",
+        print(f"decodeleak {args.command}: interrupted; what was written so far is kept in {args.out}",
               file=sys.stderr)
         return 130
     except (ValueError, KeyError, OSError) as exc:
@@ -81,7 +89,32 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def write_report(args: argparse.Namespace) -> int:
+    """``decodeleak report``: reads rows only (no model library is imported)."""
+    from eval_harness.report.tables import csv_text, markdown, table
+    from eval_harness.sweep.store import read_rows
+
+    rows = list(read_rows(args.results))
+    sections, csv_parts = [], []
+    for rules, suffix in (("paper", ""), ("release", ":release")):
+        for mode in FUSION_MODES:
+            cells = table([r for r in rows if r["mode"] == mode], suffix=suffix)
+            if cells:
+                sections.append(markdown(cells, f"## {mode}-side fusion, DecodeLeak by the {rules}'s rules "
+                                                "(mean [95% bootstrap interval], %)"))
+                csv_parts.append(csv_text([{"rules": rules, **c} for c in cells]))
+    args.out.mkdir(parents=True, exist_ok=True)
+    text = f"# DecodeLeak report: {len(rows)} rows from {len(args.results)} file(s)\n\n" + "\n".join(sections)
+    (args.out / "tables.md").write_text(text)
+    header, *body = "".join(csv_parts).splitlines(keepends=True) or [""]
+    (args.out / "tables.csv").write_text(header + "".join(line for line in body if not line.startswith("rules,")))
+    print(text)
+    return 0
+
+
 def execute(args: argparse.Namespace) -> int:
+    if args.command == "report":
+        return write_report(args)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from eval_harness.datasets import load_task

@@ -1,0 +1,108 @@
+"""The paper's tables from result rows: one line per (task, mode, policy, parameters), with item counts and
+bootstrap confidence intervals for the leakage metrics.
+
+Reads rows only (``decodeleak sweep``'s JSONL); imports numpy and nothing of the models.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+#: the leakage columns of the paper's DecodeLeak table, at K = 100
+LEAKAGE_METRICS = ("token_er@100", "rouge1_er@100", "span_er@100", "auc@100")
+BOOTSTRAP_RESAMPLES = 1000
+
+
+def bootstrap_interval(values: Sequence[float], *, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """The percentile bootstrap interval of the mean of ``values`` (``BOOTSTRAP_RESAMPLES`` resamples)."""
+    data = np.asarray(values, dtype=np.float64)
+    if data.size == 0:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    means = data[rng.integers(0, data.size, size=(BOOTSTRAP_RESAMPLES, data.size))].mean(axis=1)
+    tail = (1.0 - level) / 2.0
+    low, high = np.quantile(means, [tail, 1.0 - tail])
+    return float(low), float(high)
+
+
+@dataclass
+class Line:
+    """One table line: a setting over its items."""
+
+    task: str
+    mode: str
+    policy: str
+    params: str
+    items: int = 0
+    correct: list[bool] = field(default_factory=list)
+    values: dict[str, list[float]] = field(default_factory=dict)
+
+    def mean(self, metric: str) -> float:
+        values = self.values.get(metric, [])
+        return float(np.mean(values)) if values else float("nan")
+
+
+def lines(rows: Iterable[Mapping[str, Any]], metrics: Sequence[str] = LEAKAGE_METRICS, *,
+          suffix: str = "") -> list[Line]:
+    """Rows grouped by (task, mode, policy, parameters), in first-seen order.
+
+    ``suffix`` picks the rule set of the metrics: ``""`` for the paper's, ``":release"`` for the release's.
+    """
+    grouped: dict[tuple[str, str, str, str], Line] = {}
+    for row in rows:
+        params = json.dumps(row.get("params", {}), sort_keys=True)
+        key = (row["task"], row["mode"], row["policy"], params)
+        line = grouped.setdefault(key, Line(*key))
+        line.items += 1
+        line.correct.append(bool(row["correct"]))
+        for metric in metrics:
+            value = row["metrics"].get(metric + suffix)
+            if value is not None:
+                line.values.setdefault(metric, []).append(float(value))
+    return list(grouped.values())
+
+
+def table(rows: Iterable[Mapping[str, Any]], *, metrics: Sequence[str] = LEAKAGE_METRICS, suffix: str = "",
+          seed: int = 0) -> list[dict[str, str]]:
+    """The table as cells: each leakage cell is ``mean [low, high]`` in percent (95% bootstrap interval)."""
+    out = []
+    for line in lines(rows, metrics, suffix=suffix):
+        cells = {"task": line.task, "mode": line.mode, "policy": line.policy,
+                 "params": ", ".join(f"{k}={v}" for k, v in json.loads(line.params).items()),
+                 "items": str(line.items), "accuracy": f"{100 * np.mean(line.correct):.1f}"}
+        for metric in metrics:
+            values = line.values.get(metric, [])
+            if values:
+                low, high = bootstrap_interval(values, seed=seed)
+                cells[metric] = f"{100 * line.mean(metric):.1f} [{100 * low:.1f}, {100 * high:.1f}]"
+            else:
+                cells[metric] = "-"
+        out.append(cells)
+    return out
+
+
+def markdown(cells: Sequence[Mapping[str, str]], title: str = "") -> str:
+    """A Markdown table of :func:`table`'s cells."""
+    if not cells:
+        return f"{title}\n\n(no rows)\n" if title else "(no rows)\n"
+    columns = list(cells[0])
+    head = "| " + " | ".join(columns) + " |\n|" + "|".join("---" for _ in columns) + "|\n"
+    body = "".join("| " + " | ".join(row[c] for c in columns) + " |\n" for row in cells)
+    return (f"{title}\n\n" if title else "") + head + body
+
+
+def csv_text(cells: Sequence[Mapping[str, str]]) -> str:
+    if not cells:
+        return ""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(cells[0]))
+    writer.writeheader()
+    writer.writerows(cells)
+    return buffer.getvalue()
