@@ -137,7 +137,8 @@ def test_the_dataset_loader_names_the_line_of_any_bad_row(tmp_path_factory, line
 ARGUMENT = st.one_of(
     st.sampled_from(["demo", "--items", "--max-new-tokens", "--modes", "--lams", "--alpha", "--cloud", "--out",
                      "--plaintext", "-v", "--tls-ca", "--token-file", "serve", "--port", "--max-sessions",
-                     "--idle-timeout", "--dtype", "--exposure-k", "cloud,edge", "0", "-1", "1.5", "nan", "x"]),
+                     "--idle-timeout", "--dtype", "--exposure-k", "cloud,edge", "0", "-1", "1.5", "nan", "x",
+                     "sweep", "run", "report", "--shard", "--param", "lam=1", "--policy", "--mode", "edge"]),
     st.text(alphabet=string.printable, max_size=8),
 )
 
@@ -147,8 +148,9 @@ ARGUMENT = st.one_of(
 def test_the_command_lines_parse_or_exit_with_a_usage_error(argv) -> None:
     from cloud_adapter.cli import build_parser as cloud_parser
     from eval_harness.cli.coveil import build_parser as edge_parser
+    from eval_harness.cli.decodeleak import build_parser as audit_parser
 
-    for build in (edge_parser, cloud_parser):
+    for build in (edge_parser, cloud_parser, audit_parser):
         try:
             build().parse_args(argv)
         except SystemExit as exc:
