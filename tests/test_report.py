@@ -65,3 +65,24 @@ def test_the_report_command_writes_markdown_and_csv(tmp_path: Path) -> None:
     assert "HEAVY []" in done.stdout  # the report reads rows only
     assert (out / "tables.md").read_text().count("| medpriv |") == 4  # 2 settings x (paper, release) tables
     assert (out / "tables.csv").read_text().startswith("rules,task,mode,policy")
+
+
+def test_the_plot_command_draws_one_figure_per_mode(tmp_path: Path) -> None:
+    import random
+
+    rng = random.Random(0)
+    rows = []
+    for mode in ("cloud", "edge"):
+        rows += [row(f"u{i}", "undefended", {}, rng.random() < 0.5, 0.6, 0.5) | {"mode": mode, "key": f"{mode}-u{i}"}
+                 for i in range(4)]
+        for lam in (0, 1, 2, 4):
+            rows += [row(f"i{i}", "coveil", {"lam": lam}, rng.random() < 0.6 - lam / 20, 0.5 / (1 + lam), 0.4)
+                     | {"mode": mode, "key": f"{mode}-{lam}-{i}"} for i in range(4)]
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    from eval_harness.cli.decodeleak import main
+
+    assert main(["plot", str(results), "--out", str(tmp_path / "plots")]) == 0
+    for mode in ("cloud", "edge"):
+        for ext in ("png", "pdf"):
+            assert (tmp_path / "plots" / f"privacy_utility_{mode}.{ext}").stat().st_size > 10_000
