@@ -44,3 +44,17 @@ def test_a_sweep_in_two_shards_covers_the_grid_once(tmp_path: Path) -> None:
     assert sorted({(r["policy"], json.dumps(r["params"])) for r in rows}) == [
         ("cogenesis", '{"b": 4}'), ("coveil", '{"lam": 0}'), ("coveil", '{"lam": 2}')]
     assert main(["sweep", str(tmp_path / "missing.json"), "--out", str(outs[0]), *COMMON]) == 1
+
+
+def test_a_config_file_sets_defaults_the_command_line_overrides(tmp_path: Path) -> None:
+    from eval_harness.cli.decodeleak import parse
+
+    config = tmp_path / "audit.json"
+    config.write_text(json.dumps({"limit": 20, "tasks": "medpriv,commpriv", "policies": "coveil", "max-new-tokens": 64}))
+    args = parse(["sweep", "--config", str(config)])
+    assert args.limit == 20 and args.tasks == ["medpriv", "commpriv"] and args.policies == ["coveil"]
+    assert args.max_new_tokens == 64
+    assert parse(["sweep", "--config", str(config), "--limit", "3"]).limit == 3  # the flag wins
+    config.write_text(json.dumps({"no_such_option": 1}))
+    with pytest.raises(SystemExit):
+        parse(["sweep", "--config", str(config)])

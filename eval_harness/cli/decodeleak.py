@@ -30,6 +30,9 @@ def _param(text: str) -> tuple[str, float | int]:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, metavar="FILE",
+                        help="a JSON file of option defaults ({\"limit\": 20, \"tasks\": \"medpriv,commpriv\"}); "
+                             "flags given on the command line win")
     parser.add_argument("--tasks", type=_csv, default=["medpriv"], help="benchmarks or JSONL files (default: medpriv)")
     parser.add_argument("--limit", type=int, help="the first N items of each task")
     parser.add_argument("--out", type=Path, default=Path("runs/decodeleak/results.jsonl"),
@@ -51,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sweep = commands.add_parser("sweep", help="a grid of settings over a dataset",
                                 description="Run every setting of a grid config (default: the paper's grids).")
-    sweep.add_argument("config", nargs="?", type=Path, help="a grid config JSON (default: the paper's grids)")
+    sweep.add_argument("grid", nargs="?", type=Path, metavar="GRID",
+                       help="a grid config JSON (default: the paper's grids, eval_harness/configs/paper_grids.json)")
     sweep.add_argument("--modes", type=_csv, default=list(FUSION_MODES), help="fusion modes (default: cloud,edge)")
     sweep.add_argument("--policies", type=_csv, help="only these policies (default: all in the config)")
     _common(sweep)
@@ -82,8 +86,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse ``argv``; options in a ``--config`` file become defaults that the command line overrides."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    config = getattr(args, "config", None)
+    if config is None:
+        return args
+    import json
+
+    try:
+        options = json.loads(Path(config).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        parser.error(f"cannot read --config {config}: {exc}")
+    if not isinstance(options, dict):
+        parser.error(f"--config {config} must hold a JSON object of options")
+    subparser = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr]
+    known = {action.dest: action for action in subparser._actions}
+    defaults = {}
+    for name, value in options.items():
+        dest = name.replace("-", "_")
+        action = known.get(dest)
+        if action is None or dest in ("config", "help", "command"):
+            parser.error(f"--config {config}: {args.command} has no option {name!r}")
+        # through the option's own type, as if it had been typed
+        defaults[dest] = action.type(value) if action.type is not None and isinstance(value, str) else value
+    subparser.set_defaults(**defaults)
+    return parser.parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     try:
         return execute(args)
     except KeyboardInterrupt:
@@ -144,7 +177,7 @@ def execute(args: argparse.Namespace) -> int:
 
     shard_of = parse_shard(args.shard)
     if args.command == "sweep":
-        settings = expand(load_grids(args.config), args.tasks, modes=args.modes, policies=args.policies)
+        settings = expand(load_grids(args.grid), args.tasks, modes=args.modes, policies=args.policies)
     else:
         settings = [Setting(task, args.mode, args.policy, dict(args.param), args.alpha) for task in args.tasks]
     items = {task: load_task(task, args.limit) for task in args.tasks}
