@@ -333,6 +333,7 @@ class CollaborativeDecoder:
         self._stop_array = np.fromiter(sorted(i for i in self._stop_ids if i < self.slm.vocab_size), dtype=np.int64)
         max_steps = min(self.settings.max_new_tokens, info.max_new_tokens)
         k = self.settings.exposure_k
+        text: str | None = None  # the generated text, read only when a stopping rule needs it
         while len(self.tokens) < max_steps:
             step = len(self.tokens)
             up0, down0 = connection.bytes.edge_to_cloud, connection.bytes.cloud_to_edge
@@ -343,7 +344,9 @@ class CollaborativeDecoder:
                 raise CloudError("INTERNAL", f"the cloud sent step {dist.step}, expected {step}")
             cloud_forward_ns = dist.forward_ns  # a full row sent on request carries no forward of its own
             started = time.perf_counter()
-            no_stop = self.stopping is not None and not self.stopping.allows_end(self.slm.detokenize(self.tokens))
+            if self.stopping is not None and text is None:  # a resumed session: the text so far, once
+                text = self.slm.detokenize(self.tokens)
+            no_stop = self.stopping is not None and not self.stopping.allows_end(text)
             sent = self._unacknowledged if self._unacknowledged is not None and self._unacknowledged.step == step else None
             if sent is None:
                 p_slm = self._p_slm
@@ -384,7 +387,9 @@ class CollaborativeDecoder:
             steered = self._steered(signal, dist)
             self._steered_steps += steered
             self.tokens.append(token)
-            done = self.stopping is not None and self.stopping.is_done(self.slm.detokenize(self.tokens))
+            if self.stopping is not None:  # one detokenisation per step serves this test and the next step's
+                text = self.slm.detokenize(self.tokens)
+            done = self.stopping is not None and self.stopping.is_done(text)
             if done and not finished:  # the rule ends it here: the edge closes the session
                 finished, self.finish_reason = True, "stop_rule"
             if not finished:
