@@ -27,7 +27,7 @@ from cloud_adapter.llm import CloudSequence
 from cloud_adapter.transcript import SessionTranscript, StepRecord, largest_values
 from cloud_adapter.validation import ProtocolError, check_open_message, parse_upload, validate_request
 from edge_sdk import wire
-from edge_sdk.fusion import NonFiniteError, check_finite, pick_token, softmax, top_k_ids
+from edge_sdk.fusion import NonFiniteError, check_finite, pick_token, softmax
 from edge_sdk.policies.base import CloudUpload, SyncedToken
 
 if TYPE_CHECKING:
@@ -258,11 +258,9 @@ class SessionHandler:
         if request.top_m >= p_llm.size:  # every entry: dense, half the bytes of listing each id
             self._ranking = wire.CloudDistribution(step=self._step, dense=self._llm_values, forward_ns=forward_ns)
             return self._count_down(wire.encode_distribution(self._ranking), self._pending)
-        tail_mass = None
-        if request.space == "logit":  # the certificate's tail mass stays a probability
-            tail_mass = max(0.0, 1.0 - float(p_llm[top_k_ids(self._llm_values, request.top_m)].sum(dtype=np.float64)))
-        sparse = wire.CloudDistribution.sparse_from(
-            self._step, self._llm_values, request.top_m, forward_ns, tail_mass=tail_mass
+        sparse = wire.CloudDistribution.sparse_from(  # the certificate's tail mass stays a probability
+            self._step, self._llm_values, request.top_m, forward_ns,
+            probabilities=p_llm if request.space == "logit" else None,
         )
         # E_t^K is read off the sent ids when they are enough, else off the whole row
         enough = len(sparse.ids) >= self.engine.exposure_k

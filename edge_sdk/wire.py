@@ -114,20 +114,20 @@ class CloudDistribution:
 
     @classmethod
     def sparse_from(
-        cls, step: int, values: np.ndarray, top_m: int, forward_ns: int = 0, *, tail_mass: float | None = None
+        cls, step: int, values: np.ndarray, top_m: int, forward_ns: int = 0, *, probabilities: np.ndarray | None = None
     ) -> CloudDistribution:
         """Top-``top_m`` of ``values`` (probabilities, or raw logits in logit space) with its certificate.
 
         ``tail_bound`` is the smallest value sent (every omitted one is at most
-        that); ``tail_mass`` is the probability the omitted ids hold, computed
-        here from probabilities, given by the caller for logits.
+        that); ``tail_mass`` is the probability the omitted ids hold, read off
+        ``probabilities`` (the row's softmax) when ``values`` are logits.
         """
         ids = top_k_ids(values, top_m)
         sent = values[ids].astype(np.float32)
         omitted = values.shape[0] - len(ids)
         tail_bound = float(sent[-1]) if omitted and len(sent) else 0.0
-        if tail_mass is None:
-            tail_mass = max(0.0, 1.0 - float(sent.sum(dtype=np.float64))) if omitted else 0.0
+        sent_mass = (sent if probabilities is None else probabilities[ids]).sum(dtype=np.float64)
+        tail_mass = max(0.0, 1.0 - float(sent_mass)) if omitted else 0.0
         return cls(step, ids, sent, tail_bound, tail_mass, None, forward_ns)
 
     def lower_dense(self, vocab_size: int, out: np.ndarray | None = None, fill: float = 0.0) -> np.ndarray:
