@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cloud_adapter.llm import CloudSequence
-from cloud_adapter.transcript import SessionTranscript, StepRecord, largest_values
+from cloud_adapter.transcript import SessionTranscript, StepRecord
 from cloud_adapter.validation import ProtocolError, check_open_message, parse_upload, validate_request
 from edge_sdk import wire
 from edge_sdk.fusion import NonFiniteError, check_finite, pick_token, softmax
@@ -187,7 +187,7 @@ class SessionHandler:
                                                 max_upload=self.engine.max_upload, space=request.space)
             token = self._pick(upload, no_stop=signal.no_stop)
             record.upload_size = len(upload)
-            record.upload = largest_values(upload, self.engine.transcript_upload_limit)
+            record.upload = upload.largest(self.engine.transcript_upload_limit)
         else:
             if kind != "token_id":
                 raise ProtocolError(

@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 
 from edge_sdk import wire
-from edge_sdk.fusion import top_k_ids
 from edge_sdk.policies.base import CloudUpload
 
 
@@ -76,14 +75,6 @@ class SessionTranscript:
             "bytes_up": self.bytes_up,
             "bytes_down": self.bytes_down,
         }
-
-
-def largest_values(upload: CloudUpload, limit: int) -> CloudUpload:
-    """``upload`` itself, or its ``limit`` largest values when it holds more."""
-    if len(upload) <= limit:
-        return upload
-    keep = top_k_ids(upload.values, limit)
-    return CloudUpload(upload.ids[keep], upload.values[keep], upload.space)
 
 
 def _write_json_atomically(path: Path, data: dict[str, Any]) -> None:

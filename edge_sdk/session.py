@@ -21,7 +21,7 @@ import numpy as np
 
 from edge_sdk import wire
 from edge_sdk.backends.base import SLMBackend
-from edge_sdk.fusion import check_finite, softmax, top_k_ids
+from edge_sdk.fusion import check_finite, softmax
 from edge_sdk.leakage import ExposureTrace, LeakageMeter
 from edge_sdk.masking import MASKED_UPLOAD_LIMIT
 from edge_sdk.policies.base import CloudUpload, FusionMode, Policy, SyncedToken
@@ -291,8 +291,7 @@ class CollaborativeDecoder:
                 return None
         if self.masked.size and isinstance(signal, CloudUpload) and len(signal) >= self.slm.vocab_size:
             # every id listed: the masked ones (their SLM value set to the floor) would stand out
-            keep = top_k_ids(signal.values, MASKED_UPLOAD_LIMIT)
-            signal = CloudUpload(signal.ids[keep], signal.values[keep], signal.space)
+            signal = signal.largest(MASKED_UPLOAD_LIMIT)
         return signal
 
     @staticmethod

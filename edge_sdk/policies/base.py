@@ -79,6 +79,13 @@ class CloudUpload:
         """The cloud's masked fusion ``alpha * p_llm + (1 - alpha) * m * p_slm``."""
         return fuse_upload(p_llm, self.ids, self.values, alpha)
 
+    def largest(self, limit: int) -> CloudUpload:
+        """This upload, or only its ``limit`` largest values when it holds more."""
+        if len(self) <= limit:
+            return self
+        keep = top_k_ids(self.values, limit)
+        return CloudUpload(self.ids[keep], self.values[keep], self.space)
+
     def exposure(self, k: int) -> np.ndarray:
         """``TopK`` of the uploaded values (ids by decreasing value): DecodeLeak's ``E_t^K``."""
         if not len(self):
