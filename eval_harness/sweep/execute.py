@@ -135,9 +135,9 @@ def run_sweep(
         grouped.setdefault(s.key, (s, []))[1].append(item_id)
     for setting, item_ids in grouped.values():
         runs = []
+        policy = make_policy(setting.policy, backend=runner.policy_backend, **setting.params)  # stateless: shared
         for item_id in item_ids:
             item = by_id[setting.task][item_id]
-            policy = make_policy(setting.policy, backend=runner.policy_backend, **setting.params)
             runs.append(ItemRun(item_id, protocol.public_prompt(item), item.private_context, policy,
                                 rng=item_rng(seed, setting, item_id), stopping=protocol.stopping(item)))
 
