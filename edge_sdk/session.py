@@ -59,6 +59,11 @@ class PrivacyLedger:
     exposure_k: int = 100  # K of every entry's exposure set E_t^K
     entries: list[LedgerEntry] = field(default_factory=list)
     reconnects: int = 0
+    #: the id the cloud gave each session this generation ran in (one, plus one per resume), in order: the cloud
+    #: chose them and sent them to the edge, so keeping them here reveals nothing; an auditor matches them to the
+    #: adapter's transcripts of what it observed
+    session_ids: list[str] = field(default_factory=list)
+    cloud_model: str | None = None  # the model the cloud said it serves when the (last) session opened
 
     @property
     def bytes_up(self) -> int:
@@ -322,6 +327,8 @@ class CollaborativeDecoder:
         if self._p_slm is None:
             self._p_slm = self._edge_arrays(self.slm.prefill(self.slm_prompt + self.tokens))
         info = connection.open(self.request())
+        self.ledger.session_ids.append(info.session_id)
+        self.ledger.cloud_model = info.cloud_model
         if info.vocab_size != self.slm.vocab_size:  # the fingerprint matched; the sizes must too
             raise CloudError(
                 "FAILED_PRECONDITION",
