@@ -1,4 +1,4 @@
-"""Running a sweep: settings x items through the reference runner, one JSONL row per finished pair.
+"""Running a sweep: settings x items through a runner (reference or deployed), one JSONL row per finished pair.
 
 Rows are written as they finish (:class:`~eval_harness.sweep.store.ResultStore`),
 pairs already in the store are skipped, and a shard takes only its share of
@@ -16,16 +16,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from edge_sdk.client import GenerationResult
+from edge_sdk.leakage import ExposureTrace
 from edge_sdk.policies import make_policy, policy_class
 from eval_harness.datasets import DecodeLeakItem
 from eval_harness.metrics import Vocabulary, evidence_counts, evidence_recall
 from eval_harness.protocol import DecodingProtocol
-from eval_harness.runners.reference import ItemRun, ReferenceRunner
+from eval_harness.runners.audit import AuditedResult
+from eval_harness.runners.reference import ItemRun
 from eval_harness.sweep.grid import Setting, row_key, shard
 from eval_harness.sweep.store import ResultStore
 
@@ -67,14 +69,21 @@ def result_row(
     vocab: Vocabulary,
     metadata: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """One JSONL row: the setting, the item, accuracy, DecodeLeak metrics in both rule sets, and the metadata."""
-    trace = result.ledger.exposure_trace()
-    ks = [k for k in METRIC_KS if k <= trace.k]
-    metrics: dict[str, float] = {}
-    for compat in ("paper", "release"):
-        values = evidence_recall(item.evidence_spans, trace, ks, vocab, public_query=item.public_query, compat=compat)
-        metrics.update(values if compat == "paper" else {f"{key}:release": v for key, v in values.items()})
+    """One JSONL row: the setting, the item, accuracy, DecodeLeak metrics in both rule sets, and the metadata.
+
+    The metrics read the edge's ledger, or for an audited result of the deployed stack the cloud's own
+    transcript (the row's ``audit`` says which, and whether the two agree; where they do not, the
+    ledger's metrics are kept beside as ``ledger_metrics``).
+    """
+    audited = isinstance(result, AuditedResult)
+    trace = result.exposure_trace() if audited else result.ledger.exposure_trace()
+    metrics = _metrics(item, trace, vocab)
     predicted = protocol.predicted(item, result.text)
+    extra: dict[str, Any] = {}
+    if audited:
+        extra["audit"] = result.audit
+        if result.audit.get("ledger_agrees") is False:
+            extra["ledger_metrics"] = _metrics(item, result.ledger.exposure_trace(), vocab)
     return {
         "key": row_key(setting, item.item_id),
         "setting": setting.key,
@@ -97,8 +106,30 @@ def result_row(
         "full_requests": result.ledger.full_requests,
         "bytes_up": result.ledger.bytes_up,
         "bytes_down": result.ledger.bytes_down,
+        **extra,
         **metadata,
     }
+
+
+def _metrics(item: DecodeLeakItem, trace: ExposureTrace, vocab: Vocabulary) -> dict[str, float]:
+    """DecodeLeak's metrics of one item at every ``METRIC_KS`` cutoff the trace recorded, by both rule sets."""
+    ks = [k for k in METRIC_KS if k <= trace.k]
+    metrics: dict[str, float] = {}
+    for compat in ("paper", "release"):
+        values = evidence_recall(item.evidence_spans, trace, ks, vocab, public_query=item.public_query, compat=compat)
+        metrics.update(values if compat == "paper" else {f"{key}:release": v for key, v in values.items()})
+    return metrics
+
+
+class Runner(Protocol):
+    """What drives a sweep: the reference runner or the deployed one."""
+
+    @property
+    def policy_backend(self) -> Any: ...
+
+    def run(self, runs: Sequence[ItemRun], *, mode: str, alpha: float, max_new_tokens: int,
+            on_result: Callable[[ItemRun, GenerationResult], None] | None = None,
+            exposure_k: int = 100) -> Sequence[GenerationResult]: ...
 
 
 @dataclass
@@ -113,7 +144,7 @@ class SweepOutcome:
 def run_sweep(
     settings: Sequence[Setting],
     items: Mapping[str, Sequence[DecodeLeakItem]],
-    runner: ReferenceRunner,
+    runner: Runner,
     store: ResultStore,
     *,
     protocol: DecodingProtocol,
