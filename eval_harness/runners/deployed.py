@@ -1,0 +1,210 @@
+"""The deployed runner: the real stack, audited from what the cloud observed.
+
+The edge is a GGUF in llama.cpp (:class:`~edge_sdk.backends.llama_cpp.LlamaCppSLM`)
+driven by the SDK's own :class:`~edge_sdk.client.EdgeClient` over gRPC; the
+cloud is a ``coveil-cloud`` adapter, either one this runner starts on
+loopback (:class:`LocalAdapter`: a real gRPC server over the transformers
+LLM, transcripts into a directory) or a remote one given as ``HOST:PORT``
+with its credentials, whose transcripts the operator makes readable in a
+directory.  Each item's DecodeLeak trace is read from the cloud's transcript
+of its sessions and checked against the edge's ledger
+(:mod:`eval_harness.runners.audit`).
+
+Concurrency: ``concurrency`` items at once, each through its own
+:class:`EdgeClient` over its own llama.cpp instance.  A llama.cpp context
+holds one sequence's KV cache, so items sharing one instance behind a lock
+would re-prefill their private prompt at every switch, or wait for each
+other's whole generation: separate instances are what several devices are.
+The weights are memory-mapped from the same file, so the instances share
+them; each adds only its context (KV cache and buffers), and the edge
+threads are split between them.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import secrets
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edge_sdk.backends.llama_cpp import LlamaCppSLM
+from edge_sdk.client import Credentials, EdgeClient, GenerationResult
+from edge_sdk.models import ModelSource
+from eval_harness.runners.audit import AuditedResult, audit_generation
+from eval_harness.runners.reference import ItemRun
+
+if TYPE_CHECKING:
+    from cloud_adapter.llm import TransformersLLM
+
+#: ``K`` a local adapter records every step's exposure set at (leakage-vs-K curves go up to 1000)
+LOCAL_EXPOSURE_K = 1000
+
+
+class LocalAdapter:
+    """A real cloud adapter on loopback in this process: the gRPC server over ``llm``, transcripts in a directory.
+
+    The same server ``coveil-cloud serve`` runs (:func:`cloud_adapter.server.build_server`,
+    forwards batched by a :class:`~cloud_adapter.runners.StepBatcher`), bound to
+    ``127.0.0.1`` on a free port, plaintext (loopback only) and guarded by a
+    fresh random bearer token.
+
+    Args:
+        llm: the cloud model.
+        transcript_dir: where each finished session's transcript is written (``<session_id>.json``).
+        sessions: concurrent sessions admitted (the runner's concurrency).
+        exposure_k: ``K`` of the exposure sets the transcripts record.
+    """
+
+    def __init__(self, llm: TransformersLLM, transcript_dir: Path, *, sessions: int = 2,
+                 exposure_k: int = LOCAL_EXPOSURE_K) -> None:
+        from cloud_adapter.engine import CloudEngine
+        from cloud_adapter.limits import Limits
+        from cloud_adapter.runners import StepBatcher
+        from cloud_adapter.server import build_server
+
+        self.llm, self.transcript_dir = llm, Path(transcript_dir)
+        self._batcher = StepBatcher(llm)
+        limits = Limits(max_sessions=sessions, max_sessions_per_client=sessions)
+        self.engine = CloudEngine(llm, limits, self.transcript_dir, exposure_k, runner=self._batcher)
+        token = secrets.token_urlsafe(24)
+        self._server, port = build_server(self.engine, address="127.0.0.1:0", token=token,
+                                          max_workers=sessions + limits.max_unopened_streams + 8)
+        self._server.start()
+        self.address = f"127.0.0.1:{port}"
+        self.credentials = Credentials(token=token, plaintext=True)
+
+    def close(self) -> None:
+        """Stop the server (sessions still open get a second to finish) and the batcher."""
+        self._server.stop(1.0).wait()
+        self._batcher.close()
+
+    def __enter__(self) -> LocalAdapter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class DeployedRunner:
+    """Items through the deployed stack, each result audited against the cloud's transcript.
+
+    Same :meth:`run` as :class:`~eval_harness.runners.reference.ReferenceRunner`, so
+    :func:`~eval_harness.sweep.execute.run_sweep` drives either; results are
+    :class:`~eval_harness.runners.audit.AuditedResult`.
+
+    Args:
+        cloud: a :class:`LocalAdapter`, or ``"host:port"`` of a running adapter.
+        edge_model: the edge GGUF (``None``: the embedded Gemma-3 270M).
+        credentials: token and TLS material for a remote ``cloud`` (a local adapter brings its own).
+        transcripts: the directory holding the adapter's transcripts (``None`` with a remote adapter: the
+            audit rests on the edge's ledger, and every row says so); a local adapter's own by default.
+        concurrency: items in flight, each with its own llama.cpp instance and EdgeClient.
+        edge_threads: llama.cpp threads over all instances (default: the cores, at most 8), split evenly.
+        n_ctx: each instance's context window (private context + public prompt + answer).
+        transcript_wait_s: how long to wait for an item's transcript to appear (a synced directory lags).
+    """
+
+    def __init__(
+        self,
+        cloud: LocalAdapter | str,
+        *,
+        edge_model: ModelSource | str | os.PathLike | None = None,
+        credentials: Credentials | None = None,
+        transcripts: Path | None = None,
+        concurrency: int = 2,
+        edge_threads: int | None = None,
+        n_ctx: int = 4096,
+        transcript_wait_s: float = 30.0,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        self._owned_adapter: LocalAdapter | None = None
+        self.local_adapter = cloud if isinstance(cloud, LocalAdapter) else None
+        if isinstance(cloud, LocalAdapter):
+            self.address, credentials = cloud.address, cloud.credentials
+            transcripts = transcripts if transcripts is not None else cloud.transcript_dir
+        else:
+            self.address = cloud
+            if transcripts is not None and not Path(transcripts).is_dir():
+                raise ValueError(f"the transcript directory {transcripts} does not exist (--transcripts)")
+        self.transcripts = Path(transcripts) if transcripts is not None else None
+        self.transcript_wait_s = transcript_wait_s
+        self.concurrency = concurrency
+        threads = max(1, (edge_threads or min(8, os.cpu_count() or 1)) // concurrency)
+        self._slms = [LlamaCppSLM(edge_model, n_ctx=n_ctx, n_threads=threads) for _ in range(concurrency)]
+        self._all_clients = [EdgeClient(self.address, slm=slm, credentials=credentials or Credentials())
+                             for slm in self._slms]
+        self._clients: queue.SimpleQueue[EdgeClient] = queue.SimpleQueue()  # those not decoding an item now
+        for client in self._all_clients:
+            self._clients.put(client)
+
+    @classmethod
+    def with_local_adapter(cls, llm: TransformersLLM, transcript_dir: Path, *, concurrency: int = 2,
+                           exposure_k: int = LOCAL_EXPOSURE_K, **kwargs: Any) -> DeployedRunner:
+        """A runner over a :class:`LocalAdapter` of its own (stopped by :meth:`close`); ``kwargs`` as for the
+        constructor."""
+        adapter = LocalAdapter(llm, transcript_dir, sessions=concurrency, exposure_k=exposure_k)
+        try:
+            runner = cls(adapter, concurrency=concurrency, **kwargs)
+        except BaseException:
+            adapter.close()
+            raise
+        runner._owned_adapter = adapter
+        return runner
+
+    @property
+    def edge_model(self) -> ModelSource:
+        """The edge GGUF every instance runs."""
+        return self._slms[0].source
+
+    @property
+    def policy_backend(self) -> LlamaCppSLM:
+        """The edge model as a backend, for policies that build themselves from it (CusText's embeddings)."""
+        return self._slms[0]
+
+    def run(
+        self,
+        runs: Sequence[ItemRun],
+        *,
+        mode: str,
+        alpha: float,
+        max_new_tokens: int,
+        on_result: Callable[[ItemRun, GenerationResult], None] | None = None,
+        exposure_k: int = 100,
+    ) -> list[AuditedResult]:
+        """Decode every item over the deployed stack; ``on_result`` is called (from a worker thread) as each
+        one finishes, with its audited result."""
+
+        def one(item: ItemRun) -> AuditedResult:
+            client = self._clients.get()
+            try:
+                result = client.generate(item.public_prompt, item.private_context, mode=mode, policy=item.policy,
+                                         alpha=alpha, max_new_tokens=max_new_tokens, rng=item.rng,
+                                         stopping=item.stopping, exposure_k=exposure_k)
+            finally:
+                self._clients.put(client)
+            audited = audit_generation(result, self.transcripts, wait_s=self.transcript_wait_s)
+            if on_result is not None:
+                on_result(item, audited)
+            return audited
+
+        with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="deployed-item") as pool:
+            return list(pool.map(one, runs))
+
+    def close(self) -> None:
+        """Close every client's gRPC channel, and stop the local adapter this runner started (if any)."""
+        for client in self._all_clients:
+            client.close()
+        if self._owned_adapter is not None:
+            self._owned_adapter.close()
+            self._owned_adapter = None
+
+    def __enter__(self) -> DeployedRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
