@@ -1,15 +1,22 @@
-"""``decodeleak``: DecodeLeak audits on the reference runner (both models in transformers).
+"""``decodeleak``: DecodeLeak audits, on the reference runner or on the deployed stack.
 
 ``decodeleak sweep`` runs the paper's grids (or a grid config of yours) over
 MedPriv/CommPriv items and appends one JSONL row per (setting, item) as it
 finishes; a re-run skips what is there, so a crash or Ctrl-C loses nothing.
 ``decodeleak run`` is one setting.
+
+Runners (``--runner``): ``reference`` keeps both models in transformers in
+this process; ``deployed`` audits the real stack: the edge GGUF in llama.cpp
+through the SDK's gRPC client, against a cloud adapter started on loopback or
+a remote one (``--cloud HOST:PORT``), the exposure read from the adapter's
+transcripts (``--transcripts DIR``) and checked against the edge's ledger.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from pathlib import Path
 
 from edge_sdk.policies import FUSION_MODES
@@ -39,13 +46,39 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="the JSONL results file (appended to; pairs already in it are skipped)")
     parser.add_argument("--shard", default="1/1", help="run only shard i of N (e.g. 2/8), into its own --out")
     parser.add_argument("--seed", type=int, default=0, help="seed of the randomised policies' per-item generators")
-    parser.add_argument("--concurrency", type=int, default=8, help="items decoded at once (each model's batch)")
+    parser.add_argument("--concurrency", type=int, default=8,
+                        help="items decoded at once (reference: each model's batch; deployed: llama.cpp "
+                             "instances, one EdgeClient each)")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="tokens per answer (the paper: 256)")
     parser.add_argument("--slm", default="embedded", help="the edge model: 'embedded', a GGUF or a transformers dir")
     parser.add_argument("--llm", default="embedded", help="the cloud model (same family as --slm)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
                         help="both models' dtype (auto: bf16 where the hardware has native kernels)")
     parser.add_argument("-v", "--verbose", action="store_true", help="show the full traceback of an error")
+    _deployed_flags(parser)
+
+
+def _deployed_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runner", choices=["reference", "deployed"], default="reference",
+                        help="reference: both models in transformers, in this process (default); deployed: the edge "
+                             "GGUF (--slm) in llama.cpp through the SDK's gRPC client against a cloud adapter, "
+                             "audited from the adapter's transcripts")
+    group = parser.add_argument_group(
+        "deployed runner (--runner deployed)",
+        "Without --cloud an adapter over --llm is started on loopback in this process, its transcripts written "
+        "to --transcripts (default: OUT's name + '.transcripts/'). With --cloud the audit reads the remote "
+        "adapter's transcripts from --transcripts (its --transcript-dir, or a copy synced from it); without "
+        "--transcripts it runs anyway, resting on the edge's ledger alone (what left the device, by the same "
+        "rule the adapter records), says so once, and every row's audit.exposure_source is 'edge ledger'.")
+    group.add_argument("--cloud", metavar="HOST:PORT", help="a running cloud adapter to audit (default: start one)")
+    group.add_argument("--token-file", type=Path, metavar="FILE", help="bearer token for --cloud")
+    group.add_argument("--tls-ca", type=Path, metavar="PEM",
+                       help="CA certificate of a TLS --cloud (default: the system's trust roots)")
+    group.add_argument("--plaintext", action="store_true", help="no TLS to --cloud (a loopback address only)")
+    group.add_argument("--transcripts", type=Path, metavar="DIR", help="where the adapter's transcripts are")
+    group.add_argument("--transcript-wait", type=float, default=30.0, metavar="SECONDS",
+                       help="how long to wait for an item's transcript to appear before auditing it from the "
+                            "ledger (default: 30)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -128,6 +161,14 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"decodeleak {args.command}: {exc}", file=sys.stderr)
         return 1
+    except RuntimeError as exc:  # the cloud adapter refused or broke a session (edge_sdk.transport.CloudError)
+        from eval_harness.cli.coveil import explain
+        from edge_sdk.transport import CloudError
+
+        if args.verbose or not isinstance(exc, CloudError):
+            raise
+        print(f"decodeleak {args.command}: {explain(exc)}", file=sys.stderr)
+        return 1
 
 
 def write_report(args: argparse.Namespace) -> int:
@@ -182,8 +223,16 @@ def execute(args: argparse.Namespace) -> int:
         settings = [Setting(task, args.mode, args.policy, dict(args.param), args.alpha) for task in args.tasks]
     items = {task: load_task(task, args.limit) for task in args.tasks}
     protocol = DecodingProtocol(max_new_tokens=args.max_new_tokens)
-    runner, vocab, metadata = _reference(args, protocol)
+    runner, vocab, metadata = _runner(args, protocol)
     total = sum(len(items[s.task]) for s in settings)
+    audits: Counter[str] = Counter()
+
+    def finished(row: dict) -> None:
+        progress.advance(bar)
+        audit = row.get("audit")
+        if audit is not None:
+            audits[audit["exposure_source"] if audit.get("ledger_agrees", True) else "disagreeing"] += 1
+
     with runner, ResultStore(args.out) as store, Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         TextColumn("eta"), TimeRemainingColumn(),
@@ -192,12 +241,40 @@ def execute(args: argparse.Namespace) -> int:
         from eval_harness.sweep.execute import run_sweep
 
         outcome = run_sweep(settings, items, runner, store, protocol=protocol, vocab=vocab, metadata=metadata,
-                            seed=args.seed, shard_of=shard_of, on_row=lambda row: progress.advance(bar))
+                            seed=args.seed, shard_of=shard_of, on_row=finished)
         progress.update(bar, total=outcome.pending, completed=outcome.written)
     print(f"{outcome.written} rows written to {args.out}; {outcome.skipped} already there; "
           f"{len(settings)} settings x {', '.join(f'{len(v)} {k}' for k, v in items.items())} items "
           f"(shard {args.shard})")
+    if audits:
+        print(audit_summary(audits))
     return 0
+
+
+def audit_summary(audits: Counter[str]) -> str:
+    """One line: how many rows' exposure came from the cloud's transcripts, and whether the edge's ledger agreed."""
+    from eval_harness.runners.audit import FROM_LEDGER, FROM_TRANSCRIPT
+
+    agreeing, disagreeing, ledger = audits[FROM_TRANSCRIPT], audits["disagreeing"], audits[FROM_LEDGER]
+    line = f"audit: {agreeing + disagreeing} rows from the cloud's transcripts"
+    line += (f", {disagreeing} of them DISAGREE with the edge's ledger (see the rows' audit.first_disagreement)"
+             if disagreeing else " (each agrees with the edge's ledger)")
+    if ledger:
+        line += f"; {ledger} from the edge's ledger alone (no transcript: see the rows' audit.reason)"
+    return line
+
+
+def _runner(args: argparse.Namespace, protocol):  # noqa: ANN001, ANN202
+    """The runner ``--runner`` names, the vocabulary the metrics read, and the metadata every row carries."""
+    if args.runner == "deployed":
+        return _deployed(args, protocol)
+    deployed_only = [flag for flag, value in (("--cloud", args.cloud), ("--token-file", args.token_file),
+                                              ("--tls-ca", args.tls_ca), ("--plaintext", args.plaintext),
+                                              ("--transcripts", args.transcripts)) if value]
+    if deployed_only:
+        raise ValueError(f"{', '.join(deployed_only)}: only for --runner deployed (the reference runner keeps "
+                         "both models in this process)")
+    return _reference(args, protocol)
 
 
 def _reference(args: argparse.Namespace, protocol):  # noqa: ANN001, ANN202
@@ -226,3 +303,95 @@ def _reference(args: argparse.Namespace, protocol):  # noqa: ANN001, ANN202
         "version": package_version(),
     }
     return ReferenceRunner(slm, llm, concurrency=args.concurrency), vocab, metadata
+
+
+def _deployed(args: argparse.Namespace, protocol):  # noqa: ANN001, ANN202
+    """The deployed runner (over a local adapter or ``--cloud``), the vocabulary and the rows' metadata."""
+    import threading
+
+    from edge_sdk.client import Credentials, is_loopback
+    from edge_sdk.models import resolve_model
+    from eval_harness.metrics import Vocabulary
+    from eval_harness.runners.deployed import DeployedRunner
+    from eval_harness.sweep.execute import SEED_POLICY, file_digest, package_version
+
+    slm_source = resolve_model(args.slm)
+    if slm_source.gguf_path is None or slm_source.hf_name_or_dir is not None:
+        raise ValueError(f"the deployed runner runs the edge in llama.cpp: --slm must be 'embedded' or a .gguf "
+                         f"file, got {args.slm!r}")
+    if args.transcript_wait < 0:
+        raise ValueError(f"--transcript-wait must be non-negative, got {args.transcript_wait}")
+    remote_flags = [flag for flag, value in (("--token-file", args.token_file), ("--tls-ca", args.tls_ca),
+                                             ("--plaintext", args.plaintext)) if value]
+    common = {"edge_model": slm_source, "concurrency": args.concurrency, "transcript_wait_s": args.transcript_wait}
+    if args.cloud is None:
+        if remote_flags:
+            raise ValueError(f"{', '.join(remote_flags)}: only for a remote adapter (--cloud); the local one "
+                             "brings its own token and listens on loopback")
+        runner, llm_model = _local_deployed(args, slm_source, common)
+        adapter = {"address": runner.address, "started_by": "decodeleak (in-process, loopback)",
+                   "exposure_k": runner.local_adapter.engine.exposure_k}
+        dtype = str(runner.local_adapter.llm.dtype).removeprefix("torch.")
+    else:
+        if args.llm != "embedded":
+            raise ValueError("--llm names the model of a local adapter; a remote adapter (--cloud) serves its own "
+                             "(each row records the model it reported: audit.cloud_model)")
+        if args.plaintext and not is_loopback(args.cloud):
+            raise ValueError(f"refusing --plaintext to {args.cloud}: it is not a loopback address; give the "
+                             "adapter's CA (--tls-ca) or rely on the system's trust roots")
+        if args.transcripts is None:
+            print(f"decodeleak {args.command}: no --transcripts for the adapter at {args.cloud}: the audit rests on "
+                  "the edge's ledger alone (rows say audit.exposure_source = 'edge ledger')", file=sys.stderr)
+        credentials = Credentials.from_files(token_file=args.token_file, root_cert=args.tls_ca,
+                                             plaintext=args.plaintext)
+        runner = DeployedRunner(args.cloud, credentials=credentials, transcripts=args.transcripts, **common)
+        llm_model = {"name": None, "sha256": None,
+                     "note": "a remote adapter's model: each row's audit.cloud_model, as the adapter reported it"}
+        adapter = {"address": args.cloud, "started_by": "its operator", "tls": not args.plaintext,
+                   "exposure_k": None}
+        dtype = None
+    adapter["transcripts"] = str(runner.transcripts) if runner.transcripts is not None else None
+    edge = runner.policy_backend
+    tokenizer_lock = threading.Lock()  # result rows are built in several item threads at once
+
+    def tokenize(text: str) -> list[int]:
+        with tokenizer_lock:
+            return edge.tokenize(text, add_bos=False)
+
+    vocab = Vocabulary(tokenize, Vocabulary.from_slm(edge).piece)
+    metadata = {
+        "models": {"slm": {"name": edge.name, "sha256": file_digest(slm_source.gguf_path)}, "llm": llm_model},
+        "dtype": dtype,
+        "backend": "deployed",
+        "edge": {"runtime": "llama.cpp", "instances": args.concurrency},
+        "adapter": adapter,
+        "protocol": protocol.describe(),
+        "seed": args.seed,
+        "seed_policy": SEED_POLICY,
+        "version": package_version(),
+    }
+    return runner, vocab, metadata
+
+
+def _local_deployed(args: argparse.Namespace, slm_source, common: dict):  # noqa: ANN001, ANN202
+    """A deployed runner over an adapter of its own on loopback, and the cloud model's row entry.
+
+    Both halves share this machine's cores: the cloud's torch threads and the edge's llama.cpp threads
+    each get their share (:func:`cloud_adapter.local.split_cores`), since oversubscribed cores make both
+    spin against each other.
+    """
+    import torch
+
+    from cloud_adapter.llm import TransformersLLM
+    from cloud_adapter.local import split_cores
+    from edge_sdk.models import resolve_model
+    from eval_harness.runners.deployed import DeployedRunner
+    from eval_harness.sweep.execute import file_digest
+
+    edge_threads, cloud_threads = split_cores()
+    torch.set_num_threads(cloud_threads)
+    llm_source = resolve_model(args.llm)
+    llm = TransformersLLM(llm_source, dtype=args.dtype)
+    transcripts = args.transcripts or args.out.with_name(args.out.stem + ".transcripts")
+    runner = DeployedRunner.with_local_adapter(llm, transcripts, edge_threads=edge_threads, **common)
+    return runner, {"name": llm.name, "sha256": file_digest(llm_source.gguf_path)}
