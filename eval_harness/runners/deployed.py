@@ -181,9 +181,8 @@ class DeployedRunner:
         def one(item: ItemRun) -> AuditedResult:
             client = self._clients.get()
             try:
-                result = client.generate(item.public_prompt, item.private_context, mode=mode, policy=item.policy,
-                                         alpha=alpha, max_new_tokens=max_new_tokens, rng=item.rng,
-                                         stopping=item.stopping, exposure_k=exposure_k)
+                result = item.generate(client, mode=mode, alpha=alpha, max_new_tokens=max_new_tokens,
+                                       exposure_k=exposure_k)
             finally:
                 self._clients.put(client)
             audited = audit_generation(result, self.transcripts, wait_s=self.transcript_wait_s)

@@ -77,6 +77,13 @@ class ItemRun:
     rng: np.random.Generator | None = None
     stopping: Any = None
 
+    def generate(self, client: EdgeClient, *, mode: str, alpha: float, max_new_tokens: int,
+                 exposure_k: int) -> GenerationResult:
+        """This item through ``client``'s decoding loop, with its own policy, generator and stopping rule."""
+        return client.generate(self.public_prompt, self.private_context, mode=mode, policy=self.policy, alpha=alpha,
+                               max_new_tokens=max_new_tokens, rng=self.rng, stopping=self.stopping,
+                               exposure_k=exposure_k)
+
 
 class ReferenceRunner:
     """Both models in transformers, ``concurrency`` items in flight; results as the in-process SDK gives them.
@@ -124,9 +131,8 @@ class ReferenceRunner:
             slm = BatchedSLM(self.slm_model, self._slm_batcher, self._tokenizer_lock)
             try:
                 client = EdgeClient(lambda: self.engine.session("reference"), slm=slm)
-                result = client.generate(item.public_prompt, item.private_context, mode=mode, policy=item.policy,
-                                         alpha=alpha, max_new_tokens=max_new_tokens, rng=item.rng,
-                                         stopping=item.stopping, exposure_k=exposure_k)
+                result = item.generate(client, mode=mode, alpha=alpha, max_new_tokens=max_new_tokens,
+                                       exposure_k=exposure_k)
             finally:
                 slm.close()
             if on_result is not None:
