@@ -201,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run_serve(args: argparse.Namespace, source: ModelSource, tls: TlsConfig | None, tokens: list[str]) -> None:
     """Load the model, warm it up and serve until SIGTERM/SIGINT."""
     from cloud_adapter.engine import CloudEngine
+    from cloud_adapter.hf_loading import dtype_device
     from cloud_adapter.runners import StepBatcher
     from cloud_adapter.llm import TransformersLLM
     from cloud_adapter.server import serve
@@ -209,7 +210,7 @@ def run_serve(args: argparse.Namespace, source: ModelSource, tls: TlsConfig | No
         import torch
 
         torch.set_num_threads(args.threads)
-    dtype, why = explain_dtype(args.dtype, args.device)
+    dtype, why = explain_dtype(args.dtype, dtype_device(args.device, args.device_map))
     log.info("dtype %s", why)
     start = time.perf_counter()
     llm = TransformersLLM(source, dtype=dtype, device=args.device, device_map=args.device_map)

@@ -52,6 +52,20 @@ def preferred_dtype(device: str) -> torch.dtype:
     return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
 
 
+def dtype_device(device: str, device_map: str | None) -> str:
+    """The device whose kernels decide ``dtype="auto"``: ``device``, or with a device map where its weights go.
+
+    accelerate's ``"auto"``/``"balanced"``/``"sequential"`` maps fill the visible
+    GPUs first, so a map means ``"cuda"`` when a GPU is visible (a 70B model
+    spread over GPUs loads in bf16, not in the host CPU's float32).
+    """
+    if device_map is None:
+        return device
+    if device_map.startswith("cuda"):
+        return device_map
+    return "cuda" if device_map != "cpu" and torch.cuda.is_available() else "cpu"
+
+
 def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
     if dtype is None or dtype == "auto":
         return preferred_dtype(device)
@@ -112,7 +126,7 @@ def load_causal_lm(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch_dtype = resolve_dtype(dtype, device)
+    torch_dtype = resolve_dtype(dtype, dtype_device(device, device_map))
     if source.gguf_path is not None and source.hf_name_or_dir is None:
         location = gguf_cache_dir(source.gguf_path)
         if not (location / "config.json").is_file():

@@ -203,6 +203,21 @@ def test_tiny_standalone_cache_copy(tiny: TransformersLLM) -> None:
     assert np.abs(out.logits[0, -1, :90].numpy() - b.next_logits).max() < 1e-4
 
 
+@pytest.mark.parametrize("gpu", [True, False])
+def test_a_device_map_chooses_the_dtype_of_the_gpus_it_fills(monkeypatch: pytest.MonkeyPatch, gpu: bool) -> None:
+    """``--device-map auto`` with ``--dtype auto``: bf16 on bf16 GPUs, not the host CPU's float32."""
+    from cloud_adapter import hf_loading
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    monkeypatch.setattr(hf_loading, "cpu_has_native_bf16", lambda: False)
+    assert hf_loading.dtype_device("cpu", "auto") == ("cuda" if gpu else "cpu")
+    assert hf_loading.resolve_dtype("auto", hf_loading.dtype_device("cpu", "auto")) is (
+        torch.bfloat16 if gpu else torch.float32)
+    assert hf_loading.dtype_device("cpu", None) == "cpu" and hf_loading.dtype_device("cuda:1", None) == "cuda:1"
+    assert hf_loading.dtype_device("cpu", "cpu") == "cpu" and hf_loading.dtype_device("cpu", "cuda:0") == "cuda:0"
+
+
 # -- the embedded Gemma-3 270M ---------------------------------------------------------------------
 
 

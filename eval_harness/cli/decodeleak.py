@@ -19,13 +19,25 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from cloud_adapter.cli import _positive_float, _positive_int
 from edge_sdk.policies import FUSION_MODES
 
 USAGE_ERROR = 2
+#: ``--ray`` without an address: start a new local Ray instance (Ray's own name for it)
+LOCAL_RAY = "local"
 
 
 def _csv(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _ray_address(text: str) -> str:
+    """A Ray address: ``auto``, ``ray://HOST:PORT`` or ``HOST:PORT`` (not a file: GRID goes before ``--ray``)."""
+    host, sep, port = text.rpartition(":")
+    if text in ("auto", LOCAL_RAY) or (sep and host and port.isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"a Ray address is auto, ray://HOST:PORT or HOST:PORT, got {text!r} "
+                                     "(a grid file goes before --ray)")
 
 
 def _param(text: str) -> tuple[str, float | int]:
@@ -54,6 +66,11 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--llm", default="embedded", help="the cloud model (same family as --slm)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
                         help="both models' dtype (auto: bf16 where the hardware has native kernels)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N for both models (ignored with "
+                                                         "--device-map)")
+    parser.add_argument("--device-map", metavar="MAP",
+                        help="accelerate device map for both models, e.g. 'auto' to spread a large model over every "
+                             "visible GPU (layers split across them, one copy)")
     parser.add_argument("-v", "--verbose", action="store_true", help="show the full traceback of an error")
     _deployed_flags(parser)
 
@@ -92,6 +109,19 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--modes", type=_csv, default=list(FUSION_MODES), help="fusion modes (default: cloud,edge)")
     sweep.add_argument("--policies", type=_csv, help="only these policies (default: all in the config)")
     _common(sweep)
+    cluster = sweep.add_argument_group(
+        "Ray", "run the sweep as Ray tasks, one per shard; rows come back into the one --out file on this machine")
+    cluster.add_argument("--ray", nargs="?", const=LOCAL_RAY, type=_ray_address, metavar="ADDRESS",
+                         help="a Ray cluster: ray://HOST:10001 (Ray Client), HOST:6379, or 'auto' (the cluster "
+                              "'ray start' made on this node, or $RAY_ADDRESS); --ray alone starts a new local "
+                              "instance")
+    cluster.add_argument("--ray-shards", type=_positive_int, metavar="N",
+                         help="tasks to cut the pending pairs into (default: as many as the cluster runs at once "
+                              "with the resources below)")
+    cluster.add_argument("--ray-cpus-per-task", type=_positive_float, default=1.0, metavar="N",
+                         help="CPUs each task asks for; torch uses that many threads (default: 1)")
+    cluster.add_argument("--ray-gpus-per-task", type=float, default=0.0, metavar="N",
+                         help="GPUs each task asks for (default: 0); with --device cuda or --device-map auto")
     run = commands.add_parser("run", help="one setting over a dataset",
                               description="One setting (mode, policy, parameters, alpha) over a dataset.")
     run.add_argument("--mode", choices=FUSION_MODES, required=True, help="fusion mode")
@@ -209,8 +239,6 @@ def execute(args: argparse.Namespace) -> int:
         return write_report(args)
     if args.command == "plot":
         return write_plots(args)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     from eval_harness.datasets import load_task
     from eval_harness.protocol import DecodingProtocol
     from eval_harness.sweep.grid import Setting, expand, load_grids, parse_shard
@@ -223,6 +251,8 @@ def execute(args: argparse.Namespace) -> int:
         settings = [Setting(task, args.mode, args.policy, dict(args.param), args.alpha) for task in args.tasks]
     items = {task: load_task(task, args.limit) for task in args.tasks}
     protocol = DecodingProtocol(max_new_tokens=args.max_new_tokens)
+    if getattr(args, "ray", None) is not None:
+        return sweep_on_ray(args, settings, items, protocol, shard_of)
     runner, vocab, metadata = _runner(args, protocol)
     total = sum(len(items[s.task]) for s in settings)
     audits: Counter[str] = Counter()
@@ -233,10 +263,7 @@ def execute(args: argparse.Namespace) -> int:
         if audit is not None:
             audits[audit["exposure_source"] if audit.get("ledger_agrees", True) else "disagreeing"] += 1
 
-    with runner, ResultStore(args.out) as store, Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("eta"), TimeRemainingColumn(),
-    ) as progress:
+    with runner, ResultStore(args.out) as store, _progress() as progress:
         bar = progress.add_task(f"decodeleak {args.command} (shard {args.shard})", total=total)
         from eval_harness.sweep.execute import run_sweep
 
@@ -277,32 +304,77 @@ def _runner(args: argparse.Namespace, protocol):  # noqa: ANN001, ANN202
     return _reference(args, protocol)
 
 
+def _progress():  # noqa: ANN202
+    """A rich progress bar: done/total, elapsed, ETA."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("eta"), TimeRemainingColumn())
+
+
+def sweep_on_ray(args: argparse.Namespace, settings, items, protocol, shard_of) -> int:  # noqa: ANN001
+    """``decodeleak sweep --ray``: the pending pairs as Ray tasks, rows gathered into ``--out`` here.
+
+    This process loads no model: each task builds its runner on its worker.
+    """
+    from rich.markup import escape
+
+    from eval_harness.sweep import ray as on_ray
+    from eval_harness.sweep.store import ResultStore
+
+    try:
+        ray = on_ray.require_ray()
+    except ImportError as exc:
+        print(f"decodeleak sweep: {exc}", file=sys.stderr)
+        return 1
+    if args.runner != "reference":
+        raise ValueError("--ray runs the reference runner on the cluster's workers; audit a deployment with "
+                         "--runner deployed without --ray (or --shard i/N by hand)")
+    if args.ray_gpus_per_task > 0 and args.device == "cpu" and args.device_map is None:
+        raise ValueError("--ray-gpus-per-task needs --device cuda or --device-map auto, or the models stay on the CPU")
+    started = on_ray.connect(args.ray)
+    try:
+        with ResultStore(args.out) as store:
+            count = args.ray_shards or on_ray.default_shard_count(args.ray_cpus_per_task, args.ray_gpus_per_task)
+            plan = on_ray.plan_shards(settings, items, store, count=count, shard_of=shard_of)
+            shards = len(plan.shards)
+            with _progress() as progress:
+                bar = progress.add_task(f"decodeleak sweep on Ray ({shards} shards)", total=len(plan.pending))
+                try:
+                    outcome = on_ray.run_on_ray(
+                        plan, items, store, spec=_spec(args), protocol=protocol, seed=args.seed,
+                        cpus_per_task=args.ray_cpus_per_task, gpus_per_task=args.ray_gpus_per_task,
+                        on_row=lambda row: progress.advance(bar),
+                        on_failure=lambda index, reason: progress.console.print(
+                            f"[red]shard {index + 1}/{shards} failed[/red]: {escape(reason)}"),
+                    )
+                except on_ray.ShardsFailed as exc:
+                    if args.verbose:
+                        raise
+                    print(f"decodeleak sweep: {exc}; {exc.written} rows written to {args.out}, "
+                          "a re-run resumes", file=sys.stderr)
+                    return 1
+    finally:
+        if started:
+            ray.shutdown()
+    dropped = f" ({outcome.duplicates} rows of retried tasks arrived twice, kept once)" if outcome.duplicates else ""
+    print(f"{outcome.written} rows written to {args.out} by {shards} Ray tasks; {plan.skipped} already there; "
+          f"{len(settings)} settings x {', '.join(f'{len(v)} {k}' for k, v in items.items())} items "
+          f"(shard {args.shard}){dropped}")
+    return 0
+
+
+def _spec(args: argparse.Namespace):  # noqa: ANN202
+    """What the reference runner loads, from the command line (the Ray path sends it to each worker)."""
+    from eval_harness.sweep.execute import ReferenceSpec
+
+    return ReferenceSpec(slm=args.slm, llm=args.llm, dtype=args.dtype, device=args.device,
+                         device_map=args.device_map, concurrency=args.concurrency)
+
+
 def _reference(args: argparse.Namespace, protocol):  # noqa: ANN001, ANN202
     """The reference runner, the vocabulary the metrics read, and the metadata every row carries."""
-    from cloud_adapter.llm import TransformersLLM
-    from edge_sdk.leakage import piece_reader
-    from edge_sdk.models import resolve_model
-    from eval_harness.metrics import Vocabulary
-    from eval_harness.runners.reference import ReferenceRunner
-    from eval_harness.sweep.execute import SEED_POLICY, file_digest, package_version
-
-    slm_source, llm_source = resolve_model(args.slm), resolve_model(args.llm)
-    slm = TransformersLLM(slm_source, dtype=args.dtype)
-    llm = TransformersLLM(llm_source, dtype=args.dtype)
-    vocab = Vocabulary(lambda text: slm.tokenize(text, add_bos=False), piece_reader(slm.tokenizer))
-    metadata = {
-        "models": {
-            "slm": {"name": slm.name, "sha256": file_digest(slm_source.gguf_path)},
-            "llm": {"name": llm.name, "sha256": file_digest(llm_source.gguf_path)},
-        },
-        "dtype": str(llm.dtype).removeprefix("torch."),
-        "backend": "reference (transformers, both models)",
-        "protocol": protocol.describe(),
-        "seed": args.seed,
-        "seed_policy": SEED_POLICY,
-        "version": package_version(),
-    }
-    return ReferenceRunner(slm, llm, concurrency=args.concurrency), vocab, metadata
+    return _spec(args).build(protocol, seed=args.seed)
 
 
 def _deployed(args: argparse.Namespace, protocol):  # noqa: ANN001, ANN202

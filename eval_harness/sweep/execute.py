@@ -27,9 +27,9 @@ from eval_harness.datasets import DecodeLeakItem
 from eval_harness.metrics import Vocabulary, evidence_counts, evidence_recall
 from eval_harness.protocol import DecodingProtocol
 from eval_harness.runners.audit import AuditedResult
-from eval_harness.runners.reference import ItemRun
-from eval_harness.sweep.grid import Setting, row_key, shard
-from eval_harness.sweep.store import ResultStore
+from eval_harness.runners.reference import ItemRun, ReferenceRunner
+from eval_harness.sweep.grid import Setting, row_key, shard, sweep_units
+from eval_harness.sweep.store import RowStore
 
 #: the cutoffs K each row's DecodeLeak metrics are given at
 METRIC_KS = (10, 50, 100)
@@ -132,6 +132,52 @@ class Runner(Protocol):
             exposure_k: int = 100) -> Sequence[GenerationResult]: ...
 
 
+@dataclass(frozen=True)
+class ReferenceSpec:
+    """What the reference runner loads: enough to build it again in another process or on another machine.
+
+    Attributes:
+        slm: the edge model (``"embedded"``, a GGUF file or a transformers directory / hub name).
+        llm: the cloud model (same tokenizer family as ``slm``).
+        dtype: both models' dtype (``"auto"``, ``"bf16"``, ``"fp16"``, ``"fp32"``).
+        device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (ignored with ``device_map``).
+        device_map: an accelerate device map for both models, e.g. ``"auto"`` to spread them over the GPUs.
+        concurrency: items decoded at once.
+    """
+
+    slm: str = "embedded"
+    llm: str = "embedded"
+    dtype: str = "auto"
+    device: str = "cpu"
+    device_map: str | None = None
+    concurrency: int = 8
+
+    def build(self, protocol: DecodingProtocol, *, seed: int) -> tuple[ReferenceRunner, Vocabulary, dict[str, Any]]:
+        """Load both models: the runner, the vocabulary the metrics read, and the metadata every row carries."""
+        from cloud_adapter.llm import TransformersLLM
+        from edge_sdk.leakage import piece_reader
+        from edge_sdk.models import resolve_model
+
+        slm_source, llm_source = resolve_model(self.slm), resolve_model(self.llm)
+        slm = TransformersLLM(slm_source, dtype=self.dtype, device=self.device, device_map=self.device_map)
+        llm = TransformersLLM(llm_source, dtype=self.dtype, device=self.device, device_map=self.device_map)
+        vocab = Vocabulary(lambda text: slm.tokenize(text, add_bos=False), piece_reader(slm.tokenizer))
+        metadata = {
+            "models": {
+                "slm": {"name": slm.name, "sha256": file_digest(slm_source.gguf_path)},
+                "llm": {"name": llm.name, "sha256": file_digest(llm_source.gguf_path)},
+            },
+            "dtype": str(llm.dtype).removeprefix("torch."),
+            "device": f"device_map={self.device_map}" if self.device_map else str(llm.device),
+            "backend": "reference (transformers, both models)",
+            "protocol": protocol.describe(),
+            "seed": seed,
+            "seed_policy": SEED_POLICY,
+            "version": package_version(),
+        }
+        return ReferenceRunner(slm, llm, concurrency=self.concurrency), vocab, metadata
+
+
 @dataclass
 class SweepOutcome:
     """What one sweep invocation did."""
@@ -145,19 +191,23 @@ def run_sweep(
     settings: Sequence[Setting],
     items: Mapping[str, Sequence[DecodeLeakItem]],
     runner: Runner,
-    store: ResultStore,
+    store: RowStore,
     *,
     protocol: DecodingProtocol,
     vocab: Vocabulary,
     metadata: Mapping[str, Any],
     seed: int = 0,
     shard_of: tuple[int, int] = (0, 1),
+    units: Sequence[tuple[Setting, str]] | None = None,
     on_row: Callable[[dict[str, Any]], None] | None = None,
 ) -> SweepOutcome:
-    """Every (setting, item) of this shard not yet in ``store``, setting by setting, items of a setting at once."""
+    """Every (setting, item) of this shard not yet in ``store``, setting by setting, items of a setting at once.
+
+    ``units`` are the (setting, item id) pairs to consider, in order (default:
+    :func:`~eval_harness.sweep.grid.sweep_units` of ``settings``); ``shard_of`` then keeps its share.
+    """
     by_id = {task: {item.item_id: item for item in task_items} for task, task_items in items.items()}
-    units = [(s, item.item_id) for s in settings for item in items[s.task]]
-    mine = list(shard(units, *shard_of))
+    mine = list(shard(sweep_units(settings, items) if units is None else units, *shard_of))
     pending = [(s, i) for s, i in mine if row_key(s, i) not in store]
     lock = threading.Lock()
     written = 0

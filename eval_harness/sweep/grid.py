@@ -101,6 +101,11 @@ def expand(
     return settings
 
 
+def sweep_units(settings: Sequence[Setting], items: Mapping[str, Sequence[Any]]) -> list[tuple[Setting, str]]:
+    """Every (setting, item id) pair of a sweep, in grid order: each setting with each item of its task."""
+    return [(s, item.item_id) for s in settings for item in items[s.task]]
+
+
 def shard(units: Iterable[tuple[Setting, str]], index: int, count: int) -> Iterator[tuple[Setting, str]]:
     """The (setting, item id) pairs of shard ``index`` of ``count`` (0-based).
 

@@ -14,7 +14,15 @@ import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+
+class RowStore(Protocol):
+    """Where a sweep puts finished rows: asked which keys are done, given each new row once."""
+
+    def __contains__(self, key: object) -> bool: ...
+
+    def append(self, row: Mapping[str, Any]) -> None: ...
 
 
 class ResultStore:

@@ -1,0 +1,321 @@
+"""A sweep on a Ray cluster: one task per shard, every row gathered into the driver's one JSONL file.
+
+The driver (the ``decodeleak sweep --ray`` process) opens its results file,
+lists the (setting, item) pairs not in it yet and cuts them into N
+contiguous shards in grid order, so that a shard holds whole settings and
+the runner's batches stay full.  It submits one Ray task per shard; each
+task asks for ``--ray-cpus-per-task`` CPUs and ``--ray-gpus-per-task``
+GPUs, loads its own models on its worker and runs
+:func:`~eval_harness.sweep.execute.run_sweep` over its pairs.  The driver
+itself loads no model.
+
+**Where rows go.**  A worker on another node cannot write the driver's
+disk, and a driver connected through Ray Client (``ray://``) is not on the
+cluster at all.  So each task hands every finished row to a small inbox
+actor (:class:`RowInbox`; the call returns once the actor holds the row),
+and the driver pulls the inbox a few times a second and appends what it
+finds to its :class:`~eval_harness.sweep.store.ResultStore`.  The driver
+is the file's only writer: it stays one append-only JSONL with the store's
+guarantees (a flush and fsync per row, torn-line recovery), and a plain
+sweep and a Ray sweep resume the same file.  Pulling was chosen over a
+store actor that writes the file itself because such an actor writes the
+disk of the node it runs on, which is not the driver's under Ray Client;
+and over streaming generator tasks because Ray Client does not wait on
+those.
+
+**Resuming.**  Pairs already in the file are never submitted.  A task that
+Ray retries (its worker or node died) first asks the inbox which of its
+rows already arrived and skips them; a row that still arrives twice is
+dropped by its key.  Killing the driver loses only the rows in flight (at
+most one per item being decoded); a re-run does those and the rest.
+
+**Failures.**  A task that raises is reported as it fails (which shard, the
+error); the other shards go on and their rows are written; then
+:class:`ShardsFailed` names every failed shard.  What was written stays.
+
+**Code.**  :func:`connect` ships the driver's own ``edge_sdk``,
+``cloud_adapter`` and ``eval_harness`` to the workers (``runtime_env``
+``py_modules``), so the cluster runs the code the driver runs, not a copy
+its image holds; every task compares a digest of the source it imported
+with the driver's (:func:`code_digest`) and refuses to run on a mismatch
+(e.g. a Ray instance started elsewhere without that ``runtime_env``).  The
+workers' Python still needs the dependencies (``coveil[cloud,harness]``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from eval_harness.datasets import DecodeLeakItem
+from eval_harness.protocol import DecodingProtocol
+from eval_harness.sweep.grid import Setting, row_key, shard, sweep_units
+from eval_harness.sweep.store import ResultStore
+
+if TYPE_CHECKING:  # the driver and the inbox import no model library; a shard task does (run_shard)
+    from eval_harness.sweep.execute import ReferenceSpec
+
+#: the packages shipped to the workers and covered by :func:`code_digest`
+CODE_PACKAGES = ("edge_sdk", "cloud_adapter", "eval_harness")
+#: how often the driver pulls the inbox while tasks run (seconds)
+POLL_SECONDS = 0.25
+
+
+def require_ray() -> ModuleType:
+    """The ``ray`` module, or an ImportError that names the extra to install."""
+    try:
+        import ray
+    except ImportError:
+        raise ImportError("--ray needs Ray, an optional dependency: pip install 'coveil[ray]'") from None
+    return ray
+
+
+def code_dirs() -> list[Path]:
+    """The directories this process imports :data:`CODE_PACKAGES` from."""
+    return [Path(importlib.import_module(name).__file__).parent for name in CODE_PACKAGES]  # type: ignore[arg-type]
+
+
+def code_digest(dirs: Sequence[Path] | None = None) -> str:
+    """sha256 over every ``.py`` file of the packages: ``package/relative/path``, a NUL, the bytes, in path order."""
+    digest = hashlib.sha256()
+    for directory in code_dirs() if dirs is None else dirs:
+        for path in sorted(directory.rglob("*.py")):
+            if "__pycache__" in path.parts:
+                continue
+            digest.update(f"{directory.name}/{path.relative_to(directory).as_posix()}".encode() + b"\0")
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def connect(address: str = "local", **init_options: Any) -> bool:
+    """Join the Ray cluster at ``address``, shipping this code to its workers.
+
+    ``"local"`` starts a new instance on this machine (not one that
+    ``ray start`` or ``RAY_ADDRESS`` points at); ``"auto"`` joins this node's
+    cluster; ``ray://HOST:PORT`` connects through Ray Client.
+    ``init_options`` go to ``ray.init`` (e.g. ``num_cpus`` for a local
+    instance).  Returns whether this call connected (and so should
+    disconnect); an already initialised Ray is used as it is.
+    """
+    ray = require_ray()
+    if ray.is_initialized():
+        return False
+    if address == "local":
+        init_options.setdefault("include_dashboard", False)
+    ray.init(address=address, runtime_env={"py_modules": [str(d) for d in code_dirs()]}, **init_options)
+    return True
+
+
+def default_shard_count(cpus_per_task: float, gpus_per_task: float) -> int:
+    """How many tasks the cluster runs at once: its GPUs over ``gpus_per_task`` (CPUs over ``cpus_per_task``)."""
+    resources = require_ray().cluster_resources()
+    if gpus_per_task > 0:
+        return max(1, int(resources.get("GPU", 0) // gpus_per_task))
+    return max(1, int(resources.get("CPU", 1) // max(cpus_per_task, 1e-9)))
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """The pairs a Ray sweep still has to run, cut into shards.
+
+    Attributes:
+        pending: every (setting, item id) pair not in the results file, in grid order.
+        shards: ``pending`` cut into contiguous runs of near-equal length (none empty).
+        skipped: pairs (of the ``--shard`` share) already in the file.
+    """
+
+    pending: list[tuple[Setting, str]]
+    shards: list[list[tuple[Setting, str]]]
+    skipped: int
+
+
+def plan_shards(
+    settings: Sequence[Setting],
+    items: Mapping[str, Sequence[DecodeLeakItem]],
+    store: ResultStore,
+    *,
+    count: int,
+    shard_of: tuple[int, int] = (0, 1),
+) -> ShardPlan:
+    """The pending pairs of ``shard_of``'s share in ``min(count, pending)`` contiguous shards.
+
+    Shard ``j`` of ``n`` holds ``pending[floor(j L / n) : floor((j + 1) L / n)]``
+    for ``L`` pending pairs.  Cutting what is pending (not the whole grid)
+    keeps a resumed sweep balanced however the last run ended.
+    """
+    if count < 1:
+        raise ValueError(f"a Ray sweep needs at least one shard, got {count}")
+    mine = list(shard(sweep_units(settings, items), *shard_of))
+    pending = [(s, item_id) for s, item_id in mine if row_key(s, item_id) not in store]
+    n = min(count, len(pending))
+    shards = [pending[j * len(pending) // n : (j + 1) * len(pending) // n] for j in range(n)]
+    return ShardPlan(pending=pending, shards=shards, skipped=len(mine) - len(pending))
+
+
+class RowInbox:
+    """The actor rows travel through: tasks put finished rows, the driver takes them (run as a Ray actor)."""
+
+    def __init__(self) -> None:
+        self._rows: list[dict[str, Any]] = []
+        self._keys: set[str] = set()
+
+    def put(self, row: dict[str, Any]) -> None:
+        self._rows.append(row)
+        self._keys.add(str(row["key"]))
+
+    def take(self) -> list[dict[str, Any]]:
+        """Every row put since the last take, in arrival order."""
+        rows, self._rows = self._rows, []
+        return rows
+
+    def received(self, keys: Sequence[str]) -> list[str]:
+        """Those of ``keys`` whose rows were ever put (a retried task skips them)."""
+        return [key for key in keys if key in self._keys]
+
+
+class RelayStore:
+    """A task's stand-in for the driver's store: a row is done if it was before the task began; rows go to the inbox.
+
+    Implements :class:`~eval_harness.sweep.store.RowStore`.
+    """
+
+    def __init__(self, inbox: Any, done: set[str]) -> None:
+        self._inbox, self._done = inbox, set(done)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._done
+
+    def append(self, row: Mapping[str, Any]) -> None:
+        require_ray().get(self._inbox.put.remote(dict(row)))  # back once the inbox holds it
+        self._done.add(str(row["key"]))
+
+
+def run_shard(
+    units: Sequence[tuple[Setting, str]],
+    items: Mapping[str, Sequence[DecodeLeakItem]],
+    inbox: Any,
+    *,
+    spec: ReferenceSpec,
+    protocol: DecodingProtocol,
+    seed: int,
+    driver_code: str,
+) -> int:
+    """One Ray task: check the code, load the models, run ``units`` through the reference runner; rows written."""
+    here = code_digest()
+    if here != driver_code:
+        dirs = ", ".join(str(d) for d in code_dirs())
+        raise RuntimeError(f"this worker imports other code than the driver ({dirs}: sha256 {here[:12]}, driver "
+                           f"{driver_code[:12]}); start Ray through decodeleak (or ray.init with "
+                           "eval_harness.sweep.ray.connect) so the driver's code is shipped")
+    from eval_harness.sweep.execute import run_sweep
+
+    ray = require_ray()
+    done = set(ray.get(inbox.received.remote([row_key(s, item_id) for s, item_id in units])))
+    settings = list({s.key: s for s, _ in units}.values())
+    runner, vocab, metadata = spec.build(protocol, seed=seed)
+    with runner:
+        outcome = run_sweep(settings, items, runner, RelayStore(inbox, done), protocol=protocol, vocab=vocab,
+                            metadata=metadata, seed=seed, units=units)
+    return outcome.written
+
+
+class ShardsFailed(RuntimeError):
+    """Some Ray tasks failed; the rows of the others (and the failed ones' rows so far) were written.
+
+    Attributes:
+        failures: ``(shard index, "ErrorType: message")`` per failed task.
+        written: rows written by the whole sweep.
+    """
+
+    def __init__(self, failures: list[tuple[int, str]], count: int, written: int) -> None:
+        self.failures, self.written = failures, written
+        super().__init__("; ".join(f"shard {index + 1}/{count} failed: {reason}" for index, reason in failures))
+
+
+@dataclass
+class RaySweepOutcome:
+    """What a Ray sweep did: rows written, and rows that arrived twice (a retried task) and were dropped."""
+
+    written: int
+    duplicates: int
+
+
+def failure_reason(error: BaseException) -> str:
+    """``"ErrorType: first line"`` of the task's own exception (Ray wraps it in a RayTaskError)."""
+    cause = getattr(error, "cause", None)
+    shown = cause if isinstance(cause, BaseException) else error
+    lines = str(shown).strip().splitlines()
+    return f"{type(shown).__name__}: {lines[0] if lines else '(no message)'}"
+
+
+def run_on_ray(
+    plan: ShardPlan,
+    items: Mapping[str, Sequence[DecodeLeakItem]],
+    store: ResultStore,
+    *,
+    spec: ReferenceSpec,
+    protocol: DecodingProtocol,
+    seed: int,
+    cpus_per_task: float = 1.0,
+    gpus_per_task: float = 0.0,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+    on_failure: Callable[[int, str], None] | None = None,
+) -> RaySweepOutcome:
+    """Run ``plan``'s shards as Ray tasks on the connected cluster, appending each row to ``store`` as it arrives.
+
+    Raises :class:`ShardsFailed` once every task has ended if any failed.
+    On Ctrl-C the tasks are cancelled, the rows that had arrived are
+    written, and the KeyboardInterrupt goes on.
+    """
+    ray = require_ray()
+    outcome = RaySweepOutcome(written=0, duplicates=0)
+    if not plan.shards:
+        return outcome
+    inbox = ray.remote(num_cpus=0)(RowInbox).remote()
+    task = ray.remote(run_shard).options(num_cpus=cpus_per_task, num_gpus=gpus_per_task)
+    shared_items = ray.put(dict(items))
+    driver_code = code_digest()
+    running = {
+        task.remote(units, shared_items, inbox, spec=spec, protocol=protocol, seed=seed, driver_code=driver_code): j
+        for j, units in enumerate(plan.shards)
+    }
+
+    def drain() -> None:
+        for row in ray.get(inbox.take.remote()):
+            if row["key"] in store:  # a retried task redid a row that had arrived
+                outcome.duplicates += 1
+                continue
+            store.append(row)
+            outcome.written += 1
+            if on_row is not None:
+                on_row(row)
+
+    failures: list[tuple[int, str]] = []
+    try:
+        while running:
+            ended, _ = ray.wait(list(running), num_returns=len(running), timeout=POLL_SECONDS)
+            drain()
+            for ref in ended:
+                index = running.pop(ref)
+                try:
+                    ray.get(ref)
+                except Exception as error:  # noqa: BLE001 - any task error is reported with its shard
+                    failures.append((index, failure_reason(error)))
+                    if on_failure is not None:
+                        on_failure(index, failures[-1][1])
+        drain()  # rows put just before the last task ended
+    except KeyboardInterrupt:
+        for ref in running:
+            ray.cancel(ref, force=True)
+        drain()
+        raise
+    finally:
+        ray.kill(inbox)
+    if failures:
+        raise ShardsFailed(sorted(failures), len(plan.shards), outcome.written)
+    return outcome
