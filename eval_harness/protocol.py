@@ -15,15 +15,24 @@ from dataclasses import asdict, dataclass
 
 from eval_harness.datasets import LETTERS, DecodeLeakItem
 
+#: One worked example, then the item, the prompt ending in ``Reason:`` so that the model writes its reason
+#: first.  Small base models (the embedded Gemma-3 270M has no chat template) follow a demonstrated format far
+#: more reliably than a described one: on 8 MedPriv items (SLM input, greedy, 80 tokens) a described format
+#: was copied back as literal text, while the example gave ``Answer: (X)`` in 7.  The example is invented and
+#: public; the cloud sees it as part of the public prompt.
 REASON_THEN_ANSWER = (
+    "Question: Which organ produces insulin?\n"
+    "Options:\n(A) Liver\n(B) Pancreas\n(C) Kidney\n(D) Spleen\n"
+    "Reason: Insulin is made by the beta cells of the pancreatic islets.\n"
+    "Answer: (B)\n\n"
     "Question: {question}\n"
-    "Options:\n{options}\n\n"
-    "Think about which option fits, then answer in exactly this form:\n"
-    "Reason: <one or two sentences>\n"
-    "Answer: <the letter of the correct option>\n"
+    "Options:\n{options}\n"
+    "Reason:"
 )
 
-_ANSWER = re.compile(r"Answer\s*:\s*[(<]?\s*([A-Z])\b", re.IGNORECASE)
+#: ``Answer:`` then, on the same line, a capital letter, or a letter in parentheses or angle brackets: "Answer: a
+#: patient" is not an answer, nor is "Answer:" followed by the option list on the next lines.
+_ANSWER = re.compile(r"(?i:answer)[ \t]*:[ \t]*(?:\(([A-Za-z])\)|<([A-Za-z])>|([A-Z])\b)")
 
 
 @dataclass(frozen=True)
@@ -38,8 +47,10 @@ class AnswerLetterRule:
     def answer(self, text: str) -> str | None:
         """The option letter the text has answered, if any."""
         match = _ANSWER.search(text)
-        letter = match.group(1).upper() if match else None
-        return letter if letter is not None and letter in self.letters else None
+        if match is None:
+            return None
+        letter = next(group for group in match.groups() if group is not None).upper()
+        return letter if letter in self.letters else None
 
     def allows_end(self, text: str) -> bool:
         return self.answer(text) is not None

@@ -23,6 +23,9 @@ def test_the_answer_letter_rule() -> None:
     assert rule.answer("Answer: (b) liver") == "B" and rule.answer("answer:<D>") == "D"
     assert rule.answer("Answer: E") is None  # not an option
     assert rule.answer("The Answer is unclear") is None
+    assert rule.answer("Answer: a patient with jaundice") is None  # an article, not option A
+    assert rule.answer("Answer:\n(A) Liver\n(B) Kidney") is None  # the options listed again, no choice made
+    assert rule.answer("Answer: a guess.\nAnswer: (c)") == "C"  # the first line named no option; the second did
     assert rule.is_done("Reason: x\nAnswer: A") and rule.allows_end("Reason: x\nAnswer: A")
 
 
