@@ -101,11 +101,15 @@ function showMeter(share) {
   $("meter").setAttribute("aria-valuenow", (100 * share).toFixed(1));
 }
 
-function cell(row, text) {
-  const td = document.createElement("td");
-  td.textContent = text;
-  row.append(td);
-  return td;
+// a ledger row: one cell per value, as text
+function tableRow(values) {
+  const row = document.createElement("tr");
+  for (const value of values) {
+    const td = document.createElement("td");
+    td.textContent = value;
+    row.append(td);
+  }
+  return row;
 }
 
 // what the cloud saw at one step, in words ("an upload of 3 values")
@@ -125,28 +129,17 @@ function addStep(text, step) {
     `; ${step.bytes_up} B up, ${step.bytes_down} B down`;
   $("answer").append(span);
 
-  const row = document.createElement("tr");
+  const row = tableRow([step.step, JSON.stringify(text).slice(1, -1), sawText(step) + (step.withheld ? " (budget spent)" : ""),
+    step.values_uploaded, step.bytes_up, step.bytes_down, percent(step.leakage_meter)]);
   row.className = "saw-" + step.saw;
-  cell(row, step.step);
-  cell(row, JSON.stringify(text).slice(1, -1));
-  cell(row, sawText(step) + (step.withheld ? " (budget spent)" : ""));
-  cell(row, step.values_uploaded);
-  cell(row, step.bytes_up);
-  cell(row, step.bytes_down);
-  cell(row, percent(step.leakage_meter));
   document.querySelector("#ledger tbody").append(row);
   showMeter(step.leakage_meter);
 }
 
 function addSummary(ledger, finishReason) {
-  const row = document.createElement("tr");
-  cell(row, ledger.steps + " steps");
-  cell(row, "finish: " + finishReason);
-  cell(row, `${ledger.mode}-side ${ledger.policy}; ${ledger.full_requests} full requests`);
-  cell(row, ledger.values_uploaded);
-  cell(row, ledger.bytes_up);
-  cell(row, ledger.bytes_down);
-  cell(row, percent(ledger.leakage_meter));
+  const row = tableRow([ledger.steps + " steps", "finish: " + finishReason,
+    `${ledger.mode}-side ${ledger.policy}; ${ledger.full_requests} full requests`, ledger.values_uploaded,
+    ledger.bytes_up, ledger.bytes_down, percent(ledger.leakage_meter)]);
   document.querySelector("#ledger tfoot").replaceChildren(row);
   showMeter(ledger.leakage_meter);
 }
