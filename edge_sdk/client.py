@@ -24,11 +24,22 @@ from edge_sdk.leakage import LeakageMeter, content_token_ids, piece_reader
 from edge_sdk.masking import never_upload_ids
 from edge_sdk.policies import Policy, make_policy
 from edge_sdk.policies.base import FusionMode
-from edge_sdk.session import CollaborativeDecoder, DecodeSettings, PrivacyLedger, StoppingRule, run_with_resume
+from edge_sdk.prompts import CONTEXT_SEPARATOR, Prompts, plain_prompts
+from edge_sdk.session import (
+    CollaborativeDecoder,
+    DecodeSettings,
+    LedgerEntry,
+    PrivacyLedger,
+    StepEvent,
+    StoppingRule,
+    run_with_resume,
+)
 from edge_sdk.transport import CloudConnection, CloudSessionHandler, GrpcChannel, InProcessChannel
 
-#: joins the private context and the public query in the SLM's prompt
-CONTEXT_SEPARATOR = "\n\n"
+__all__ = ["CONTEXT_SEPARATOR", "Credentials", "EdgeClient", "GenerationResult", "GenerationStream", "StreamStep"]
+
+#: what a partly decoded UTF-8 character reads as until its last byte arrives
+_INCOMPLETE = "\ufffd"
 #: the default deadline of one session's stream (a generation of 1024 tokens at 2 tokens/s fits)
 DEFAULT_SESSION_TIMEOUT_S = 900.0
 
@@ -156,10 +167,26 @@ class GenerationResult:
     finish_reason: str
 
 
-class GenerationStream:
-    """An iterator over the text of each decided token, with the generation's ledger."""
+@dataclass(frozen=True)
+class StreamStep:
+    """One decided token: the text it completes and what the cloud saw at its step.
 
-    def __init__(self, slm: SLMBackend, decoder: CollaborativeDecoder, events: Iterator[Any]) -> None:
+    ``text`` is empty while the token ends inside a multi-byte character (its
+    bytes come out with the token that completes it).
+    """
+
+    text: str
+    entry: LedgerEntry
+
+
+class GenerationStream:
+    """An iterator over the text of each decided token, with the generation's ledger.
+
+    Iterating yields text only; :meth:`steps` yields every step with its ledger
+    entry (what a live view colours each token by).
+    """
+
+    def __init__(self, slm: SLMBackend, decoder: CollaborativeDecoder, events: Iterator[StepEvent]) -> None:
         self._slm = slm
         self._decoder = decoder
         self._events = events
@@ -177,13 +204,25 @@ class GenerationStream:
     def text(self) -> str:
         return self._slm.detokenize(self._decoder.tokens)
 
-    def __iter__(self) -> Iterator[str]:
-        for _event in self._events:
+    @property
+    def finish_reason(self) -> str | None:
+        """Why decoding ended (``eos``, ``max_new_tokens``, ``stop_rule``), ``None`` while it runs."""
+        return self._decoder.finish_reason
+
+    def steps(self) -> Iterator[StreamStep]:
+        """Decode step by step: each decided token with the text it completes and its ledger entry."""
+        for event in self._events:
             text = self.text
-            # a token can end mid-character; emit once the text extends what was shown
-            if text.startswith(self._emitted) and len(text) > len(self._emitted):
+            piece = ""
+            # a token can end mid-character: emit once the text extends what was shown by whole characters
+            if not text.endswith(_INCOMPLETE) and text.startswith(self._emitted) and len(text) > len(self._emitted):
                 piece, self._emitted = text[len(self._emitted) :], text
-                yield piece
+            yield StreamStep(piece, event.entry)
+
+    def __iter__(self) -> Iterator[str]:
+        for step in self.steps():
+            if step.text:
+                yield step.text
 
     def close(self) -> None:
         """Stop decoding and close the cloud session."""
@@ -270,13 +309,14 @@ class EdgeClient:
     # -- generation --------------------------------------------------------------------------------
     def decoder(
         self,
-        public_query: str,
+        public_query: str | Prompts,
         private_context: str = "",
         *,
         mode: FusionMode = "cloud",
         policy: Policy | str = "coveil",
         alpha: float = 0.3,
         max_new_tokens: int = 256,
+        temperature: float = 0.0,
         never_upload: Sequence[str] = (),
         exposure_budget: float | None = None,
         top_m: int = wire.DEFAULT_TOP_M,
@@ -294,16 +334,23 @@ class EdgeClient:
         generation, so nothing the cloud sees lets it replay the edge's noise.
         Pass an explicit generator only where reproducibility matters more
         (tests, audits run in one process).
+
+        ``public_query`` is text (the SLM then reads ``private_context + "\\n\\n" + public_query``,
+        :func:`edge_sdk.prompts.plain_prompts`) or ready :class:`~edge_sdk.prompts.Prompts`, e.g. a
+        conversation rendered with the model's chat template (:func:`edge_sdk.prompts.chat_prompts`), which
+        carry their private text themselves.  ``temperature``: the cloud's sampling temperature in
+        cloud-side fusion (0 = greedy).
         """
         if isinstance(policy, str):
             policy = make_policy(policy, backend=self.slm)  # a policy that needs the model builds from it
         slm = self.slm
-        cloud_prompt = slm.tokenize(public_query, add_bos=True)
-        slm_prompt = (
-            slm.tokenize(private_context + CONTEXT_SEPARATOR + public_query, add_bos=True)
-            if private_context
-            else cloud_prompt
-        )
+        if isinstance(public_query, Prompts):
+            if private_context:
+                raise ValueError("Prompts carry their private text: pass no private_context beside them")
+            prompts = public_query
+        else:
+            prompts = plain_prompts(slm, public_query, private_context)
+        private_context = prompts.private_text
         if self._piece is None:
             self._piece = piece_reader(slm)
         piece = self._piece
@@ -316,6 +363,7 @@ class EdgeClient:
             alpha=alpha,
             max_new_tokens=max_new_tokens,
             top_m=top_m,
+            temperature=temperature,
             seed=seed,
             exposure_budget=exposure_budget,
             exposure_k=exposure_k,
@@ -324,8 +372,8 @@ class EdgeClient:
             slm,
             policy,
             settings,
-            slm_prompt=slm_prompt,
-            cloud_prompt=cloud_prompt,
+            slm_prompt=list(prompts.slm_ids),
+            cloud_prompt=list(prompts.cloud_ids),
             meter=LeakageMeter(frozenset(private_ids)),
             masked_ids=masked,
             # the policy's randomness comes from OS entropy, never from anything on the wire
@@ -333,18 +381,22 @@ class EdgeClient:
             stopping=stopping,
         )
 
-    def stream(self, public_query: str, private_context: str = "", **kwargs: Any) -> GenerationStream:
+    def stream(self, public_query: str | Prompts, private_context: str = "", **kwargs: Any) -> GenerationStream:
         """Decode token by token: iterate the returned stream for each token's text as it is decided.
 
         The stream's ``ledger`` fills in step by step; :meth:`GenerationStream.close`
         (or leaving a ``with`` block, or stopping the iteration and dropping the
         stream) closes the cloud session.  Arguments as for :meth:`decoder`.
         """
-        decoder = self.decoder(public_query, private_context, **kwargs)
+        return self.run(self.decoder(public_query, private_context, **kwargs))
+
+    def run(self, decoder: CollaborativeDecoder) -> GenerationStream:
+        """Stream a decoder built by :meth:`decoder` (build it first to check a request's settings before any
+        model or network work; the stream runs on this client's connections, resuming as :meth:`stream` does)."""
         return GenerationStream(self.slm, decoder, run_with_resume(decoder, self._connect,
                                                                   max_reconnects=self.max_reconnects))
 
-    def generate(self, public_query: str, private_context: str = "", **kwargs: Any) -> GenerationResult:
+    def generate(self, public_query: str | Prompts, private_context: str = "", **kwargs: Any) -> GenerationResult:
         """Decode to the end; return the text and the privacy ledger."""
         decoder = self.decoder(public_query, private_context, **kwargs)
         for _event in run_with_resume(decoder, self._connect, max_reconnects=self.max_reconnects):

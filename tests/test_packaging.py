@@ -8,7 +8,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-HEAVY = ("torch", "transformers", "llama_cpp", "grpc", "google.protobuf", "cloud_adapter", "eval_harness")
+HEAVY = ("torch", "transformers", "llama_cpp", "grpc", "google.protobuf", "cloud_adapter", "eval_harness",
+         "edge_sdk.server", "fastapi", "uvicorn", "starlette")
+#: what only the endpoint's app may load (the optional `server` extra)
+SERVER_STACK = ("fastapi", "uvicorn", "starlette", "pydantic")
 
 
 def imported_after(statement: str) -> set[str]:
@@ -68,3 +71,22 @@ def test_llama_cpp_prints_nothing_unless_asked() -> None:
     assert quiet.returncode == 0 and quiet.stderr == "" and quiet.stdout == ""
     loud = subprocess.run([sys.executable, "-c", load.format(True)], capture_output=True, text=True, cwd=ROOT)
     assert loud.returncode == 0 and "llama" in loud.stderr
+
+
+def test_the_endpoint_is_an_extra_that_only_serving_loads() -> None:
+    """``import edge_sdk`` (and its client) never loads the endpoint nor FastAPI; the ``coveil`` command line builds
+    ``coveil edge serve``'s flags without them, so ``coveil demo`` runs without the ``server`` extra."""
+    modules = imported_after("import edge_sdk, edge_sdk.client, edge_sdk.prompts; edge_sdk.EdgeClient")
+    assert not [m for m in modules if m.startswith("edge_sdk.server") or m.split(".")[0] in SERVER_STACK]
+    modules = imported_after("from eval_harness.cli.coveil import build_parser; build_parser()")
+    assert not [m for m in modules if m.split(".")[0] in SERVER_STACK]
+
+
+def test_the_live_page_ships_in_the_package() -> None:
+    import tomllib
+
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    shipped = {p.name for p in (ROOT / "edge_sdk" / "server" / "static").iterdir()}
+    patterns = data["edge_sdk.server"]
+    assert shipped == {"index.html", "app.js", "style.css"}
+    assert all(any(Path("static", name).match(pattern) for pattern in patterns) for name in shipped)

@@ -111,6 +111,10 @@ class LlamaCppSLM:
             i for i in range(self.vocab_size) if llama_cpp.llama_vocab_is_eog(vocab, i)
         ) or frozenset({self._model.token_eos()})
         self.bos_token_id = self._model.token_bos()
+        #: the GGUF's key/value metadata (``general.architecture``, ``tokenizer.chat_template`` when it has one)
+        self.metadata: dict[str, str] = dict(self._model.metadata())
+        #: whether the tokenizer puts BOS before a text (``tokenizer.ggml.add_bos_token``)
+        self.add_bos_token = bool(self._model.add_bos_token())
         special = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNUSED | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
         #: control, unused and unknown tokens ("<eos>", "<unused0>"): never text, as a tokenizer's decode skips them
         self.special_token_ids = frozenset(
@@ -123,8 +127,14 @@ class LlamaCppSLM:
         self._fingerprint: bytes | None = None
 
     # -- tokenizer ---------------------------------------------------------------------------------
-    def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
-        return list(self._model.tokenize(text.encode("utf-8"), add_bos, False))
+    def tokenize(self, text: str, *, add_bos: bool, special: bool = False) -> list[int]:
+        """Token ids of ``text``; ``special``: read control-token strings (``<start_of_turn>``) as those tokens,
+        as a rendered chat template needs, instead of as plain text."""
+        return list(self._model.tokenize(text.encode("utf-8"), add_bos, special))
+
+    def token_text(self, token_id: int) -> str:
+        """The tokenizer's string for one id, control tokens included (``<bos>``, ``<end_of_turn>``)."""
+        return self._token_strings[token_id].decode("utf-8", errors="replace")
 
     def detokenize(self, ids: list[int]) -> str:
         return self._model.detokenize(list(ids), special=False).decode("utf-8", errors="replace")

@@ -61,6 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
                       help="where to write demo_results.json and privacy_utility.png (default: runs/demo)")
     demo.add_argument("-v", "--verbose", action="store_true",
                       help="log progress details, and show the full traceback of an error")
+
+    from edge_sdk.server.cli import add_serve_parser
+
+    edge = commands.add_parser("edge", help="the device side: serve the OpenAI API with a private context",
+                               description="The device side of CoVeil.")
+    edge_commands = edge.add_subparsers(dest="edge_command", required=True, metavar="COMMAND")
+    serve = add_serve_parser(edge_commands)
+    serve.add_argument("-v", "--verbose", action="store_true", help="show the full traceback of an error")
     return parser
 
 
@@ -109,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.command == "edge":
+        from edge_sdk.server.cli import run_serve
+
+        return run_serve(args)
     if args.command == "demo":
         from eval_harness.demo import run_demo
 

@@ -1,0 +1,177 @@
+"""The endpoint's cost: the same generations through the OpenAI endpoint (the ``openai`` client, streaming) and
+through ``EdgeClient`` directly, in one run.
+
+One run starts a cloud adapter on loopback (``coveil-cloud serve``, dtype auto, its share of the cores), loads the
+SLM once and serves the endpoint in this process (uvicorn on a thread) over the *same* ``EdgeClient``.  Each round
+decodes the same MedPriv items both ways (the order alternating between rounds), CoVeil (lam = 1.0), greedy, so
+both paths decide the same tokens (checked: ``text_mismatches``).  The direct path does what the endpoint does
+for a chat request: render the conversation with the model's chat template (``chat_prompts``), then stream.
+
+Per generation, timed in the caller from the call to the last token:
+  ttft        = time to the first non-empty text (direct: the first piece ``client.stream`` yields; endpoint:
+                the first chunk with content, through HTTP, SSE and the openai client);
+  tokens/s    = tokens decided / (time to the last token), the rate an app sees.
+Headline figures, medians over all generations of each path:
+  endpoint_vs_sdk  = endpoint tokens/s / direct tokens/s                    (target >= 0.95)
+  ttft_overhead_ms = endpoint ttft - direct ttft, in milliseconds         (target <= 50)
+Concurrency (the endpoint's queue: one SLM, one generation at a time, FIFO): ``--concurrency`` requests sent at
+once; queue_aggregate_vs_sequential = their tokens / wall time over the sequential endpoint tokens/s (about 1:
+a queue serves the SLM's rate, never more), queue_max_wait_ms the longest ``coveil.queue_ms`` among them.
+
+Usage: python benchmarks/openai_endpoint.py [--items 3] [--tokens 32] [--rounds 3] [--mode cloud|edge]
+                                            [--concurrency 4]
+The last two lines are endpoint_vs_sdk and ttft_overhead_ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Timing:
+    ttft_s: float
+    total_s: float
+    tokens: int
+    text: str
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.total_s
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--items", type=int, default=3, help="MedPriv items decoded per round")
+    parser.add_argument("--tokens", type=int, default=32, help="tokens per generation")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds over the items, each path once per item")
+    parser.add_argument("--mode", choices=["cloud", "edge"], default="cloud", help="fusion mode")
+    parser.add_argument("--concurrency", type=int, default=4, help="requests sent at once for the queue figure")
+    args = parser.parse_args()
+    if min(args.items, args.tokens, args.rounds, args.concurrency) < 1:
+        parser.error("--items, --tokens, --rounds and --concurrency must be at least 1")
+
+    from openai import OpenAI
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from cloud_adapter.local import local_cloud, split_cores
+    from edge_sdk.backends.chat_template import LlamaCppChatTemplate
+    from edge_sdk.backends.llama_cpp import LlamaCppSLM
+    from edge_sdk.client import Credentials, EdgeClient
+    from edge_sdk.policies import CoVeil
+    from edge_sdk.prompts import chat_prompts
+    from edge_sdk.server.app import create_app, running
+    from edge_sdk.server.settings import ServerSettings
+    from eval_harness.datasets import load_task
+
+    console = Console(stderr=True)
+    items = load_task("medpriv", args.items)
+    edge_threads, cloud_threads = split_cores()
+    with tempfile.TemporaryDirectory(prefix="coveil-bench-") as tmp, \
+            local_cloud(Path(tmp), threads=cloud_threads) as address:
+        slm = LlamaCppSLM(n_threads=edge_threads, n_ctx=4096)
+        template = LlamaCppChatTemplate.for_model(slm)
+        client = EdgeClient(address, slm=slm, credentials=Credentials(plaintext=True))
+        settings = ServerSettings(cloud=address, plaintext=True, n_ctx=slm.n_ctx, max_queue=args.concurrency)
+        app = create_app(settings, client=client, chat_template=template, n_ctx=slm.n_ctx)
+
+        def direct(item) -> Timing:  # noqa: ANN001
+            start = time.perf_counter()
+            prompts = chat_prompts(template, [{"role": "user", "content": item.public_prompt}], item.private_context)
+            stream = client.stream(prompts, mode=args.mode, policy=CoVeil(lam=1.0), max_new_tokens=args.tokens)
+            first, pieces = None, []
+            for piece in stream:
+                first = first or time.perf_counter()
+                pieces.append(piece)
+            end = time.perf_counter()
+            return Timing(first - start, end - start, len(stream.token_ids), "".join(pieces))
+
+        with running(app) as base_url:
+            api = OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=600)
+
+            def request(item) -> tuple[Timing, float]:  # noqa: ANN001
+                start = time.perf_counter()
+                chunks = api.chat.completions.create(
+                    model="coveil", messages=[{"role": "user", "content": item.public_prompt}], stream=True,
+                    max_tokens=args.tokens, extra_body={"coveil": {"private_context": item.private_context,
+                                                                   "mode": args.mode, "params": {"lam": 1.0}}})
+                first, pieces, steps, queue_ms = None, [], 0, 0.0
+                for chunk in chunks:
+                    extension = chunk.model_extra.get("coveil") or {}
+                    steps += extension.get("step") is not None
+                    queue_ms = (extension.get("ledger") or {}).get("queue_ms", queue_ms)
+                    text = chunk.choices[0].delta.content if chunk.choices else None
+                    if text:
+                        first = first or time.perf_counter()
+                        pieces.append(text)
+                end = time.perf_counter()
+                return Timing(first - start, end - start, steps, "".join(pieces)), queue_ms
+
+            direct(items[0])  # warm-up: model pages, the adapter's first session, the HTTP stack
+            request(items[0])
+            runs: dict[str, list[Timing]] = {"direct": [], "endpoint": []}
+            mismatches = 0
+            with Progress(console=console, transient=True) as progress:
+                task = progress.add_task("generations", total=2 * args.rounds * len(items))
+                for round_index in range(args.rounds):
+                    for item in items:
+                        pair: dict[str, Timing] = {}
+                        order = ("direct", "endpoint") if round_index % 2 == 0 else ("endpoint", "direct")
+                        for path in order:
+                            pair[path] = direct(item) if path == "direct" else request(item)[0]
+                            runs[path].append(pair[path])
+                            progress.advance(task)
+                        mismatches += pair["direct"].text != pair["endpoint"].text
+
+            # the queue: requests at once, against the sequential endpoint rate
+            results: list[tuple[Timing, float]] = []
+            lock = threading.Lock()
+
+            def concurrent(item) -> None:  # noqa: ANN001
+                outcome = request(item)
+                with lock:
+                    results.append(outcome)
+
+            started = time.perf_counter()
+            threads = [threading.Thread(target=concurrent, args=(items[i % len(items)],))
+                       for i in range(args.concurrency)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            wall = time.perf_counter() - started
+        client.close()
+
+    def median(values: list[float]) -> float:
+        return statistics.median(values)
+
+    table = Table(title=f"{args.mode}-side CoVeil, {len(items)} MedPriv items x {args.rounds} rounds, "
+                        f"{args.tokens} tokens, edge {edge_threads} / cloud {cloud_threads} threads")
+    for column in ("path", "tokens/s (median)", "tokens/s (min..max)", "ttft ms (median)", "ttft ms (min..max)"):
+        table.add_column(column, justify="right")
+    for path, timings in runs.items():
+        rates = [t.tokens_per_s for t in timings]
+        ttfts = [1e3 * t.ttft_s for t in timings]
+        table.add_row(path, f"{median(rates):.2f}", f"{min(rates):.2f}..{max(rates):.2f}", f"{median(ttfts):.1f}",
+                      f"{min(ttfts):.1f}..{max(ttfts):.1f}")
+    console.print(table)
+
+    endpoint_rate = median([t.tokens_per_s for t in runs["endpoint"]])
+    aggregate = sum(t.tokens for t, _ in results) / wall
+    print(f"text_mismatches={mismatches}")
+    print(f"queue_aggregate_vs_sequential={aggregate / endpoint_rate:.3f}")
+    print(f"queue_max_wait_ms={max(wait for _, wait in results):.0f}")
+    print(f"endpoint_vs_sdk={endpoint_rate / median([t.tokens_per_s for t in runs['direct']]):.3f}")
+    print(f"ttft_overhead_ms={1e3 * (median([t.ttft_s for t in runs['endpoint']]) - median([t.ttft_s for t in runs['direct']])):.1f}")
+
+
+if __name__ == "__main__":
+    main()

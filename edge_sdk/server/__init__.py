@@ -1,0 +1,13 @@
+"""The device's OpenAI-compatible endpoint: apps keep their ``openai`` client, the private context stays on the device.
+
+``coveil edge serve --cloud HOST:PORT`` runs it (``pip install 'coveil[server]'``).  One module per concern:
+
+* :mod:`~edge_sdk.server.settings`: every option and its default (the command line is built from it);
+* :mod:`~edge_sdk.server.protocol`: the OpenAI request and response schemas, and the ``coveil`` extension;
+* :mod:`~edge_sdk.server.errors`: OpenAI-style error objects, and the cloud's statuses mapped to them;
+* :mod:`~edge_sdk.server.serving`: requests to prompts and decoder settings, the one SLM's queue;
+* :mod:`~edge_sdk.server.router`: the HTTP routes; :mod:`~edge_sdk.server.app`: the app, its guards, uvicorn;
+* ``static/``: the live page served at ``GET /`` (no build step, nothing from the network).
+
+``import edge_sdk`` never loads this package (nor FastAPI).
+"""

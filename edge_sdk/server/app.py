@@ -1,0 +1,172 @@
+"""The FastAPI app: the routes, two guards, OpenAI-style errors for every failure, and uvicorn.
+
+Guards (both before any route runs):
+
+* **API key.**  With a key configured (required beyond loopback), ``/v1/...``
+  and ``/coveil/...`` need ``Authorization: Bearer KEY`` (``401
+  invalid_api_key`` otherwise); the page's files and ``/health`` do not.
+* **Host header, on loopback.**  Bound to loopback, requests must name a
+  loopback host (``127.0.0.1``, ``localhost``, ``[::1]``): a web page elsewhere
+  cannot reach this endpoint through DNS rebinding.  No CORS headers are sent,
+  so other origins cannot read its answers either.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from edge_sdk.backends.base import SLMBackend
+from edge_sdk.client import EdgeClient, is_loopback
+from edge_sdk.prompts import ChatRenderer
+from edge_sdk.server.errors import EndpointError
+from edge_sdk.server.router import STATIC_DIR, router
+from edge_sdk.server.serving import EdgeServing
+from edge_sdk.server.settings import ServerSettings
+
+log = logging.getLogger("coveil.edge.server")
+
+#: paths that need the API key when one is configured
+_KEYED_PREFIXES = ("/v1/", "/coveil/")
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    """One line per problem, ``where: what``, never the offending value (it may be private text)."""
+    problems, first = [], None
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
+        first = first or where or None
+        problems.append(f"{where or 'body'}: {error.get('msg', 'invalid')}")
+    return "; ".join(problems) or "invalid request", first
+
+
+def _host_name(host_header: str) -> str:
+    """The host of a ``Host`` header (``[::1]:8000`` → ``::1``, ``localhost:8000`` → ``localhost``)."""
+    if host_header.startswith("["):
+        return host_header[1 : host_header.find("]")]
+    return host_header.rsplit(":", 1)[0] if host_header.count(":") == 1 else host_header
+
+
+def create_app(
+    settings: ServerSettings,
+    *,
+    client: EdgeClient,
+    chat_template: ChatRenderer | None,
+    n_ctx: int,
+    api_key: str | None = None,
+) -> FastAPI:
+    """The endpoint over ``client`` (its SLM is then used by the endpoint's worker thread only)."""
+    settings.check_exposure(api_key)
+    serving = EdgeServing(client, chat_template, settings, n_ctx=n_ctx)
+    loopback = is_loopback(settings.host)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        serving.close()
+
+    app = FastAPI(title="CoVeil private endpoint", version="0.1.0", docs_url=None, redoc_url=None,
+                  lifespan=lifespan)
+    app.state.serving = serving
+    app.state.api_key = api_key
+    app.state.started = int(time.time())
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Any) -> Any:
+        if loopback and not is_loopback(_host_name(request.headers.get("host", ""))):
+            error = EndpointError(403, "this endpoint answers requests addressed to a loopback host only",
+                                  type="permission_error", code="host_not_allowed")
+            return JSONResponse(error.body(), status_code=error.status)
+        if api_key is not None and request.url.path.startswith(_KEYED_PREFIXES):
+            presented = request.headers.get("authorization", "")
+            expected = f"Bearer {api_key}"
+            if not hmac.compare_digest(presented.encode(), expected.encode()):
+                error = EndpointError(401, "missing or wrong API key (send Authorization: Bearer KEY)",
+                                      type="invalid_request_error", code="invalid_api_key")
+                return JSONResponse(error.body(), status_code=error.status)
+        return await call_next(request)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        error = EndpointError(400, message, param=param)
+        return JSONResponse(error.body(), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        error = EndpointError(exc.status_code, str(exc.detail), type=kind)
+        return JSONResponse(error.body(), status_code=exc.status_code)
+
+    app.include_router(router)
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    return app
+
+
+def build_client(settings: ServerSettings) -> tuple[EdgeClient, SLMBackend, ChatRenderer]:
+    """Load the SLM and its chat template and connect the edge client as ``settings`` say."""
+    from edge_sdk.backends.chat_template import LlamaCppChatTemplate
+    from edge_sdk.backends.llama_cpp import LlamaCppSLM
+    from edge_sdk.models import resolve_model
+
+    slm = LlamaCppSLM(resolve_model(settings.model), n_ctx=settings.n_ctx, n_threads=settings.threads)
+    template = LlamaCppChatTemplate.for_model(slm, settings.chat_template)
+    target = settings.cloud_addresses
+    client = EdgeClient(target if len(target) > 1 else target[0], slm=slm, credentials=settings.credentials())
+    return client, slm, template
+
+
+def serve(settings: ServerSettings) -> None:
+    """Load the model and serve until SIGINT/SIGTERM (uvicorn)."""
+    import uvicorn
+
+    api_key = settings.api_key()
+    settings.check_exposure(api_key)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=settings.log_level, handlers=[handler], force=True)
+    client, slm, template = build_client(settings)
+    log.info("edge model %s, chat template: %s", slm.name, getattr(template, "source", "none"))
+    app = create_app(settings, client=client, chat_template=template, n_ctx=settings.n_ctx, api_key=api_key)
+    scheme = "https" if settings.ssl_certfile else "http"
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    log.info("serving on %s://%s:%d (page: /, OpenAI base_url: %s://%s:%d/v1), cloud adapter %s", scheme, host,
+             settings.port, scheme, host, settings.port, settings.cloud)
+    try:
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
+                    ssl_certfile=settings.ssl_certfile, ssl_keyfile=settings.ssl_keyfile, log_config=None)
+    finally:
+        client.close()
+
+
+@contextmanager
+def running(app: FastAPI, *, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """Serve ``app`` with uvicorn on a background thread for the block; yield its base URL (tests, benchmarks,
+    an app that embeds the endpoint)."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_config=None))
+    thread = threading.Thread(target=server.run, name="coveil-endpoint", daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError(f"the endpoint could not start on {host}:{port}")
+        time.sleep(0.01)
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://{host}:{bound}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)

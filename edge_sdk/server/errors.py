@@ -1,0 +1,86 @@
+"""Errors as the OpenAI API gives them: an HTTP status and ``{"error": {"message", "type", "param", "code"}}``.
+
+The cloud's gRPC statuses map to what an app can act on:
+
+=====================================================  ======  ========================  ========================
+cloud status                                           HTTP    type                      code
+=====================================================  ======  ========================  ========================
+UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED              503     service_unavailable       cloud_unavailable
+RESOURCE_EXHAUSTED (the adapter's session quota)       429     insufficient_quota        cloud_quota_exhausted
+INVALID_ARGUMENT, OUT_OF_RANGE (a limit of the cloud)  400     invalid_request_error     cloud_rejected_request
+UNAUTHENTICATED, PERMISSION_DENIED                     502     api_error                 cloud_auth_failed
+FAILED_PRECONDITION (the two models do not fit)        502     api_error                 model_mismatch
+anything else (INTERNAL, DATA_LOSS, ABORTED, ...)      502     api_error                 cloud_error
+=====================================================  ======  ========================  ========================
+
+The endpoint's own: bad parameters 400 (``invalid_request_error``), a prompt
+longer than the context window 400 (``context_length_exceeded``), an unknown
+model 404 (``model_not_found``), a missing or wrong API key 401
+(``invalid_api_key``), a full queue 429 (``rate_limit_exceeded``).  Error
+messages name what is wrong, never the request's text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edge_sdk.server.protocol import ErrorDetail, ErrorResponse
+from edge_sdk.transport import CloudError
+
+
+class EndpointError(Exception):
+    """A request the endpoint answers with an OpenAI-style error."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        detail = ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code)
+        return ErrorResponse(error=detail).model_dump()
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> EndpointError:
+    return EndpointError(400, message, param=param, code=code)
+
+
+#: gRPC status name -> (HTTP status, error type, error code)
+_CLOUD_STATUSES: dict[str, tuple[int, str, str]] = {
+    "UNAVAILABLE": (503, "service_unavailable", "cloud_unavailable"),
+    "DEADLINE_EXCEEDED": (503, "service_unavailable", "cloud_unavailable"),
+    "CANCELLED": (503, "service_unavailable", "cloud_unavailable"),
+    "RESOURCE_EXHAUSTED": (429, "insufficient_quota", "cloud_quota_exhausted"),
+    "INVALID_ARGUMENT": (400, "invalid_request_error", "cloud_rejected_request"),
+    "OUT_OF_RANGE": (400, "invalid_request_error", "cloud_rejected_request"),
+    "UNAUTHENTICATED": (502, "api_error", "cloud_auth_failed"),
+    "PERMISSION_DENIED": (502, "api_error", "cloud_auth_failed"),
+    "FAILED_PRECONDITION": (502, "api_error", "model_mismatch"),
+}
+
+_CLOUD_HINTS = {
+    "cloud_unavailable": "the cloud adapter cannot be reached; retry later",
+    "cloud_quota_exhausted": "the cloud adapter is at its session limit for this device; retry later",
+    "cloud_rejected_request": "the cloud adapter refused the request",
+    "cloud_auth_failed": "the cloud adapter refused this endpoint's credentials (check --token-file, --tls-ca)",
+    "model_mismatch": "the edge and cloud models do not fit together",
+    "cloud_error": "the cloud adapter ended the session",
+}
+
+
+def from_cloud_error(exc: CloudError) -> EndpointError:
+    """The OpenAI-style error for a failed cloud session (the adapter's message never holds private text: the
+    cloud never had any)."""
+    status, kind, code = _CLOUD_STATUSES.get(exc.code, (502, "api_error", "cloud_error"))
+    return EndpointError(status, f"{_CLOUD_HINTS[code]} ({exc.code}: {exc.message})", type=kind, code=code)

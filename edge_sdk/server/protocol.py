@@ -1,0 +1,306 @@
+"""The OpenAI API's request and response schemas, as far as the endpoint serves them, and the ``coveil`` extension.
+
+Requests accept the fields the ``openai`` client sends; a field the endpoint
+cannot honour (``n > 1``, ``logprobs``, tools, ...) is refused by
+:meth:`GenerationRequest.unsupported` rather than ignored, and fields it does
+not know are accepted and ignored, as OpenAI-compatible servers do.
+
+The private part travels as ``extra_body={"coveil": {...}}`` (the ``openai``
+client sends ``extra_body`` as top-level fields): :class:`CoveilOptions`.  A
+message may also be marked private (``{"role": "user", "content": ...,
+"coveil_private": true}``): its text joins the private context instead of
+going to the cloud.
+
+Responses carry the privacy ledger's summary in a ``coveil`` field
+(:class:`LedgerSummary`); a stream's chunks carry each step's report
+(:class:`StepReport`) and its last chunk the summary.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
+
+FusionModeName = Literal["cloud", "edge"]
+#: what the cloud saw at one step: nothing of the private side, the synchronised token, an upload of k values,
+#: a request for the full distribution (the strongest applies)
+CloudSaw = Literal["nothing", "token", "upload", "full"]
+
+
+class CoveilOptions(BaseModel):
+    """The private part of a request: it conditions the edge SLM only and never leaves the device as text."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    private_context: str = ""
+    mode: FusionModeName | None = None
+    policy: str | None = None
+    params: dict[str, StrictBool | StrictInt | StrictFloat | str] = Field(default_factory=dict)
+    exposure_budget: float | None = Field(default=None, ge=0.0, le=1.0)
+    never_upload: list[str] = Field(default_factory=list)
+    alpha: float | None = Field(default=None, ge=0.0, le=1.0)
+
+
+class TextPart(BaseModel):
+    """One text part of a message's content (images and audio are not served)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    """One message; ``developer`` reads as ``system``; ``coveil_private`` moves its text into the private context."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    coveil_private: bool = False
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+    def template_role(self) -> str:
+        return "system" if self.role == "developer" else self.role
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: bool = False
+
+
+class GenerationRequest(BaseModel):
+    """What ``/v1/chat/completions`` and ``/v1/completions`` share."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    n: int | None = Field(default=None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, ge=0, lt=2**64)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    coveil: CoveilOptions | None = None
+
+    def stop_strings(self) -> tuple[str, ...]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return tuple(stops)
+
+    def unsupported(self) -> tuple[str, str] | None:
+        """``(param, why)`` for the first parameter set to something the endpoint cannot do, else ``None``."""
+        if self.n not in (None, 1):
+            return "n", "one choice per request: the device runs one SLM sequence per generation"
+        if self.top_p not in (None, 1.0):
+            return "top_p", "nucleus sampling is not offered: tokens are picked by the fusion policy (or by the " \
+                "cloud's temperature sampling in cloud-side fusion)"
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) not in (None, 0.0):
+                return name, "penalties would change the fused distribution outside the policy"
+        if self.logit_bias:
+            return "logit_bias", "logit biases would change the fused distribution outside the policy"
+        stops = self.stop_strings()
+        if len(stops) > 4 or any(not s for s in stops):
+            return "stop", "up to 4 non-empty stop strings"
+        return None
+
+
+class ChatCompletionRequest(GenerationRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    response_format: dict | None = None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        if self.logprobs or self.top_logprobs:
+            return "logprobs", "log-probabilities are not returned (the fused distribution is the policy's)"
+        if self.tools:
+            return "tools", "tool calls are not served"
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            return "response_format", "only text replies are served"
+        return super().unsupported()
+
+    def reply_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class CompletionRequest(GenerationRequest):
+    prompt: str | list[str]
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+    logprobs: int | None = None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        if isinstance(self.prompt, list) and len(self.prompt) != 1:
+            return "prompt", "one prompt per request"
+        if self.echo:
+            return "echo", "the prompt is not echoed"
+        if self.suffix:
+            return "suffix", "insertion (suffix) is not served"
+        if self.best_of not in (None, 1):
+            return "best_of", "one candidate per request"
+        if self.logprobs:
+            return "logprobs", "log-probabilities are not returned"
+        return super().unsupported()
+
+    def prompt_text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+    def reply_limit(self) -> int | None:
+        return self.max_tokens
+
+
+# -- responses ---------------------------------------------------------------------------------------
+
+
+class Usage(BaseModel):
+    prompt_tokens: int  # the SLM's prompt (private context included): what the device read
+    completion_tokens: int
+    total_tokens: int
+
+
+class StepReport(BaseModel):
+    """What the cloud saw at one step (the live page colours each token by ``saw``)."""
+
+    step: int
+    token_id: int
+    saw: CloudSaw
+    values_uploaded: int
+    full_requested: bool
+    withheld: bool
+    steered: bool
+    bytes_up: int
+    bytes_down: int
+    leakage_meter: float
+
+
+class LedgerSummary(BaseModel):
+    """The privacy ledger of one generation, summed (``summary`` is the SDK's one-line form)."""
+
+    mode: FusionModeName
+    policy: str
+    steps: int
+    values_uploaded: int
+    full_requests: int
+    bytes_up: int
+    bytes_down: int
+    leakage_meter: float
+    steered_steps: int
+    withheld_steps: int
+    exposure_budget_spent: bool
+    reconnects: int
+    exposure_k: int
+    cloud_prompt_tokens: int
+    queue_ms: float
+    summary: str
+
+
+class ChunkExtension(BaseModel):
+    """A stream chunk's ``coveil`` field: the step it carries, or (last chunk) the ledger's summary."""
+
+    step: StepReport | None = None
+    ledger: LedgerSummary | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: str
+    logprobs: None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    coveil: LedgerSummary
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    coveil: ChunkExtension | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class Completion(BaseModel):
+    """A ``text_completion``; streamed chunks have the same shape (``finish_reason`` ``None`` until the last)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    coveil: LedgerSummary | ChunkExtension | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "coveil"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    error: ErrorDetail

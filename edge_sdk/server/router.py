@@ -1,0 +1,225 @@
+"""The HTTP routes: the OpenAI API (``/v1/...``), ``/health``, ``/coveil/info`` and the live page (``/``).
+
+A generation's first event decides the response: an error before the first
+token is an HTTP error with OpenAI's body; after it, a streamed response ends
+with an ``error`` event (which the ``openai`` client raises), a complete one
+with the error's status.  Streams are server-sent events: one chunk per decided
+token (its ``coveil.step`` says what the cloud saw), a last chunk with the
+finish reason and ``coveil.ledger``, the usage chunk when asked
+(``stream_options.include_usage``), then ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import anyio
+from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel
+
+from edge_sdk.policies import available_policies
+from edge_sdk.server.errors import EndpointError
+from edge_sdk.server.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatDelta,
+    ChunkExtension,
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
+    GenerationRequest,
+    ModelCard,
+    ModelList,
+)
+from edge_sdk.server.serving import Done, EdgeServing, Failed, Generation, Job, StepOut
+
+STATIC_DIR = Path(__file__).parent / "static"
+
+router = APIRouter()
+
+
+def serving_of(request: Request) -> EdgeServing:
+    return request.app.state.serving
+
+
+def error_response(error: EndpointError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+def sse(payload: BaseModel) -> str:
+    return f"data: {payload.model_dump_json()}\n\n"
+
+
+# -- the page and status ---------------------------------------------------------------------------------
+
+
+@router.get("/", include_in_schema=False)
+async def page() -> FileResponse:
+    return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
+
+
+@router.get("/health")
+async def health(request: Request) -> JSONResponse:
+    serving = serving_of(request)
+    body = {"status": "ok" if serving.alive else "stopped", "busy": serving.busy, "waiting": serving.waiting}
+    return JSONResponse(body, status_code=200 if serving.alive else 503)
+
+
+@router.get("/coveil/info")
+async def info(request: Request) -> dict:
+    """What the page needs to offer its choices: the served model, policies and defaults."""
+    serving = serving_of(request)
+    settings = serving.settings
+    return {
+        "model": settings.served_model_name,
+        "edge_model": serving.client.slm.name,
+        "chat_template": getattr(serving.chat_template, "source", None),
+        "n_ctx": serving.n_ctx,
+        "policies": available_policies(),
+        "defaults": {"mode": settings.default_mode, "policy": settings.default_policy,
+                     "max_tokens": settings.default_max_tokens},
+        "api_key_required": request.app.state.api_key is not None,
+    }
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> ModelList:
+    return ModelList(data=[ModelCard(id=serving_of(request).settings.served_model_name,
+                                     created=request.app.state.started)])
+
+
+@router.get("/v1/models/{model_id}")
+async def model(model_id: str, request: Request) -> Response:
+    name = serving_of(request).settings.served_model_name
+    if model_id != name:
+        return error_response(EndpointError(404, f"the model {model_id!r} does not exist here; this endpoint serves "
+                                            f"{name!r}", param="model", code="model_not_found"))
+    return JSONResponse(ModelCard(id=name, created=request.app.state.started).model_dump())
+
+
+# -- generations -----------------------------------------------------------------------------------------
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    serving = serving_of(request)
+    return await generate(serving, body, lambda: serving.prepare_chat(body), _ChatFormat(body))
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    serving = serving_of(request)
+    return await generate(serving, body, lambda: serving.prepare_completion(body), _CompletionFormat(body))
+
+
+class _ChatFormat:
+    """Chat completions' response shapes."""
+
+    def __init__(self, request: ChatCompletionRequest) -> None:
+        self.model = request.model
+
+    def chunk(self, request_id: str, created: int, text: str, first: bool, extension: ChunkExtension,
+              finish_reason: str | None = None) -> BaseModel:
+        delta = ChatDelta(role="assistant" if first else None, content=text if text or first else None)
+        return ChatCompletionChunk(id=request_id, created=created, model=self.model, coveil=extension,
+                                   choices=[ChatChunkChoice(delta=delta, finish_reason=finish_reason)])
+
+    def usage_chunk(self, request_id: str, created: int, done: Done) -> BaseModel:
+        return ChatCompletionChunk(id=request_id, created=created, model=self.model, choices=[], usage=done.usage)
+
+    def complete(self, request_id: str, created: int, text: str, done: Done) -> BaseModel:
+        choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=done.finish_reason)
+        return ChatCompletion(id=request_id, created=created, model=self.model, choices=[choice], usage=done.usage,
+                              coveil=done.ledger)
+
+
+class _CompletionFormat:
+    """Text completions' response shapes (streamed chunks are ``text_completion`` objects too)."""
+
+    def __init__(self, request: CompletionRequest) -> None:
+        self.model = request.model
+
+    def chunk(self, request_id: str, created: int, text: str, first: bool, extension: ChunkExtension,
+              finish_reason: str | None = None) -> BaseModel:
+        return Completion(id=request_id, created=created, model=self.model, coveil=extension,
+                          choices=[CompletionChoice(text=text, finish_reason=finish_reason)])
+
+    def usage_chunk(self, request_id: str, created: int, done: Done) -> BaseModel:
+        return Completion(id=request_id, created=created, model=self.model, choices=[], usage=done.usage)
+
+    def complete(self, request_id: str, created: int, text: str, done: Done) -> BaseModel:
+        return Completion(id=request_id, created=created, model=self.model, usage=done.usage, coveil=done.ledger,
+                          choices=[CompletionChoice(text=text, finish_reason=done.finish_reason)])
+
+
+async def generate(
+    serving: EdgeServing,
+    request: GenerationRequest,
+    prepare: Callable[[], Generation],
+    shapes: _ChatFormat | _CompletionFormat,
+) -> Response:
+    """Check and queue the request, wait for its first event, and answer whole or as a stream."""
+    try:
+        generation = await anyio.to_thread.run_sync(prepare)  # tokenising a long private context takes a while
+        job = serving.submit(generation)
+    except EndpointError as error:
+        return error_response(error)
+    created = int(time.time())
+    try:
+        first = await job.next()
+    except BaseException:
+        job.cancel()
+        raise
+    if isinstance(first, Failed):
+        return error_response(first.error)
+    if request.stream:
+        include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        events = _stream(job, first, shapes, generation.request_id, created, include_usage)
+        return StreamingResponse(events, media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    try:
+        pieces: list[str] = []
+        event = first
+        while not isinstance(event, Done):
+            if isinstance(event, Failed):
+                return error_response(event.error)
+            pieces.append(event.text)
+            event = await job.next()
+    finally:
+        job.cancel()  # a no-op once done; stops the generation if this handler is cancelled
+    text = "".join(pieces) + event.text
+    return JSONResponse(shapes.complete(generation.request_id, created, text, event).model_dump())
+
+
+async def _stream(
+    job: Job, first: StepOut | Done, shapes: _ChatFormat | _CompletionFormat, request_id: str, created: int,
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    event: StepOut | Done | Failed = first
+    is_first = True
+    try:
+        while True:
+            if isinstance(event, StepOut):
+                yield sse(shapes.chunk(request_id, created, event.text, is_first, ChunkExtension(step=event.report)))
+                is_first = False
+            elif isinstance(event, Done):
+                yield sse(shapes.chunk(request_id, created, event.text, is_first, ChunkExtension(ledger=event.ledger),
+                                       finish_reason=event.finish_reason))
+                if include_usage:
+                    yield sse(shapes.usage_chunk(request_id, created, event))
+                yield "data: [DONE]\n\n"
+                return
+            else:
+                yield f"data: {json.dumps(event.error.body())}\n\n"  # the openai client raises it
+                return
+            event = await job.next()
+    finally:
+        job.cancel()  # the client went away (or the stream ended): stop at the next step

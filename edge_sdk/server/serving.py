@@ -1,0 +1,391 @@
+"""From an OpenAI request to a collaborative generation on the device's one SLM.
+
+:meth:`EdgeServing.prepare_chat` / :meth:`~EdgeServing.prepare_completion`
+check a request and build its prompts and decoder (the model's chat template,
+the policy, ``never_upload``, the context window) before any model or network
+work, so a bad request is answered at once with a 400.
+
+**Concurrency: a queue, one slot.**  The device holds one SLM with one KV
+cache, so generations run one after another, first come first served, on one
+worker thread that alone touches the model.  Up to ``max_queue`` requests wait
+(``429 rate_limit_exceeded`` beyond that); each response reports how long it
+waited (``coveil.queue_ms``).  A second slot would need a second context and
+would share the same cores: on a device the model's step is compute-bound, so
+slots would not raise tokens/s, only split them.  A request whose client goes
+away is dropped from the queue, or stopped at its next step (the cloud session
+is closed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import secrets
+import threading
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from edge_sdk.client import EdgeClient
+from edge_sdk.policies import available_policies, make_policy
+from edge_sdk.prompts import ChatRenderer, Prompts, chat_prompts, plain_prompts
+from edge_sdk.server.errors import EndpointError, bad_request, from_cloud_error
+from edge_sdk.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    CoveilOptions,
+    GenerationRequest,
+    LedgerSummary,
+    StepReport,
+    Usage,
+)
+from edge_sdk.server.settings import ServerSettings
+from edge_sdk.session import CollaborativeDecoder, LedgerEntry, PrivacyLedger
+from edge_sdk.transport import CloudError
+
+log = logging.getLogger("coveil.edge.server")
+
+#: the SDK's finish reasons as OpenAI's
+FINISH_REASONS = {"eos": "stop", "stop_rule": "stop", "max_new_tokens": "length"}
+
+
+def cloud_saw(entry: LedgerEntry) -> str:
+    """What the cloud saw at one step, the strongest first: a full-distribution request, an upload of k > 0
+    values, the synchronised token (edge-side), or nothing of the private side (an empty upload)."""
+    if entry.full_requested:
+        return "full"
+    if entry.signal == "upload":
+        return "upload" if entry.values_uploaded else "nothing"
+    return "token"
+
+
+def step_report(entry: LedgerEntry) -> StepReport:
+    return StepReport(
+        step=entry.step, token_id=entry.token_id, saw=cloud_saw(entry), values_uploaded=entry.values_uploaded,
+        full_requested=entry.full_requested, withheld=entry.withheld, steered=entry.steered,
+        bytes_up=entry.bytes_up, bytes_down=entry.bytes_down, leakage_meter=entry.leak_share,
+    )
+
+
+def ledger_summary(ledger: PrivacyLedger, *, cloud_prompt_tokens: int, queue_ms: float) -> LedgerSummary:
+    withheld = sum(entry.withheld for entry in ledger.entries)
+    return LedgerSummary(
+        mode=ledger.mode, policy=ledger.policy, steps=len(ledger.entries), values_uploaded=ledger.values_uploaded,
+        full_requests=ledger.full_requests, bytes_up=ledger.bytes_up, bytes_down=ledger.bytes_down,
+        leakage_meter=ledger.leak_share, steered_steps=sum(entry.steered for entry in ledger.entries),
+        withheld_steps=withheld, exposure_budget_spent=withheld > 0, reconnects=ledger.reconnects,
+        exposure_k=ledger.exposure_k, cloud_prompt_tokens=cloud_prompt_tokens, queue_ms=round(queue_ms, 2),
+        summary=ledger.summary(),
+    )
+
+
+@dataclass(frozen=True)
+class StopStrings:
+    """OpenAI's ``stop``: the generation is complete once its text holds one of ``stops``
+    (an :class:`edge_sdk.session.StoppingRule`; ending early is always allowed)."""
+
+    stops: tuple[str, ...]
+
+    def allows_end(self, text: str) -> bool:
+        return True
+
+    def is_done(self, text: str) -> bool:
+        return any(stop in text for stop in self.stops)
+
+
+class StopText:
+    """The part of a growing text that may be shown when it ends before the first of ``stops``.
+
+    Shown so far is everything up to the first stop string, or, while none has
+    appeared, up to the longest suffix that could still become one (held back
+    until the next piece decides).  With no stops every piece shows at once.
+    """
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = tuple(stops)
+        self.text = ""
+        self.shown = 0
+        self.stopped = False
+
+    def feed(self, piece: str) -> str:
+        """Add ``piece``; return the text that became showable."""
+        if self.stopped:
+            return ""
+        self.text += piece
+        found = [at for at in (self.text.find(stop) for stop in self.stops) if at >= 0]
+        if found:
+            self.stopped = True
+            visible = min(found)
+        else:
+            held = max((n for stop in self.stops for n in range(1, len(stop)) if self.text.endswith(stop[:n])),
+                       default=0)
+            visible = len(self.text) - held
+        out = self.text[self.shown : visible]
+        self.shown = max(self.shown, visible)
+        return out
+
+    def flush(self) -> str:
+        """The generation ended without a stop string: the held-back rest."""
+        if self.stopped:
+            return ""
+        out, self.shown = self.text[self.shown :], len(self.text)
+        return out
+
+    @property
+    def result(self) -> str:
+        return self.text[: self.shown]
+
+
+@dataclass
+class Generation:
+    """One checked request, ready for the SLM."""
+
+    request_id: str
+    decoder: CollaborativeDecoder
+    prompts: Prompts
+    stops: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StepOut:
+    """A decided token: the text it made showable (maybe empty) and what the cloud saw."""
+
+    text: str
+    report: StepReport
+
+
+@dataclass(frozen=True)
+class Done:
+    """The generation ended: ``text`` is what a stop string's look-ahead still held back (shown last)."""
+
+    finish_reason: str
+    usage: Usage
+    ledger: LedgerSummary
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: EndpointError
+
+
+Event = StepOut | Done | Failed
+
+
+@dataclass(eq=False)
+class Job:
+    """A queued generation and the channel its events reach the HTTP handler by (worker thread → event loop)."""
+
+    generation: Generation
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    enqueued_at: float = field(default_factory=time.perf_counter)
+
+    def put(self, event: Event) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+    async def next(self) -> Event:
+        return await self.events.get()
+
+    def cancel(self) -> None:
+        """The client went away: drop the job, or stop it at its next step."""
+        self.cancelled.set()
+
+
+class EdgeServing:
+    """The endpoint's engine: one :class:`EdgeClient` (one SLM), its queue and its worker thread.
+
+    Args:
+        client: the edge client (its SLM is used by the worker thread only, once serving).
+        chat_template: renders conversations with the model's template (``None``: chat requests are refused).
+        settings: defaults and limits.
+        n_ctx: the SLM's context window.
+    """
+
+    def __init__(
+        self, client: EdgeClient, chat_template: ChatRenderer | None, settings: ServerSettings, *, n_ctx: int
+    ) -> None:
+        self.client = client
+        self.chat_template = chat_template
+        self.settings = settings
+        self.n_ctx = n_ctx
+        self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._waiting = 0
+        self._running: Job | None = None
+        self._worker = threading.Thread(target=self._work, name="coveil-slm", daemon=True)
+        self._worker.start()
+
+    # -- state ---------------------------------------------------------------------------------------
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    @property
+    def busy(self) -> bool:
+        return self._running is not None
+
+    @property
+    def alive(self) -> bool:
+        return self._worker.is_alive()
+
+    def close(self) -> None:
+        """Stop the worker after the running generation (queued ones are answered 503)."""
+        self._queue.put(None)
+        self._worker.join(timeout=30)
+
+    # -- requests to generations ---------------------------------------------------------------------
+    def prepare_chat(self, request: ChatCompletionRequest) -> Generation:
+        """Check a chat request and build its prompts (the model's chat template on both sides) and decoder."""
+        self._check_supported(request)
+        if self.chat_template is None:
+            raise bad_request("this model has no chat template: use /v1/completions", param="messages")
+        options = request.coveil or CoveilOptions()
+        private_parts = [m.text() for m in request.messages if m.coveil_private]
+        private_context = "\n\n".join(part for part in [*private_parts, options.private_context] if part)
+        public = [{"role": m.template_role(), "content": m.text()} for m in request.messages if not m.coveil_private]
+        try:
+            prompts = chat_prompts(self.chat_template, public, private_context)
+        except ValueError as exc:
+            raise bad_request(str(exc), param="messages") from None
+        return self._generation("chatcmpl", request, options, prompts, "messages", request.reply_limit())
+
+    def prepare_completion(self, request: CompletionRequest) -> Generation:
+        """Check a completion request and build its plain-text prompts and decoder."""
+        self._check_supported(request)
+        options = request.coveil or CoveilOptions()
+        text = request.prompt_text()
+        if not text:
+            raise bad_request("the prompt is empty", param="prompt")
+        prompts = plain_prompts(self.client.slm, text, options.private_context)
+        return self._generation("cmpl", request, options, prompts, "prompt", request.reply_limit())
+
+    def _check_supported(self, request: GenerationRequest) -> None:
+        if request.model != self.settings.served_model_name:
+            raise EndpointError(404, f"the model {request.model!r} does not exist here; this endpoint serves "
+                                f"{self.settings.served_model_name!r}", type="invalid_request_error",
+                                param="model", code="model_not_found")
+        refused = request.unsupported()
+        if refused is not None:
+            raise bad_request(f"{refused[0]} is not supported: {refused[1]}", param=refused[0])
+
+    def _generation(
+        self, prefix: str, request: GenerationRequest, options: CoveilOptions, prompts: Prompts, prompt_param: str,
+        reply_limit: int | None,
+    ) -> Generation:
+        """The decoder for ``prompts`` under the request's options and the server's defaults."""
+        prompt_tokens = len(prompts.slm_ids)
+        room = self.n_ctx - prompt_tokens
+        max_new_tokens = reply_limit if reply_limit is not None else min(self.settings.default_max_tokens, room)
+        if max_new_tokens > room:
+            raise bad_request(
+                f"This model's maximum context length is {self.n_ctx} tokens. However, you requested "
+                f"{prompt_tokens + max_new_tokens} tokens ({prompt_tokens} in the {prompt_param} and private context, "
+                f"{max_new_tokens} in the completion). Please reduce the length of the {prompt_param}, the private "
+                "context or the completion.",
+                param=prompt_param, code="context_length_exceeded",
+            )
+        mode = options.mode or self.settings.default_mode
+        policy_name = options.policy or self.settings.default_policy
+        try:
+            policy = make_policy(policy_name, backend=self.client.slm, **options.params)
+        except TypeError as exc:  # a parameter the policy does not take
+            raise bad_request(f"policy {policy_name!r}: {exc}", param="coveil.params") from None
+        except (KeyError, ValueError) as exc:
+            param = "coveil.policy" if policy_name not in available_policies() else "coveil.params"
+            raise bad_request(str(exc).strip("'\""), param=param) from None
+        # the cloud samples only in cloud-side fusion; edge-side the policy picks every token
+        temperature = (request.temperature or 0.0) if mode == "cloud" else 0.0
+        seed = request.seed if request.seed is not None else (secrets.randbits(63) if temperature > 0 else 0)
+        stops = request.stop_strings()
+        settings: dict[str, Any] = {"mode": mode, "policy": policy, "max_new_tokens": max_new_tokens,
+                                    "temperature": temperature, "seed": seed, "never_upload": options.never_upload,
+                                    "exposure_budget": options.exposure_budget,
+                                    "stopping": StopStrings(stops) if stops else None}
+        if options.alpha is not None:
+            settings["alpha"] = options.alpha
+        try:
+            decoder = self.client.decoder(prompts, **settings)
+        except ValueError as exc:
+            raise bad_request(str(exc), param="coveil") from None
+        return Generation(f"{prefix}-{secrets.token_hex(12)}", decoder, prompts, stops)
+
+    # -- the queue -----------------------------------------------------------------------------------
+    def submit(self, generation: Generation) -> Job:
+        """Queue ``generation``; its events arrive on the returned job (call from the event loop)."""
+        job = Job(generation, asyncio.get_running_loop())
+        with self._lock:
+            if self._waiting >= self.settings.max_queue:
+                raise EndpointError(429, f"the device is busy: {self._waiting} requests are waiting for its model; "
+                                    "retry later", type="rate_limit_exceeded", code="rate_limit_exceeded")
+            self._waiting += 1
+        self._queue.put(job)
+        return job
+
+    def _work(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                break
+            with self._lock:
+                self._waiting -= 1
+            if job.cancelled.is_set():
+                continue
+            self._running = job
+            try:
+                self._run(job)
+            finally:
+                self._running = None
+        while True:  # closing: answer whoever still waits
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None:
+                job.put(Failed(EndpointError(503, "the endpoint is shutting down", type="service_unavailable")))
+
+    def _run(self, job: Job) -> None:
+        """Decode one generation, sending each step as it is decided; never raises."""
+        generation = job.generation
+        started = time.perf_counter()
+        queue_ms = (started - job.enqueued_at) * 1e3
+        shown = StopText(generation.stops)
+        try:
+            with self.client.run(generation.decoder) as stream:
+                for step in stream.steps():
+                    job.put(StepOut(shown.feed(step.text), step_report(step.entry)))
+                    if job.cancelled.is_set():
+                        log.info("request %s: the client went away after %d tokens", generation.request_id,
+                                 len(stream.token_ids))
+                        return
+                rest = shown.flush()
+                finish = "stop" if shown.stopped else FINISH_REASONS.get(stream.finish_reason or "", "stop")
+                ledger = stream.ledger
+                completion_tokens = len(stream.token_ids)
+        except CloudError as exc:
+            error = from_cloud_error(exc)
+            log.warning("request %s: %s (HTTP %d)", generation.request_id, exc.code, error.status)
+            job.put(Failed(error))
+            return
+        except Exception as exc:  # a bug: the traceback's frames, never the message (it could quote input)
+            log.error("request %s failed with %s:\n%s", generation.request_id, type(exc).__name__,
+                      "".join(traceback.format_tb(exc.__traceback__)))
+            job.put(Failed(EndpointError(500, f"internal error ({type(exc).__name__})", type="server_error")))
+            return
+        prompt_tokens = len(generation.prompts.slm_ids)
+        usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                      total_tokens=prompt_tokens + completion_tokens)
+        summary = ledger_summary(ledger, cloud_prompt_tokens=len(generation.prompts.cloud_ids), queue_ms=queue_ms)
+        job.put(Done(finish, usage, summary, rest))
+        log.info(
+            "request %s: %s-side %s, %d+%d tokens (%s), %d values up, %d full requests, %d B up, %d B down, "
+            "leakage meter %.1f%%, queued %.0f ms, decoded in %.0f ms", generation.request_id, summary.mode,
+            summary.policy, prompt_tokens, completion_tokens, finish, summary.values_uploaded,
+            summary.full_requests, summary.bytes_up, summary.bytes_down, 100 * summary.leakage_meter, queue_ms,
+            (time.perf_counter() - started) * 1e3,
+        )
+

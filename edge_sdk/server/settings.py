@@ -1,0 +1,147 @@
+"""Every option of the endpoint, with its default, written once: ``coveil edge serve`` builds its flags from here.
+
+Each field's ``metadata`` holds its ``--help`` text (and the flag's ``metavar``
+or ``choices`` where it has them); :func:`add_settings_flags` turns the fields
+into flags and :func:`settings_from_args` reads them back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edge_sdk.client import Credentials, is_loopback
+
+#: the environment variable an API key may come from instead of ``--api-key-file``
+API_KEY_ENV = "COVEIL_API_KEY"
+
+#: what a request that marks nothing gets (stated in ``--help`` and the README)
+UNMARKED_REQUESTS = (
+    "A request without a 'coveil' field is a public query like any to an OpenAI endpoint (every message goes to "
+    "the cloud) and is decoded with the defaults below: CoVeil (lam=1.0) in cloud-side fusion, the lowest "
+    "leakage of the defences measured here, so the same app turns private as soon as it passes "
+    "extra_body={'coveil': {'private_context': ...}}. The undefended baseline runs only when named."
+)
+
+
+def _option(default: Any, help: str, **flag: Any) -> Any:
+    return field(default=default, metadata={"help": help, **flag})
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """The endpoint's options (every field is a ``coveil edge serve`` flag: ``--cloud``, ``--max-queue`` ...)."""
+
+    # -- the cloud adapter
+    cloud: str = _option("", "the cloud adapter's HOST:PORT (several replicas: comma-separated ip:port)",
+                         metavar="HOST:PORT", required=True)
+    token_file: Path | None = _option(None, "file holding the bearer token the cloud adapter expects",
+                                      metavar="FILE", type=Path)
+    tls_ca: Path | None = _option(None, "CA certificate (PEM) of the adapter's TLS (default: the system's roots)",
+                                  metavar="PEM", type=Path)
+    plaintext: bool = _option(False, "talk to the adapter without TLS (accepted for a loopback --cloud only)")
+    # -- the edge model
+    model: str | None = _option(None, "the edge SLM: a .gguf path (default: the embedded Gemma-3 270M)",
+                                metavar="GGUF")
+    chat_template: str | None = _option(
+        None, "chat template: a Jinja file or a llama.cpp built-in name (default: the GGUF's own, else llama.cpp's "
+        "built-in one for its architecture)", metavar="FILE|NAME")
+    n_ctx: int = _option(4096, "the SLM's context window in tokens (private context + conversation + reply)",
+                         metavar="N", type=int)
+    threads: int | None = _option(None, "llama.cpp threads (default: every core, at most 8)", metavar="N", type=int)
+    # -- the HTTP side
+    host: str = _option("127.0.0.1", "interface to listen on; anything but loopback needs an API key",
+                        metavar="HOST")
+    port: int = _option(8000, "TCP port (0 picks a free one)", metavar="PORT", type=int)
+    api_key_file: Path | None = _option(
+        None, f"file holding the API key apps must send (Authorization: Bearer KEY); default: ${API_KEY_ENV}",
+        metavar="FILE", type=Path)
+    ssl_certfile: Path | None = _option(None, "serve HTTPS with this certificate chain (PEM)", metavar="PEM",
+                                        type=Path)
+    ssl_keyfile: Path | None = _option(None, "the private key of --ssl-certfile (PEM)", metavar="PEM", type=Path)
+    served_model_name: str = _option("coveil", "the model id apps name in requests and /v1/models lists",
+                                     metavar="NAME")
+    # -- what a request gets unless it says otherwise
+    default_mode: str = _option("cloud", "fusion mode of a request that names none", choices=["cloud", "edge"])
+    default_policy: str = _option("coveil", "policy of a request that names none (its parameters: the policy's "
+                                  "defaults, CoVeil lam=1.0)", metavar="NAME")
+    default_max_tokens: int = _option(256, "reply length of a request that sets no max_tokens (never beyond the "
+                                      "context window)", metavar="N", type=int)
+    max_queue: int = _option(16, "requests that may wait for the one SLM; beyond that the answer is 429",
+                             metavar="N", type=int)
+    log_level: str = _option("INFO", "least severe level logged (no log line ever carries text or token ids)",
+                             choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+    def __post_init__(self) -> None:
+        if not self.cloud:
+            raise ValueError("give the cloud adapter's address (--cloud HOST:PORT)")
+        for name in ("n_ctx", "default_max_tokens", "max_queue"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"--threads must be at least 1, got {self.threads}")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError("--ssl-certfile and --ssl-keyfile go together")
+        if self.default_mode not in ("cloud", "edge"):
+            raise ValueError(f"--default-mode is 'cloud' or 'edge', got {self.default_mode!r}")
+
+    @property
+    def cloud_addresses(self) -> list[str]:
+        return [part.strip() for part in self.cloud.split(",") if part.strip()]
+
+    def credentials(self) -> Credentials:
+        """How to reach the cloud adapter (TLS unless ``plaintext``, which only a loopback address accepts)."""
+        return Credentials.from_files(token_file=self.token_file, root_cert=self.tls_ca, plaintext=self.plaintext)
+
+    def api_key(self) -> str | None:
+        """The key apps must present: ``api_key_file``'s content, else ``$COVEIL_API_KEY``, else none."""
+        if self.api_key_file is not None:
+            key = self.api_key_file.read_text().strip()
+            if not key:
+                raise ValueError(f"API key file {self.api_key_file} is empty")
+            return key
+        return os.environ.get(API_KEY_ENV, "").strip() or None
+
+    def check_exposure(self, api_key: str | None) -> None:
+        """Refuse to listen beyond loopback without an API key of the endpoint's own."""
+        if not is_loopback(self.host) and api_key is None:
+            raise ValueError(
+                f"refusing to listen on {self.host} without an API key: every app on the network could decode with "
+                f"this device's private context; pass --api-key-file (or set ${API_KEY_ENV}), or keep the default "
+                "--host 127.0.0.1"
+            )
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_settings_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per :class:`ServerSettings` field, its default and help taken from the field."""
+    groups = {
+        "cloud": parser.add_argument_group("the cloud adapter"),
+        "model": parser.add_argument_group("the edge model"),
+        "host": parser.add_argument_group("the HTTP endpoint"),
+        "default_mode": parser.add_argument_group("defaults for requests",
+                                                  description=textwrap.fill(UNMARKED_REQUESTS, 78)),
+    }
+    group = groups["cloud"]
+    for spec in dataclasses.fields(ServerSettings):
+        group = groups.get(spec.name, group)
+        meta = dict(spec.metadata)
+        help_text = meta.pop("help")
+        if spec.type in ("bool", bool):
+            group.add_argument(_flag(spec.name), dest=spec.name, action="store_true", help=help_text)
+            continue
+        if spec.default is not None and not meta.get("required"):
+            help_text += f" (default: {spec.default})"
+        group.add_argument(_flag(spec.name), dest=spec.name, default=spec.default, help=help_text, **meta)
+
+
+def settings_from_args(args: argparse.Namespace) -> ServerSettings:
+    return ServerSettings(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(ServerSettings)})

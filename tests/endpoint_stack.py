@@ -1,0 +1,134 @@
+"""The endpoint's test stack: a real cloud adapter (gRPC on loopback, the embedded model, transcripts on disk) and
+the endpoint in front of it (uvicorn on loopback), with every log line either side writes captured.
+
+Imported by the endpoint's test modules; each module gets its own stack (module-scoped fixtures).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from cloud_adapter.engine import CloudEngine
+from cloud_adapter.limits import Limits
+from cloud_adapter.runners import StepBatcher
+from cloud_adapter.server import build_server
+from edge_sdk.backends.chat_template import LlamaCppChatTemplate
+from edge_sdk.backends.llama_cpp import LlamaCppSLM
+from edge_sdk.client import EdgeClient
+from edge_sdk.server.app import create_app, running
+from edge_sdk.server.settings import ServerSettings
+
+TOKEN = "endpoint-test-token"
+#: a name no model says on its own: if it reaches the cloud or a log, the private context did
+CANARY = "Zorblat Quexley"
+PRIVATE_CONTEXT = f"The patient {CANARY} has jaundice, a swollen liver and raised bilirubin after years of drinking."
+QUESTION = "Which organ is affected? Answer in one word."
+#: sessions one client identity may hold at the adapter (the quota test holds them all)
+SESSIONS_PER_CLIENT = 2
+#: the loggers of the endpoint (uvicorn, FastAPI, the SDK) and of the cloud adapter
+SERVER_LOGGERS = ("coveil", "edge_sdk", "cloud_adapter", "uvicorn", "uvicorn.error", "uvicorn.access", "fastapi",
+                  "starlette", "grpc")
+
+
+class LogCapture(logging.Handler):
+    """Every record of the server-side loggers, formatted with its traceback."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+@dataclass
+class Cloud:
+    address: str
+    engine: CloudEngine
+    transcript_dir: Path
+
+
+@dataclass
+class Endpoint:
+    base_url: str
+    client: EdgeClient
+    template: LlamaCppChatTemplate
+    settings: ServerSettings
+
+
+@contextlib.contextmanager
+def capture_server_logs() -> Iterator[LogCapture]:
+    capture = LogCapture()
+    saved = {}
+    for name in SERVER_LOGGERS:
+        logger = logging.getLogger(name)
+        saved[name] = logger.level
+        logger.setLevel(logging.DEBUG)
+        logger.addHandler(capture)
+    try:
+        yield capture
+    finally:
+        for name in SERVER_LOGGERS:
+            logger = logging.getLogger(name)
+            logger.removeHandler(capture)
+            logger.setLevel(saved[name])
+
+
+@contextlib.contextmanager
+def start_cloud(transcript_dir: Path, gemma_llm) -> Iterator[Cloud]:  # noqa: ANN001
+    batcher = StepBatcher(gemma_llm)
+    engine = CloudEngine(gemma_llm, Limits(max_sessions_per_client=SESSIONS_PER_CLIENT, max_new_tokens=64),
+                         transcript_dir, 10, runner=batcher)
+    server, port = build_server(engine, address="127.0.0.1:0", token=TOKEN, max_workers=8)
+    server.start()
+    try:
+        yield Cloud(f"127.0.0.1:{port}", engine, transcript_dir)
+    finally:
+        server.stop(None)
+        batcher.close()
+
+
+@contextlib.contextmanager
+def start_endpoint(cloud_address: str, slm: LlamaCppSLM, workdir: Path, *, api_key: str | None = None,
+                   max_reconnects: int = 3, **settings_kwargs) -> Iterator[Endpoint]:  # noqa: ANN003
+    """The endpoint over the test session's SLM, as ``coveil edge serve`` builds it (plaintext: loopback)."""
+    token_file = workdir / "token.txt"
+    token_file.write_text(TOKEN)
+    settings = ServerSettings(cloud=cloud_address, token_file=token_file, plaintext=True, **settings_kwargs)
+    client = EdgeClient(cloud_address, slm=slm, credentials=settings.credentials(), max_reconnects=max_reconnects)
+    template = LlamaCppChatTemplate.for_model(slm)
+    app = create_app(settings, client=client, chat_template=template, n_ctx=slm.n_ctx, api_key=api_key)
+    try:
+        with running(app) as base_url:
+            yield Endpoint(base_url, client, template, settings)
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="module")
+def server_logs() -> Iterator[LogCapture]:
+    with capture_server_logs() as capture:
+        yield capture
+
+
+@pytest.fixture(scope="module")
+def cloud(tmp_path_factory: pytest.TempPathFactory, gemma_llm, server_logs) -> Iterator[Cloud]:  # noqa: ANN001
+    with start_cloud(tmp_path_factory.mktemp("transcripts"), gemma_llm) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def endpoint(cloud: Cloud, slm: LlamaCppSLM, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
+    with start_endpoint(cloud.address, slm, tmp_path_factory.mktemp("endpoint")) as started:
+        yield started

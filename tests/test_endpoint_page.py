@@ -1,0 +1,106 @@
+"""The live page in a real headless Chromium (Selenium with the system's chromium and chromedriver), in front of
+the endpoint and a real cloud adapter: ask a question with a private context, wait for the stream to end, and
+check the coloured tokens, the meter and the ledger against the same generation through the SDK.
+
+Without a browser the test is skipped with its reason, unless ``COVEIL_REQUIRE_BROWSER`` is set (``.ci/run``
+installs chromium and chromium-driver and sets it): then it fails.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from edge_sdk.policies import CoVeil
+from edge_sdk.prompts import chat_prompts
+
+from tests.endpoint_stack import (  # noqa: F401  (fixtures)
+    CANARY,
+    PRIVATE_CONTEXT,
+    QUESTION,
+    Endpoint,
+    cloud,
+    endpoint,
+    server_logs,
+)
+
+pytestmark = pytest.mark.model
+
+TOKENS = 8
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[object]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    binary = next((path for path in map(shutil.which, BROWSERS) if path), None)
+    driver_path = shutil.which("chromedriver")
+    if binary is None or driver_path is None:
+        reason = "needs chromium and chromedriver on PATH (apt-get install chromium chromium-driver; .ci/run does)"
+        if os.environ.get("COVEIL_REQUIRE_BROWSER"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                     "--window-size=1200,1500", f"--user-data-dir={tmp_path / 'profile'}"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def test_the_page_colours_each_token_by_what_the_cloud_saw(endpoint: Endpoint, browser, tmp_path: Path) -> None:  # noqa: ANN001
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    browser.get(endpoint.base_url + "/")
+    wait = WebDriverWait(browser, 300)
+    wait.until(lambda b: len(Select(b.find_element(By.ID, "policy")).options) > 1)  # /coveil/info answered
+    browser.find_element(By.ID, "question").send_keys(QUESTION)
+    browser.find_element(By.ID, "private-context").send_keys(PRIVATE_CONTEXT)
+    Select(browser.find_element(By.ID, "mode")).select_by_value("cloud")
+    Select(browser.find_element(By.ID, "policy")).select_by_value("coveil")
+    tokens = browser.find_element(By.ID, "max-tokens")
+    tokens.clear()
+    tokens.send_keys(str(TOKENS))
+    browser.find_element(By.ID, "submit").click()
+    wait.until(lambda b: b.find_element(By.ID, "status").get_attribute("data-state") in ("done", "error"))
+    status = browser.find_element(By.ID, "status")
+    assert status.get_attribute("data-state") == "done", status.text
+    screenshot = tmp_path / "live_page.png"
+    assert browser.save_screenshot(str(screenshot)) and screenshot.stat().st_size > 10_000
+
+    # the same generation through the SDK
+    prompts = chat_prompts(endpoint.template, [{"role": "user", "content": QUESTION}], PRIVATE_CONTEXT)
+    expected = endpoint.client.generate(prompts, mode="cloud", policy=CoVeil(lam=1.0), max_new_tokens=TOKENS)
+    entries = expected.ledger.entries
+
+    spans = browser.find_elements(By.CSS_SELECTOR, "#answer span.tok")
+    assert "".join(span.get_attribute("textContent") for span in spans) == expected.text
+    assert [int(span.get_attribute("data-step")) for span in spans] == list(range(len(entries)))
+    # cloud-side fusion: a step the cloud saw uploaded values is orange, one with an empty upload green
+    colours = [span.get_attribute("class").split()[-1] for span in spans]
+    assert colours == ["saw-full" if e.full_requested else "saw-upload" if e.values_uploaded else "saw-nothing"
+                       for e in entries]
+    assert {span.value_of_css_property("background-color") for span in spans if "saw-upload" in
+            span.get_attribute("class")} <= {"rgba(253, 227, 191, 1)"}  # the legend's upload colour
+
+    rows = browser.find_elements(By.CSS_SELECTOR, "#ledger tbody tr")
+    assert len(rows) == len(entries)
+    assert [int(row.find_elements(By.TAG_NAME, "td")[3].text) for row in rows] == [e.values_uploaded for e in entries]
+    summary = [cell.text for cell in browser.find_elements(By.CSS_SELECTOR, "#ledger tfoot td")]
+    assert summary[0] == f"{len(entries)} steps" and summary[1] in ("finish: length", "finish: stop")
+    assert int(summary[3]) == expected.ledger.values_uploaded
+    assert int(summary[4]) == expected.ledger.bytes_up and int(summary[5]) == expected.ledger.bytes_down
+    meter = browser.find_element(By.ID, "meter-value").text
+    assert meter == summary[6] == f"{100 * expected.ledger.leak_share:.1f}%"
+    assert CANARY not in browser.find_element(By.ID, "answer").get_attribute("textContent")

@@ -1,0 +1,273 @@
+"""The endpoint's pieces that need no model: stop strings, error mapping, settings, the queue, the command line,
+and the stream's hold-back of a partly decoded character."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import re
+import threading
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from edge_sdk.client import GenerationStream
+from edge_sdk.prompts import Prompts
+from edge_sdk.server.errors import EndpointError, from_cloud_error
+from edge_sdk.server.protocol import ChatCompletionRequest, CompletionRequest
+from edge_sdk.server.serving import EdgeServing, Generation, StopText, cloud_saw
+from edge_sdk.server.settings import ServerSettings
+from edge_sdk.session import LedgerEntry, PrivacyLedger, StepEvent
+from edge_sdk.transport import CloudError
+
+
+def entry(step: int = 0, *, signal: str = "token", values: int = 0, full: bool = False) -> LedgerEntry:
+    return LedgerEntry(step=step, token_id=7, policy="coveil", signal=signal, values_uploaded=values,
+                       full_requested=full, withheld=False, steered=False, bytes_up=10, bytes_down=20,
+                       leak_share=0.0, edge_ms=1.0, wait_ms=1.0, cloud_forward_ms=1.0)
+
+
+# -- stop strings -------------------------------------------------------------------------------------------
+
+
+def test_stop_text_shows_nothing_that_could_still_become_a_stop_string() -> None:
+    shown = StopText(["END", "\n\n"])
+    assert shown.feed("The liver") == "The liver"
+    assert shown.feed(" E") == " "  # "E" may start "END": held back
+    assert shown.feed("N") == ""  # "EN" still may
+    assert shown.feed("X") == "ENX"  # "ENX" is no stop's beginning: released
+    assert shown.feed("\n") == ""  # may start "\n\n"
+    assert shown.feed("\nmore") == ""  # the stop: nothing of it or after it is shown
+    assert shown.stopped and shown.result == "The liver ENX"  # that stop began at the first newline
+    assert shown.feed("later") == "" and shown.flush() == ""
+
+
+def test_stop_text_finds_a_stop_inside_one_piece_and_flushes_what_it_held() -> None:
+    shown = StopText(["stop"])
+    assert shown.feed("go on and stop here") == "go on and " and shown.stopped
+    held = StopText(["stop"])
+    assert held.feed("a st") == "a " and held.flush() == "st" and not held.stopped
+    assert StopText([]).feed("anything at all") == "anything at all"
+
+
+# -- what the cloud saw, and the cloud's statuses --------------------------------------------------------
+
+
+def test_each_step_is_labelled_by_the_strongest_thing_the_cloud_saw() -> None:
+    assert cloud_saw(entry(signal="upload", values=0)) == "nothing"
+    assert cloud_saw(entry(signal="upload", values=3)) == "upload"
+    assert cloud_saw(entry(signal="token")) == "token"
+    assert cloud_saw(entry(signal="token", full=True)) == "full"
+    assert cloud_saw(entry(signal="upload", values=3, full=True)) == "full"
+
+
+@pytest.mark.parametrize(("code", "status", "kind"), [
+    ("UNAVAILABLE", 503, "cloud_unavailable"),
+    ("DEADLINE_EXCEEDED", 503, "cloud_unavailable"),
+    ("RESOURCE_EXHAUSTED", 429, "cloud_quota_exhausted"),
+    ("INVALID_ARGUMENT", 400, "cloud_rejected_request"),
+    ("UNAUTHENTICATED", 502, "cloud_auth_failed"),
+    ("FAILED_PRECONDITION", 502, "model_mismatch"),
+    ("DATA_LOSS", 502, "cloud_error"),
+])
+def test_cloud_statuses_map_to_openai_errors(code: str, status: int, kind: str) -> None:
+    error = from_cloud_error(CloudError(code, "detail from the adapter"))
+    body = error.body()["error"]
+    assert error.status == status and body["code"] == kind and "detail from the adapter" in body["message"]
+    assert set(body) == {"message", "type", "param", "code"}
+
+
+# -- requests ----------------------------------------------------------------------------------------------
+
+
+def test_parameters_the_endpoint_cannot_honour_are_named() -> None:
+    base = {"model": "coveil", "messages": [{"role": "user", "content": "hi"}]}
+    assert ChatCompletionRequest(**base).unsupported() is None
+    assert ChatCompletionRequest(**base, n=1, top_p=1.0, presence_penalty=0.0).unsupported() is None
+    for extra, param in [({"n": 2}, "n"), ({"top_p": 0.9}, "top_p"), ({"logit_bias": {"5": 1.0}}, "logit_bias"),
+                         ({"logprobs": True}, "logprobs"), ({"tools": [{"type": "function"}]}, "tools"),
+                         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"), ({"frequency_penalty": 0.5},
+                                                                          "frequency_penalty")]:
+        assert ChatCompletionRequest(**base, **extra).unsupported()[0] == param
+    assert CompletionRequest(model="coveil", prompt=["a", "b"]).unsupported()[0] == "prompt"
+    assert CompletionRequest(model="coveil", prompt="a", echo=True).unsupported()[0] == "echo"
+    # a message's text parts are joined; developer messages are system messages to a chat template
+    message = ChatCompletionRequest(model="coveil", messages=[
+        {"role": "developer", "content": [{"type": "text", "text": "be "}, {"type": "text", "text": "brief"}]}
+    ]).messages[0]
+    assert message.text() == "be brief" and message.template_role() == "system"
+
+
+# -- settings and the command line -------------------------------------------------------------------------
+
+
+def test_listening_beyond_loopback_needs_an_api_key(tmp_path: Path) -> None:
+    for host in ("127.0.0.1", "localhost", "::1"):
+        ServerSettings(cloud="c:1", host=host).check_exposure(None)
+    with pytest.raises(ValueError, match="refusing to listen on 0.0.0.0 without an API key"):
+        ServerSettings(cloud="c:1", host="0.0.0.0").check_exposure(None)
+    ServerSettings(cloud="c:1", host="0.0.0.0").check_exposure("a key")
+    key_file = tmp_path / "key"
+    key_file.write_text("  k3y\n")
+    assert ServerSettings(cloud="c:1", api_key_file=key_file).api_key() == "k3y"
+    with pytest.raises(ValueError, match="go together"):
+        ServerSettings(cloud="c:1", ssl_certfile=tmp_path / "cert.pem")
+    with pytest.raises(ValueError, match="--max-queue must be at least 1"):
+        ServerSettings(cloud="c:1", max_queue=0)
+
+
+def test_coveil_edge_serve_refuses_an_open_host_in_one_line(capsys: pytest.CaptureFixture[str],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from eval_harness.cli import main
+
+    monkeypatch.delenv("COVEIL_API_KEY", raising=False)
+    assert main(["edge", "serve", "--cloud", "127.0.0.1:1", "--host", "0.0.0.0"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("coveil edge: refusing to listen on 0.0.0.0") and "\n" not in err
+    with pytest.raises(SystemExit):
+        main(["edge", "serve", "--help"])
+    help_text = capsys.readouterr().out
+    assert "A request without a 'coveil' field" in help_text and "--default-policy" in help_text
+    with pytest.raises(SystemExit) as caught:
+        main(["edge", "serve"])  # --cloud is required
+    assert caught.value.code == 2
+
+
+# -- the stream's text ---------------------------------------------------------------------------------------
+
+
+class ScriptedSLM:
+    """An SLM whose detokenisation of the first n tokens is ``texts[n - 1]``."""
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+
+    def detokenize(self, ids: list[int]) -> str:
+        return self.texts[len(ids) - 1]
+
+
+@dataclass
+class ScriptedDecoder:
+    tokens: list[int] = field(default_factory=list)
+    ledger: PrivacyLedger = field(default_factory=lambda: PrivacyLedger(mode="edge", policy="coveil"))
+    finish_reason: str | None = None
+
+    def events(self, n: int):  # noqa: ANN201
+        for step in range(n):
+            self.tokens.append(step)
+            yield StepEvent(step, entry(step))
+
+
+def test_a_character_split_over_tokens_is_shown_once_whole() -> None:
+    """Byte-fallback tokens: "é" arrives as two tokens; until the second, the text ends in U+FFFD."""
+    texts = ["a", "a\ufffd", "aé", "aéb"]
+    decoder = ScriptedDecoder()
+    stream = GenerationStream(ScriptedSLM(texts), decoder, decoder.events(len(texts)))  # type: ignore[arg-type]
+    assert [step.text for step in stream.steps()] == ["a", "", "é", "b"]
+
+
+# -- the queue ---------------------------------------------------------------------------------------------
+
+
+class BlockingStream:
+    """A generation that decides one token once ``release`` is set."""
+
+    def __init__(self, release: threading.Event) -> None:
+        self.release = release
+        self.ledger = PrivacyLedger(mode="cloud", policy="coveil")
+        self.token_ids: list[int] = []
+        self.finish_reason: str | None = None
+
+    def __enter__(self) -> BlockingStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def steps(self):  # noqa: ANN201
+        from edge_sdk.client import StreamStep
+
+        self.release.wait(timeout=30)
+        self.ledger.entries.append(entry(0, signal="upload", values=1))
+        self.token_ids.append(7)
+        self.finish_reason = "max_new_tokens"
+        yield StreamStep("x", self.ledger.entries[0])
+
+
+class BlockingClient:
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.slm = None
+
+    def run(self, decoder: object) -> BlockingStream:
+        return BlockingStream(self.release)
+
+
+def test_requests_beyond_the_queue_are_refused_with_429_and_the_rest_served_in_order() -> None:
+    client = BlockingClient()
+    serving = EdgeServing(client, None, ServerSettings(cloud="c:1", max_queue=2), n_ctx=64)  # type: ignore[arg-type]
+
+    def generation(i: int) -> Generation:
+        return Generation(f"r{i}", decoder=None, prompts=Prompts((1, 2), (2,)), stops=())  # type: ignore[arg-type]
+
+    async def scenario() -> list[str]:
+        running = serving.submit(generation(0))
+        while not serving.busy:  # the worker took the first: the queue is empty again
+            await asyncio.sleep(0.01)
+        waiting = [serving.submit(generation(1)), serving.submit(generation(2))]
+        with pytest.raises(EndpointError) as caught:
+            serving.submit(generation(3))
+        assert caught.value.status == 429 and caught.value.code == "rate_limit_exceeded"
+        client.release.set()
+        finished = []
+        for job in (running, *waiting):
+            assert (await job.next()).text == "x"
+            done = await job.next()
+            finished.append((job.generation.request_id, done.finish_reason, done.ledger.queue_ms))
+        return finished
+
+    try:
+        finished = asyncio.run(scenario())
+    finally:
+        serving.close()
+    assert [name for name, _, _ in finished] == ["r0", "r1", "r2"]
+    assert all(reason == "length" for _, reason, _ in finished)
+    assert finished[2][2] >= finished[1][2]  # the later in line waited at least as long
+
+
+def test_invalid_requests_are_400_without_quoting_them(tmp_path: Path) -> None:
+    """FastAPI's validation error would echo the input; the endpoint names the field and the problem only."""
+    from edge_sdk.server.app import create_app, running
+
+    class NoModelClient:
+        slm = type("SLM", (), {"name": "none"})()
+
+    settings = ServerSettings(cloud="c:1")
+    app = create_app(settings, client=NoModelClient(), chat_template=None, n_ctx=64)  # type: ignore[arg-type]
+    secret = "Zorblat Quexley's notes"
+    body = {"model": "coveil", "messages": [{"role": "user", "content": 5}],
+            "coveil": {"private_context": secret, "not_a_field": secret}}
+    with running(app) as base_url:
+        parsed = urllib.parse.urlsplit(base_url)
+        connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=30)
+        connection.request("POST", "/v1/chat/completions", body=json.dumps(body),
+                           headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        reply = json.loads(response.read())
+        connection.close()
+        files = {}
+        for path in ("/", "/static/app.js", "/static/style.css"):
+            page = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=30)
+            page.request("GET", path)
+            files[path] = page.getresponse().read().decode()
+            page.close()
+    assert response.status == 400 and reply["error"]["type"] == "invalid_request_error"
+    assert "coveil.not_a_field" in reply["error"]["message"] and "messages.0.content" in reply["error"]["message"]
+    assert "Zorblat" not in json.dumps(reply)
+    # the page is served from the package and loads nothing from elsewhere (it works offline)
+    assert "<title>CoVeil" in files["/"] and "addStep" in files["/static/app.js"]
+    assert sorted(re.findall(r'(?:src|href)="([^"]*)"', files["/"])) == ["/static/app.js", "/static/style.css"]
+    assert not [name for name, text in files.items() if re.search(r"https?:|//cdn|@import|url\(", text)]
