@@ -33,6 +33,15 @@ CONTEXT_SEPARATOR = "\n\n"
 DEFAULT_SESSION_TIMEOUT_S = 900.0
 
 
+def prompt_ids(slm: SLMBackend, public_query: str, private_context: str = "") -> tuple[list[int], list[int]]:
+    """The two prompts as ids: the SLM's (``private_context + CONTEXT_SEPARATOR + public_query``, or the
+    public query alone without a context) and the cloud's (the public query), each with the BOS token."""
+    cloud_prompt = slm.tokenize(public_query, add_bos=True)
+    if not private_context:
+        return cloud_prompt, cloud_prompt
+    return slm.tokenize(private_context + CONTEXT_SEPARATOR + public_query, add_bos=True), cloud_prompt
+
+
 def grpc_target(cloud: str | Sequence[str]) -> str:
     """The gRPC target for one address or several replicas (``["10.0.0.1:50051", "10.0.0.2:50051"]`` →
     ``"ipv4:10.0.0.1:50051,10.0.0.2:50051"``, which gRPC balances with ``round_robin``)."""
@@ -298,12 +307,7 @@ class EdgeClient:
         if isinstance(policy, str):
             policy = make_policy(policy, backend=self.slm)  # a policy that needs the model builds from it
         slm = self.slm
-        cloud_prompt = slm.tokenize(public_query, add_bos=True)
-        slm_prompt = (
-            slm.tokenize(private_context + CONTEXT_SEPARATOR + public_query, add_bos=True)
-            if private_context
-            else cloud_prompt
-        )
+        slm_prompt, cloud_prompt = prompt_ids(slm, public_query, private_context)
         if self._piece is None:
             self._piece = piece_reader(slm)
         piece = self._piece

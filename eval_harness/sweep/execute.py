@@ -29,8 +29,8 @@ from eval_harness.runners.reference import ItemRun, ReferenceRunner
 from eval_harness.sweep.grid import Setting, row_key, shard
 from eval_harness.sweep.store import ResultStore
 
-#: the cutoffs K each row's DecodeLeak metrics are given at
-METRIC_KS = (10, 50, 100)
+#: the cutoffs K each row's DecodeLeak metrics are given at (the leakage-vs-K curves; the sweep records K = 1000)
+METRIC_KS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 SEED_POLICY = ("randomised policies draw from numpy's default_rng(SeedSequence([seed, setting key, item id])): "
                "reproducible in-process audits; the SDK itself seeds from OS entropy")
 
@@ -66,8 +66,11 @@ def result_row(
     protocol: DecodingProtocol,
     vocab: Vocabulary,
     metadata: Mapping[str, Any],
+    mechanism: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One JSONL row: the setting, the item, accuracy, DecodeLeak metrics in both rule sets, and the metadata."""
+    """One JSONL row: the setting, the item, accuracy, DecodeLeak metrics in both rule sets at every
+    :data:`METRIC_KS` cutoff the trace recorded, the per-step ``mechanism`` statistics
+    (:meth:`ReferenceRunner.mechanism`; ``None`` when not measured), and the metadata."""
     trace = result.ledger.exposure_trace()
     ks = [k for k in METRIC_KS if k <= trace.k]
     metrics: dict[str, float] = {}
@@ -97,6 +100,7 @@ def result_row(
         "full_requests": result.ledger.full_requests,
         "bytes_up": result.ledger.bytes_up,
         "bytes_down": result.ledger.bytes_down,
+        "mechanism": dict(mechanism) if mechanism is not None else None,
         **metadata,
     }
 
@@ -143,8 +147,9 @@ def run_sweep(
 
         def finished(run: ItemRun, result: GenerationResult, setting: Setting = setting) -> None:
             nonlocal written
+            mechanism = runner.mechanism(run, result, mode=setting.mode, alpha=setting.alpha)
             row = result_row(setting, by_id[setting.task][run.item_id], result, protocol=protocol, vocab=vocab,
-                             metadata=metadata)
+                             metadata=metadata, mechanism=mechanism)
             with lock:
                 store.append(row)
                 written += 1
