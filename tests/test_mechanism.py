@@ -28,7 +28,7 @@ from eval_harness.runners.reference import ItemRun, ReferenceRunner
 from eval_harness.sweep.execute import METRIC_KS, result_row
 from eval_harness.sweep.grid import Setting
 
-from tests.tiny_models import CORPUS, bpe_tokenizer, random_qwen, trained_bpe
+from tests.tiny_models import CORPUS, tiny_pair, trained_bpe
 
 P_SLM = [0.05, 0.6, 0.3, 0.05]
 P_LLM = [0.9, 0.02, 0.04, 0.04]
@@ -94,10 +94,7 @@ def test_summary_counts_hand_worked() -> None:
 
 @pytest.fixture(scope="module")
 def pair() -> tuple[TransformersLLM, TransformersLLM]:
-    tokenizer = bpe_tokenizer()
-    slm = TransformersLLM.from_loaded(random_qwen(tokenizer, output_rows=448, seed=41), tokenizer, "tiny-edge")
-    llm = TransformersLLM.from_loaded(random_qwen(tokenizer, output_rows=448, seed=42), tokenizer, "tiny-cloud")
-    return slm, llm
+    return tiny_pair()
 
 
 def test_teacher_forcing_gives_the_rows_decoding_saw(pair) -> None:  # noqa: ANN001
