@@ -175,7 +175,8 @@ def _k_curves(fig_title: str, curves: Sequence[tuple[str, Any, dict[str, Any]]],
         ax.minorticks_off()
         ax.set_xlabel("K: ids read per step (log scale)")
         ax.set_ylabel(f"{K_METRICS[metric]}@K (%)")
-        ax.set_ylim(bottom=0)
+        top = ax.get_ylim()[1]
+        ax.set_ylim(-0.02 * top, top)  # a curve at 0% stays visible above the frame
         ax.grid(alpha=0.3)
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
@@ -413,13 +414,15 @@ def mechanism_edge(rows: Iterable[Mapping[str, Any]], out_dir: str | Path, *, po
             continue
         undefended = next(iter(mechanism_points(group, "undefended")), None)
         items = max(p.items for p in points)
+        # a log axis once the ranks span a decade (the paper's grid reaches ~50); below that it shows one tick
+        log = max(p.rank_mean for p in points) >= 10
         fig = _twin_axes_figure(
             points, undefended,
-            ("mean selected-token rank under p_fuse (log)", lambda p: p.rank_mean, "mean rank"),
+            ("mean selected-token rank under p_fuse" + (" (log)" if log else ""), lambda p: p.rank_mean, "mean rank"),
             ("accuracy (%)", lambda p: 100 * p.accuracy, "accuracy"),
             f"Edge-side {policy} ({task}): token selection against the privacy weight "
-            f"(up to {items} items per point)", log_left=True)
-        fig.axes[0].set_ylim(bottom=0.9)
+            f"(up to {items} items per point)", log_left=log)
+        fig.axes[0].set_ylim(bottom=0.9 if log else 0.95)
         fig.axes[1].set_ylim(-3, 103)
         written += _save(fig, out, _stem("mechanism", task, mode, tasks))
     return written
