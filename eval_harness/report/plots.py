@@ -399,7 +399,8 @@ def mechanism_cloud(rows: Iterable[Mapping[str, Any]], out_dir: str | Path, *, p
 
 
 def mechanism_edge(rows: Iterable[Mapping[str, Any]], out_dir: str | Path, *, policy: str = "coveil") -> list[Path]:
-    """``mechanism_edge``: mean selected-token rank under ``p_fuse`` (left, log) and accuracy (right) against λ.
+    """``mechanism_edge``: mean selected-token rank under ``p_fuse`` (left; log from 10 up) and accuracy (right)
+    against λ.
 
     Mean rank pooled over steps (Σ ranks / steps; rank 1 is the full-fusion top).  Undefended as dotted lines.
     """
