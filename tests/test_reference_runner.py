@@ -9,15 +9,12 @@ from cloud_adapter.llm import TransformersLLM
 from edge_sdk.policies import CoVeil, DPLogit, Undefended
 from eval_harness.runners.reference import ItemRun, ReferenceRunner
 
-from tests.tiny_models import CORPUS, bpe_tokenizer, random_qwen
+from tests.tiny_models import CORPUS, tiny_pair
 
 
 @pytest.fixture(scope="module")
 def pair() -> tuple[TransformersLLM, TransformersLLM]:
-    tokenizer = bpe_tokenizer()
-    slm = TransformersLLM.from_loaded(random_qwen(tokenizer, output_rows=448, seed=41), tokenizer, "tiny-edge")
-    llm = TransformersLLM.from_loaded(random_qwen(tokenizer, output_rows=448, seed=42), tokenizer, "tiny-cloud")
-    return slm, llm
+    return tiny_pair()
 
 
 def items(policy_of) -> list[ItemRun]:  # noqa: ANN001

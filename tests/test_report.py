@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from eval_harness.report.tables import bootstrap_interval, csv_text, lines, markdown, table
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.cli_runs import decodeleak_in_fresh_process
+
 
 
 def row(item: str, policy: str, params: dict, correct: bool, token_er: float, release: float) -> dict:
@@ -56,13 +55,9 @@ def test_the_report_command_writes_markdown_and_csv(tmp_path: Path) -> None:
     results = tmp_path / "results.jsonl"
     results.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     out = tmp_path / "report"
-    code = ("import sys\nfrom eval_harness.cli.decodeleak import main\n"
-            f"code = main(['report', {str(results)!r}, '--out', {str(out)!r}])\n"
-            "heavy = [m for m in ('torch', 'transformers', 'llama_cpp') if m in sys.modules]\n"
-            "print('HEAVY', heavy)\nsys.exit(code)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    done, heavy = decodeleak_in_fresh_process(["report", str(results), "--out", str(out)])
     assert done.returncode == 0, done.stderr
-    assert "HEAVY []" in done.stdout  # the report reads rows only
+    assert heavy == []  # the report reads rows only
     assert (out / "tables.md").read_text().count("| medpriv |") == 4  # 2 settings x (paper, release) tables
     assert (out / "tables.csv").read_text().startswith("rules,task,mode,policy")
 

@@ -62,3 +62,14 @@ def random_qwen(tokenizer: Any, *, output_rows: int, seed: int) -> Any:
         eos_token_id=tokenizer.convert_tokens_to_ids(END), bos_token_id=None, pad_token_id=None,
     )
     return Qwen2ForCausalLM(config).eval()
+
+
+def tiny_pair(seeds: tuple[int, int] = (41, 42)) -> tuple[Any, Any]:
+    """An edge and a cloud :class:`~cloud_adapter.llm.TransformersLLM` over one tiny byte-level tokenizer
+    (random Qwen2 models, output matrices padded to 448 rows)."""
+    from cloud_adapter.llm import TransformersLLM
+
+    tokenizer = bpe_tokenizer()
+    edge, cloud = (random_qwen(tokenizer, output_rows=448, seed=seed) for seed in seeds)
+    return (TransformersLLM.from_loaded(edge, tokenizer, "tiny-edge"),
+            TransformersLLM.from_loaded(cloud, tokenizer, "tiny-cloud"))

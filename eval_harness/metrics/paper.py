@@ -114,17 +114,21 @@ def _index(trace: ExposureTrace, vocab: Vocabulary) -> list[tuple[_Bucket, _Buck
     """Per step: (word starts by first byte, whole pieces by first byte), each text → its best rank."""
     index = []
     specials = vocab.specials  # control tokens stand for no text
+    read: dict[int, tuple[bytes, set[bytes]]] = {}  # id → (its lower-cased bytes, their word starts), once per id
     for step in trace.steps:
         starts: _Bucket = {}
         pieces: _Bucket = {}
         for rank, token_id in enumerate(step, 1):
             if token_id in specials:
                 continue
-            data = _lower_bytes(vocab.piece_bytes(token_id))
+            if (known := read.get(token_id)) is None:
+                data = _lower_bytes(vocab.piece_bytes(token_id))
+                known = read[token_id] = (data, _word_starts(data))
+            data, word_starts = known
             if data:
                 bucket = pieces.setdefault(data[0], {})
                 bucket.setdefault(data, rank)
-            for start in _word_starts(data):
+            for start in word_starts:
                 bucket = starts.setdefault(start[0], {})
                 bucket.setdefault(start, rank)
         index.append((starts, pieces))

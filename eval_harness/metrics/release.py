@@ -81,7 +81,14 @@ def evidence(spans: Sequence[str], public_query: str, vocab: Vocabulary) -> Evid
 
 def token_ranks(trace: ExposureTrace, vocab: Vocabulary) -> dict[int, int]:
     """Ranks among each step's *content* ids, as the release counts its first k."""
-    return first_ranks((i for i in step if not is_filtered(vocab.piece(i))) for step in trace.steps)
+    filtered: dict[int, bool] = {}  # id → whether its text is filtered, read once per id
+
+    def content(token_id: int) -> bool:
+        if (out := filtered.get(token_id)) is None:
+            out = filtered[token_id] = is_filtered(vocab.piece(token_id))
+        return not out
+
+    return first_ranks([i for i in step if content(i)] for step in trace.steps)
 
 
 def word_cutoffs(words: frozenset[str], trace: ExposureTrace, vocab: Vocabulary) -> dict[str, int]:

@@ -3,18 +3,37 @@
 One figure per fusion mode, one panel per leakage metric the rows recorded: accuracy against the metric, every method of the
 mode as one curve over its swept parameter, the undefended point marked.  Labels name the swept value at
 each end of a curve only, offset away from the points, so none is written over another.
+
+Leakage against K (:func:`leakage_vs_k`, :func:`leakage_vs_k_methods`) and CoVeil's per-step mechanism
+(:func:`mechanism_cloud`, :func:`mechanism_edge`, :func:`rank_bins`; the rows' ``mechanism`` field, pooled
+over steps) follow the paper's "Sensitivity Analysis".  Legends sit outside the axes or in a free corner.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from eval_harness.report.tables import LEAKAGE_METRICS, lines
 
 TITLES = {"token_er@100": "Token-ER@100", "rouge1_er@100": "ROUGE1-ER@100", "span_er@100": "Span-ER@100",
           "auc@100": "AUC@100"}
+
+
+def _panel_grid(panels: int, size: tuple[float, float]) -> tuple[Any, Any]:
+    """A figure of ``panels`` axes, two per row, each ``size`` inches; the grid's spare axes hidden."""
+    plt = _pyplot()
+    columns = min(2, panels)
+    rows_n = -(-panels // columns)
+    fig, axes = plt.subplots(rows_n, columns, figsize=(size[0] * columns, size[1] * rows_n), squeeze=False)
+    for ax in axes.flat[panels:]:
+        ax.set_visible(False)
+    return fig, axes
 
 
 def _swept(params: Mapping[str, Any]) -> str:
@@ -38,11 +57,7 @@ def privacy_utility(rows: Iterable[Mapping[str, Any]], out_dir: str | Path, *, m
     for mode in dict.fromkeys(line.mode for line in grouped):
         # only the metrics the rows recorded: an empty panel would show axes of nothing
         shown = [m for m in metrics if any(line.values.get(m) for line in grouped if line.mode == mode)]
-        columns = min(2, len(shown))
-        rows_n = -(-len(shown) // columns)
-        fig, axes = plt.subplots(rows_n, columns, figsize=(5.6 * columns, 4.4 * rows_n), squeeze=False)
-        for ax in axes.flat[len(shown):]:
-            ax.set_visible(False)
+        fig, axes = _panel_grid(len(shown), (5.6, 4.4))
         for ax, metric in zip(axes.flat, shown):
             policies = dict.fromkeys(line.policy for line in grouped if line.mode == mode)
             for policy in policies:
@@ -73,4 +88,406 @@ def privacy_utility(rows: Iterable[Mapping[str, Any]], out_dir: str | Path, *, m
             fig.savefig(path, dpi=130)
             written.append(path)
         plt.close(fig)
+    return written
+
+
+# -- leakage against K, and CoVeil's per-step mechanism ------------------------------------------------------
+
+#: the recall metrics recorded at every K (row keys ``"<name>@<K>"``), and how a figure names them
+K_METRICS = {"token_er": "Token-ER", "rouge1_er": "ROUGE1-ER", "span_er": "Span-ER", "auc": "AUC"}
+#: how a swept parameter is written in a legend or on an axis
+PARAM_SYMBOLS = {"lam": "λ", "epsilon": "ε", "b": "B"}
+UNDEFENDED_STYLE = {"color": "black", "linestyle": "--", "marker": "*", "markersize": 9, "linewidth": 1.6}
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _setting(policy: str, params: Mapping[str, Any]) -> str:
+    """``"coveil λ=1.5"``: the policy and its parameters as a legend writes them."""
+    values = ", ".join(f"{PARAM_SYMBOLS.get(k, k)}={v}" for k, v in params.items())
+    return f"{policy} {values}".strip()
+
+
+def _swept_value(params: Mapping[str, Any]) -> float:
+    """The setting's (first) swept number, for ordering settings along a curve."""
+    numbers = [float(v) for v in params.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return numbers[0] if numbers else float("-inf")
+
+
+def _by_figure(rows: Iterable[Mapping[str, Any]],
+               mode: str | None = None) -> dict[tuple[str, str], list[Mapping[str, Any]]]:
+    """Rows grouped by (task, mode), in first-seen order (only ``mode`` when given)."""
+    grouped: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for row in rows:
+        if mode is None or row["mode"] == mode:
+            grouped.setdefault((row["task"], row["mode"]), []).append(row)
+    return grouped
+
+
+def _stem(name: str, task: str, mode: str, tasks: int) -> str:
+    """``name_mode``, or ``name_mode_task`` when the rows hold several tasks."""
+    return f"{name}_{mode}" + (f"_{task}" if tasks > 1 else "")
+
+
+def _save(fig: Any, out: Path, stem: str) -> list[Path]:
+    written = []
+    for ext in ("png", "pdf"):
+        path = out / f"{stem}.{ext}"
+        fig.savefig(path, dpi=130, bbox_inches="tight")
+        written.append(path)
+    _pyplot().close(fig)
+    return written
+
+
+def _recorded_ks(rows: Sequence[Mapping[str, Any]], suffix: str) -> list[int]:
+    """Every K some row gives Token-ER at (``token_er@<K><suffix>``), ascending."""
+    ks = set()
+    for row in rows:
+        for key in row["metrics"]:
+            name, _, rest = key.partition("@")
+            k, _, rules = rest.partition(":")
+            if name == "token_er" and k.isdigit() and (":" + rules if rules else "") == suffix:
+                ks.add(int(k))
+    return sorted(ks)
+
+
+def _k_curves(fig_title: str, curves: Sequence[tuple[str, Any, dict[str, Any]]], ks: Sequence[int]) -> Any:
+    """One panel per recall metric: each curve's mean (%) against K on a log axis; a shared legend at the right.
+
+    ``curves``: (legend label, :class:`~eval_harness.report.tables.Line` with ``"<metric>@<K>"`` values, style).
+    """
+    shown = [m for m in K_METRICS if any(line.values.get(f"{m}@{k}") for _, line, _ in curves for k in ks)]
+    fig, axes = _panel_grid(len(shown), (5.2, 3.9))
+    for ax, metric in zip(axes.flat, shown):
+        for label, line, style in curves:
+            points = [(k, 100 * line.mean(f"{metric}@{k}")) for k in ks if line.values.get(f"{metric}@{k}")]
+            if points:
+                ax.plot([k for k, _ in points], [v for _, v in points], label=label, **style)
+        ax.set_xscale("log")
+        ax.set_xticks(list(ks), [str(k) for k in ks])
+        ax.minorticks_off()
+        ax.set_xlabel("K: ids read per step (log scale)")
+        ax.set_ylabel(f"{K_METRICS[metric]}@K (%)")
+        top = ax.get_ylim()[1]
+        ax.set_ylim(-0.02 * top, top)  # a curve at 0% stays visible above the frame
+        ax.grid(alpha=0.3)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
+    fig.suptitle(fig_title)
+    fig.tight_layout()
+    return fig
+
+
+def _undefended_curves(grouped: Sequence[Any]) -> list[tuple[str, Any, dict[str, Any]]]:
+    """The undefended line(s) as :func:`_k_curves` draws them (black, dashed, stars)."""
+    return [("undefended", line, UNDEFENDED_STYLE) for line in grouped if line.policy == "undefended"]
+
+
+def _k_lines(rows: Sequence[Mapping[str, Any]], ks: Sequence[int], suffix: str) -> list[Any]:
+    return lines(rows, [f"{m}@{k}" for m in K_METRICS for k in ks], suffix=suffix)
+
+
+def leakage_vs_k(rows: Iterable[Mapping[str, Any]], out_dir: str | Path, *, policy: str = "coveil",
+                 suffix: str = "") -> list[Path]:
+    """``leakage_vs_k_<mode>``: every recall metric against K, one curve per setting of ``policy``, undefended marked.
+
+    Each point is the mean over the setting's items of ``<metric>@K``; curves are coloured along the
+    swept parameter (dark = smallest).
+    """
+    plt = _pyplot()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    groups = _by_figure(rows)
+    tasks = len({task for task, _ in groups})
+    written: list[Path] = []
+    for (task, mode), group in groups.items():
+        ks = _recorded_ks(group, suffix)
+        grouped = _k_lines(group, ks, suffix)
+        swept = sorted((line for line in grouped if line.policy == policy),
+                       key=lambda line: _swept_value(json.loads(line.params)))
+        if not ks or not swept:
+            continue
+        colours = plt.get_cmap("viridis")([0.8 * i / max(1, len(swept) - 1) for i in range(len(swept))])
+        curves = _undefended_curves(grouped)
+        curves += [(_setting(policy, json.loads(line.params)), line,
+                    {"color": colour, "marker": "o", "markersize": 3, "linewidth": 1.2})
+                   for line, colour in zip(swept, colours)]
+        items = max(line.items for _, line, _ in curves)
+        fig = _k_curves(f"{mode}-side fusion ({task}): leakage against K, {policy} per setting "
+                        f"(up to {items} items per point)", curves, ks)
+        written += _save(fig, out, _stem("leakage_vs_k", task, mode, tasks))
+    return written
+
+
+def representatives(grouped: Sequence[Any], *, match: str = "token_er@100", target: float | None = None,
+                    reference: str = "coveil") -> tuple[float, dict[str, Any]] | None:
+    """Each defended method's :class:`~eval_harness.report.tables.Line` whose mean ``match`` lies nearest the goal.
+
+    The goal is ``target`` (a fraction), else the median of ``reference``'s lines (of every defended line
+    when ``reference`` has none).  Returns ``(goal, {policy: line})``, or ``None`` without defended lines.
+    """
+    defended = [line for line in grouped if line.policy != "undefended" and line.values.get(match)]
+    if not defended:
+        return None
+    pool = [line for line in defended if line.policy == reference] or defended
+    goal = target if target is not None else float(np.median([line.mean(match) for line in pool]))
+    chosen: dict[str, Any] = {}
+    for line in defended:
+        best = chosen.get(line.policy)
+        if best is None or abs(line.mean(match) - goal) < abs(best.mean(match) - goal):
+            chosen[line.policy] = line
+    return goal, chosen
+
+
+def leakage_vs_k_methods(rows: Iterable[Mapping[str, Any]], out_dir: str | Path, *, match: str = "token_er@100",
+                         target: float | None = None, reference: str = "coveil", suffix: str = "") -> list[Path]:
+    """``leakage_vs_k_methods_<mode>``: every method at its setting nearest a matched leakage, against K.
+
+    Each method is drawn at the setting whose mean ``match`` metric lies nearest ``target`` (a fraction;
+    default: the median of ``reference``'s settings, or of every defended setting without it), so the
+    curves meet near ``match``'s K and show how each method's leakage grows past it.  Undefended is marked.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    groups = _by_figure(rows)
+    tasks = len({task for task, _ in groups})
+    written: list[Path] = []
+    metric_name, _, match_k = match.partition("@")
+    for (task, mode), group in groups.items():
+        ks = _recorded_ks(group, suffix)
+        grouped = [line for line in _k_lines(group, ks, suffix) if line.values.get(match)]
+        picked = representatives(grouped, match=match, target=target, reference=reference)
+        if not ks or picked is None:
+            continue
+        goal, chosen = picked
+        title = K_METRICS.get(metric_name, metric_name) + "@" + match_k
+        curves = _undefended_curves(grouped)
+        curves += [(f"{_setting(policy, json.loads(line.params))} ({title} {100 * line.mean(match):.1f}%)", line,
+                    {"marker": marker, "markersize": 4, "linewidth": 1.4})  # markers tell overlapping curves apart
+                   for (policy, line), marker in zip(chosen.items(), "osD^vP<>" * len(chosen))]
+        items = max(line.items for _, line, _ in curves)
+        fig = _k_curves(f"{mode}-side fusion ({task}): each method at the setting nearest {title} = {100 * goal:.1f}% "
+                        f"(up to {items} items per point)", curves, ks)
+        written += _save(fig, out, _stem("leakage_vs_k_methods", task, mode, tasks))
+    return written
+
+
+@dataclass
+class MechanismPoint:
+    """One setting's per-step mechanism, pooled over its items' steps (each step counts once)."""
+
+    params: Mapping[str, Any]
+    items: int
+    steps: int
+    zero_upload_steps: int | None
+    top1_agreement_steps: int
+    rank_sum: int
+    rank_bins: dict[str, int]
+    accuracy: float
+
+    @property
+    def zero_upload_ratio(self) -> float | None:
+        return None if self.zero_upload_steps is None else self.zero_upload_steps / self.steps
+
+    @property
+    def top1_agreement(self) -> float:
+        return self.top1_agreement_steps / self.steps
+
+    @property
+    def rank_mean(self) -> float:
+        return self.rank_sum / self.steps
+
+
+def mechanism_points(rows: Iterable[Mapping[str, Any]], policy: str) -> list[MechanismPoint]:
+    """``policy``'s settings among ``rows`` (one task and mode) with their pooled mechanism, by swept value.
+
+    Rows without a ``mechanism`` (or with no steps) are left out.
+    """
+    pooled: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        if row["policy"] == policy and row.get("mechanism") and row["mechanism"]["steps"]:
+            pooled.setdefault(json.dumps(row.get("params", {}), sort_keys=True), []).append(row)
+    points = []
+    for params, group in pooled.items():
+        mechs = [row["mechanism"] for row in group]
+        zero = [m["zero_upload_steps"] for m in mechs]
+        bins: dict[str, int] = {}
+        for m in mechs:
+            for label, count in m["rank_bins"].items():
+                bins[label] = bins.get(label, 0) + count
+        points.append(MechanismPoint(
+            params=json.loads(params), items=len(group), steps=sum(m["steps"] for m in mechs),
+            zero_upload_steps=None if any(z is None for z in zero) else sum(zero),
+            top1_agreement_steps=sum(m["top1_agreement_steps"] for m in mechs),
+            rank_sum=sum(m["rank_sum"] for m in mechs), rank_bins=bins,
+            accuracy=sum(bool(row["correct"]) for row in group) / len(group)))
+    return sorted(points, key=lambda p: _swept_value(p.params))
+
+
+def _twin_axes_figure(points: Sequence[MechanismPoint], undefended: MechanismPoint | None,
+                      left: tuple[str, Any, str], right: tuple[str, Any, str], title: str, *,
+                      log_left: bool = False) -> Any:
+    """Two quantities against the swept parameter (evenly spaced), left and right axes, undefended as lines.
+
+    ``left``/``right``: (axis label, ``point → value`` in the plotted unit, legend label).
+    """
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.2, 4.2))
+    twin = ax.twinx()
+    xs = list(range(len(points)))
+    handles = []
+    for axis, (label, value, legend), colour, marker in ((ax, left, "tab:blue", "o"), (twin, right, "tab:orange", "s")):
+        (art,) = axis.plot(xs, [value(p) for p in points], color=colour, marker=marker, linewidth=1.6, label=legend)
+        handles.append(art)
+        axis.set_ylabel(label, color=colour)
+        axis.tick_params(axis="y", colors=colour)
+        if undefended is not None:
+            handles.append(axis.axhline(value(undefended), color=colour, linestyle=":", linewidth=1.3,
+                                        label=f"{legend}, undefended"))
+    if log_left:
+        from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))  # 1, 2, 5, 10, 20, ... written out
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    names = {k for p in points for k in p.params}
+    symbol = ", ".join(PARAM_SYMBOLS.get(k, k) for k in sorted(names)) or "setting"
+    ax.set_xticks(xs, [", ".join(str(v) for v in p.params.values()) for p in points])
+    ax.set_xlabel(f"{symbol} (privacy weight; settings evenly spaced)")
+    ax.grid(alpha=0.3)
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize=8, frameon=False)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def mechanism_cloud(rows: Iterable[Mapping[str, Any]], out_dir: str | Path, *, policy: str = "coveil") -> list[Path]:
+    """``mechanism_cloud``: zero-upload ratio (left) and top-1 agreement with full fusion (right) against λ.
+
+    Pooled over steps: zero-upload ratio = steps uploading no SLM value / steps; top-1 agreement = steps
+    whose token is ``argmax(α p_L + (1-α) p_S)`` / steps.  Undefended drawn as dotted lines.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    groups = _by_figure(rows, "cloud")
+    tasks = len({task for task, _ in _by_figure(rows)})
+    written: list[Path] = []
+    for (task, mode), group in groups.items():
+        points = [p for p in mechanism_points(group, policy) if p.zero_upload_steps is not None]
+        if not points:
+            continue
+        undefended = next(iter(mechanism_points(group, "undefended")), None)
+        items = max(p.items for p in points)
+        fig = _twin_axes_figure(
+            points, undefended,
+            ("zero-upload steps (% of steps)", lambda p: 100 * p.zero_upload_ratio, "zero-upload ratio"),
+            ("top-1 agreement with full fusion (% of steps)", lambda p: 100 * p.top1_agreement, "top-1 agreement"),
+            f"Cloud-side {policy} ({task}): upload decisions against the privacy weight "
+            f"(up to {items} items per point)")
+        for axis in fig.axes[:2]:
+            axis.set_ylim(-3, 103)
+        written += _save(fig, out, _stem("mechanism", task, mode, tasks))
+    return written
+
+
+def mechanism_edge(rows: Iterable[Mapping[str, Any]], out_dir: str | Path, *, policy: str = "coveil") -> list[Path]:
+    """``mechanism_edge``: mean selected-token rank under ``p_fuse`` (left; log from 10 up) and accuracy (right)
+    against λ.
+
+    Mean rank pooled over steps (Σ ranks / steps; rank 1 is the full-fusion top).  Undefended as dotted lines.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    groups = _by_figure(rows, "edge")
+    tasks = len({task for task, _ in _by_figure(rows)})
+    written: list[Path] = []
+    for (task, mode), group in groups.items():
+        points = mechanism_points(group, policy)
+        if not points:
+            continue
+        undefended = next(iter(mechanism_points(group, "undefended")), None)
+        items = max(p.items for p in points)
+        # a log axis once the ranks span a decade (the paper's grid reaches ~50); below that it shows one tick
+        log = max(p.rank_mean for p in points) >= 10
+        fig = _twin_axes_figure(
+            points, undefended,
+            ("mean selected-token rank under p_fuse" + (" (log)" if log else ""), lambda p: p.rank_mean, "mean rank"),
+            ("accuracy (%)", lambda p: 100 * p.accuracy, "accuracy"),
+            f"Edge-side {policy} ({task}): token selection against the privacy weight "
+            f"(up to {items} items per point)", log_left=log)
+        fig.axes[0].set_ylim(bottom=0.9 if log else 0.95)
+        fig.axes[1].set_ylim(-3, 103)
+        written += _save(fig, out, _stem("mechanism", task, mode, tasks))
+    return written
+
+
+def matched_pair(rows: Sequence[Mapping[str, Any]], policy: str, against: str, *, match: str = "token_er@100",
+                 suffix: str = "") -> tuple[tuple[MechanismPoint, float], tuple[MechanismPoint, float]] | None:
+    """The setting of ``policy`` and the setting of ``against`` whose mean ``match`` metrics lie nearest each
+    other (rows of one task and mode), each with that mean; ``None`` unless both have rows with a mechanism."""
+    leak = {(line.policy, line.params): line.mean(match) for line in lines(rows, [match], suffix=suffix)
+            if line.values.get(match)}
+
+    def scored(name: str) -> list[tuple[MechanismPoint, float]]:
+        return [(p, leak[(name, json.dumps(p.params, sort_keys=True))]) for p in mechanism_points(rows, name)
+                if (name, json.dumps(p.params, sort_keys=True)) in leak]
+
+    ours, theirs = scored(policy), scored(against)
+    if not ours or not theirs:
+        return None
+    return min(((x, y) for x in ours for y in theirs), key=lambda pair: abs(pair[0][1] - pair[1][1]))
+
+
+def rank_bins(rows: Iterable[Mapping[str, Any]], out_dir: str | Path, *, policy: str = "coveil",
+              against: str = "invisible_ink", match: str = "token_er@100", suffix: str = "") -> list[Path]:
+    """``rank_bins_edge``: selected-token ranks under ``p_fuse`` in bins, ``policy`` vs ``against`` at matched leakage.
+
+    The pair of settings from :func:`matched_pair`; bars give the share of all their steps in each rank bin
+    (1, 2-5, 6-50, >50); undefended alongside when present.  Nothing is drawn unless both methods have
+    edge-side rows with a ``mechanism``.
+    """
+    plt = _pyplot()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    groups = _by_figure(rows, "edge")
+    tasks = len({task for task, _ in _by_figure(rows)})
+    metric_name, _, match_k = match.partition("@")
+    title_metric = K_METRICS.get(metric_name, metric_name) + "@" + match_k
+    written: list[Path] = []
+    for (task, mode), group in groups.items():
+        pair = matched_pair(group, policy, against, match=match, suffix=suffix)
+        if pair is None:
+            continue
+        (a, leak_a), (b, leak_b) = pair
+        bars = [(f"{_setting(policy, a.params)} ({title_metric} {100 * leak_a:.1f}%)", a, "tab:blue"),
+                (f"{_setting(against, b.params)} ({title_metric} {100 * leak_b:.1f}%)", b, "tab:orange")]
+        undefended = next(iter(mechanism_points(group, "undefended")), None)
+        if undefended is not None:
+            bars.append(("undefended", undefended, "0.55"))
+        labels = list(a.rank_bins)
+        fig, ax = plt.subplots(figsize=(7.2, 4.2))
+        width = 0.8 / len(bars)
+        for i, (label, point, colour) in enumerate(bars):
+            xs = [j + (i - (len(bars) - 1) / 2) * width for j in range(len(labels))]
+            shares = [100 * point.rank_bins.get(bin_, 0) / point.steps for bin_ in labels]
+            drawn = ax.bar(xs, shares, width, color=colour, label=label)
+            ax.bar_label(drawn, fmt="%.1f", fontsize=7, padding=1)
+        ax.set_xticks(range(len(labels)), [f"rank {bin_}" for bin_ in labels])
+        ax.set_xlabel("selected token's rank under p_fuse (1 = the full-fusion top token)")
+        ax.set_ylabel("share of decoding steps (%)")
+        ax.set_ylim(0, 112)  # room for the value labels above a bar at 100%
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=8, loc="upper right", frameon=False)
+        ax.set_title(f"Edge-side ({task}): selected-token ranks at matched {title_metric} "
+                     f"({a.items} and {b.items} items)", fontsize=10)
+        fig.tight_layout()
+        written += _save(fig, out, _stem("rank_bins", task, mode, tasks))
     return written

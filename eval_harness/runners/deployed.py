@@ -76,6 +76,11 @@ class LocalAdapter:
         self.address = f"127.0.0.1:{port}"
         self.credentials = Credentials(token=token, plaintext=True)
 
+    def mechanism(self, item: ItemRun, result: GenerationResult, *, mode: str, alpha: float) -> None:
+        """Not measured here: the audit of a deployment reads what crossed the wire, and full-fusion decisions
+        need both models' full rows in one process (the reference runner's teacher-forced pass)."""
+        return None
+
     def close(self) -> None:
         """Stop the server (sessions still open get a second to finish) and the batcher."""
         self._server.stop(1.0).wait()

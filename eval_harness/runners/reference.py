@@ -7,6 +7,9 @@ thread of its own.  Both models sit behind a
 cloud engine, the SLM through :class:`BatchedSLM`, so the steps of the items
 in flight run as one padded forward per model, each with its KV cache, not
 one item at a time without a cache as the authors' release does.
+
+:meth:`ReferenceRunner.mechanism` measures a finished item's per-step
+decisions against full fusion (:mod:`eval_harness.runners.mechanism`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from cloud_adapter.limits import Limits
 from cloud_adapter.llm import TransformersLLM, TransformersSLM
 from cloud_adapter.runners import StepBatcher
 from edge_sdk.client import EdgeClient, GenerationResult
+from edge_sdk.prompts import plain_prompts
 from edge_sdk.policies import Policy
+from eval_harness.runners import mechanism
 
 
 class BatchedSLM(TransformersSLM):
@@ -104,6 +109,7 @@ class ReferenceRunner:
         limits = Limits(max_sessions=concurrency, max_sessions_per_client=concurrency)
         self.engine = CloudEngine(llm, limits, runner=self._llm_batcher, exposure_k=1000)
         self._tokenizer_lock = threading.Lock()
+        self._mechanism_lock = threading.Lock()  # one teacher-forced pass at a time (each holds [T, V] rows)
 
     @property
     def policy_backend(self) -> BatchedSLM:
@@ -141,6 +147,32 @@ class ReferenceRunner:
 
         with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="reference-item") as pool:
             return list(pool.map(one, runs))
+
+    def mechanism(self, item: ItemRun, result: GenerationResult, *, mode: str, alpha: float) -> dict[str, Any]:
+        """The item's per-step mechanism statistics (:func:`eval_harness.runners.mechanism.summarise`).
+
+        One teacher-forced forward of each model over its prompt and ``result``'s tokens gives both full
+        rows at every step (see :mod:`eval_harness.runners.mechanism` for what that recomputation can
+        differ in); zero uploads are read off the ledger.  Safe to call from ``on_result`` while other
+        items decode: the pass reads the models' weights only, never a decoding sequence's cache.
+        """
+        tokens = list(result.token_ids)
+        slm, llm = self.slm_model, self.llm
+        with self._tokenizer_lock:
+            prompts = plain_prompts(slm, item.public_prompt, item.private_context)
+            slm_prompt, cloud_prompt = list(prompts.slm_ids), list(prompts.cloud_ids)
+            # the loop asks its stopping rule before each step, about the text decoded so far
+            end_allowed = [item.stopping is None or item.stopping.allows_end(slm.detokenize(tokens[:t]))
+                           for t in range(len(tokens))]
+        with self._mechanism_lock:
+            slm_rows = mechanism.teacher_forced_logits(slm.model, slm_prompt, tokens, slm.vocab_size)
+            llm_rows = mechanism.teacher_forced_logits(llm.model, cloud_prompt, tokens, llm.vocab_size)
+            full_top, ranks = mechanism.step_decisions(
+                slm_rows, llm_rows.to(slm_rows.device), tokens, alpha=alpha, space=item.policy.space,
+                end_allowed=end_allowed, stop_ids=slm.eos_token_ids | llm.eos_token_ids)
+            del slm_rows, llm_rows
+        uploads = [entry.values_uploaded for entry in result.ledger.entries] if mode == "cloud" else None
+        return mechanism.summarise(tokens, full_top, ranks, uploads)
 
     def close(self) -> None:
         self._slm_batcher.close()

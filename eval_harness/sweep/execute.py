@@ -31,8 +31,8 @@ from eval_harness.runners.reference import ItemRun, ReferenceRunner
 from eval_harness.sweep.grid import Setting, row_key, shard, sweep_units
 from eval_harness.sweep.store import RowStore
 
-#: the cutoffs K each row's DecodeLeak metrics are given at
-METRIC_KS = (10, 50, 100)
+#: the cutoffs K each row's DecodeLeak metrics are given at (the leakage-vs-K curves; the sweep records K = 1000)
+METRIC_KS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 SEED_POLICY = ("randomised policies draw from numpy's default_rng(SeedSequence([seed, setting key, item id])): "
                "reproducible in-process audits; the SDK itself seeds from OS entropy")
 
@@ -68,8 +68,11 @@ def result_row(
     protocol: DecodingProtocol,
     vocab: Vocabulary,
     metadata: Mapping[str, Any],
+    mechanism: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One JSONL row: the setting, the item, accuracy, DecodeLeak metrics in both rule sets, and the metadata.
+    """One JSONL row: the setting, the item, accuracy, DecodeLeak metrics in both rule sets at every
+    :data:`METRIC_KS` cutoff the trace recorded, the per-step ``mechanism`` statistics
+    (:meth:`ReferenceRunner.mechanism`; ``None`` when not measured), and the metadata.
 
     The metrics read the edge's ledger, or for an audited result of the deployed stack the cloud's own
     transcript (the row's ``audit`` says which, and whether the two agree; where they do not, the
@@ -107,6 +110,7 @@ def result_row(
         "bytes_up": result.ledger.bytes_up,
         "bytes_down": result.ledger.bytes_down,
         **extra,
+        "mechanism": dict(mechanism) if mechanism is not None else None,
         **metadata,
     }
 
@@ -130,6 +134,9 @@ class Runner(Protocol):
     def run(self, runs: Sequence[ItemRun], *, mode: str, alpha: float, max_new_tokens: int,
             on_result: Callable[[ItemRun, GenerationResult], None] | None = None,
             exposure_k: int = 100) -> Sequence[GenerationResult]: ...
+
+    def mechanism(self, item: ItemRun, result: GenerationResult, *, mode: str,
+                  alpha: float) -> Mapping[str, Any] | None: ...
 
 
 @dataclass(frozen=True)
@@ -224,8 +231,9 @@ def run_sweep(
 
         def finished(run: ItemRun, result: GenerationResult, setting: Setting = setting) -> None:
             nonlocal written
+            mechanism = runner.mechanism(run, result, mode=setting.mode, alpha=setting.alpha)
             row = result_row(setting, by_id[setting.task][run.item_id], result, protocol=protocol, vocab=vocab,
-                             metadata=metadata)
+                             metadata=metadata, mechanism=mechanism)
             with lock:
                 store.append(row)
                 written += 1
