@@ -29,6 +29,40 @@ def _param(text: str) -> tuple[str, float | int]:
     return name, int(number) if number.is_integer() and "." not in value else number
 
 
+def _inversion(text: str) -> str:
+    if text in ("none", "local") or text.startswith(("http://", "https://")):
+        return text
+    raise argparse.ArgumentTypeError(f"--inversion takes none, local or an http(s) URL, got {text!r}")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _inversion_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "inversion attack", "DecodeLeak's second stage: after an item is decoded, an attacker LLM reconstructs its "
+        "private context from the public prompt and the exposure sequence (nothing else), scored by ROUGE-1 "
+        "recall/F1 into the row's 'inversion' field. A re-run skips rows already written, with or without it.")
+    group.add_argument("--inversion", type=_inversion, default="none", metavar="none|local|URL",
+                       help="none (default); local: the run's cloud LLM (as the paper), batched; or an "
+                            "OpenAI-compatible endpoint, e.g. http://127.0.0.1:8080/v1")
+    group.add_argument("--inversion-model", metavar="NAME", help="the model name the endpoint serves (with a URL)")
+    group.add_argument("--inversion-key-env", default="OPENAI_API_KEY", metavar="VAR",
+                       help="the environment variable holding the endpoint's key (default: OPENAI_API_KEY)")
+    group.add_argument("--inversion-k", type=_positive, default=100, metavar="K",
+                       help="top-K ids of each step shown to the attacker (default: 100, the paper's)")
+    group.add_argument("--inversion-max-tokens", type=_positive, default=256, metavar="N",
+                       help="the most tokens one reconstruction may take (default: 256)")
+    group.add_argument("--inversion-batch", type=_positive, default=8, metavar="N",
+                       help="local: observations per batched generate call; URL: requests in flight (default: 8)")
+    group.add_argument("--inversion-cache", type=Path, metavar="DIR",
+                       help="where endpoint calls are cached (default: $COVEIL_CACHE_DIR/llm-calls)")
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, metavar="FILE",
                         help="a JSON file of option defaults ({\"limit\": 20, \"tasks\": \"medpriv,commpriv\"}); "
@@ -46,6 +80,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
                         help="both models' dtype (auto: bf16 where the hardware has native kernels)")
     parser.add_argument("-v", "--verbose", action="store_true", help="show the full traceback of an error")
+    _inversion_options(parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -176,6 +211,8 @@ def execute(args: argparse.Namespace) -> int:
     from eval_harness.sweep.store import ResultStore
 
     shard_of = parse_shard(args.shard)
+    if args.inversion.startswith("http") and not args.inversion_model:
+        raise ValueError("--inversion URL needs --inversion-model NAME (the model the endpoint serves)")
     if args.command == "sweep":
         settings = expand(load_grids(args.grid), args.tasks, modes=args.modes, policies=args.policies)
     else:
@@ -192,12 +229,32 @@ def execute(args: argparse.Namespace) -> int:
         from eval_harness.sweep.execute import run_sweep
 
         outcome = run_sweep(settings, items, runner, store, protocol=protocol, vocab=vocab, metadata=metadata,
-                            seed=args.seed, shard_of=shard_of, on_row=lambda row: progress.advance(bar))
+                            seed=args.seed, shard_of=shard_of, on_row=lambda row: progress.advance(bar),
+                            inversion=_attacker(args, runner))
         progress.update(bar, total=outcome.pending, completed=outcome.written)
     print(f"{outcome.written} rows written to {args.out}; {outcome.skipped} already there; "
           f"{len(settings)} settings x {', '.join(f'{len(v)} {k}' for k, v in items.items())} items "
-          f"(shard {args.shard})")
+          f"(shard {args.shard})" + ("" if args.inversion == "none" else f"; inversion by {args.inversion}"))
     return 0
+
+
+def _attacker(args: argparse.Namespace, runner):  # noqa: ANN001, ANN202
+    """The inversion attacker the options ask for (``None`` for ``--inversion none``)."""
+    from edge_sdk.leakage import piece_reader
+    from eval_harness.attacks.inversion import EndpointInversion, TransformersInversion
+
+    if args.inversion == "none":
+        return None
+    piece = piece_reader(runner.llm.tokenizer)  # the shared vocabulary the exposure ids are in
+    if args.inversion == "local":
+        return TransformersInversion(runner.llm, piece, k=args.inversion_k, max_new_tokens=args.inversion_max_tokens,
+                                     batch_size=args.inversion_batch)
+    from eval_harness.llm.client import ChatClient
+
+    client = ChatClient(args.inversion, args.inversion_model, api_key_env=args.inversion_key_env,
+                        cache_dir=args.inversion_cache if args.inversion_cache is not None else "default")
+    return EndpointInversion(client, piece, k=args.inversion_k, max_new_tokens=args.inversion_max_tokens,
+                             parallel=args.inversion_batch)
 
 
 def _reference(args: argparse.Namespace, protocol):  # noqa: ANN001, ANN202

@@ -22,6 +22,7 @@ import numpy as np
 
 from edge_sdk.client import GenerationResult
 from edge_sdk.policies import make_policy, policy_class
+from eval_harness.attacks.inversion import CloudObservation, InversionAttack, inversion_cell
 from eval_harness.datasets import DecodeLeakItem
 from eval_harness.metrics import Vocabulary, evidence_counts, evidence_recall
 from eval_harness.protocol import DecodingProtocol
@@ -66,8 +67,10 @@ def result_row(
     protocol: DecodingProtocol,
     vocab: Vocabulary,
     metadata: Mapping[str, Any],
+    inversion: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One JSONL row: the setting, the item, accuracy, DecodeLeak metrics in both rule sets, and the metadata."""
+    """One JSONL row: the setting, the item, accuracy, DecodeLeak metrics in both rule sets, the inversion
+    attack's result (``None`` when it was not run), and the metadata."""
     trace = result.ledger.exposure_trace()
     ks = [k for k in METRIC_KS if k <= trace.k]
     metrics: dict[str, float] = {}
@@ -97,6 +100,7 @@ def result_row(
         "full_requests": result.ledger.full_requests,
         "bytes_up": result.ledger.bytes_up,
         "bytes_down": result.ledger.bytes_down,
+        "inversion": None if inversion is None else dict(inversion),
         **metadata,
     }
 
@@ -108,6 +112,15 @@ class SweepOutcome:
     pending: int  # pairs this shard had left when it started
     written: int  # rows written now
     skipped: int  # pairs already in the store
+
+
+def cloud_observation(run: ItemRun, result: GenerationResult) -> CloudObservation:
+    """What the cloud observed of one item: the public prompt it was sent and the exposure sequence.
+
+    The exposure is the edge ledger's record, equal to the cloud's transcript (``tests/test_edge_sdk.py``) and
+    the trace the row's metrics score.  Nothing private goes in: the attack's input is built here only.
+    """
+    return CloudObservation(run.public_prompt, result.ledger.exposure_trace())
 
 
 def run_sweep(
@@ -122,8 +135,14 @@ def run_sweep(
     seed: int = 0,
     shard_of: tuple[int, int] = (0, 1),
     on_row: Callable[[dict[str, Any]], None] | None = None,
+    inversion: InversionAttack | None = None,
 ) -> SweepOutcome:
-    """Every (setting, item) of this shard not yet in ``store``, setting by setting, items of a setting at once."""
+    """Every (setting, item) of this shard not yet in ``store``, setting by setting, items of a setting at once.
+
+    With an ``inversion`` attacker, a setting's items are decoded in waves of ``4 x max(concurrency,
+    attacker batch)``; once a wave is decoded the attacker reconstructs its items (in its batches) and each
+    row is written as soon as it is scored.  An interrupted wave leaves its unwritten items to the re-run.
+    """
     by_id = {task: {item.item_id: item for item in task_items} for task, task_items in items.items()}
     units = [(s, item.item_id) for s in settings for item in items[s.task]]
     mine = list(shard(units, *shard_of))
@@ -133,6 +152,16 @@ def run_sweep(
     grouped: dict[str, tuple[Setting, list[str]]] = {}
     for s, item_id in pending:  # in grid order, each setting once
         grouped.setdefault(s.key, (s, []))[1].append(item_id)
+
+    def write(row: dict[str, Any]) -> None:
+        nonlocal written
+        with lock:
+            store.append(row)
+            written += 1
+        if on_row is not None:
+            on_row(row)
+
+    exposure_k = max(max(METRIC_KS), inversion.k if inversion is not None else 0)
     for setting, item_ids in grouped.values():
         runs = []
         policy = make_policy(setting.policy, backend=runner.policy_backend, **setting.params)  # stateless: shared
@@ -141,17 +170,24 @@ def run_sweep(
             runs.append(ItemRun(item_id, protocol.public_prompt(item), item.private_context, policy,
                                 rng=item_rng(seed, setting, item_id), stopping=protocol.stopping(item)))
 
-        def finished(run: ItemRun, result: GenerationResult, setting: Setting = setting) -> None:
-            nonlocal written
-            row = result_row(setting, by_id[setting.task][run.item_id], result, protocol=protocol, vocab=vocab,
-                             metadata=metadata)
-            with lock:
-                store.append(row)
-                written += 1
-            if on_row is not None:
-                on_row(row)
+        def row_of(run: ItemRun, result: GenerationResult, setting: Setting = setting,
+                   scored: Mapping[str, Any] | None = None) -> dict[str, Any]:
+            return result_row(setting, by_id[setting.task][run.item_id], result, protocol=protocol, vocab=vocab,
+                              metadata=metadata, inversion=scored)
 
-        runner.run(runs, mode=setting.mode, alpha=setting.alpha, max_new_tokens=protocol.max_new_tokens,
-                   on_result=finished, exposure_k=max(METRIC_KS))
+        decode = dict(mode=setting.mode, alpha=setting.alpha, max_new_tokens=protocol.max_new_tokens,
+                      exposure_k=exposure_k)
+        if inversion is None:
+            runner.run(runs, on_result=lambda run, result: write(row_of(run, result)), **decode)
+            continue
+        wave = 4 * max(runner.concurrency, getattr(inversion, "batch_size", 1))
+        for start in range(0, len(runs), wave):
+            decoded: list[tuple[ItemRun, GenerationResult]] = []
+            runner.run(runs[start:start + wave], on_result=lambda run, result: decoded.append((run, result)),
+                       **decode)
+            observations = [cloud_observation(run, result) for run, result in decoded]
+            for index, reconstruction in inversion.reconstruct_each(observations):
+                run, result = decoded[index]
+                truth = by_id[setting.task][run.item_id].private_context
+                write(row_of(run, result, scored=inversion_cell(inversion, reconstruction, truth)))
     return SweepOutcome(pending=len(pending), written=written, skipped=len(mine) - len(pending))
-
