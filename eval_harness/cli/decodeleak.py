@@ -103,17 +103,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--alpha", type=float, default=0.3, help="the cloud LLM's fusion weight (default: 0.3)")
     _common(run)
     report = commands.add_parser("report", help="the paper's tables from result files",
-                                 description="Tables per fusion mode and setting (item counts, accuracy, "
-                                             "Token/ROUGE1/Span-ER@100 and AUC@100 with 95%% bootstrap intervals), "
-                                             "by the paper's rules and by the release's, as Markdown and CSV.")
+                                 description="The undefended DecodeLeak table (the paper's Table 1) and tables "
+                                             "per fusion mode and setting (item counts, accuracy, "
+                                             "Token/ROUGE1/Span-ER@100 and AUC@100, and the inversion's ROUGE-1 "
+                                             "recall/F1 where rows have it, with 95%% bootstrap intervals), by the "
+                                             "paper's rules and by the release's, as Markdown and CSV.")
     report.add_argument("results", nargs="+", type=Path, help="JSONL result files (shards are merged)")
     report.add_argument("--out", type=Path, default=Path("runs/decodeleak/report"),
-                        help="where tables.md and tables.csv are written")
+                        help="where tables.md, tables.csv and undefended.csv are written")
     report.add_argument("-v", "--verbose", action="store_true", help="show the full traceback of an error")
     plot = commands.add_parser("plot", help="privacy-utility figures from result files",
                                description="Accuracy against each leakage metric at K = 100, every method of a "
                                            "fusion mode as a curve over its swept parameter, undefended marked "
-                                           "(PNG and PDF per mode).")
+                                           "(PNG and PDF per mode); where rows carry the inversion attack, "
+                                           "accuracy against its ROUGE-1 recall too (per task and mode).")
     plot.add_argument("results", nargs="+", type=Path, help="JSONL result files (shards are merged)")
     plot.add_argument("--out", type=Path, default=Path("runs/decodeleak/plots"), help="where the figures go")
     plot.add_argument("--rules", choices=["paper", "release"], default="paper", help="which metric rules to plot")
@@ -167,14 +170,21 @@ def main(argv: list[str] | None = None) -> int:
 
 def write_report(args: argparse.Namespace) -> int:
     """``decodeleak report``: reads rows only (no model library is imported)."""
-    from eval_harness.report.tables import csv_text, markdown, table
+    from eval_harness.report.tables import csv_text, markdown, metrics_recorded, table, undefended_table
     from eval_harness.sweep.store import read_rows
 
     rows = list(read_rows(args.results))
-    sections, csv_parts = [], []
+    metrics = metrics_recorded(rows)
+    sections, csv_parts, undefended_csv = [], [], []
     for rules, suffix in (("paper", ""), ("release", ":release")):
+        cells = undefended_table(rows, suffix=suffix)
+        if cells:
+            sections.append(markdown(cells, f"## Undefended DecodeLeak (the paper's Table 1) by the {rules}'s rules "
+                                            "(mean [95% bootstrap interval], %; inversion: ROUGE-1 of the "
+                                            "reconstructed private context)"))
+            undefended_csv.append(csv_text([{"rules": rules, **c} for c in cells]))
         for mode in FUSION_MODES:
-            cells = table([r for r in rows if r["mode"] == mode], suffix=suffix)
+            cells = table([r for r in rows if r["mode"] == mode], metrics=metrics, suffix=suffix)
             if cells:
                 sections.append(markdown(cells, f"## {mode}-side fusion, DecodeLeak by the {rules}'s rules "
                                                 "(mean [95% bootstrap interval], %)"))
@@ -182,18 +192,26 @@ def write_report(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     text = f"# DecodeLeak report: {len(rows)} rows from {len(args.results)} file(s)\n\n" + "\n".join(sections)
     (args.out / "tables.md").write_text(text)
-    header, *body = "".join(csv_parts).splitlines(keepends=True) or [""]
-    (args.out / "tables.csv").write_text(header + "".join(line for line in body if not line.startswith("rules,")))
+    (args.out / "tables.csv").write_text(_join_csv(csv_parts))
+    (args.out / "undefended.csv").write_text(_join_csv(undefended_csv))
     print(text)
     return 0
 
 
+def _join_csv(parts: list[str]) -> str:
+    """CSV texts of one header joined under that header once."""
+    header, *body = "".join(parts).splitlines(keepends=True) or [""]
+    return header + "".join(line for line in body if line != header)
+
+
 def write_plots(args: argparse.Namespace) -> int:
     """``decodeleak plot``: reads rows only."""
-    from eval_harness.report.plots import privacy_utility
+    from eval_harness.report.plots import inversion_tradeoff, privacy_utility
     from eval_harness.sweep.store import read_rows
 
-    paths = privacy_utility(list(read_rows(args.results)), args.out, suffix="" if args.rules == "paper" else ":release")
+    rows = list(read_rows(args.results))
+    paths = privacy_utility(rows, args.out, suffix="" if args.rules == "paper" else ":release")
+    paths += inversion_tradeoff(rows, args.out)
     print("\n".join(str(p) for p in paths) or "no rows: nothing to plot")
     return 0
 
