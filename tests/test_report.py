@@ -51,14 +51,21 @@ def test_cells_carry_the_mean_its_interval_and_the_item_count() -> None:
     assert csv_text(cells).splitlines()[0].startswith("task,mode,policy,params,items,accuracy")
 
 
-def test_the_report_command_writes_markdown_and_csv(tmp_path: Path) -> None:
+def report_in_a_fresh_process(rows: list[dict], tmp_path: Path) -> Path:
+    """``decodeleak report`` over ``rows`` in its own interpreter; checks it imported no model library."""
     results = tmp_path / "results.jsonl"
-    results.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "report"
     done, heavy = decodeleak_in_fresh_process(["report", str(results), "--out", str(out)])
     assert done.returncode == 0, done.stderr
     assert heavy == []  # the report reads rows only
-    assert (out / "tables.md").read_text().count("| medpriv |") == 4  # 2 settings x (paper, release) tables
+    return out
+
+
+def test_the_report_command_writes_markdown_and_csv(tmp_path: Path) -> None:
+    out = report_in_a_fresh_process(ROWS, tmp_path)
+    # (2 settings in the cloud-side table + the undefended table's one line) x (paper, release) rules
+    assert (out / "tables.md").read_text().count("| medpriv |") == 6
     assert (out / "tables.csv").read_text().startswith("rules,task,mode,policy")
 
 
@@ -81,3 +88,118 @@ def test_the_plot_command_draws_one_figure_per_mode(tmp_path: Path) -> None:
     for mode in ("cloud", "edge"):
         for ext in ("png", "pdf"):
             assert (tmp_path / "plots" / f"privacy_utility_{mode}.{ext}").stat().st_size > 10_000
+
+
+def scored(item: str, mode: str, policy: str, params: dict, correct: bool, metrics: dict,
+           inversion: tuple[float, float] | None) -> dict:
+    """A row as a sweep with the inversion attack writes it (``inversion`` null when the attack did not run)."""
+    return {"key": f"{mode}-{policy}-{json.dumps(params)}-{item}", "task": "medpriv", "mode": mode, "policy": policy,
+            "params": params, "item": item, "correct": correct, "metrics": metrics,
+            "inversion": None if inversion is None else {"attacker": "local:test", "k": 100, "recall": inversion[0],
+                                                         "f1": inversion[1], "reconstruction": "..."}}
+
+
+FULL = {"token_er@100": 0.5, "rouge1_er@100": 0.4, "span_er@100": 0.2, "auc@100": 0.3}
+INVERSION_ROWS = [
+    scored("a", "cloud", "undefended", {}, True, FULL, (0.4, 0.3)),
+    scored("b", "cloud", "undefended", {}, False, {"token_er@100": 0.7, "rouge1_er@100": 0.6, "span_er@100": 0.4,
+                                                   "auc@100": 0.5}, (0.2, 0.1)),
+    scored("a", "edge", "undefended", {}, True, {"token_er@100": 0.3}, (0.5, 0.4)),
+    scored("b", "edge", "undefended", {}, True, {"token_er@100": 0.3}, (0.3, 0.2)),
+    scored("c", "edge", "undefended", {}, False, {"token_er@100": 0.6}, None),  # decoded, not attacked
+    scored("a", "cloud", "coveil", {"lam": 1}, True, {"token_er@100": 0.1}, (0.1, 0.05)),
+    scored("b", "cloud", "coveil", {"lam": 1}, True, {"token_er@100": 0.0}, (0.1, 0.15)),
+]
+
+
+def test_the_undefended_table_has_the_papers_columns_with_inversion() -> None:
+    from eval_harness.report.tables import undefended_table
+
+    cloud, edge = undefended_table(INVERSION_ROWS)
+    assert list(cloud) == ["task", "fusion", "items", "accuracy", "token_er@100", "rouge1_er@100", "span_er@100",
+                           "auc@100", "inversion_recall", "inversion_f1"]
+    # cloud-side: 2 items, 1 correct; Token-ER (0.5 + 0.7) / 2 = 60%, ROUGE1-ER 50%, Span-ER 30%, AUC 40%;
+    # inversion recall (0.4 + 0.2) / 2 = 30%, F1 (0.3 + 0.1) / 2 = 20%
+    assert (cloud["fusion"], cloud["items"], cloud["accuracy"]) == ("cloud-side", "2", "50.0")
+    for column, mean in (("token_er@100", "60.0"), ("rouge1_er@100", "50.0"), ("span_er@100", "30.0"),
+                         ("auc@100", "40.0"), ("inversion_recall", "30.0"), ("inversion_f1", "20.0")):
+        assert cloud[column].startswith(mean + " [") and "n=" not in cloud[column], column
+    # edge-side: 3 items, 2 correct; Token-ER (0.3 + 0.3 + 0.6) / 3 = 40%; the attack ran on 2 of the 3 items:
+    # recall (0.5 + 0.3) / 2 = 40%; a resampled mean of two values is 0.3, 0.4 or 0.5 (1/4, 1/2, 1/4), so the
+    # 95% interval is [30, 50]; the cell says it covers 2 items
+    assert (edge["items"], edge["accuracy"]) == ("3", "66.7")
+    assert edge["token_er@100"].startswith("40.0 [")
+    assert edge["inversion_recall"] == "40.0 [30.0, 50.0] n=2"
+    assert edge["rouge1_er@100"] == "-"  # not recorded
+
+
+def test_per_method_tables_gain_inversion_columns_when_rows_have_them() -> None:
+    from eval_harness.report.tables import INVERSION_METRICS, LEAKAGE_METRICS, metrics_recorded
+
+    assert metrics_recorded(ROWS) == LEAKAGE_METRICS  # rows without the attack: no inversion columns
+    assert metrics_recorded(INVERSION_ROWS) == LEAKAGE_METRICS + INVERSION_METRICS
+    cells = table([r for r in INVERSION_ROWS if r["mode"] == "cloud"], metrics=metrics_recorded(INVERSION_ROWS))
+    coveil = cells[1]
+    assert coveil["policy"] == "coveil" and coveil["items"] == "2"
+    assert coveil["inversion_recall"] == "10.0 [10.0, 10.0]"  # both 0.1: every resample's mean is 0.1
+    assert coveil["inversion_f1"].startswith("10.0 [")  # (0.05 + 0.15) / 2
+
+
+def test_the_report_command_writes_the_undefended_table(tmp_path: Path) -> None:
+    out = report_in_a_fresh_process(INVERSION_ROWS, tmp_path)
+    text = (out / "tables.md").read_text()
+    assert text.count("## Undefended DecodeLeak") == 2  # by the paper's rules and by the release's
+    assert "| medpriv | edge-side | 3 | 66.7 |" in text and "40.0 [30.0, 50.0] n=2" in text
+    undefended = (out / "undefended.csv").read_text().splitlines()
+    assert undefended[0] == ("rules,task,fusion,items,accuracy,token_er@100,rouge1_er@100,span_er@100,auc@100,"
+                             "inversion_recall,inversion_f1")
+    assert len(undefended) == 1 + 2 * 2  # (cloud, edge) x (paper, release)
+    assert (out / "tables.csv").read_text().splitlines()[0].endswith("auc@100,inversion_recall,inversion_f1")
+
+
+def tradeoff_rows() -> list[dict]:
+    """Two methods whose curves cross near the undefended point: their end labels compete for the same space."""
+    rows = [scored(f"u{i}", "cloud", "undefended", {}, i < 3, {"token_er@100": 0.5}, (0.40, 0.3)) for i in range(4)]
+    for lam in (0, 0.5, 1, 2, 4):
+        recall = 0.40 - 0.07 * lam
+        rows += [scored(f"i{i}", "cloud", "coveil", {"lam": lam}, i < 3 - (lam >= 2), {"token_er@100": 0.1},
+                        (recall, recall / 2)) for i in range(4)]
+    for eps in (1, 2, 4, 8):
+        recall = 0.10 + 0.035 * eps
+        rows += [scored(f"i{i}", "cloud", "dp_logit", {"epsilon": eps}, i < (1 if eps < 4 else 3),
+                        {"token_er@100": 0.1}, (recall, recall / 2)) for i in range(4)]
+    return rows
+
+
+def test_the_inversion_tradeoff_figure_draws_each_method_and_labels_nothing_over_another(tmp_path: Path) -> None:
+    from eval_harness.report.plots import inversion_tradeoff_figure
+
+    fig = inversion_tradeoff_figure(tradeoff_rows(), "medpriv", "cloud")
+    ax = fig.axes[0]
+    curves = {line.get_label(): line for line in ax.get_lines()}
+    # in the order of the swept values: CoVeil's recall is 40 - 7 lam (%) for lam = 0, 0.5, 1, 2, 4, its accuracy
+    # 3 of 4 below lam = 2 and 2 of 4 from there; DP-Logit's recall is 10 + 3.5 eps for eps = 1, 2, 4, 8
+    assert list(curves["coveil"].get_xdata()) == pytest.approx([40.0, 36.5, 33.0, 26.0, 12.0])
+    assert list(curves["coveil"].get_ydata()) == pytest.approx([75.0, 75.0, 75.0, 50.0, 50.0])
+    assert list(curves["dp_logit"].get_xdata()) == pytest.approx([13.5, 17.0, 24.0, 38.0])
+    star = ax.collections[0]
+    assert list(star.get_offsets()[0]) == pytest.approx([40.0, 75.0])  # undefended: recall 40%, 3 of 4 correct
+    renderer = fig.canvas.get_renderer()
+    notes = [t for t in ax.texts]
+    assert sorted(t.get_text() for t in notes) == ["epsilon=1", "epsilon=8", "lam=0", "lam=4"]
+    boxes = [t.get_window_extent(renderer) for t in notes]
+    legend = ax.get_legend().get_window_extent(renderer)
+    for i, box in enumerate(boxes):
+        assert not box.overlaps(legend)
+        assert all(not box.overlaps(other) for other in boxes[i + 1:]), [t.get_text() for t in notes]
+
+
+def test_the_plot_command_draws_the_inversion_tradeoff(tmp_path: Path) -> None:
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in tradeoff_rows()))
+    from eval_harness.cli.decodeleak import main
+
+    assert main(["plot", str(results), "--out", str(tmp_path / "plots")]) == 0
+    for ext in ("png", "pdf"):
+        assert (tmp_path / "plots" / f"inversion_tradeoff_medpriv_cloud.{ext}").stat().st_size > 10_000
+    assert not list((tmp_path / "plots").glob("inversion_tradeoff_*_edge.*"))  # no edge rows: no edge figure

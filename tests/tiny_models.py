@@ -50,7 +50,7 @@ def bpe_tokenizer(vocab_size: int = 400) -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=trained_bpe(tuple(CORPUS), vocab_size, 20), eos_token=END)
 
 
-def random_qwen(tokenizer: Any, *, output_rows: int, seed: int) -> Any:
+def random_qwen(tokenizer: Any, *, output_rows: int, seed: int, max_positions: int = 256) -> Any:
     """A 2-layer random Qwen2 causal LM whose output matrix has ``output_rows >= len(tokenizer)`` rows."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -58,7 +58,7 @@ def random_qwen(tokenizer: Any, *, output_rows: int, seed: int) -> Any:
     torch.manual_seed(seed)
     config = Qwen2Config(
         vocab_size=output_rows, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False,
+        num_key_value_heads=2, max_position_embeddings=max_positions, tie_word_embeddings=False,
         eos_token_id=tokenizer.convert_tokens_to_ids(END), bos_token_id=None, pad_token_id=None,
     )
     return Qwen2ForCausalLM(config).eval()

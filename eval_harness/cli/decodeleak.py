@@ -48,6 +48,40 @@ def _param(text: str) -> tuple[str, float | int]:
     return name, int(number) if number.is_integer() and "." not in value else number
 
 
+def _inversion(text: str) -> str:
+    if text in ("none", "local") or text.startswith(("http://", "https://")):
+        return text
+    raise argparse.ArgumentTypeError(f"--inversion takes none, local or an http(s) URL, got {text!r}")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _inversion_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "inversion attack", "DecodeLeak's second stage: after an item is decoded, an attacker LLM reconstructs its "
+        "private context from the public prompt and the exposure sequence (nothing else), scored by ROUGE-1 "
+        "recall/F1 into the row's 'inversion' field. A re-run skips rows already written, with or without it.")
+    group.add_argument("--inversion", type=_inversion, default="none", metavar="none|local|URL",
+                       help="none (default); local: the run's cloud LLM (as the paper), batched; or an "
+                            "OpenAI-compatible endpoint, e.g. http://127.0.0.1:8080/v1")
+    group.add_argument("--inversion-model", metavar="NAME", help="the model name the endpoint serves (with a URL)")
+    group.add_argument("--inversion-key-env", default="OPENAI_API_KEY", metavar="VAR",
+                       help="the environment variable holding the endpoint's key (default: OPENAI_API_KEY)")
+    group.add_argument("--inversion-k", type=_positive, default=100, metavar="K",
+                       help="top-K ids of each step shown to the attacker (default: 100, the paper's)")
+    group.add_argument("--inversion-max-tokens", type=_positive, default=256, metavar="N",
+                       help="the most tokens one reconstruction may take (default: 256)")
+    group.add_argument("--inversion-batch", type=_positive, default=8, metavar="N",
+                       help="local: observations per batched generate call; URL: requests in flight (default: 8)")
+    group.add_argument("--inversion-cache", type=Path, metavar="DIR",
+                       help="where endpoint calls are cached (default: $COVEIL_CACHE_DIR/llm-calls)")
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, metavar="FILE",
                         help="a JSON file of option defaults ({\"limit\": 20, \"tasks\": \"medpriv,commpriv\"}); "
@@ -73,6 +107,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
                              "visible GPU (layers split across them, one copy)")
     parser.add_argument("-v", "--verbose", action="store_true", help="show the full traceback of an error")
     _deployed_flags(parser)
+    _inversion_options(parser)
 
 
 def _deployed_flags(parser: argparse.ArgumentParser) -> None:
@@ -131,12 +166,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--alpha", type=float, default=0.3, help="the cloud LLM's fusion weight (default: 0.3)")
     _common(run)
     report = commands.add_parser("report", help="the paper's tables from result files",
-                                 description="Tables per fusion mode and setting (item counts, accuracy, "
-                                             "Token/ROUGE1/Span-ER@100 and AUC@100 with 95%% bootstrap intervals), "
-                                             "by the paper's rules and by the release's, as Markdown and CSV.")
+                                 description="The undefended DecodeLeak table (the paper's Table 1) and tables "
+                                             "per fusion mode and setting (item counts, accuracy, "
+                                             "Token/ROUGE1/Span-ER@100 and AUC@100, and the inversion's ROUGE-1 "
+                                             "recall/F1 where rows have it, with 95%% bootstrap intervals), by the "
+                                             "paper's rules and by the release's, as Markdown and CSV.")
     report.add_argument("results", nargs="+", type=Path, help="JSONL result files (shards are merged)")
     report.add_argument("--out", type=Path, default=Path("runs/decodeleak/report"),
-                        help="where tables.md and tables.csv are written")
+                        help="where tables.md, tables.csv and undefended.csv are written")
     report.add_argument("-v", "--verbose", action="store_true", help="show the full traceback of an error")
     plot = commands.add_parser("plot", help="privacy-utility, leakage-vs-K and mechanism figures from result files",
                                description="Per fusion mode, PNG and PDF, undefended marked in each: "
@@ -147,7 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
                                            "Token-ER@100); mechanism_cloud (zero-upload ratio and top-1 agreement "
                                            "with full fusion against lambda); mechanism_edge (mean selected-token "
                                            "rank under p_fuse and accuracy against lambda); rank_bins_edge (rank "
-                                           "bins of --policy and --against at matched Token-ER@100).  A figure "
+                                           "bins of --policy and --against at matched Token-ER@100); inversion_tradeoff (accuracy "
+                                           "against the inversion's ROUGE-1 recall, per task, where rows carry "
+                                           "the attack).  A figure "
                                            "whose rows are missing is skipped.")
     plot.add_argument("results", nargs="+", type=Path, help="JSONL result files (shards are merged)")
     plot.add_argument("--out", type=Path, default=Path("runs/decodeleak/plots"), help="where the figures go")
@@ -217,14 +256,21 @@ def main(argv: list[str] | None = None) -> int:
 
 def write_report(args: argparse.Namespace) -> int:
     """``decodeleak report``: reads rows only (no model library is imported)."""
-    from eval_harness.report.tables import csv_text, markdown, table
+    from eval_harness.report.tables import csv_text, markdown, metrics_recorded, table, undefended_table
     from eval_harness.sweep.store import read_rows
 
     rows = list(read_rows(args.results))
-    sections, csv_parts = [], []
+    metrics = metrics_recorded(rows)
+    sections, csv_parts, undefended_csv = [], [], []
     for rules, suffix in (("paper", ""), ("release", ":release")):
+        cells = undefended_table(rows, suffix=suffix)
+        if cells:
+            sections.append(markdown(cells, f"## Undefended DecodeLeak (the paper's Table 1) by the {rules}'s rules "
+                                            "(mean [95% bootstrap interval], %; inversion: ROUGE-1 of the "
+                                            "reconstructed private context)"))
+            undefended_csv.append(csv_text([{"rules": rules, **c} for c in cells]))
         for mode in FUSION_MODES:
-            cells = table([r for r in rows if r["mode"] == mode], suffix=suffix)
+            cells = table([r for r in rows if r["mode"] == mode], metrics=metrics, suffix=suffix)
             if cells:
                 sections.append(markdown(cells, f"## {mode}-side fusion, DecodeLeak by the {rules}'s rules "
                                                 "(mean [95% bootstrap interval], %)"))
@@ -232,10 +278,16 @@ def write_report(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     text = f"# DecodeLeak report: {len(rows)} rows from {len(args.results)} file(s)\n\n" + "\n".join(sections)
     (args.out / "tables.md").write_text(text)
-    header, *body = "".join(csv_parts).splitlines(keepends=True) or [""]
-    (args.out / "tables.csv").write_text(header + "".join(line for line in body if not line.startswith("rules,")))
+    (args.out / "tables.csv").write_text(_join_csv(csv_parts))
+    (args.out / "undefended.csv").write_text(_join_csv(undefended_csv))
     print(text)
     return 0
+
+
+def _join_csv(parts: list[str]) -> str:
+    """CSV texts of one header joined under that header once."""
+    header, *body = "".join(parts).splitlines(keepends=True) or [""]
+    return header + "".join(line for line in body if line != header)
 
 
 def write_plots(args: argparse.Namespace) -> int:
@@ -252,6 +304,7 @@ def write_plots(args: argparse.Namespace) -> int:
     paths += plots.mechanism_cloud(rows, args.out, policy=args.policy)
     paths += plots.mechanism_edge(rows, args.out, policy=args.policy)
     paths += plots.rank_bins(rows, args.out, policy=args.policy, against=args.against, suffix=suffix)
+    paths += plots.inversion_tradeoff(rows, args.out)
     print("\n".join(str(p) for p in paths) or "no rows: nothing to plot")
     return 0
 
@@ -267,6 +320,8 @@ def execute(args: argparse.Namespace) -> int:
     from eval_harness.sweep.store import ResultStore
 
     shard_of = parse_shard(args.shard)
+    if args.inversion.startswith("http") and not args.inversion_model:
+        raise ValueError("--inversion URL needs --inversion-model NAME (the model the endpoint serves)")
     if args.command == "sweep":
         settings = expand(load_grids(args.grid), args.tasks, modes=args.modes, policies=args.policies)
     else:
@@ -290,11 +345,12 @@ def execute(args: argparse.Namespace) -> int:
         from eval_harness.sweep.execute import run_sweep
 
         outcome = run_sweep(settings, items, runner, store, protocol=protocol, vocab=vocab, metadata=metadata,
-                            seed=args.seed, shard_of=shard_of, on_row=finished)
+                            seed=args.seed, shard_of=shard_of, on_row=finished,
+                            inversion=_attacker(args, runner))
         progress.update(bar, total=outcome.pending, completed=outcome.written)
     print(f"{outcome.written} rows written to {args.out}; {outcome.skipped} already there; "
           f"{len(settings)} settings x {', '.join(f'{len(v)} {k}' for k, v in items.items())} items "
-          f"(shard {args.shard})")
+          f"(shard {args.shard})" + ("" if args.inversion == "none" else f"; inversion by {args.inversion}"))
     if audits:
         print(audit_summary(audits))
     return 0
@@ -392,6 +448,29 @@ def _spec(args: argparse.Namespace):  # noqa: ANN202
 
     return ReferenceSpec(slm=args.slm, llm=args.llm, dtype=args.dtype, device=args.device,
                          device_map=args.device_map, concurrency=args.concurrency)
+
+
+def _attacker(args: argparse.Namespace, runner):  # noqa: ANN001, ANN202
+    """The inversion attacker the options ask for (``None`` for ``--inversion none``)."""
+    from edge_sdk.leakage import piece_reader
+    from eval_harness.attacks.inversion import EndpointInversion, TransformersInversion
+
+    if args.inversion == "none":
+        return None
+    if args.inversion == "local" and args.runner != "reference":
+        raise ValueError("--inversion local asks the cloud model in this process: use --runner reference, or give "
+                         "an OpenAI-compatible endpoint URL serving the attacker")
+    # the shared vocabulary the exposure ids are in
+    piece = piece_reader(runner.llm.tokenizer if args.runner == "reference" else runner.policy_backend)
+    if args.inversion == "local":
+        return TransformersInversion(runner.llm, piece, k=args.inversion_k, max_new_tokens=args.inversion_max_tokens,
+                                     batch_size=args.inversion_batch)
+    from eval_harness.llm.client import ChatClient
+
+    client = ChatClient(args.inversion, args.inversion_model, api_key_env=args.inversion_key_env,
+                        cache_dir=args.inversion_cache if args.inversion_cache is not None else "default")
+    return EndpointInversion(client, piece, k=args.inversion_k, max_new_tokens=args.inversion_max_tokens,
+                             parallel=args.inversion_batch)
 
 
 def _reference(args: argparse.Namespace, protocol):  # noqa: ANN001, ANN202

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -25,7 +26,7 @@ def default_cache_dir() -> Path:
 
 
 class ChatClient:
-    """Chat completions from one model behind an OpenAI-compatible endpoint.
+    """Chat completions from one model behind an OpenAI-compatible endpoint (thread-safe).
 
     Args:
         base_url: the endpoint, e.g. ``http://127.0.0.1:8080/v1``.
@@ -56,6 +57,7 @@ class ChatClient:
         self.cache_dir = default_cache_dir() if cache_dir == "default" else (Path(cache_dir) if cache_dir else None)
         self.max_retries, self.backoff_s = max_retries, backoff_s
         self.calls = 0  # requests that reached the endpoint (cache hits do not count)
+        self._calls_lock = threading.Lock()  # complete() may run in several threads at once
         self._openai = openai
         self._client = openai.OpenAI(base_url=base_url, api_key=os.environ.get(api_key_env) or "not-needed",
                                      timeout=timeout_s, max_retries=0)
@@ -89,7 +91,8 @@ class ChatClient:
                      self._openai.InternalServerError)
         for attempt in range(self.max_retries + 1):
             try:
-                self.calls += 1
+                with self._calls_lock:
+                    self.calls += 1
                 response = self._client.chat.completions.create(model=self.model, messages=list(messages), **params)
                 return response.choices[0].message.content or ""
             except transient:

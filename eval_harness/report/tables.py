@@ -17,6 +17,8 @@ import numpy as np
 
 #: the leakage columns of the paper's DecodeLeak table, at K = 100
 LEAKAGE_METRICS = ("token_er@100", "rouge1_er@100", "span_er@100", "auc@100")
+#: the inversion attack's scores, read from a row's ``inversion`` field (the same under either rule set)
+INVERSION_METRICS = ("inversion_recall", "inversion_f1")
 BOOTSTRAP_RESAMPLES = 1000
 
 
@@ -44,6 +46,10 @@ class Line:
     correct: list[bool] = field(default_factory=list)
     values: dict[str, list[float]] = field(default_factory=dict)
 
+    def count(self, metric: str) -> int:
+        """How many of the line's items recorded ``metric`` (inversion may run on a subset)."""
+        return len(self.values.get(metric, []))
+
     def mean(self, metric: str) -> float:
         values = self.values.get(metric, [])
         return float(np.mean(values)) if values else float("nan")
@@ -54,6 +60,7 @@ def lines(rows: Iterable[Mapping[str, Any]], metrics: Sequence[str] = LEAKAGE_ME
     """Rows grouped by (task, mode, policy, parameters), in first-seen order.
 
     ``suffix`` picks the rule set of the metrics: ``""`` for the paper's, ``":release"`` for the release's.
+    The :data:`INVERSION_METRICS` come from each row's ``inversion`` field (rows without one add nothing).
     """
     grouped: dict[tuple[str, str, str, str], Line] = {}
     for row in rows:
@@ -63,27 +70,56 @@ def lines(rows: Iterable[Mapping[str, Any]], metrics: Sequence[str] = LEAKAGE_ME
         line.items += 1
         line.correct.append(bool(row["correct"]))
         for metric in metrics:
-            value = row["metrics"].get(metric + suffix)
+            if metric in INVERSION_METRICS:
+                value = (row.get("inversion") or {}).get(metric.removeprefix("inversion_"))
+            else:
+                value = row["metrics"].get(metric + suffix)
             if value is not None:
                 line.values.setdefault(metric, []).append(float(value))
     return list(grouped.values())
 
 
+def metrics_recorded(rows: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:
+    """The leakage columns for ``rows``: :data:`LEAKAGE_METRICS`, and the inversion scores if any row has them."""
+    return LEAKAGE_METRICS + (INVERSION_METRICS if any(row.get("inversion") for row in rows) else ())
+
+
+def _cell(line: Line, metric: str, seed: int) -> str:
+    """``mean [low, high]`` in percent (95% bootstrap interval), ``n=`` when fewer items than the line's."""
+    values = line.values.get(metric, [])
+    if not values:
+        return "-"
+    low, high = bootstrap_interval(values, seed=seed)
+    count = "" if len(values) == line.items else f" n={len(values)}"
+    return f"{100 * line.mean(metric):.1f} [{100 * low:.1f}, {100 * high:.1f}]{count}"
+
+
 def table(rows: Iterable[Mapping[str, Any]], *, metrics: Sequence[str] = LEAKAGE_METRICS, suffix: str = "",
           seed: int = 0) -> list[dict[str, str]]:
-    """The table as cells: each leakage cell is ``mean [low, high]`` in percent (95% bootstrap interval)."""
+    """The table as cells: each leakage cell is ``mean [low, high]`` in percent (95% bootstrap interval),
+    followed by ``n=`` its item count when that is fewer than the line's ``items``."""
     out = []
     for line in lines(rows, metrics, suffix=suffix):
         cells = {"task": line.task, "mode": line.mode, "policy": line.policy,
                  "params": ", ".join(f"{k}={v}" for k, v in json.loads(line.params).items()),
                  "items": str(line.items), "accuracy": f"{100 * np.mean(line.correct):.1f}"}
-        for metric in metrics:
-            values = line.values.get(metric, [])
-            if values:
-                low, high = bootstrap_interval(values, seed=seed)
-                cells[metric] = f"{100 * line.mean(metric):.1f} [{100 * low:.1f}, {100 * high:.1f}]"
-            else:
-                cells[metric] = "-"
+        cells.update({metric: _cell(line, metric, seed) for metric in metrics})
+        out.append(cells)
+    return out
+
+
+def undefended_table(rows: Iterable[Mapping[str, Any]], *, suffix: str = "", seed: int = 0) -> list[dict[str, str]]:
+    """The paper's undefended DecodeLeak table (its Table 1): one line per (task, fusion mode).
+
+    Accuracy, Token/ROUGE1/Span-ER@100 and AUC@100, and the inversion's ROUGE-1 recall and F1, over the
+    ``undefended`` rows; cells as in :func:`table` (``-`` where a metric was not recorded).
+    """
+    undefended = [row for row in rows if row["policy"] == "undefended"]
+    out = []
+    for line in lines(undefended, LEAKAGE_METRICS + INVERSION_METRICS, suffix=suffix):
+        cells = {"task": line.task, "fusion": f"{line.mode}-side", "items": str(line.items),
+                 "accuracy": f"{100 * np.mean(line.correct):.1f}"}
+        cells.update({metric: _cell(line, metric, seed) for metric in LEAKAGE_METRICS + INVERSION_METRICS})
         out.append(cells)
     return out
 

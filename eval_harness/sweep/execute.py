@@ -23,6 +23,7 @@ import numpy as np
 from edge_sdk.client import GenerationResult
 from edge_sdk.leakage import ExposureTrace
 from edge_sdk.policies import make_policy, policy_class
+from eval_harness.attacks.inversion import CloudObservation, InversionAttack, inversion_cell
 from eval_harness.datasets import DecodeLeakItem
 from eval_harness.metrics import Vocabulary, evidence_counts, evidence_recall
 from eval_harness.protocol import DecodingProtocol
@@ -69,10 +70,12 @@ def result_row(
     vocab: Vocabulary,
     metadata: Mapping[str, Any],
     mechanism: Mapping[str, Any] | None = None,
+    inversion: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One JSONL row: the setting, the item, accuracy, DecodeLeak metrics in both rule sets at every
     :data:`METRIC_KS` cutoff the trace recorded, the per-step ``mechanism`` statistics
-    (:meth:`ReferenceRunner.mechanism`; ``None`` when not measured), and the metadata.
+    (:meth:`ReferenceRunner.mechanism`; ``None`` when not measured), the inversion attack's result (``None``
+    when it was not run), and the metadata.
 
     The metrics read the edge's ledger, or for an audited result of the deployed stack the cloud's own
     transcript (the row's ``audit`` says which, and whether the two agree; where they do not, the
@@ -111,6 +114,7 @@ def result_row(
         "bytes_down": result.ledger.bytes_down,
         **extra,
         "mechanism": dict(mechanism) if mechanism is not None else None,
+        "inversion": None if inversion is None else dict(inversion),
         **metadata,
     }
 
@@ -128,6 +132,7 @@ def _metrics(item: DecodeLeakItem, trace: ExposureTrace, vocab: Vocabulary) -> d
 class Runner(Protocol):
     """What drives a sweep: the reference runner or the deployed one."""
 
+    concurrency: int  # items decoded at once
     @property
     def policy_backend(self) -> Any: ...
 
@@ -194,6 +199,17 @@ class SweepOutcome:
     skipped: int  # pairs already in the store
 
 
+def cloud_observation(run: ItemRun, result: GenerationResult) -> CloudObservation:
+    """What the cloud observed of one item: the public prompt it was sent and the exposure sequence.
+
+    The exposure is the trace the row's metrics score: the cloud's own transcript for an audited deployment,
+    else the edge ledger's record (equal to the transcript, ``tests/test_edge_sdk.py``).  Nothing private goes
+    in: the attack's input is built here only.
+    """
+    trace = result.exposure_trace() if isinstance(result, AuditedResult) else result.ledger.exposure_trace()
+    return CloudObservation(run.public_prompt, trace)
+
+
 def run_sweep(
     settings: Sequence[Setting],
     items: Mapping[str, Sequence[DecodeLeakItem]],
@@ -207,11 +223,16 @@ def run_sweep(
     shard_of: tuple[int, int] = (0, 1),
     units: Sequence[tuple[Setting, str]] | None = None,
     on_row: Callable[[dict[str, Any]], None] | None = None,
+    inversion: InversionAttack | None = None,
 ) -> SweepOutcome:
     """Every (setting, item) of this shard not yet in ``store``, setting by setting, items of a setting at once.
 
     ``units`` are the (setting, item id) pairs to consider, in order (default:
     :func:`~eval_harness.sweep.grid.sweep_units` of ``settings``); ``shard_of`` then keeps its share.
+
+    With an ``inversion`` attacker, a setting's items are decoded in waves of ``4 x max(concurrency,
+    attacker batch)``; once a wave is decoded the attacker reconstructs its items (in its batches) and each
+    row is written as soon as it is scored.  An interrupted wave leaves its unwritten items to the re-run.
     """
     by_id = {task: {item.item_id: item for item in task_items} for task, task_items in items.items()}
     mine = list(shard(sweep_units(settings, items) if units is None else units, *shard_of))
@@ -221,6 +242,16 @@ def run_sweep(
     grouped: dict[str, tuple[Setting, list[str]]] = {}
     for s, item_id in pending:  # in grid order, each setting once
         grouped.setdefault(s.key, (s, []))[1].append(item_id)
+
+    def write(row: dict[str, Any]) -> None:
+        nonlocal written
+        with lock:
+            store.append(row)
+            written += 1
+        if on_row is not None:
+            on_row(row)
+
+    exposure_k = max(max(METRIC_KS), inversion.k if inversion is not None else 0)
     for setting, item_ids in grouped.values():
         runs = []
         policy = make_policy(setting.policy, backend=runner.policy_backend, **setting.params)  # stateless: shared
@@ -229,18 +260,25 @@ def run_sweep(
             runs.append(ItemRun(item_id, protocol.public_prompt(item), item.private_context, policy,
                                 rng=item_rng(seed, setting, item_id), stopping=protocol.stopping(item)))
 
-        def finished(run: ItemRun, result: GenerationResult, setting: Setting = setting) -> None:
-            nonlocal written
+        def row_of(run: ItemRun, result: GenerationResult, setting: Setting = setting,
+                   scored: Mapping[str, Any] | None = None) -> dict[str, Any]:
             mechanism = runner.mechanism(run, result, mode=setting.mode, alpha=setting.alpha)
-            row = result_row(setting, by_id[setting.task][run.item_id], result, protocol=protocol, vocab=vocab,
-                             metadata=metadata, mechanism=mechanism)
-            with lock:
-                store.append(row)
-                written += 1
-            if on_row is not None:
-                on_row(row)
+            return result_row(setting, by_id[setting.task][run.item_id], result, protocol=protocol, vocab=vocab,
+                              metadata=metadata, mechanism=mechanism, inversion=scored)
 
-        runner.run(runs, mode=setting.mode, alpha=setting.alpha, max_new_tokens=protocol.max_new_tokens,
-                   on_result=finished, exposure_k=max(METRIC_KS))
+        decode = dict(mode=setting.mode, alpha=setting.alpha, max_new_tokens=protocol.max_new_tokens,
+                      exposure_k=exposure_k)
+        if inversion is None:
+            runner.run(runs, on_result=lambda run, result: write(row_of(run, result)), **decode)
+            continue
+        wave = 4 * max(runner.concurrency, getattr(inversion, "batch_size", 1))
+        for start in range(0, len(runs), wave):
+            decoded: list[tuple[ItemRun, GenerationResult]] = []
+            runner.run(runs[start:start + wave], on_result=lambda run, result: decoded.append((run, result)),
+                       **decode)
+            observations = [cloud_observation(run, result) for run, result in decoded]
+            for index, reconstruction in inversion.reconstruct_each(observations):
+                run, result = decoded[index]
+                truth = by_id[setting.task][run.item_id].private_context
+                write(row_of(run, result, scored=inversion_cell(inversion, reconstruction, truth)))
     return SweepOutcome(pending=len(pending), written=written, skipped=len(mine) - len(pending))
-
