@@ -76,11 +76,6 @@ class LocalAdapter:
         self.address = f"127.0.0.1:{port}"
         self.credentials = Credentials(token=token, plaintext=True)
 
-    def mechanism(self, item: ItemRun, result: GenerationResult, *, mode: str, alpha: float) -> None:
-        """Not measured here: the audit of a deployment reads what crossed the wire, and full-fusion decisions
-        need both models' full rows in one process (the reference runner's teacher-forced pass)."""
-        return None
-
     def close(self) -> None:
         """Stop the server (sessions still open get a second to finish) and the batcher."""
         self._server.stop(1.0).wait()
@@ -197,6 +192,11 @@ class DeployedRunner:
 
         with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="deployed-item") as pool:
             return list(pool.map(one, runs))
+
+    def mechanism(self, item: ItemRun, result: GenerationResult, *, mode: str, alpha: float) -> None:
+        """Not measured here: the audit of a deployment reads what crossed the wire, and full-fusion decisions
+        need both models' full rows in one process (the reference runner's teacher-forced pass)."""
+        return None
 
     def close(self) -> None:
         """Close every client's gRPC channel, and stop the local adapter this runner started (if any)."""
