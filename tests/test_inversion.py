@@ -179,7 +179,9 @@ def llama_server():
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "llama_cpp.server", "--model", str(embedded_gguf_path()), "--host", "127.0.0.1",
-         "--port", str(port), "--n_ctx", "4096", "--n_threads", "1", "--model_alias", "gemma-3-270m"],
+         "--port", str(port), "--n_ctx", "4096", "--n_threads", "1", "--model_alias", "gemma-3-270m",
+         # the GGUF carries no chat template: without this the server would wrap Gemma's turns in Llama-2's
+         "--chat_format", "gemma"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     base = f"http://127.0.0.1:{port}/v1"
