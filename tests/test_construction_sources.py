@@ -8,25 +8,10 @@ from pathlib import Path
 import pytest
 
 from eval_harness.construction.sources import Fields, UnsplittableItem, read_sources, split_vignette
-from eval_harness.datasets import DATA_DIR
+
+from tests.construction_sources import cosmosqa_record, medqa_record, shipped, write_by_split
 
 FIELDS = ("item_id", "split", "public_query", "options", "answer_idx", "answer", "private_context")
-
-
-def shipped(name: str) -> list[dict]:
-    return [json.loads(line) for line in (DATA_DIR / name).read_text(encoding="utf-8").splitlines()]
-
-
-def write_by_split(rows: list[dict], records: list[dict], directory: Path) -> list[Path]:
-    """Records into one file per source split, named as the split says (``train_jsonl`` -> ``train.jsonl``)."""
-    files: dict[str, list[str]] = {}
-    for row, record in zip(rows, records):
-        files.setdefault(row["_split"].replace("_", "."), []).append(json.dumps(record, ensure_ascii=False))
-    paths = []
-    for name, lines in files.items():
-        (directory / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
-        paths.append(directory / name)
-    return paths
 
 
 def assert_same_as_shipped(items: list, rows: list[dict]) -> None:
@@ -42,19 +27,14 @@ def assert_same_as_shipped(items: list, rows: list[dict]) -> None:
 def test_medqa_questions_rebuilt_from_medpriv_split_back_into_its_rows(tmp_path: Path) -> None:
     # a MedQA item is the private vignette followed by the public question sentence
     rows = shipped("MEDPRIV.jsonl")
-    records = [{"id": r["_id"], "question": r["private_context"] + " " + r["public_query"], "options": r["options"],
-                "answer_idx": r["answer_idx"], "answer": r["answer"], "meta_info": "step1"} for r in rows]
-    reading = read_sources(write_by_split(rows, records, tmp_path), "medqa")
+    reading = read_sources(write_by_split(rows, [medqa_record(r) for r in rows], tmp_path), "medqa")
     assert not reading.skipped
     assert_same_as_shipped(reading.items, rows)
 
 
 def test_cosmosqa_items_rebuilt_from_commpriv_split_back_into_its_rows(tmp_path: Path) -> None:
     rows = shipped("COMMPRIV.jsonl")
-    records = [{"id": r["_id"], "context": r["private_context"], "question": r["public_query"],
-                **{f"answer{i}": r["options"][letter] for i, letter in enumerate("ABCD")},
-                "label": "ABCD".index(r["answer_idx"])} for r in rows]
-    reading = read_sources(write_by_split(rows, records, tmp_path), "cosmosqa")
+    reading = read_sources(write_by_split(rows, [cosmosqa_record(r) for r in rows], tmp_path), "cosmosqa")
     assert not reading.skipped
     assert_same_as_shipped(reading.items, rows)
 
