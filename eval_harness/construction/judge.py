@@ -154,18 +154,24 @@ def _whole_words(needle: str, haystack: str) -> bool:
     return re.search(rf"(?<!\w){pattern}(?!\w)", haystack, re.IGNORECASE) is not None
 
 
-def cuts_a_word(span: str, context: str) -> bool:
-    """Whether every occurrence of ``span`` in ``context`` starts or ends inside a word (``"ever"`` in
-    ``"fever"``): a word character on both sides of the cut."""
-    start = context.find(span)
+def occurrences(span: str, context: str) -> list[int]:
+    """Where ``span`` occurs in ``context`` as a whole-word cut: the starts of the occurrences that neither begin
+    nor end inside a word (``"ever"`` occurs in ``"fever"`` but not as a whole-word cut)."""
+    starts = []
+    start = context.find(span) if span else -1
     while start != -1:
         end = start + len(span)
-        before = start > 0 and context[start - 1].isalnum() and span[0].isalnum()
-        after = end < len(context) and context[end].isalnum() and span[-1].isalnum()
-        if not before and not after:
-            return False
+        cut_before = start > 0 and context[start - 1].isalnum() and span[0].isalnum()
+        cut_after = end < len(context) and context[end].isalnum() and span[-1].isalnum()
+        if not cut_before and not cut_after:
+            starts.append(start)
         start = context.find(span, start + 1)
-    return True
+    return starts
+
+
+def cuts_a_word(span: str, context: str) -> bool:
+    """Whether every occurrence of ``span`` in ``context`` starts or ends inside a word."""
+    return not occurrences(span, context)
 
 
 def check_spans(proposed: Sequence[str], item: SplitItem) -> tuple[list[str], list[dict[str, str]]]:
