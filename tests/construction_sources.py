@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from eval_harness.datasets import DATA_DIR
@@ -37,3 +38,32 @@ def write_by_split(rows: list[dict], records: list[dict], directory: Path) -> li
         (directory / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
         paths.append(directory / name)
     return paths
+
+
+def spans_of(row: dict) -> list[str]:
+    """A shipped row's spans (its ``filtered_context``, comma-separated)."""
+    return [span.strip() for span in row["filtered_context"].split(",") if span.strip()]
+
+
+def survives_validation(span: str, row: dict) -> bool:
+    """Independently of the judge's checks: in the context as whole words, not in the question, case-insensitively."""
+    in_context = re.search(rf"(?<!\w){re.escape(span)}(?!\w)", row["private_context"])
+    return bool(in_context) and span.lower() not in row["public_query"].lower()
+
+
+def clean(row: dict) -> bool:
+    """Whether every published span of ``row`` would pass the judge's validation as it is (and none repeats)."""
+    spans = spans_of(row)
+    return len(set(spans)) == len(spans) and all(survives_validation(span, row) for span in spans)
+
+
+def fixed_judge(rows: list[dict], spans: dict[str, list[str]]):  # noqa: ANN201
+    """A scripted endpoint that keeps every item of ``rows`` and proposes ``spans[item id]`` for it."""
+    from tests.openai_script import ScriptedEndpoint, extraction_reply, screening_reply, stage_of
+
+    def script(body: dict) -> str:
+        user = body["messages"][-1]["content"]
+        (row,) = [r for r in rows if r["private_context"] in user and r["public_query"] in user]
+        return screening_reply(True) if stage_of(body) == "screen" else extraction_reply(spans[row["_id"]])
+
+    return ScriptedEndpoint(script)

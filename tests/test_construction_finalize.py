@@ -5,7 +5,6 @@ table reproduces the provenance note's independent measurements."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -15,23 +14,16 @@ from eval_harness.construction.finalize import SCHEMA_KEYS, attributes_markdown,
 from eval_harness.construction.review import ReviewLog
 from eval_harness.datasets import load_task
 
-from tests.construction_sources import cosmosqa_record, medqa_record, shipped, write_by_split
-from tests.openai_script import ScriptedEndpoint, extraction_reply, screening_reply, stage_of
-
-
-def spans_of(row: dict) -> list[str]:
-    return [span.strip() for span in row["filtered_context"].split(",") if span.strip()]
-
-
-def survives_validation(span: str, row: dict) -> bool:
-    """Independently of the judge's checks: in the context as whole words, not in the question, case-insensitively."""
-    in_context = re.search(rf"(?<!\w){re.escape(span)}(?!\w)", row["private_context"])
-    return bool(in_context) and span.lower() not in row["public_query"].lower()
-
-
-def clean(row: dict) -> bool:
-    spans = spans_of(row)
-    return len(set(spans)) == len(spans) and all(survives_validation(span, row) for span in spans)
+from tests.construction_sources import (
+    clean,
+    cosmosqa_record,
+    fixed_judge,
+    medqa_record,
+    shipped,
+    spans_of,
+    survives_validation,
+    write_by_split,
+)
 
 
 def test_the_attributes_reproduce_the_provenance_notes_measurements() -> None:
@@ -51,16 +43,6 @@ def test_the_attributes_reproduce_the_provenance_notes_measurements() -> None:
         r"Avg. spans |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|",
         "| MedPriv | MedQA | Medical | 1,000 | 4 | 15.9 | 46.1 | 26.5 | 13.7 |"]
-
-
-def fixed_judge(rows: list[dict], spans: dict[str, list[str]]) -> ScriptedEndpoint:
-    """Keeps every item and proposes ``spans[item id]``."""
-    def script(body: dict) -> str:
-        user = body["messages"][1]["content"]
-        (row,) = [r for r in rows if r["private_context"] in user and r["public_query"] in user]
-        return screening_reply(True) if stage_of(body) == "screen" else extraction_reply(spans[row["_id"]])
-
-    return ScriptedEndpoint(script)
 
 
 @pytest.mark.parametrize(("dataset", "source_format", "record"), [("MEDPRIV.jsonl", "medqa", medqa_record),

@@ -20,12 +20,12 @@ from collections import Counter
 from pathlib import Path
 
 from cloud_adapter.cli import _positive_float, _positive_int
-from eval_harness.cli import build_benchmark, finalize
+from eval_harness.cli import build_benchmark, finalize, review
 from edge_sdk.policies import FUSION_MODES
 
 USAGE_ERROR = 2
 #: benchmark construction: a module per command (``add_parser``, ``run``)
-CONSTRUCTION_COMMANDS = {"build-benchmark": build_benchmark, "finalize": finalize}
+CONSTRUCTION_COMMANDS = {"build-benchmark": build_benchmark, "review": review, "finalize": finalize}
 #: ``--ray`` without an address: start a new local Ray instance (Ray's own name for it)
 LOCAL_RAY = "local"
 

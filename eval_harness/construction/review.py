@@ -63,7 +63,7 @@ def check_decision(item: SplitItem, status: str, spans: Sequence[str]) -> list[s
     """The spans of a decision, stripped (``ValueError`` naming the first problem)."""
     if status not in STATUSES:
         raise ValueError(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
-    if isinstance(spans, str) or not all(isinstance(span, str) for span in spans):
+    if not isinstance(spans, (list, tuple)) or not all(isinstance(span, str) for span in spans):
         raise ValueError("spans must be a list of strings")
     for span in spans:
         if "," in span:
