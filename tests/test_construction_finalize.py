@@ -93,3 +93,40 @@ def test_finalized_rows_equal_the_shipped_rows_they_were_rebuilt_from(dataset, s
     (only,) = [json.loads(line) for line in (tmp_path / "reviewed" / "reviewed.jsonl").read_text().splitlines()]
     assert only == {**second, "filtered_context": ", ".join(spans_of(second)[1:])}
     assert "1 items written (1 accepted; 1 rejected; 5 not reviewed, left out" in capsys.readouterr().err
+
+
+def test_finalize_and_review_load_no_model_library(tmp_path: Path) -> None:
+    from tests.cli_runs import decodeleak_in_fresh_process
+
+    rows = [row for row in shipped("COMMPRIV.jsonl") if clean(row)][:2]
+    sources = write_by_split(rows, [cosmosqa_record(row) for row in rows], tmp_path / "source")
+    out = tmp_path / "build"
+    endpoint = fixed_judge(rows, {row["_id"]: spans_of(row) for row in rows})
+    with endpoint.running():
+        done, heavy = decodeleak_in_fresh_process(
+            ["build-benchmark", *map(str, sources), "--format", "cosmosqa", "--out", str(out), "--endpoint",
+             endpoint.base_url, "--model", "fixed", "--cache", str(tmp_path / "cache")])
+    assert done.returncode == 0 and heavy == [], done.stderr
+    for args in (["review", str(out), "--export-csv", str(tmp_path / "r.csv")], ["finalize", str(out), "--unreviewed"]):
+        done, heavy = decodeleak_in_fresh_process(args)
+        assert done.returncode == 0 and heavy == [], done.stderr
+
+
+def test_a_generic_source_with_five_options_is_built_and_flagged(tmp_path: Path, capsys) -> None:
+    rows = [row for row in shipped("MEDPRIV.jsonl") if clean(row)][:2]
+    source = tmp_path / "notes.jsonl"
+    source.write_text("".join(json.dumps({"note": row["private_context"], "ask": row["public_query"],
+                                          "choices": [*row["options"].values(), "None of these"],
+                                          "gold": row["answer_idx"]}) + "\n" for row in rows))
+    endpoint = fixed_judge(rows, {row["_id"]: spans_of(row) for row in rows})
+    out = tmp_path / "build"
+    with endpoint.running():
+        assert main(["build-benchmark", str(source), "--format", "generic", "--fields",
+                     "public=ask,private=note,options=choices,answer=gold", "--domain", "clinical", "--out", str(out),
+                     "--endpoint", endpoint.base_url, "--model", "fixed", "--cache", str(tmp_path / "cache")]) == 0
+    assert main(["finalize", str(out), "--unreviewed"]) == 0
+    written = [json.loads(line) for line in (out / "final" / "build.jsonl").read_text().splitlines()]
+    assert [(r["_id"], r["_split"], r["options"]["E"], r["answer"]) for r in written] == [
+        (f"notes_{i}", "notes_jsonl", "None of these", row["answer"]) for i, row in enumerate(rows)]
+    assert "note: 2 items have options other than A-D" in capsys.readouterr().err
+    assert "| build | notes.jsonl (generic) | clinical | 2 | 5 |" in (out / "final" / "attributes.md").read_text()

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import re
-import shutil
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -22,10 +20,8 @@ from eval_harness.cli.decodeleak import main
 from eval_harness.construction.review import ReviewLog, export_csv, import_csv, marked, segments
 from eval_harness.construction.review_server import ReviewServer
 
+from tests.browser import headless_chromium
 from tests.construction_sources import clean, fixed_judge, medqa_record, shipped, spans_of, write_by_split
-
-BROWSERS = ("chromium", "chromium-browser", "google-chrome")
-
 
 @pytest.fixture
 def build(tmp_path: Path) -> tuple[Path, list[dict]]:
@@ -161,26 +157,8 @@ def test_the_page_api_refuses_what_it_must(build) -> None:  # noqa: ANN001
 
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[object]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    binary = next((path for path in map(shutil.which, BROWSERS) if path), None)
-    driver_path = shutil.which("chromedriver")
-    if binary is None or driver_path is None:
-        reason = "needs chromium and chromedriver on PATH (apt-get install chromium chromium-driver; .ci/run does)"
-        if os.environ.get("COVEIL_REQUIRE_BROWSER"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    options = webdriver.ChromeOptions()
-    options.binary_location = binary
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                     "--window-size=1200,1600", f"--user-data-dir={tmp_path / 'profile'}"):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(driver_path), options=options)
-    try:
+    with headless_chromium(tmp_path / "profile", window="1200,1600") as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def test_the_review_page_in_a_real_browser(build, browser, tmp_path: Path) -> None:  # noqa: ANN001

@@ -7,6 +7,8 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from cloud_adapter.cli import _positive_float, _positive_int
+
 DESCRIPTION = """\
 Split each source item into a public query with its options (what the cloud may see) and a private context
 (what stays on the edge), then have an LLM judge behind an OpenAI-compatible endpoint screen each item (keep it
@@ -16,13 +18,6 @@ is dropped and the reason counted. Each stage is checkpointed to DIR item by ite
 on disk, so a re-run (after a crash, Ctrl-C or a larger --limit) asks only for what is missing.
 
 Next: decodeleak review DIR (accept, edit or reject what the judge proposed), then decodeleak finalize DIR."""
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
 
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:  # noqa: SLF001
@@ -63,7 +58,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
                             "eval_harness/construction/prompts/)")
     judge.add_argument("--extract-prompt", type=Path, metavar="FILE",
                        help="an extraction prompt file of your own (default: the shared built-in one)")
-    judge.add_argument("--max-tokens", type=_positive, default=512, metavar="N",
+    judge.add_argument("--max-tokens", type=_positive_int, default=512, metavar="N",
                        help="the most tokens one reply may take (default: 512)")
     judge.add_argument("--no-system-role", action="store_true",
                        help="send each prompt as one user message opening with the system text (for chat templates "
@@ -71,21 +66,21 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     bounds = parser.add_argument_group(
         "reply bounds (--json-mode object-schema)", "added to the schema the server's grammar is made from, so a "
         "small model's reply stays short and within --max-tokens")
-    bounds.add_argument("--max-spans", type=_positive, default=ReplyBounds.spans, metavar="N",
+    bounds.add_argument("--max-spans", type=_positive_int, default=ReplyBounds.spans, metavar="N",
                         help=f"spans per reply (default: {ReplyBounds.spans})")
-    bounds.add_argument("--max-span-chars", type=_positive, default=ReplyBounds.span_chars, metavar="N",
+    bounds.add_argument("--max-span-chars", type=_positive_int, default=ReplyBounds.span_chars, metavar="N",
                         help=f"characters per span (default: {ReplyBounds.span_chars})")
-    bounds.add_argument("--max-text-chars", type=_positive, default=ReplyBounds.text_chars, metavar="N",
+    bounds.add_argument("--max-text-chars", type=_positive_int, default=ReplyBounds.text_chars, metavar="N",
                         help=f"characters of the reasons and the clue (default: {ReplyBounds.text_chars})")
-    judge.add_argument("--parallel", type=_positive, default=4, metavar="N",
+    judge.add_argument("--parallel", type=_positive_int, default=4, metavar="N",
                        help="requests in flight at once (default: 4); a rate-limited endpoint is retried with "
                             "backoff, honouring Retry-After")
     judge.add_argument("--max-retries", type=int, default=4, metavar="N",
                        help="retries of a failed call (connection, time-out, 429, 5xx; default: 4)")
-    judge.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS", help="one call's time limit")
+    judge.add_argument("--timeout", type=_positive_float, default=120.0, metavar="SECONDS", help="one call's time limit")
     judge.add_argument("--cache", type=Path, metavar="DIR",
                        help="where judge calls are cached (default: $COVEIL_CACHE_DIR/llm-calls)")
-    parser.add_argument("--limit", type=_positive, metavar="N", help="the first N items (a trial run)")
+    parser.add_argument("--limit", type=_positive_int, metavar="N", help="the first N items (a trial run)")
     parser.add_argument("-v", "--verbose", action="store_true", help="show the full traceback of an error")
     return parser
 
@@ -103,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
                if not value]
     if missing:
         raise ValueError(f"needs {', '.join(missing)} (on the command line or in --config)")
+    if args.max_retries < 0:
+        raise ValueError(f"--max-retries must be 0 or more, got {args.max_retries}")
     args.sources = [Path(source) for source in args.sources]  # a --config file gives strings
     if args.fields is not None and args.format != "generic":
         raise ValueError("--fields is for --format generic")

@@ -39,9 +39,23 @@ def run(args: argparse.Namespace) -> int:
     counts = done.counts
     left_out = "" if args.unreviewed or not counts["pending"] else (
         f"; {counts['pending']} not reviewed, left out (--unreviewed takes them)")
+    beyond = _options_beyond_the_prompt(done.paths[0])
+    if beyond:
+        print(f"note: {beyond} items have options other than A-D; the audits' prompt "
+              "(eval_harness.datasets.DecodeLeakItem.public_prompt) shows A-D only", file=sys.stderr)
     print((out / "attributes.md").read_text(encoding="utf-8"))
     print("\n".join(str(path) for path in done.paths))
     print(f"{done.rows} items written ({counts['accepted']} accepted"
           + (f", {counts['pending']} not reviewed" if args.unreviewed else "")
           + f"; {counts['rejected']} rejected{left_out})", file=sys.stderr)
     return 0
+
+
+def _options_beyond_the_prompt(jsonl: Path) -> int:
+    """Rows of ``jsonl`` with an option key other than A, B, C, D."""
+    import json
+
+    from eval_harness.datasets import LETTERS
+
+    rows = [json.loads(line) for line in jsonl.read_text(encoding="utf-8").splitlines()]
+    return sum(1 for row in rows if set(row["options"]) - set(LETTERS))

@@ -20,7 +20,7 @@ import hashlib
 import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,28 +154,35 @@ def run_stage(counts: StageCounts, items: Sequence[SplitItem], store: ResultStor
               on_row: Callable[[StageCounts], None] = lambda counts: None) -> None:
     """Ask ``ask`` about every item not in ``store`` yet (``parallel`` at once), append each row as it comes.
 
-    ``counts`` takes every item's row, those already stored first; ``on_row`` is called after each.
+    ``counts`` takes every item's row, those already stored first; ``on_row`` is called after each. When a call
+    fails for good, the items not started are cancelled, the calls in flight are let finish and their rows
+    written, and the failure is raised (as an :class:`EndpointError` when the endpoint refused).
     """
     pending = [item for item in items if item.item_id not in store]
     executor = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix=f"judge-{counts.name}")
-    futures: dict[Future[dict[str, Any]], SplitItem] = {}
+    written: set[Future[dict[str, Any]]] = set()
+
+    def write(future: Future[dict[str, Any]]) -> None:
+        row = future.result()
+        store.append(row)
+        written.add(future)
+        counts.asked += 1
+        counts.add(row)
+        on_row(counts)
+
     try:
-        futures = {executor.submit(ask, item): item for item in pending}
-        not_done: set[Future[dict[str, Any]]] = set(futures)
-        while not_done:
-            done, not_done = wait(not_done, return_when=FIRST_EXCEPTION)
-            failed = [future.exception() for future in done if future.exception() is not None]
-            for future in done:  # the rows that did finish are written before a failure stops the stage
-                if future.exception() is None:
-                    row = future.result()
-                    store.append(row)
-                    counts.asked += 1
-                    counts.add(row)
-                    on_row(counts)
-            if failed:
-                explained = _explain(failed[0], counts.name, json_mode)
-                raise (explained or failed[0]) from failed[0]
-    finally:
+        futures = [executor.submit(ask, item) for item in pending]
+        for future in as_completed(futures):
+            failure = future.exception()
+            if failure is None:
+                write(future)
+                continue
+            executor.shutdown(wait=True, cancel_futures=True)
+            for other in futures:
+                if other.done() and not other.cancelled() and other.exception() is None and other not in written:
+                    write(other)
+            raise (_explain(failure, counts.name, json_mode) or failure) from failure
+    finally:  # Ctrl-C: stop at once; what finished is written
         executor.shutdown(wait=False, cancel_futures=True)
 
 
