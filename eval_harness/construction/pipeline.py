@@ -206,6 +206,22 @@ class BuildSummary:
                 **{stage.name: stage.to_json() for stage in self.stages}}
 
 
+def _stage(path: Path, name: str, items: Sequence[SplitItem], ask: Callable[[SplitItem], dict[str, Any]], *,
+           parallel: int, json_mode: str,
+           progress: Callable[[str, int], Callable[[StageCounts], None]] | None) -> StageCounts:
+    """One stage over ``items``, its rows in ``path``: the counts over every item, stored before or asked now."""
+    counts = StageCounts(name)
+    with ResultStore(path) as store:
+        done = read_stage(path)
+        for item in items:
+            if item.item_id in done:
+                counts.add(done[item.item_id])
+        on_row = progress(name, len(items)) if progress is not None else (lambda counts: None)
+        on_row(counts)
+        run_stage(counts, items, store, ask, parallel=parallel, json_mode=json_mode, on_row=on_row)
+    return counts
+
+
 def build(directory: Path, items: Sequence[SplitItem], skipped: Counter[str], judge: Judge, *,
           manifest: Mapping[str, Any], parallel: int = 4,
           progress: Callable[[str, int], Callable[[StageCounts], None]] | None = None) -> BuildSummary:
@@ -223,23 +239,12 @@ def build(directory: Path, items: Sequence[SplitItem], skipped: Counter[str], ju
                                      "give another --out")
             else:
                 store.append(item.to_row())
-    stages = []
-    screened_kept: list[SplitItem] = []
-    for name, path, subjects, ask in (("screen", SCREENING, items, judge.screen),
-                                      ("extract", EXTRACTION, screened_kept, judge.extract)):
-        counts = StageCounts(name)
-        with ResultStore(directory / path) as store:
-            done = read_stage(directory / path)
-            for item in subjects:
-                if item.item_id in done:
-                    counts.add(done[item.item_id])
-            on_row = progress(name, len(subjects)) if progress is not None else (lambda counts: None)
-            on_row(counts)
-            run_stage(counts, subjects, store, ask, parallel=parallel, json_mode=manifest["json_mode"], on_row=on_row)
-        stages.append(counts)
-        if name == "screen":
-            kept_ids = {key for key, row in read_stage(directory / SCREENING).items() if row["kept"]}
-            screened_kept.extend(item for item in items if item.item_id in kept_ids)
+    options = {"parallel": parallel, "json_mode": manifest["json_mode"], "progress": progress}
+    screened = _stage(directory / SCREENING, "screen", items, judge.screen, **options)
+    verdicts = read_stage(directory / SCREENING)
+    kept = [item for item in items if verdicts[item.item_id]["kept"]]
+    extracted = _stage(directory / EXTRACTION, "extract", kept, judge.extract, **options)
+    stages = [screened, extracted]
     summary = BuildSummary(len(items), skipped, stages)
     (directory / SUMMARY).write_text(json.dumps(summary.to_json(), indent=2, ensure_ascii=False) + "\n",
                                      encoding="utf-8")
