@@ -8,8 +8,6 @@ installs chromium and chromium-driver and sets it): then it fails.
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +16,7 @@ import pytest
 from edge_sdk.policies import CoVeil
 from edge_sdk.prompts import chat_prompts
 
+from tests.browser import headless_chromium
 from tests.endpoint_stack import (  # noqa: F401  (fixtures)
     CANARY,
     PRIVATE_CONTEXT,
@@ -31,31 +30,12 @@ from tests.endpoint_stack import (  # noqa: F401  (fixtures)
 pytestmark = pytest.mark.model
 
 TOKENS = 8
-BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 
 
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[object]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    binary = next((path for path in map(shutil.which, BROWSERS) if path), None)
-    driver_path = shutil.which("chromedriver")
-    if binary is None or driver_path is None:
-        reason = "needs chromium and chromedriver on PATH (apt-get install chromium chromium-driver; .ci/run does)"
-        if os.environ.get("COVEIL_REQUIRE_BROWSER"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    options = webdriver.ChromeOptions()
-    options.binary_location = binary
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                     "--window-size=1200,1500", f"--user-data-dir={tmp_path / 'profile'}"):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(driver_path), options=options)
-    try:
+    with headless_chromium(tmp_path / "profile") as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def test_the_page_colours_each_token_by_what_the_cloud_saw(endpoint: Endpoint, browser, tmp_path: Path) -> None:  # noqa: ANN001

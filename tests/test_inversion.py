@@ -5,12 +5,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-import socket
-import subprocess
-import sys
 import threading
-import time
-import urllib.request
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
@@ -31,6 +26,7 @@ from eval_harness.attacks.inversion import (
 from eval_harness.llm.client import ChatClient
 
 from tests.conftest import PRIVATE_CONTEXT, PUBLIC_PROMPT
+from tests.llama_server import llama_cpp_server
 
 CANARY = "Quartzwhistle-7731"
 
@@ -165,41 +161,12 @@ def test_the_client_retries_transient_failures_and_caches_every_call(tmp_path: P
         server.shutdown()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def llama_server():
     """llama-cpp-python's own OpenAI-compatible server with the embedded model, on loopback."""
-    from edge_sdk.models import embedded_gguf_path
-
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "llama_cpp.server", "--model", str(embedded_gguf_path()), "--host", "127.0.0.1",
-         "--port", str(port), "--n_ctx", "4096", "--n_threads", "1", "--model_alias", "gemma-3-270m",
-         # the GGUF carries no chat template: without this the server would wrap Gemma's turns in Llama-2's
-         "--chat_format", "gemma"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}/v1"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            urllib.request.urlopen(base + "/models", timeout=2)
-            break
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                raise RuntimeError("llama_cpp.server did not come up")
-            time.sleep(0.5)
-    try:
-        yield base, process
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+    # the GGUF carries no chat template: without one the server would wrap Gemma's turns in Llama-2's
+    with llama_cpp_server(chat_format="gemma") as server:
+        yield server
 
 
 @pytest.mark.model

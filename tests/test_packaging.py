@@ -90,3 +90,15 @@ def test_the_live_page_ships_in_the_package() -> None:
     patterns = data["edge_sdk.server"]
     assert shipped == {"index.html", "app.js", "style.css"}
     assert all(any(Path("static", name).match(pattern) for pattern in patterns) for name in shipped)
+
+
+def test_the_construction_prompts_and_review_page_ship_in_the_package() -> None:
+    import tomllib
+
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    patterns = data["eval_harness.construction"]
+    base = ROOT / "eval_harness" / "construction"
+    shipped = [path.relative_to(base) for folder in ("prompts", "static") for path in (base / folder).iterdir()]
+    assert {p.name for p in shipped} == {"screen_clinical.txt", "screen_narrative.txt", "extract.txt",
+                                         "review.html", "review.js", "review.css"}
+    assert all(any(path.match(pattern) for pattern in patterns) for path in shipped)

@@ -20,9 +20,12 @@ from collections import Counter
 from pathlib import Path
 
 from cloud_adapter.cli import _positive_float, _positive_int
+from eval_harness.cli import build_benchmark, finalize, review
 from edge_sdk.policies import FUSION_MODES
 
 USAGE_ERROR = 2
+#: benchmark construction: a module per command (``add_parser``, ``run``)
+CONSTRUCTION_COMMANDS = {"build-benchmark": build_benchmark, "review": review, "finalize": finalize}
 #: ``--ray`` without an address: start a new local Ray instance (Ray's own name for it)
 LOCAL_RAY = "local"
 
@@ -199,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="leakage_vs_k_methods: draw each method at its setting nearest this Token-ER@100 "
                            "(default: the median over --policy's settings)")
     plot.add_argument("-v", "--verbose", action="store_true", help="show the full traceback of an error")
+    for command in CONSTRUCTION_COMMANDS.values():
+        command.add_parser(commands)
     return parser
 
 
@@ -236,8 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return execute(args)
     except KeyboardInterrupt:
-        print(f"decodeleak {args.command}: interrupted; what was written so far is kept in {args.out}",
-              file=sys.stderr)
+        print(f"decodeleak {args.command}: interrupted; what was written so far is kept in "
+              f"{getattr(args, 'out', None) or args.directory}", file=sys.stderr)
         return 130
     except (ValueError, KeyError, OSError) as exc:
         if args.verbose:
@@ -310,6 +315,8 @@ def write_plots(args: argparse.Namespace) -> int:
 
 
 def execute(args: argparse.Namespace) -> int:
+    if args.command in CONSTRUCTION_COMMANDS:
+        return CONSTRUCTION_COMMANDS[args.command].run(args)
     if args.command == "report":
         return write_report(args)
     if args.command == "plot":

@@ -2,10 +2,11 @@
 
 Any server that speaks the OpenAI chat API works: vLLM, llama.cpp's server,
 a hosted model.  Every call is cached on disk under the digest of its full
-request (model, messages, parameters), so a re-run of an audit costs no
-calls at all and a crash loses only the call in flight.  Transient failures
-(connection errors, time-outs, rate limits, 5xx) are retried with
-exponential backoff.
+request (model, messages, parameters: a ``response_format`` with its JSON
+schema included), so a re-run of an audit costs no calls at all and a crash
+loses only the call in flight.  Transient failures (connection errors,
+time-outs, rate limits, 5xx) are retried with exponential backoff, waiting at
+least as long as a ``Retry-After`` header asks.
 """
 
 from __future__ import annotations
@@ -95,8 +96,25 @@ class ChatClient:
                     self.calls += 1
                 response = self._client.chat.completions.create(model=self.model, messages=list(messages), **params)
                 return response.choices[0].message.content or ""
-            except transient:
+            except transient as exc:
                 if attempt == self.max_retries:
                     raise
-                time.sleep(self.backoff_s * 2**attempt)
+                time.sleep(max(self.backoff_s * 2**attempt, retry_after_s(exc)))
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+#: the longest ``Retry-After`` honoured (a server asking for more is waited on this long, then asked again)
+MAX_RETRY_AFTER_S = 120.0
+
+
+def retry_after_s(exc: Exception) -> float:
+    """The wait a rate-limited (or busy) endpoint asked for in its ``Retry-After`` header, in seconds (0 if none).
+
+    Only the delay-seconds form is read (what OpenAI, vLLM and most gateways send); an HTTP date counts as none.
+    """
+    response = getattr(exc, "response", None)
+    value = None if response is None else response.headers.get("retry-after")
+    try:
+        return min(max(float(value), 0.0), MAX_RETRY_AFTER_S) if value is not None else 0.0
+    except ValueError:
+        return 0.0

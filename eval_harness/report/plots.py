@@ -605,3 +605,32 @@ def inversion_tradeoff(rows: Iterable[Mapping[str, Any]], out_dir: str | Path) -
             written.append(path)
         plt.close(fig)
     return written
+
+
+def length_distributions(lengths: Mapping[str, Sequence[int]], out_dir: str | Path, *, title: str,
+                         stem: str = "length_distribution") -> list[Path]:
+    """Write ``<stem>.png`` and ``.pdf``: one histogram of word counts per entry of ``lengths`` (the paper's length
+    distributions of x_pub, x_priv and E_priv), side by side, each with its mean marked and given above it;
+    return the paths."""
+    plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(1, len(lengths), figsize=(4.2 * len(lengths), 3.4), squeeze=False)
+    for ax, (label, counts) in zip(axes.flat, lengths.items()):
+        values = np.asarray(counts, dtype=int)
+        # at most ~20 bars, each a whole number of words wide and centred on whole numbers
+        width = max(1, -(-(int(values.max()) - int(values.min()) + 1) // 20))
+        edges = np.arange(values.min(), values.max() + width + 1, width) - 0.5
+        ax.hist(values, bins=edges, color="tab:blue", alpha=0.8, edgecolor="white")
+        mean = values.mean()
+        ax.axvline(mean, color="black", linestyle="--", linewidth=1)
+        ax.set_title(f"mean {mean:.1f} (dashed)", fontsize=9)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel(f"{label} (words)")
+        ax.set_ylabel("items")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return _save(fig, out, stem)
