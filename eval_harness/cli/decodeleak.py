@@ -3,7 +3,8 @@
 ``decodeleak sweep`` runs the paper's grids (or a grid config of yours) over
 MedPriv/CommPriv items and appends one JSONL row per (setting, item) as it
 finishes; a re-run skips what is there, so a crash or Ctrl-C loses nothing.
-``decodeleak run`` is one setting.
+``decodeleak run`` is one setting.  ``decodeleak compare-quant`` checks a quantised
+edge model against its full-precision reference (:mod:`eval_harness.cli.compare_quant`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 
 from edge_sdk.policies import FUSION_MODES
+from eval_harness.cli import compare_quant
 
 USAGE_ERROR = 2
 
@@ -83,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--out", type=Path, default=Path("runs/decodeleak/plots"), help="where the figures go")
     plot.add_argument("--rules", choices=["paper", "release"], default="paper", help="which metric rules to plot")
     plot.add_argument("-v", "--verbose", action="store_true", help="show the full traceback of an error")
+    compare_quant.add_parser(commands)
     return parser
 
 
@@ -168,6 +171,8 @@ def execute(args: argparse.Namespace) -> int:
         return write_report(args)
     if args.command == "plot":
         return write_plots(args)
+    if args.command == "compare-quant":
+        return compare_quant.execute(args)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from eval_harness.datasets import load_task
