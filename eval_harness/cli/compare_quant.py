@@ -73,7 +73,7 @@ def execute(args: argparse.Namespace) -> int:
     from edge_sdk.models import resolve_model
     from eval_harness.cli.decodeleak import _reference
     from eval_harness.compare.audit import QuantAudit, QuantComparison
-    from eval_harness.compare.quantize import derive_variant, gguf_info
+    from eval_harness.compare.quantize import cached_info, derive_variant
     from eval_harness.datasets import load_task
     from eval_harness.protocol import DecodingProtocol
     from eval_harness.report.quant import drift_figure, markdown, summarise, write_summary
@@ -91,7 +91,7 @@ def execute(args: argparse.Namespace) -> int:
     if source.gguf_path is None:
         raise ValueError(f"--slm must be a GGUF file (llama.cpp runs it, the variants are derived from it): {args.slm}")
     source_sha = str(file_digest(source.gguf_path))
-    source_type = gguf_info(source.gguf_path).file_type
+    source_type = cached_info(source.gguf_path, source_sha, args.cache_dir).file_type
     variants = []
     for name in dict.fromkeys(args.variants):  # derived once per source file and type, then read from the cache
         variants.append(derive_variant(source.gguf_path, name, cache_dir=args.cache_dir, source_sha256=source_sha))

@@ -15,12 +15,14 @@ embedding keeps its own type.  Bits per weight are therefore read off each file,
 
 Variants are cached as ``<cache>/quantized/<stem>.<sha256[:16] of the source>.<TYPE>.gguf`` (default cache:
 ``$COVEIL_CACHE_DIR``, else ``~/.cache/coveil``), written to a temporary name and renamed, so an interrupted
-quantisation never leaves a file that looks finished.
+quantisation never leaves a file that looks finished; what each file holds is kept beside them by content
+(:func:`cached_info`).
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -98,6 +100,24 @@ def gguf_info(path: str | Path) -> GGUFInfo:
     )
 
 
+def cached_info(path: str | Path, sha256: str, cache_dir: str | Path | None = None) -> GGUFInfo:
+    """:func:`gguf_info`, kept as ``<cache>/info/<sha256[:16]>.json`` after the first read.
+
+    The ``gguf`` reader parses every metadata array into Python objects (Gemma-3's 262k-entry vocabulary
+    three times over; 55 s for the embedded model on a busy 2-core machine), so each file's content is read once.
+    """
+    directory = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "info"
+    sidecar = directory / f"{sha256[:16]}.json"
+    if sidecar.is_file():
+        return GGUFInfo(**{**json.loads(sidecar.read_text(encoding="utf-8")), "path": str(path)})
+    info = gguf_info(path)
+    directory.mkdir(parents=True, exist_ok=True)
+    partial = sidecar.with_name(f".{sidecar.name}.{os.getpid()}.partial")
+    partial.write_text(json.dumps(info.to_json()), encoding="utf-8")
+    os.replace(partial, sidecar)
+    return info
+
+
 def default_cache_dir() -> Path:
     """``$COVEIL_CACHE_DIR/quantized`` (default ``~/.cache/coveil/quantized``), beside the dequantised models."""
     from cloud_adapter.hf_loading import cache_root
@@ -162,8 +182,8 @@ def derive_variant(source: str | Path, type_name: str, *, cache_dir: str | Path 
 
     source = Path(source)
     canonical = quant_type(type_name)
-    source_info = gguf_info(source)
     digest = source_sha256 or str(file_digest(source))
+    source_info = cached_info(source, digest, cache_dir)
     if source_info.file_type == canonical:
         return Variant(type_name, source, digest, source_info, derived_from=None)
     directory = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -173,11 +193,12 @@ def derive_variant(source: str | Path, type_name: str, *, cache_dir: str | Path 
         partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
         try:
             quantize(source, canonical, partial)
-            written = gguf_info(partial).file_type
+            written = cached_info(partial, str(file_digest(partial)), cache_dir).file_type
             if written != canonical:
                 raise RuntimeError(f"llama.cpp wrote a {written} file when asked for {canonical}")
             os.replace(partial, target)
         finally:
             partial.unlink(missing_ok=True)
-    info = gguf_info(target)
-    return Variant(type_name, target, str(file_digest(target)), info, derived_from=source_info.file_type)
+    target_digest = str(file_digest(target))
+    return Variant(type_name, target, target_digest, cached_info(target, target_digest, cache_dir),
+                   derived_from=source_info.file_type)
