@@ -4,25 +4,25 @@ Each item runs the SDK's own loop (:class:`edge_sdk.client.EdgeClient` over the 
 :class:`~edge_sdk.backends.llama_cpp.LlamaCppSLM` as its edge model.  ``concurrency`` llama.cpp contexts each
 decode one item at a time; the cloud is a :class:`~cloud_adapter.engine.CloudEngine` shared with a
 :class:`~eval_harness.runners.reference.ReferenceRunner`, so every edge model meets the same cloud and the
-cloud's forwards of the items in flight still run as one batch.  :meth:`LlamaCppEdgeRunner.run` has the
-reference runner's signature: :func:`eval_harness.sweep.execute.run_sweep` drives either.
+cloud's forwards of the items in flight still run as one batch.  It shares the
+reference runner's :class:`~eval_harness.runners.reference.ItemRunner` loop, so
+:func:`eval_harness.sweep.execute.run_sweep` drives either.
 """
 
 from __future__ import annotations
 
 import os
 import queue
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from cloud_adapter.engine import CloudEngine
 from edge_sdk.backends.llama_cpp import LlamaCppSLM
-from edge_sdk.client import EdgeClient, GenerationResult
-from eval_harness.runners.reference import ItemRun
+from eval_harness.runners.reference import ItemRunner
 
 
-class LlamaCppEdgeRunner:
+class LlamaCppEdgeRunner(ItemRunner):
     """A GGUF edge model in llama.cpp, ``concurrency`` items at once, against ``engine``.
 
     Args:
@@ -47,33 +47,14 @@ class LlamaCppEdgeRunner:
         """The edge model, for policies that build themselves from it (used before any item runs)."""
         return self._slms[0]
 
-    def run(
-        self,
-        runs: Sequence[ItemRun],
-        *,
-        mode: str,
-        alpha: float,
-        max_new_tokens: int,
-        on_result: Callable[[ItemRun, GenerationResult], None] | None = None,
-        exposure_k: int = 100,
-    ) -> list[GenerationResult]:
-        """Decode every item; ``on_result`` is called (from a worker thread) as each one finishes."""
-
-        def one(item: ItemRun) -> GenerationResult:
-            slm = self._idle.get()
-            try:
-                client = EdgeClient(lambda: self.engine.session("llama-cpp-edge"), slm=slm)
-                result = client.generate(item.public_prompt, item.private_context, mode=mode, policy=item.policy,
-                                         alpha=alpha, max_new_tokens=max_new_tokens, rng=item.rng,
-                                         stopping=item.stopping, exposure_k=exposure_k)
-            finally:
-                self._idle.put(slm)
-            if on_result is not None:
-                on_result(item, result)
-            return result
-
-        with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="llama-cpp-item") as pool:
-            return list(pool.map(one, runs))
+    @contextmanager
+    def edge(self) -> Iterator[LlamaCppSLM]:
+        """An idle llama.cpp context for one item (its previous item's cache is replaced by the next prefill)."""
+        slm = self._idle.get()
+        try:
+            yield slm
+        finally:
+            self._idle.put(slm)
 
     def close(self) -> None:
         for slm in self._slms:

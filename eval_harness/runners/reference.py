@@ -12,8 +12,10 @@ one item at a time without a cache as the authors' release does.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +25,7 @@ from cloud_adapter.engine import CloudEngine
 from cloud_adapter.limits import Limits
 from cloud_adapter.llm import TransformersLLM, TransformersSLM
 from cloud_adapter.runners import StepBatcher
+from edge_sdk.backends.base import SLMBackend
 from edge_sdk.client import EdgeClient, GenerationResult
 from edge_sdk.policies import Policy
 
@@ -78,7 +81,52 @@ class ItemRun:
     stopping: Any = None
 
 
-class ReferenceRunner:
+class ItemRunner(ABC):
+    """Items through the SDK's loop against ``self.engine``, ``self.concurrency`` at once.
+
+    A subclass says where each item's edge model comes from (:meth:`edge`) and sets ``engine`` (the cloud)
+    and ``concurrency``; :meth:`run` is the same for all, so a sweep drives any of them.
+    """
+
+    engine: CloudEngine
+    concurrency: int
+
+    @property
+    @abstractmethod
+    def policy_backend(self) -> SLMBackend:
+        """The edge model, for policies that build themselves from it (CusText's clusters)."""
+
+    @abstractmethod
+    def edge(self) -> AbstractContextManager[SLMBackend]:
+        """One item's edge model, held for the item while it decodes."""
+
+    def run(
+        self,
+        runs: Sequence[ItemRun],
+        *,
+        mode: str,
+        alpha: float,
+        max_new_tokens: int,
+        on_result: Callable[[ItemRun, GenerationResult], None] | None = None,
+        exposure_k: int = 100,
+    ) -> list[GenerationResult]:
+        """Decode every item; ``on_result`` is called (from a worker thread) as each one finishes."""
+
+        def one(item: ItemRun) -> GenerationResult:
+            with self.edge() as slm:
+                client = EdgeClient(lambda: self.engine.session("audit"), slm=slm)
+                result = client.generate(item.public_prompt, item.private_context, mode=mode, policy=item.policy,
+                                         alpha=alpha, max_new_tokens=max_new_tokens, rng=item.rng,
+                                         stopping=item.stopping, exposure_k=exposure_k)
+            if on_result is not None:
+                on_result(item, result)
+            return result
+
+        with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="audit-item") as pool:
+            return list(pool.map(one, runs))
+
+
+class ReferenceRunner(ItemRunner):
     """Both models in transformers, ``concurrency`` items in flight; results as the in-process SDK gives them.
 
     Args:
@@ -108,33 +156,14 @@ class ReferenceRunner:
         """How many batched forwards of each size ran: (SLM, cloud LLM)."""
         return dict(self._slm_batcher.batch_sizes), dict(self._llm_batcher.batch_sizes)
 
-    def run(
-        self,
-        runs: Sequence[ItemRun],
-        *,
-        mode: str,
-        alpha: float,
-        max_new_tokens: int,
-        on_result: Callable[[ItemRun, GenerationResult], None] | None = None,
-        exposure_k: int = 100,
-    ) -> list[GenerationResult]:
-        """Decode every item; ``on_result`` is called (from a worker thread) as each one finishes."""
-
-        def one(item: ItemRun) -> GenerationResult:
-            slm = BatchedSLM(self.slm_model, self._slm_batcher, self._tokenizer_lock)
-            try:
-                client = EdgeClient(lambda: self.engine.session("reference"), slm=slm)
-                result = client.generate(item.public_prompt, item.private_context, mode=mode, policy=item.policy,
-                                         alpha=alpha, max_new_tokens=max_new_tokens, rng=item.rng,
-                                         stopping=item.stopping, exposure_k=exposure_k)
-            finally:
-                slm.close()
-            if on_result is not None:
-                on_result(item, result)
-            return result
-
-        with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="reference-item") as pool:
-            return list(pool.map(one, runs))
+    @contextmanager
+    def edge(self) -> Iterator[BatchedSLM]:
+        """One item's edge model: a sequence of the shared SLM batcher, released when the item is done."""
+        slm = BatchedSLM(self.slm_model, self._slm_batcher, self._tokenizer_lock)
+        try:
+            yield slm
+        finally:
+            slm.close()
 
     def close(self) -> None:
         self._slm_batcher.close()

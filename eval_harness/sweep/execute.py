@@ -25,7 +25,7 @@ from edge_sdk.policies import make_policy, policy_class
 from eval_harness.datasets import DecodeLeakItem
 from eval_harness.metrics import Vocabulary, evidence_counts, evidence_recall
 from eval_harness.protocol import DecodingProtocol
-from eval_harness.runners.reference import ItemRun, ReferenceRunner
+from eval_harness.runners.reference import ItemRun, ItemRunner
 from eval_harness.sweep.grid import Setting, row_key, shard
 from eval_harness.sweep.store import ResultStore
 
@@ -114,7 +114,7 @@ class SweepOutcome:
 def run_sweep(
     settings: Sequence[Setting],
     items: Mapping[str, Sequence[DecodeLeakItem]],
-    runner: ReferenceRunner,
+    runner: ItemRunner,
     store: ResultStore,
     *,
     protocol: DecodingProtocol,
