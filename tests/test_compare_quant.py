@@ -199,3 +199,54 @@ def test_a_tiny_comparison_writes_rows_table_and_figure(q2k, tmp_path: Path) -> 
     png, pdf = out / "drift_vs_bits.png", out / "drift_vs_bits.pdf"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
     assert pdf.read_bytes()[:5] == b"%PDF-"
+
+
+# -- the summary and the table, from rows only ---------------------------------------------------------------
+
+
+def _result(key: str, mode: str, correct: bool, token_er: float) -> dict:
+    metrics = {"token_er@100": token_er, "rouge1_er@100": 0.5, "span_er@100": 0.25, "auc@100": 0.1}
+    return {"key": key, "mode": mode, "policy": "coveil", "params": {"lam": 1.0}, "correct": correct,
+            "metrics": metrics}
+
+
+def test_the_summary_pairs_items_and_pools_steps() -> None:
+    from eval_harness.report.quant import markdown, summarise
+
+    variant = {"name": "Q2_K", "file_type": "Q2_K", "derived_from": "Q4_K_M", "size_bytes": 237_000_000,
+               "bits_per_weight": 6.88, "matrix_bits_per_weight": 4.15}
+    steps = [
+        {"variant": "Q2_K", "mode": "edge", "kl": [0.0, 0.1, 0.2, 0.3], "top1": [True, True, False, True],
+         "overlap@10": [1.0, 0.9, 0.8, 0.7], "overlap@100": [1.0, 1.0, 1.0, 0.6],
+         "decision_agrees": [True, False, True, True]},
+        {"variant": "Q2_K", "mode": "cloud", "kl": [1.0], "top1": [False], "overlap@10": [0.5],
+         "overlap@100": [0.4], "decision_agrees": [False]},
+    ]
+    reference = [_result("a", "edge", True, 0.20), _result("b", "edge", False, 0.40)]
+    # item c ran only for the variant: it has no reference to be compared with
+    variants = {"Q2_K": [_result("a", "edge", False, 0.30), _result("b", "edge", False, 0.60),
+                         _result("c", "edge", True, 0.90)]}
+    summary = summarise([variant], steps, reference, variants)
+    q2k = summary["variants"][0]
+    assert q2k["steps"] == 5 and q2k["kl_mean"] == pytest.approx(1.6 / 5)
+    # 95th percentile of [0, 0.1, 0.2, 0.3, 1.0], linear between order statistics: 0.3 + 0.8 * (1.0 - 0.3)
+    assert q2k["kl_p95"] == pytest.approx(0.86)
+    assert q2k["top1"] == pytest.approx(3 / 5) and q2k["overlap@100"] == pytest.approx(4.0 / 5)
+    assert q2k["coveil_agreement"] == {"cloud": 0.0, "edge": pytest.approx(0.75)}
+    delta = q2k["end_to_end"]["edge-side coveil lam=1.0"]
+    assert delta["items"] == 2  # a and b
+    assert delta["token_er@100"] == pytest.approx((0.10 + 0.20) / 2) and delta["span_er@100"] == 0.0
+    assert delta["accuracy"] == pytest.approx(-0.5)  # a: right -> wrong, b: wrong -> wrong
+    ref = summary["reference"]["edge-side coveil lam=1.0"]
+    assert ref["items"] == 2 and ref["accuracy"] == 0.5 and ref["token_er@100"] == pytest.approx(0.30)
+    table = markdown(summary, title="t", preamble="p")
+    assert "| Q2_K | Q2_K (from Q4_K_M) | 4.15 / 6.88 | 237.0 | 5 | 0.3200 | 0.8600 | 60.0% |" in table
+    assert "| reference | 2 | 50.0% | 30.0% | 50.0% | 25.0% | 10.0% |" in table
+    assert "| Δ Q2_K | 2 | -50.0 | +15.0 | +0.0 | +0.0 | +0.0 |" in table
+
+
+def test_the_report_reads_rows_without_model_libraries() -> None:
+    from tests.test_packaging import imported_after
+
+    loaded = imported_after("import eval_harness.report.quant")
+    assert not [m for m in loaded if m.split(".")[0] in ("torch", "transformers", "llama_cpp", "cloud_adapter")]
