@@ -170,6 +170,18 @@ def test_compare_quant_refuses_a_run_without_coveil_before_loading_anything(caps
     assert "needs coveil" in capsys.readouterr().err
 
 
+def test_compare_quant_takes_its_defaults_from_a_config_file(tmp_path: Path) -> None:
+    from eval_harness.cli.decodeleak import parse
+
+    args = parse(["compare-quant"])
+    assert args.limit == 20 and args.variants == ["Q8_0", "Q4_K_M", "Q3_K", "Q2_K"] and args.max_new_tokens == 256
+    assert args.modes == ["cloud", "edge"] and args.dtype == "fp32"
+    config = tmp_path / "quant.json"
+    config.write_text(json.dumps({"variants": "Q8_0,Q2_K", "limit": 5, "max-new-tokens": 32}))
+    args = parse(["compare-quant", "--config", str(config), "--limit", "3"])
+    assert args.variants == ["Q8_0", "Q2_K"] and args.max_new_tokens == 32 and args.limit == 3
+
+
 @pytest.mark.model
 def test_a_tiny_comparison_writes_rows_table_and_figure(q2k, tmp_path: Path) -> None:
     from eval_harness.cli.decodeleak import main
