@@ -68,7 +68,8 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 def execute(args: argparse.Namespace) -> int:
     """Run the three passes with a progress bar, then write the table, the summary and the figure."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
 
     from edge_sdk.models import resolve_model
     from eval_harness.cli.decodeleak import _reference
@@ -101,7 +102,8 @@ def execute(args: argparse.Namespace) -> int:
     runner, vocab, metadata = _reference(args, protocol)
     args.out.mkdir(parents=True, exist_ok=True)
     with runner:
-        comparison = QuantComparison(runner, vocab, metadata, protocol, items, audit, variants, args.out, seed=args.seed)
+        comparison = QuantComparison(runner, vocab, metadata, protocol, items, audit, variants, args.out,
+                                     seed=args.seed)
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       TextColumn("eta"), TimeRemainingColumn()) as progress:
             bar = progress.add_task("compare-quant: reference, end to end", total=comparison.total)

@@ -27,8 +27,10 @@ from eval_harness.sweep.grid import Setting, row_key
 from eval_harness.sweep.store import ResultStore, read_rows
 
 if TYPE_CHECKING:
+    from edge_sdk.policies.base import FusionMode
+    from eval_harness.compare.drift import StepDrift
     from eval_harness.metrics import Vocabulary
-    from eval_harness.runners.reference import ReferenceRunner
+    from eval_harness.runners.reference import ItemRunner, ReferenceRunner
 
 #: the policies an end-to-end comparison runs (CoVeil's reference runs are the shared prefixes)
 POLICIES = ("undefended", "coveil")
@@ -52,7 +54,8 @@ class QuantAudit:
         if unknown:
             raise ValueError(f"compare-quant runs {', '.join(POLICIES)}; not {', '.join(unknown)}")
         if "coveil" not in self.policies:
-            raise ValueError("compare-quant needs coveil among the policies: its reference runs are the shared prefixes")
+            raise ValueError("compare-quant needs coveil among the policies: its reference runs are the shared "
+                             "prefixes")
 
     def setting(self, task: str, mode: str, policy: str) -> Setting:
         """The sweep setting of one (task, mode, policy); parameters at their defaults are left out."""
@@ -131,7 +134,7 @@ class QuantComparison:
         prefixes = sum(len(self.items[task]) for task in self.items) * len(self.audit.modes)
         return pairs * (1 + len(self.variants)) + prefixes * len(self.variants)
 
-    def _sweep(self, runner: Any, path: Path, metadata: Mapping[str, Any], on_row: Callable[[], None]) -> int:
+    def _sweep(self, runner: ItemRunner, path: Path, metadata: Mapping[str, Any], on_row: Callable[[], None]) -> int:
         from eval_harness.sweep.execute import run_sweep
 
         with ResultStore(path) as store:
@@ -159,7 +162,7 @@ class QuantComparison:
     def step_key(self, variant: Variant, setting: Setting, item_id: str) -> str:
         return f"{variant.name}.{variant.sha256[:12]}-{row_key(setting, item_id)}"
 
-    def run_steps(self, on_row: Callable[[], None], on_step: Callable[[], None] | None = None) -> int:
+    def run_steps(self, on_row: Callable[[], None]) -> int:
         """Pass 2 (needs pass 1's CoVeil rows); returns how many rows were already there."""
         from edge_sdk.backends.llama_cpp import LlamaCppSLM
         from edge_sdk.client import CONTEXT_SEPARATOR
@@ -190,12 +193,12 @@ class QuantComparison:
                     public = self.protocol.public_prompt(item)  # the prompts as EdgeClient builds them
                     slm_prompt = reference.tokenize(item.private_context + CONTEXT_SEPARATOR + public, add_bos=True)
                     cloud_prompt = cloud.tokenize(public, add_bos=True)
+                    mode: FusionMode = setting.mode  # type: ignore[assignment]
                     drift = drift_along(
                         tokens, slm_prompt=slm_prompt, cloud_prompt=cloud_prompt, reference=reference, cloud=cloud,
                         quantised={v.name: models[v.name] for v in todo},
-                        policy=make_policy("coveil", **setting.params), mode=setting.mode, alpha=setting.alpha,  # type: ignore[arg-type]
+                        policy=make_policy("coveil", **setting.params), mode=mode, alpha=setting.alpha,
                         end_ids=end_ids, stopping=self.protocol.stopping(item), detokenize=reference.detokenize,
-                        on_step=on_step,
                     )
                     for variant in todo:
                         store.append(self.step_row(variant, setting, item, drift[variant.name]))
@@ -205,7 +208,8 @@ class QuantComparison:
                     model.close()
         return skipped
 
-    def step_row(self, variant: Variant, setting: Setting, item: DecodeLeakItem, drift: Sequence[Any]) -> dict[str, Any]:
+    def step_row(self, variant: Variant, setting: Setting, item: DecodeLeakItem,
+                 drift: Sequence[StepDrift]) -> dict[str, Any]:
         """One (variant, mode, item): the per-step lists and what makes them reproducible."""
         from eval_harness.compare.drift import OVERLAP_KS
 

@@ -141,7 +141,8 @@ def quantize(source: str | Path, type_name: str, target: str | Path, *, threads:
     params.nthread = threads or max(1, os.cpu_count() or 1)
     code = llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), ctypes.byref(params))
     if code != 0:
-        raise RuntimeError(f"llama.cpp could not quantise {source} to {type_name} (llama_model_quantize returned {code})")
+        raise RuntimeError(f"llama.cpp could not quantise {source} to {type_name} "
+                           f"(llama_model_quantize returned {code})")
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,8 @@ class Variant:
 
     def describe(self) -> str:
         """``"Q2_K (requantised from Q4_K_M)"`` or ``"Q4_K_M (the source file)"``."""
-        return f"{self.name} ({'the source file' if self.derived_from is None else 'requantised from ' + self.derived_from})"
+        origin = "the source file" if self.derived_from is None else f"requantised from {self.derived_from}"
+        return f"{self.name} ({origin})"
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "path": str(self.path), "sha256": self.sha256, "derived_from": self.derived_from,

@@ -69,7 +69,6 @@ def drift_along(
     end_ids: Sequence[int],
     stopping: StoppingRule | None,
     detokenize: Callable[[list[int]], str],
-    on_step: Callable[[], None] | None = None,
 ) -> dict[str, list[StepDrift]]:
     """Every quantised SLM against the reference at each step of ``tokens`` (all models in lock step).
 
@@ -90,6 +89,4 @@ def drift_along(
             if z_q.shape != z_ref.shape:
                 raise ValueError(f"the {name} model has {z_q.shape[0]} vocabulary rows, the reference {z_ref.shape[0]}")
             drift[name].append(ref.compare(z_q))
-        if on_step is not None:
-            on_step()
     return drift

@@ -119,15 +119,17 @@ def markdown(summary: Mapping[str, Any], *, title: str, preamble: str) -> str:
     metric_heads = [TITLES.get(m, m) for m in LEAKAGE_METRICS]
     for label, ref in summary["reference"].items():
         lines += [f"### {label} ({ref['items']} items)", "",
-                  "| SLM | items | accuracy | " + " | ".join(metric_heads) + " |", "|" + "---|" * (3 + len(metric_heads)),
+                  "| SLM | items | accuracy | " + " | ".join(metric_heads) + " |",
+                  "|" + "---|" * (3 + len(metric_heads)),
                   "| reference | " + " | ".join([str(ref["items"]), _pct(ref["accuracy"]),
                                                  *(_pct(ref[m]) for m in LEAKAGE_METRICS)]) + " |"]
         for v in summary["variants"]:
             d = v["end_to_end"].get(label)
             if d is None:
                 continue
-            lines.append(f"| Δ {v['name']} | " + " | ".join([str(d["items"]), _pct(d["accuracy"], signed=True),
-                                                               *(_pct(d[m], signed=True) for m in LEAKAGE_METRICS)]) + " |")
+            cells = [str(d["items"]), _pct(d["accuracy"], signed=True),
+                     *(_pct(d[m], signed=True) for m in LEAKAGE_METRICS)]
+            lines.append(f"| Δ {v['name']} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
 
@@ -173,8 +175,8 @@ def drift_figure(summary: Mapping[str, Any], out_dir: str | Path, *, title: str,
     ax.set_ylabel("same decision as the reference (% of steps)")
     ax.set_title("CoVeil's decisions (same cloud LLM row)")
     settings = list(summary["reference"])
-    for ax, metric, heading in ((axes[1, 0], "token_er@100", "Token-ER@100"), (axes[1, 1], "span_er@100", "Span-ER@100"),
-                                (axes[1, 2], "accuracy", "accuracy")):
+    bottom = (("token_er@100", "Token-ER@100"), ("span_er@100", "Span-ER@100"), ("accuracy", "accuracy"))
+    for ax, (metric, heading) in zip(axes[1], bottom):
         ax.axhline(0.0, color="black", linewidth=0.8, label="reference")
         for label in settings:
             points(ax, [100 * v["end_to_end"].get(label, {}).get(metric, float("nan")) for v in variants], label)
