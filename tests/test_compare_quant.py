@@ -204,7 +204,7 @@ def test_a_tiny_comparison_writes_rows_table_and_figure(q2k, tmp_path: Path) -> 
     assert all(r["backend"].startswith("llama.cpp edge") for r in variant_rows)
     table = (out / "table.md").read_text()
     assert "requantised from Q4_K_M" in table and "| Q2_K | Q2_K (from Q4_K_M) |" in table
-    assert "| Δ Q2_K | 2 |" in table and "### edge-side coveil lam=1.0 (2 items)" in table
+    assert "| Δ Q2_K | 2 | " in table and "### edge-side coveil lam=1.0 (2 items)" in table
     summary = json.loads((out / "summary.json").read_text())
     assert summary["variants"][0]["steps"] == sum(r["steps"] for r in steps)
     assert set(summary["variants"][0]["coveil_agreement"]) == {"cloud", "edge"}
@@ -216,10 +216,10 @@ def test_a_tiny_comparison_writes_rows_table_and_figure(q2k, tmp_path: Path) -> 
 # -- the summary and the table, from rows only ---------------------------------------------------------------
 
 
-def _result(key: str, mode: str, correct: bool, token_er: float) -> dict:
+def _result(key: str, mode: str, correct: bool, token_er: float, tokens: list[int]) -> dict:
     metrics = {"token_er@100": token_er, "rouge1_er@100": 0.5, "span_er@100": 0.25, "auc@100": 0.1}
     return {"key": key, "mode": mode, "policy": "coveil", "params": {"lam": 1.0}, "correct": correct,
-            "metrics": metrics}
+            "metrics": metrics, "token_ids": tokens}
 
 
 def test_the_summary_pairs_items_and_pools_steps() -> None:
@@ -234,10 +234,10 @@ def test_the_summary_pairs_items_and_pools_steps() -> None:
         {"variant": "Q2_K", "mode": "cloud", "kl": [1.0], "top1": [False], "overlap@10": [0.5],
          "overlap@100": [0.4], "decision_agrees": [False]},
     ]
-    reference = [_result("a", "edge", True, 0.20), _result("b", "edge", False, 0.40)]
+    reference = [_result("a", "edge", True, 0.20, [1, 2]), _result("b", "edge", False, 0.40, [1, 2])]
     # item c ran only for the variant: it has no reference to be compared with
-    variants = {"Q2_K": [_result("a", "edge", False, 0.30), _result("b", "edge", False, 0.60),
-                         _result("c", "edge", True, 0.90)]}
+    variants = {"Q2_K": [_result("a", "edge", False, 0.30, [1, 2]), _result("b", "edge", False, 0.60, [1, 3]),
+                         _result("c", "edge", True, 0.90, [4])]}
     summary = summarise([variant], steps, reference, variants)
     q2k = summary["variants"][0]
     assert q2k["steps"] == 5 and q2k["kl_mean"] == pytest.approx(1.6 / 5)
@@ -246,15 +246,18 @@ def test_the_summary_pairs_items_and_pools_steps() -> None:
     assert q2k["top1"] == pytest.approx(3 / 5) and q2k["overlap@100"] == pytest.approx(4.0 / 5)
     assert q2k["coveil_agreement"] == {"cloud": 0.0, "edge": pytest.approx(0.75)}
     delta = q2k["end_to_end"]["edge-side coveil lam=1.0"]
-    assert delta["items"] == 2  # a and b
+    assert delta["items"] == 2 and delta["same_tokens"] == 0.5  # a and b; a decoded the same tokens
     assert delta["token_er@100"] == pytest.approx((0.10 + 0.20) / 2) and delta["span_er@100"] == 0.0
     assert delta["accuracy"] == pytest.approx(-0.5)  # a: right -> wrong, b: wrong -> wrong
+    # two items: a resampled mean is d_a, the average or d_b (1/4, 1/2, 1/4), so the 95% interval is [min, max]
+    assert delta["token_er@100:ci95"] == pytest.approx((0.10, 0.20)) and delta["accuracy:ci95"] == (-1.0, 0.0)
     ref = summary["reference"]["edge-side coveil lam=1.0"]
     assert ref["items"] == 2 and ref["accuracy"] == 0.5 and ref["token_er@100"] == pytest.approx(0.30)
     table = markdown(summary, title="t", preamble="p")
     assert "| Q2_K | Q2_K (from Q4_K_M) | 4.15 / 6.88 | 237.0 | 5 | 0.3200 | 0.8600 | 60.0% |" in table
-    assert "| reference | 2 | 50.0% | 30.0% | 50.0% | 25.0% | 10.0% |" in table
-    assert "| Δ Q2_K | 2 | -50.0 | +15.0 | +0.0 | +0.0 | +0.0 |" in table
+    assert "| reference | 2 |  | 50.0% | 30.0% | 50.0% | 25.0% | 10.0% |" in table
+    assert ("| Δ Q2_K | 2 | 50.0% | -50.0 [-100.0, +0.0] | +15.0 [+10.0, +20.0] | +0.0 [+0.0, +0.0] | "
+            "+0.0 [+0.0, +0.0] | +0.0 [+0.0, +0.0] |") in table
 
 
 def test_the_report_reads_rows_without_model_libraries() -> None:
