@@ -10,6 +10,9 @@ this process; ``deployed`` audits the real stack: the edge GGUF in llama.cpp
 through the SDK's gRPC client, against a cloud adapter started on loopback or
 a remote one (``--cloud HOST:PORT``), the exposure read from the adapter's
 transcripts (``--transcripts DIR``) and checked against the edge's ledger.
+
+``decodeleak compare-quant`` checks a quantised edge model against its full-precision reference
+(:mod:`eval_harness.cli.compare_quant`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 from cloud_adapter.cli import _positive_float, _positive_int
 from eval_harness.cli import build_benchmark, finalize, review
 from edge_sdk.policies import FUSION_MODES
+from eval_harness.cli import compare_quant
 
 USAGE_ERROR = 2
 #: benchmark construction: a module per command (``add_parser``, ``run``)
@@ -204,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("-v", "--verbose", action="store_true", help="show the full traceback of an error")
     for command in CONSTRUCTION_COMMANDS.values():
         command.add_parser(commands)
+    compare_quant.add_parser(commands)
     return parser
 
 
@@ -321,6 +326,8 @@ def execute(args: argparse.Namespace) -> int:
         return write_report(args)
     if args.command == "plot":
         return write_plots(args)
+    if args.command == "compare-quant":
+        return compare_quant.execute(args)
     from eval_harness.datasets import load_task
     from eval_harness.protocol import DecodingProtocol
     from eval_harness.sweep.grid import Setting, expand, load_grids, parse_shard

@@ -15,8 +15,10 @@ decisions against full fusion (:mod:`eval_harness.runners.mechanism`).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +28,7 @@ from cloud_adapter.engine import CloudEngine
 from cloud_adapter.limits import Limits
 from cloud_adapter.llm import TransformersLLM, TransformersSLM
 from cloud_adapter.runners import StepBatcher
+from edge_sdk.backends.base import SLMBackend
 from edge_sdk.client import EdgeClient, GenerationResult
 from edge_sdk.prompts import plain_prompts
 from edge_sdk.policies import Policy
@@ -90,7 +93,56 @@ class ItemRun:
                                exposure_k=exposure_k)
 
 
-class ReferenceRunner:
+class ItemRunner(ABC):
+    """Items through the SDK's loop against ``self.engine``, ``self.concurrency`` at once.
+
+    A subclass says where each item's edge model comes from (:meth:`edge`) and sets ``engine`` (the cloud)
+    and ``concurrency``; :meth:`run` is the same for all, so a sweep drives any of them.
+    """
+
+    engine: CloudEngine
+    concurrency: int
+
+    @property
+    @abstractmethod
+    def policy_backend(self) -> SLMBackend:
+        """The edge model, for policies that build themselves from it (CusText's clusters)."""
+
+    @abstractmethod
+    def edge(self) -> AbstractContextManager[SLMBackend]:
+        """One item's edge model, held for the item while it decodes."""
+
+    def run(
+        self,
+        runs: Sequence[ItemRun],
+        *,
+        mode: str,
+        alpha: float,
+        max_new_tokens: int,
+        on_result: Callable[[ItemRun, GenerationResult], None] | None = None,
+        exposure_k: int = 100,
+    ) -> list[GenerationResult]:
+        """Decode every item; ``on_result`` is called (from a worker thread) as each one finishes."""
+
+        def one(item: ItemRun) -> GenerationResult:
+            with self.edge() as slm:
+                client = EdgeClient(lambda: self.engine.session("audit"), slm=slm)
+                result = item.generate(client, mode=mode, alpha=alpha, max_new_tokens=max_new_tokens,
+                                       exposure_k=exposure_k)
+            if on_result is not None:
+                on_result(item, result)
+            return result
+
+        with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="audit-item") as pool:
+            return list(pool.map(one, runs))
+
+    def mechanism(self, item: ItemRun, result: GenerationResult, *, mode: str, alpha: float) -> dict[str, Any] | None:
+        """The item's per-step mechanism statistics; ``None`` where the runner cannot recompute full fusion
+        (the :class:`ReferenceRunner` can: it holds both models in full precision)."""
+        return None
+
+
+class ReferenceRunner(ItemRunner):
     """Both models in transformers, ``concurrency`` items in flight; results as the in-process SDK gives them.
 
     Args:
@@ -121,32 +173,14 @@ class ReferenceRunner:
         """How many batched forwards of each size ran: (SLM, cloud LLM)."""
         return dict(self._slm_batcher.batch_sizes), dict(self._llm_batcher.batch_sizes)
 
-    def run(
-        self,
-        runs: Sequence[ItemRun],
-        *,
-        mode: str,
-        alpha: float,
-        max_new_tokens: int,
-        on_result: Callable[[ItemRun, GenerationResult], None] | None = None,
-        exposure_k: int = 100,
-    ) -> list[GenerationResult]:
-        """Decode every item; ``on_result`` is called (from a worker thread) as each one finishes."""
-
-        def one(item: ItemRun) -> GenerationResult:
-            slm = BatchedSLM(self.slm_model, self._slm_batcher, self._tokenizer_lock)
-            try:
-                client = EdgeClient(lambda: self.engine.session("reference"), slm=slm)
-                result = item.generate(client, mode=mode, alpha=alpha, max_new_tokens=max_new_tokens,
-                                       exposure_k=exposure_k)
-            finally:
-                slm.close()
-            if on_result is not None:
-                on_result(item, result)
-            return result
-
-        with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="reference-item") as pool:
-            return list(pool.map(one, runs))
+    @contextmanager
+    def edge(self) -> Iterator[BatchedSLM]:
+        """One item's edge model: a sequence of the shared SLM batcher, released when the item is done."""
+        slm = BatchedSLM(self.slm_model, self._slm_batcher, self._tokenizer_lock)
+        try:
+            yield slm
+        finally:
+            slm.close()
 
     def mechanism(self, item: ItemRun, result: GenerationResult, *, mode: str, alpha: float) -> dict[str, Any]:
         """The item's per-step mechanism statistics (:func:`eval_harness.runners.mechanism.summarise`).

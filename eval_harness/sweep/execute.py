@@ -106,6 +106,7 @@ def result_row(
         "tokens": len(result.token_ids),
         "finish_reason": result.finish_reason,
         "text": result.text,
+        "token_ids": list(result.token_ids),  # the generation exactly (text does not always re-tokenise to it)
         "metrics": metrics,
         "evidence": evidence_counts(item.evidence_spans, vocab, public_query=item.public_query),
         "uploaded_values": result.ledger.values_uploaded,
