@@ -307,7 +307,7 @@ def test_a_sweep_hands_the_attacker_only_what_the_cloud_observed(tiny_reference,
     (handed,) = attacker.handed  # the three items in one wave
     assert [type(o) for o in handed] == [CloudObservation] * 3
     assert sorted(o.public_query for o in handed) == sorted(protocol.public_prompt(i) for i in sweep_items())
-    assert all(type(o.exposures) is ExposureTrace and o.exposures.k == 100 and len(o.exposures) == 3
+    assert all(type(o.exposures) is ExposureTrace and o.exposures.k == attacker.k and len(o.exposures) == 3
                for o in handed)
     for obj in reachable(handed):  # nothing private anywhere in what reached the attacker
         assert not (isinstance(obj, str) and (CANARY in obj or "swollen and yellow" in obj)), obj
@@ -369,7 +369,9 @@ def test_a_sweep_attacks_through_a_real_openai_compatible_server(llama_server, t
         assert all(item.private_context not in request for request in requests)
     assert main([*argv, "--out", str(tmp_path / "b.jsonl")]) == 0  # the same decoding again: all from the cache
     assert len(list(cache.rglob("*.json"))) == 2
-    assert [r["inversion"] for r in read_rows([tmp_path / "b.jsonl"])] == [r["inversion"] for r in rows]
+    # rows are written as each is scored, so compare them item by item
+    assert ({r["item"]: r["inversion"] for r in read_rows([tmp_path / "b.jsonl"])}
+            == {r["item"]: r["inversion"] for r in rows})
     assert main(["sweep", str(grid), *CLI, "--inversion", base, "--out", str(tmp_path / "c.jsonl")]) == 1  # no model
 
 

@@ -200,15 +200,16 @@ class SweepOutcome:
     skipped: int  # pairs already in the store
 
 
-def cloud_observation(run: ItemRun, result: GenerationResult) -> CloudObservation:
-    """What the cloud observed of one item: the public prompt it was sent and the exposure sequence.
+def cloud_observation(run: ItemRun, result: GenerationResult, k: int) -> CloudObservation:
+    """What the cloud observed of one item: the public prompt it was sent and the exposure sequence, cut to
+    the top ``k`` the attack is defined over (the sweep records more for the metrics' leakage-vs-K curves).
 
     The exposure is the trace the row's metrics score: the cloud's own transcript for an audited deployment,
     else the edge ledger's record (equal to the transcript, ``tests/test_edge_sdk.py``).  Nothing private goes
     in: the attack's input is built here only.
     """
     trace = result.exposure_trace() if isinstance(result, AuditedResult) else result.ledger.exposure_trace()
-    return CloudObservation(run.public_prompt, trace)
+    return CloudObservation(run.public_prompt, trace.truncated(min(k, trace.k)))
 
 
 def run_sweep(
@@ -277,7 +278,7 @@ def run_sweep(
             decoded: list[tuple[ItemRun, GenerationResult]] = []
             runner.run(runs[start:start + wave], on_result=lambda run, result: decoded.append((run, result)),
                        **decode)
-            observations = [cloud_observation(run, result) for run, result in decoded]
+            observations = [cloud_observation(run, result, inversion.k) for run, result in decoded]
             for index, reconstruction in inversion.reconstruct_each(observations):
                 run, result = decoded[index]
                 truth = by_id[setting.task][run.item_id].private_context
