@@ -72,13 +72,12 @@ def execute(args: argparse.Namespace) -> int:
                                TimeRemainingColumn)
 
     from edge_sdk.models import resolve_model
-    from eval_harness.cli.decodeleak import _reference
     from eval_harness.compare.audit import QuantAudit, QuantComparison
     from eval_harness.compare.quantize import cached_info, derive_variant
     from eval_harness.datasets import load_task
     from eval_harness.protocol import DecodingProtocol
     from eval_harness.report.quant import drift_figure, markdown, summarise, write_summary
-    from eval_harness.sweep.execute import file_digest
+    from eval_harness.sweep.execute import ReferenceSpec, file_digest
 
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be at least 1, got {args.limit}")
@@ -99,7 +98,9 @@ def execute(args: argparse.Namespace) -> int:
         print(f"{variants[-1].describe()}: {variants[-1].path}", flush=True)
     protocol = DecodingProtocol(max_new_tokens=args.max_new_tokens, alpha=args.alpha)
     items = {task: load_task(task, args.limit) for task in args.tasks}
-    runner, vocab, metadata = _reference(args, protocol)
+    # the reference pass: both models in transformers, on this machine's CPU (or where --dtype puts them)
+    spec = ReferenceSpec(slm=args.slm, llm=args.llm, dtype=args.dtype, concurrency=args.concurrency)
+    runner, vocab, metadata = spec.build(protocol, seed=args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
     with runner:
         comparison = QuantComparison(runner, vocab, metadata, protocol, items, audit, variants, args.out,
