@@ -45,11 +45,6 @@ def privacy_utility(rows: Iterable[Mapping[str, Any]], out_dir: str | Path, *, m
     """Write ``privacy_utility_<mode>.png`` and ``.pdf`` for each fusion mode in ``rows``; return the paths."""
     import json
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     grouped = lines(rows, metrics, suffix=suffix)
@@ -83,11 +78,7 @@ def privacy_utility(rows: Iterable[Mapping[str, Any]], out_dir: str | Path, *, m
         items = max((line.items for line in grouped if line.mode == mode), default=0)
         fig.suptitle(f"{mode}-side fusion: privacy-utility trade-off ({items} items per point)")
         fig.tight_layout()
-        for ext in ("png", "pdf"):
-            path = out / f"privacy_utility_{mode}.{ext}"
-            fig.savefig(path, dpi=130)
-            written.append(path)
-        plt.close(fig)
+        written += save_figure(fig, out, f"privacy_utility_{mode}", tight=False)
     return written
 
 
@@ -136,11 +127,13 @@ def _stem(name: str, task: str, mode: str, tasks: int) -> str:
     return f"{name}_{mode}" + (f"_{task}" if tasks > 1 else "")
 
 
-def _save(fig: Any, out: Path, stem: str) -> list[Path]:
+def save_figure(fig: Any, out: Path, stem: str, *, tight: bool = True) -> list[Path]:
+    """Write ``fig`` as ``<stem>.png`` and ``<stem>.pdf`` under ``out`` (cropped to its contents when ``tight``),
+    close it, and return the two paths."""
     written = []
     for ext in ("png", "pdf"):
         path = out / f"{stem}.{ext}"
-        fig.savefig(path, dpi=130, bbox_inches="tight")
+        fig.savefig(path, dpi=130, **({"bbox_inches": "tight"} if tight else {}))
         written.append(path)
     _pyplot().close(fig)
     return written
@@ -222,7 +215,7 @@ def leakage_vs_k(rows: Iterable[Mapping[str, Any]], out_dir: str | Path, *, poli
         items = max(line.items for _, line, _ in curves)
         fig = _k_curves(f"{mode}-side fusion ({task}): leakage against K, {policy} per setting "
                         f"(up to {items} items per point)", curves, ks)
-        written += _save(fig, out, _stem("leakage_vs_k", task, mode, tasks))
+        written += save_figure(fig, out, _stem("leakage_vs_k", task, mode, tasks))
     return written
 
 
@@ -275,7 +268,7 @@ def leakage_vs_k_methods(rows: Iterable[Mapping[str, Any]], out_dir: str | Path,
         items = max(line.items for _, line, _ in curves)
         fig = _k_curves(f"{mode}-side fusion ({task}): each method at the setting nearest {title} = {100 * goal:.1f}% "
                         f"(up to {items} items per point)", curves, ks)
-        written += _save(fig, out, _stem("leakage_vs_k_methods", task, mode, tasks))
+        written += save_figure(fig, out, _stem("leakage_vs_k_methods", task, mode, tasks))
     return written
 
 
@@ -394,7 +387,7 @@ def mechanism_cloud(rows: Iterable[Mapping[str, Any]], out_dir: str | Path, *, p
             f"(up to {items} items per point)")
         for axis in fig.axes[:2]:
             axis.set_ylim(-3, 103)
-        written += _save(fig, out, _stem("mechanism", task, mode, tasks))
+        written += save_figure(fig, out, _stem("mechanism", task, mode, tasks))
     return written
 
 
@@ -425,7 +418,7 @@ def mechanism_edge(rows: Iterable[Mapping[str, Any]], out_dir: str | Path, *, po
             f"(up to {items} items per point)", log_left=log)
         fig.axes[0].set_ylim(bottom=0.9 if log else 0.95)
         fig.axes[1].set_ylim(-3, 103)
-        written += _save(fig, out, _stem("mechanism", task, mode, tasks))
+        written += save_figure(fig, out, _stem("mechanism", task, mode, tasks))
     return written
 
 
@@ -489,7 +482,7 @@ def rank_bins(rows: Iterable[Mapping[str, Any]], out_dir: str | Path, *, policy:
         ax.set_title(f"Edge-side ({task}): selected-token ranks at matched {title_metric} "
                      f"({a.items} and {b.items} items)", fontsize=10)
         fig.tight_layout()
-        written += _save(fig, out, _stem("rank_bins", task, mode, tasks))
+        written += save_figure(fig, out, _stem("rank_bins", task, mode, tasks))
     return written
 
 
@@ -591,19 +584,13 @@ def inversion_tradeoff_figure(rows: Iterable[Mapping[str, Any]], task: str, mode
 def inversion_tradeoff(rows: Iterable[Mapping[str, Any]], out_dir: str | Path) -> list[Path]:
     """Write ``inversion_tradeoff_<task>_<mode>.png`` and ``.pdf`` for each (task, mode) whose rows carry an
     inversion result; return the paths."""
-    import matplotlib.pyplot as plt
-
     rows = list(rows)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     for task, mode in dict.fromkeys((row["task"], row["mode"]) for row in rows if row.get("inversion")):
         fig = inversion_tradeoff_figure(rows, task, mode)
-        for ext in ("png", "pdf"):
-            path = out / f"inversion_tradeoff_{task}_{mode}.{ext}"
-            fig.savefig(path, dpi=130, bbox_inches="tight")
-            written.append(path)
-        plt.close(fig)
+        written += save_figure(fig, out, f"inversion_tradeoff_{task}_{mode}")
     return written
 
 
@@ -633,4 +620,4 @@ def length_distributions(lengths: Mapping[str, Sequence[int]], out_dir: str | Pa
         ax.set_ylabel("items")
     fig.suptitle(title)
     fig.tight_layout()
-    return _save(fig, out, stem)
+    return save_figure(fig, out, stem)

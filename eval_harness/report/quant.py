@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from eval_harness.report.plots import TITLES
+from eval_harness.report.plots import TITLES, save_figure
 from eval_harness.report.tables import LEAKAGE_METRICS, bootstrap_interval
 
 MARKERS = ("o", "s", "^", "D", "v", "P")
@@ -230,13 +230,7 @@ def drift_figure(summary: Mapping[str, Any], out_dir: str | Path, *, title: str,
     fig.tight_layout(rect=(0, 0.02 + 0.025 * -(-len(labels) // 3), 1, 1))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for ext in ("png", "pdf"):
-        path = out / f"{name}.{ext}"
-        fig.savefig(path, dpi=130)
-        written.append(path)
-    plt.close(fig)
-    return written
+    return save_figure(fig, out, name, tight=False)
 
 
 def write_summary(summary: Mapping[str, Any], path: str | Path) -> Path:
