@@ -2,15 +2,17 @@
 
 Each item runs the SDK's own loop (:class:`edge_sdk.client.EdgeClient` over
 the in-process transport, so the same bytes and checks as the wire) in a
-thread of its own.  Both models sit behind a
-:class:`~cloud_adapter.runners.StepBatcher`: the cloud LLM through the
-cloud engine, the SLM through :class:`BatchedSLM`, so the steps of the items
-in flight run as one padded forward per model, each with its KV cache, not
-one item at a time without a cache as the authors' release does.
+thread of its own.  Both models sit behind one
+:class:`~cloud_adapter.runners.LockstepBatcher`: the cloud LLM through the
+cloud engine, the SLM through :class:`BatchedSLM`.  Once every item in flight
+waits on a forward, the items waiting on one model run as one padded forward
+with their KV caches, then go on to the other model together: the items step
+in lockstep, not one at a time without a cache as the authors' release does.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -22,22 +24,22 @@ import numpy as np
 from cloud_adapter.engine import CloudEngine
 from cloud_adapter.limits import Limits
 from cloud_adapter.llm import TransformersLLM, TransformersSLM
-from cloud_adapter.runners import StepBatcher
+from cloud_adapter.runners import BatchStats, LockstepBatcher, ModelLane
 from edge_sdk.client import EdgeClient, GenerationResult
 from edge_sdk.policies import Policy
 
 
 class BatchedSLM(TransformersSLM):
-    """A :class:`~cloud_adapter.llm.TransformersSLM` whose forwards go through a shared :class:`StepBatcher`.
+    """A :class:`~cloud_adapter.llm.TransformersSLM` whose forwards go through a batcher's lane.
 
-    One instance per concurrent item; instances sharing a batcher have their
+    One instance per concurrent item; instances sharing a lane have their
     steps folded into one batched forward, and share one lock for the
     tokenizer (fast tokenizers refuse concurrent use).
     """
 
-    def __init__(self, llm: TransformersLLM, batcher: StepBatcher, tokenizer_lock: threading.Lock) -> None:
+    def __init__(self, llm: TransformersLLM, lane: ModelLane, tokenizer_lock: threading.Lock) -> None:
         super().__init__(llm)
-        self.batcher, self._lock = batcher, tokenizer_lock
+        self.lane, self._lock = lane, tokenizer_lock
         self.source = llm.source  # a policy that needs the model's files (CusText) finds them here
 
     def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
@@ -50,19 +52,19 @@ class BatchedSLM(TransformersSLM):
 
     def prefill(self, ids: list[int]) -> np.ndarray:
         self.close()
-        self._seq, _ = self.batcher.prefill(ids)
+        self._seq, _ = self.lane.prefill(ids)
         return self._seq.next_logits.copy()
 
     def append(self, token_id: int) -> np.ndarray:
         if self._seq is None:
             raise RuntimeError("append before prefill: the sequence is empty")
-        self.batcher.forward(self._seq, int(token_id))
+        self.lane.forward(self._seq, int(token_id))
         return self._seq.next_logits.copy()
 
     def close(self) -> None:
-        """Let the batcher forget this item's sequence (its KV cache goes with it)."""
+        """Let the lane forget this item's sequence (its KV cache goes with it)."""
         if self._seq is not None:
-            self.batcher.release(self._seq)
+            self.lane.release(self._seq)
             self._seq = None
 
 
@@ -85,28 +87,44 @@ class ReferenceRunner:
         slm: the edge model in transformers (e.g. the full-precision twin of a GGUF).
         llm: the cloud model.
         concurrency: items decoded at once (the batch each model's forwards gather).
-        batch_window_ms: how long a batched forward waits for items expected back.
+        max_wait_ms: how long a batch waits for an item still busy with its own work before it runs without it.
     """
 
     def __init__(self, slm: TransformersLLM, llm: TransformersLLM, *, concurrency: int = 8,
-                 batch_window_ms: float = 10.0) -> None:
+                 max_wait_ms: float = 500.0) -> None:
         self.slm_model, self.llm = slm, llm
         self.concurrency = concurrency
-        self._slm_batcher = StepBatcher(slm, batch_window_ms=batch_window_ms)
-        self._llm_batcher = StepBatcher(llm, batch_window_ms=batch_window_ms)
+        self._batcher = LockstepBatcher([slm, llm], max_wait_ms=max_wait_ms)
+        self._slm_lane, self._llm_lane = self._batcher.lanes
         limits = Limits(max_sessions=concurrency, max_sessions_per_client=concurrency)
-        self.engine = CloudEngine(llm, limits, runner=self._llm_batcher, exposure_k=1000)
+        self.engine = CloudEngine(llm, limits, runner=self._llm_lane, exposure_k=1000)
         self._tokenizer_lock = threading.Lock()
+        # one client (and edge model) per item in flight, reused for the items after it: a client builds its
+        # token-text reader over the whole vocabulary once, as a device would, not once per item
+        self._idle_clients: queue.SimpleQueue[tuple[EdgeClient, BatchedSLM]] = queue.SimpleQueue()
+
+    def _take_client(self) -> tuple[EdgeClient, BatchedSLM]:
+        """An idle client with its edge model, or a new pair (there are never more than items in flight)."""
+        try:
+            return self._idle_clients.get_nowait()
+        except queue.Empty:
+            slm = BatchedSLM(self.slm_model, self._slm_lane, self._tokenizer_lock)
+            return EdgeClient(lambda: self.engine.session("reference"), slm=slm), slm
 
     @property
     def policy_backend(self) -> BatchedSLM:
         """The edge model as a backend, for policies that build themselves from it (CusText's clusters)."""
-        return BatchedSLM(self.slm_model, self._slm_batcher, self._tokenizer_lock)
+        return BatchedSLM(self.slm_model, self._slm_lane, self._tokenizer_lock)
 
     @property
     def batch_sizes(self) -> tuple[dict[int, int], dict[int, int]]:
         """How many batched forwards of each size ran: (SLM, cloud LLM)."""
-        return dict(self._slm_batcher.batch_sizes), dict(self._llm_batcher.batch_sizes)
+        return dict(self._slm_lane.stats.batch_sizes), dict(self._llm_lane.stats.batch_sizes)
+
+    @property
+    def stats(self) -> tuple[BatchStats, BatchStats]:
+        """What ran on each model so far, and the time inside its forwards: (SLM, cloud LLM)."""
+        return self._slm_lane.stats, self._llm_lane.stats
 
     def run(
         self,
@@ -121,14 +139,15 @@ class ReferenceRunner:
         """Decode every item; ``on_result`` is called (from a worker thread) as each one finishes."""
 
         def one(item: ItemRun) -> GenerationResult:
-            slm = BatchedSLM(self.slm_model, self._slm_batcher, self._tokenizer_lock)
-            try:
-                client = EdgeClient(lambda: self.engine.session("reference"), slm=slm)
-                result = client.generate(item.public_prompt, item.private_context, mode=mode, policy=item.policy,
-                                         alpha=alpha, max_new_tokens=max_new_tokens, rng=item.rng,
-                                         stopping=item.stopping, exposure_k=exposure_k)
-            finally:
-                slm.close()
+            client, slm = self._take_client()
+            with self._batcher.participant():
+                try:
+                    result = client.generate(item.public_prompt, item.private_context, mode=mode, policy=item.policy,
+                                             alpha=alpha, max_new_tokens=max_new_tokens, rng=item.rng,
+                                             stopping=item.stopping, exposure_k=exposure_k)
+                finally:
+                    slm.close()
+                    self._idle_clients.put((client, slm))
             if on_result is not None:
                 on_result(item, result)
             return result
@@ -137,8 +156,7 @@ class ReferenceRunner:
             return list(pool.map(one, runs))
 
     def close(self) -> None:
-        self._slm_batcher.close()
-        self._llm_batcher.close()
+        self._batcher.close()
 
     def __enter__(self) -> ReferenceRunner:
         return self
