@@ -32,7 +32,7 @@ from edge_sdk.policies import Policy
 class BatchedSLM(TransformersSLM):
     """A :class:`~cloud_adapter.llm.TransformersSLM` whose forwards go through a batcher's lane.
 
-    One instance per concurrent item; instances sharing a lane have their
+    One instance per item in flight (reused for the next item); instances sharing a lane have their
     steps folded into one batched forward, and share one lock for the
     tokenizer (fast tokenizers refuse concurrent use).
     """
