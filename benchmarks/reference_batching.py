@@ -1,18 +1,43 @@
 """How fast the reference runner decodes many items at once, against the ideal and against the release's loop.
 
 All in one run, on real MedPriv items (ragged prompts; the SLM also reads the private context), both models
-the embedded Gemma-3 270M in transformers (dtype as ``--dtype``), edge-side CoVeil every step:
+the embedded Gemma-3 270M in transformers (dtype as ``--dtype``), edge-side CoVeil (lambda = 1) every step:
 
-(a) the reference runner with 1 item in flight and with 8 (tokens/s over every item's tokens);
+(a) the reference runner with 1 item in flight and with 8, over ``--items`` items x ``--tokens`` tokens.
+    Decode tokens/s = tokens / (wall time - time inside prefills): the runner's forwards never overlap and a
+    prefill runs while every item waits on it, so that subtraction leaves exactly the decoding.  The ideal
+    below has no prefill in its clock either; prefill gains nothing from batching (its forward is already
+    [L] tokens wide), and at a few dozen tokens it would otherwise be half of both runs.
 (b) the ideal: a plain equal-length batched greedy decode of one model, batch 8 against batch 1
-    (``cloud_batching.ideal_tokens_per_s``), in the same dtype;
-(c) the authors' release's way: one item at a time, every step a full forward of both models over the whole
-    sequence (no KV cache), the fusion and CoVeil's edge-side rule in between.
+    (``cloud_batching.ideal_tokens_per_s``), in the same dtype.
+(c) the authors' release's way (``leakage_fusion_core/runtime.py``): one item at a time, every step a full
+    forward of both models over the whole sequence (``model(ids).logits[0, -1]``: no KV cache, logits at
+    every position), then the fusion and CoVeil's edge-side rule.  Against it, the runner decodes
+    the ``--items`` items with the paper's protocol (``max_new_tokens`` 256, end-of-sequence masked until the
+    answer letter, stop at the answer), 8 in flight, end to end (prefill included).  The release is timed on
+    the first ``--release-items`` of them, continuing with the tokens the runner chose.  Without a cache a
+    step's cost depends only on the length of the sequence it recomputes, so the release's time is estimated
+    from steps timed at ``--release-samples`` evenly spaced lengths of each item's continuation, linearly
+    interpolated over every length the item goes through (the cost is close to linear in the length).
+    Running the release loop over whole generations takes many minutes per item here; timing it over a few
+    dozen tokens instead would leave out the long sequences that make it slow.
 
-batch8_speedup = (a, 8) / (a, 1);  batch8_vs_ideal = batch8_speedup / ideal batch-8 speedup (target >= 0.8);
-vs_release_loop = (a, 8) / (c) (target >= 20).
+Every timed forward runs on a thread other than the main one, as the runner's forwards do (its model worker):
+with torch's default two OpenMP threads, the same batch-1 forward took 80-200 ms issued from the main thread
+and 48 ms from any other thread on the shared 2-core box this was written on (46-50 ms either way with one
+thread), which made the ideal and the release loop look several times slower than they are.
 
-Usage: python benchmarks/reference_batching.py [--tokens N] [--items N] [--dtype auto|bf16|fp32]
+Rounds interleave (a) and (b) so a burst of other load on a shared machine does not fall on one configuration
+only; each round's ratios use that round's runs, and the median over rounds is reported with its min..max.
+
+batch8_speedup = (a, 8) / (a, 1);  batch8_vs_ideal = batch8_speedup / ideal batch-8 speedup (target >= 0.8).
+A runner token takes a step of each model, so "runner / ideal pace" (runner tokens/s over half the one-model
+ideal) says how close each run comes to the bare forwards; batch8_vs_ideal is the 8-item pace over the
+1-item pace, above 1 when the 1-item run loses more to its own overheads than the 8-item run.
+vs_release_loop = runner tokens/s / release tokens/s over the same items and tokens (target >= 20).
+
+Usage: python benchmarks/reference_batching.py [--tokens N] [--items N] [--rounds R] [--dtype auto|bf16|fp32]
+       [--threads N] [--release-items N] [--release-samples N]
 The last three lines are batch8_speedup, batch8_vs_ideal and vs_release_loop.
 """
 
@@ -20,6 +45,9 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -33,41 +61,72 @@ from eval_harness.datasets import load_task
 from eval_harness.protocol import DecodingProtocol
 from eval_harness.runners.reference import ItemRun, ReferenceRunner
 
+ALPHA = 0.3
+T = TypeVar("T")
+
+
+def off_main_thread(measure: Callable[..., T], *args: object) -> T:
+    """``measure(*args)`` on a thread of its own (see the module docstring: the main thread's forwards are slow)."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="measure") as pool:
+        return pool.submit(measure, *args).result()
+
 
 def runner_tokens_per_s(slm: TransformersLLM, llm: TransformersLLM, runs: list[ItemRun], concurrency: int,
-                        tokens: int) -> float:
+                        tokens: int) -> tuple[float, float, list[list[int]]]:
+    """(decode tokens/s with prefill time taken out, end-to-end tokens/s, every item's tokens)."""
     with ReferenceRunner(slm, llm, concurrency=concurrency) as runner:
-        runner.run(runs[:concurrency], mode="edge", alpha=0.3, max_new_tokens=2)  # warm-up
+        runner.run(runs[:concurrency], mode="edge", alpha=ALPHA, max_new_tokens=2)  # warm-up
+        prefill_before = sum(stats.prefill_seconds for stats in runner.stats)
         start = time.perf_counter()
-        results = runner.run(runs, mode="edge", alpha=0.3, max_new_tokens=tokens)
+        results = runner.run(runs, mode="edge", alpha=ALPHA, max_new_tokens=tokens)
         elapsed = time.perf_counter() - start
-    return sum(len(r.token_ids) for r in results) / elapsed
+        prefill = sum(stats.prefill_seconds for stats in runner.stats) - prefill_before
+    produced = sum(len(r.token_ids) for r in results)
+    return produced / (elapsed - prefill), produced / elapsed, [r.token_ids for r in results]
 
 
 @torch.inference_mode()
-def release_loop_tokens_per_s(slm: TransformersLLM, llm: TransformersLLM, prompts: list[tuple[list[int], list[int]]],
-                              tokens: int) -> float:
-    """One item at a time, no KV cache: each step re-runs both models over the whole sequence."""
+def release_step_seconds(slm: TransformersLLM, llm: TransformersLLM, slm_ids: list[int], llm_ids: list[int],
+                         generated: list[int]) -> float:
+    """One step of the release's loop after ``generated``: both full forwards without a cache, then CoVeil."""
     start = time.perf_counter()
-    produced = 0
-    for slm_ids, llm_ids in prompts:
-        generated: list[int] = []
-        for _ in range(tokens):
-            z_llm = llm.model(torch.tensor([llm_ids + generated])).logits[0, -1, : llm.vocab_size].float().numpy()
-            z_slm = slm.model(torch.tensor([slm_ids + generated])).logits[0, -1, : slm.vocab_size].float().numpy()
-            p_llm, p_slm = (np.exp(z - z.max()) / np.exp(z - z.max()).sum() for z in (z_llm, z_slm))
-            generated.append(coveil_select(p_slm.astype(np.float32), p_llm.astype(np.float32), alpha=0.3, lam=1.0))
-            produced += 1
-    return produced / (time.perf_counter() - start)
+    z_llm = llm.model(torch.tensor([llm_ids + generated])).logits[0, -1, : llm.vocab_size].float().numpy()
+    z_slm = slm.model(torch.tensor([slm_ids + generated])).logits[0, -1, : slm.vocab_size].float().numpy()
+    p_llm, p_slm = (np.exp(z - z.max()) / np.exp(z - z.max()).sum() for z in (z_llm, z_slm))
+    coveil_select(p_slm.astype(np.float32), p_llm.astype(np.float32), alpha=ALPHA, lam=1.0)
+    return time.perf_counter() - start
+
+
+def release_seconds(slm: TransformersLLM, llm: TransformersLLM, slm_ids: list[int], llm_ids: list[int],
+                    continuation: Sequence[int], samples: int) -> float:
+    """The release's time to decode ``continuation`` (one step per token), from ``samples`` timed steps.
+
+    Step ``j`` (after ``j`` tokens) costs ``c(j)``; ``c`` is timed at evenly spaced ``j`` and interpolated
+    linearly in between; the total is ``sum_j c(j)`` over ``j = 0 .. n-1``.
+    """
+    n = len(continuation)
+    at = np.unique(np.linspace(0, n - 1, num=min(samples, n)).round().astype(int))
+    cost = [release_step_seconds(slm, llm, slm_ids, llm_ids, list(continuation[:j])) for j in at]
+    return float(np.interp(np.arange(n), at, cost).sum())
+
+
+def summary(values: Sequence[float]) -> str:
+    return f"{np.median(values):8.3f}  ({min(values):.3f}..{max(values):.3f})"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", type=int, default=32, help="tokens decoded per item")
+    parser.add_argument("--tokens", type=int, default=32, help="tokens decoded per item in (a)")
     parser.add_argument("--items", type=int, default=8, help="MedPriv items (the batch of the 8-item run)")
-    parser.add_argument("--release-items", type=int, default=2, help="items the slow release loop decodes")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of (a) and (b); ratios are their medians")
+    parser.add_argument("--release-items", type=int, default=2, help="items the release loop is timed on in (c)")
+    parser.add_argument("--release-samples", type=int, default=5,
+                        help="release steps timed per item (at evenly spaced lengths)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
 
     slm, llm = TransformersLLM(dtype=args.dtype), TransformersLLM(dtype=args.dtype)
     protocol = DecodingProtocol()
@@ -75,23 +134,52 @@ def main() -> None:
     runs = [ItemRun(item.item_id, protocol.public_prompt(item), item.private_context, CoVeil(lam=1.0))
             for item in items]
     print(f"model {llm.name}, dtype {llm.dtype}, torch threads {torch.get_num_threads()}, {args.items} MedPriv "
-          f"items x {args.tokens} tokens, edge-side CoVeil")
+          f"items x {args.tokens} tokens, edge-side CoVeil, {args.rounds} rounds")
 
-    one = runner_tokens_per_s(slm, llm, runs, 1, args.tokens)
-    eight = runner_tokens_per_s(slm, llm, runs, 8, args.tokens)
-    ideal_one, ideal_eight = (ideal_tokens_per_s(llm, batch, args.tokens) for batch in (1, 8))
-    prompts = [(slm.tokenize(run.private_context + CONTEXT_SEPARATOR + run.public_prompt), llm.tokenize(run.public_prompt))
-               for run in runs[: args.release_items]]
-    release = release_loop_tokens_per_s(slm, llm, prompts, args.tokens)
+    speedups, vs_ideal, rows = [], [], []
+    for _ in range(args.rounds):
+        one, one_e2e, _ = runner_tokens_per_s(slm, llm, runs, 1, args.tokens)
+        eight, eight_e2e, _ = runner_tokens_per_s(slm, llm, runs, 8, args.tokens)
+        ideal_one, ideal_eight = (off_main_thread(ideal_tokens_per_s, llm, batch, args.tokens) for batch in (1, 8))
+        speedups.append(eight / one)
+        vs_ideal.append(speedups[-1] / (ideal_eight / ideal_one))
+        rows.append((one, eight, one_e2e, eight_e2e, ideal_one, ideal_eight))
+        print(f"  round: runner 1 / 8 items {one:6.1f} / {eight:6.1f} decode tokens/s ({one_e2e:.1f} / "
+              f"{eight_e2e:.1f} with prefill); ideal batch 1 / 8 {ideal_one:6.1f} / {ideal_eight:6.1f} tokens/s; "
+              f"batch8_vs_ideal {vs_ideal[-1]:.3f}")
 
-    print(f"reference runner, 1 item in flight:  {one:8.1f} tokens/s")
-    print(f"reference runner, 8 items in flight: {eight:8.1f} tokens/s")
-    print(f"ideal batched forward, batch 1 / 8:  {ideal_one:8.1f} / {ideal_eight:.1f} tokens/s (one model)")
-    print(f"release loop (no cache, one item):   {release:8.1f} tokens/s")
-    speedup = eight / one
-    print(f"batch8_speedup={speedup:.3f}")
-    print(f"batch8_vs_ideal={speedup / (ideal_eight / ideal_one):.3f}")
-    print(f"vs_release_loop={eight / release:.2f}")
+    # (c): the paper's protocol, the runner end to end on every item against the release's loop on a few
+    print(f"  the paper's protocol: the runner on {len(items)} items, then the release loop on "
+          f"{min(args.release_items, len(items))} of them ...")
+    protocol_runs = [ItemRun(item.item_id, protocol.public_prompt(item), item.private_context, CoVeil(lam=1.0),
+                             stopping=protocol.stopping(item)) for item in items]
+    _, runner_e2e, continuations = runner_tokens_per_s(slm, llm, protocol_runs, 8, protocol.max_new_tokens)
+    timed = list(zip(protocol_runs, continuations))[: args.release_items]
+    release_time = 0.0
+    for run, continuation in timed:
+        slm_ids = slm.tokenize(run.private_context + CONTEXT_SEPARATOR + run.public_prompt)
+        release_time += off_main_thread(release_seconds, slm, llm, slm_ids, llm.tokenize(run.public_prompt),
+                                        continuation, args.release_samples)
+    release = sum(len(continuation) for _, continuation in timed) / release_time
+    lengths = ", ".join(str(len(c)) for c in continuations)
+
+    print()
+    print("per round, median (min..max):")
+    print(f"reference runner, 1 item in flight:  {summary([r[0] for r in rows])} decode tokens/s")
+    print(f"reference runner, 8 items in flight: {summary([r[1] for r in rows])} decode tokens/s")
+    print(f"  the same with prefill in the clock: {summary([r[2] for r in rows])} / {summary([r[3] for r in rows])}")
+    print(f"ideal batched forward, batch 1:      {summary([r[4] for r in rows])} tokens/s (one model)")
+    print(f"ideal batched forward, batch 8:      {summary([r[5] for r in rows])} tokens/s (one model)")
+    # a runner token takes one step of each model: the ideal pace for it is half the one-model ideal
+    print(f"runner / ideal pace, 1 item:         {summary([2 * r[0] / r[4] for r in rows])}")
+    print(f"runner / ideal pace, 8 items:        {summary([2 * r[1] / r[5] for r in rows])}")
+    print(f"batch8_speedup per round:            {summary(speedups)}")
+    print(f"batch8_vs_ideal per round:           {summary(vs_ideal)}")
+    print(f"paper's protocol ({lengths} tokens): runner, 8 in flight, {runner_e2e:.2f} tokens/s end to end; "
+          f"release loop on the first {len(timed)} {release:.3f} tokens/s ({args.release_samples} timed steps each)")
+    print(f"batch8_speedup={np.median(speedups):.3f}")
+    print(f"batch8_vs_ideal={np.median(vs_ideal):.3f}")
+    print(f"vs_release_loop={runner_e2e / release:.2f}")
 
 
 if __name__ == "__main__":

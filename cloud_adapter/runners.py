@@ -1,14 +1,23 @@
-"""Where the cloud model's forward passes run: in the caller's thread, or batched on one worker thread."""
+"""Where the cloud model's forward passes run: in the caller's thread, or batched on one worker thread.
+
+* :class:`DirectRunner`: each forward in the caller's thread (tests, a single session).
+* :class:`StepBatcher`: the server's runner.  One worker thread owns the model and folds the steps of
+  concurrent sessions into one forward, waiting only for the sessions whose edges are quick to come back.
+* :class:`LockstepBatcher`: the reference runner's.  One worker thread owns several models (edge and cloud)
+  for a known set of item threads, and runs a batch once every item is waiting: each forward holds every
+  item waiting on that model.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, Self
 
 from cloud_adapter.llm import CloudSequence, TransformersLLM
 
@@ -65,7 +74,185 @@ class _PrefillRequest:
     result: Future[tuple[CloudSequence, int]] = field(default_factory=Future)
 
 
-class StepBatcher:
+#: called with the sequences a batch just stepped or opened, before their callers are woken
+Delivered = Callable[[Sequence[CloudSequence]], None]
+
+
+@dataclass
+class BatchStats:
+    """What ran on one model: batches by size and the wall time inside its forwards."""
+
+    batch_sizes: Counter[int] = field(default_factory=Counter)  # step batches of each size
+    prefill_sizes: Counter[int] = field(default_factory=Counter)  # successful prefill batches of each size
+    step_seconds: float = 0.0  # inside ``llm.step``
+    prefill_seconds: float = 0.0  # inside successful ``llm.open_many``
+
+
+class _ModelQueue:
+    """One model's waiting forwards, how to run them as batches, and what ran (``stats``).
+
+    Only the owning batcher's worker thread runs them; the batcher's lock guards ``steps`` and ``prefills``.
+    """
+
+    def __init__(self, llm: TransformersLLM) -> None:
+        self.llm = llm
+        self.steps: list[_StepRequest] = []
+        self.prefills: deque[_PrefillRequest] = deque()
+        self.stats = BatchStats()
+
+    def __len__(self) -> int:
+        """Requests waiting (steps and prefills)."""
+        return len(self.steps) + len(self.prefills)
+
+    def take_steps(self) -> list[_StepRequest]:
+        """With the lock held: every waiting step (one batch)."""
+        steps, self.steps = self.steps, []
+        return steps
+
+    def take_prefills(self) -> list[_PrefillRequest]:
+        """With the lock held: the waiting prefills that one padded forward should run together.
+
+        Takes them in arrival order while the padded batch (``B * max L`` tokens)
+        stays within twice the real tokens, so a long prompt is not padded into
+        many short ones.
+        """
+        taken = [self.prefills.popleft()]
+        real, longest = len(taken[0].prompt_ids), len(taken[0].prompt_ids)
+        while self.prefills:
+            n = len(self.prefills[0].prompt_ids)
+            if (len(taken) + 1) * max(longest, n) > 2 * (real + n):
+                break
+            taken.append(self.prefills.popleft())
+            real, longest = real + n, max(longest, n)
+        return taken
+
+    def take_all(self) -> list[_StepRequest | _PrefillRequest]:
+        """With the lock held: every waiting request, which nobody will run (the worker is ending)."""
+        waiting: list[_StepRequest | _PrefillRequest] = [*self.steps, *self.prefills]
+        self.steps, self.prefills = [], deque()
+        return waiting
+
+    def run_steps(self, steps: list[_StepRequest], delivered: Delivered | None = None) -> None:
+        """One ``llm.step`` for ``steps``; a failure is delivered to every one of them."""
+        start = time.perf_counter_ns()
+        try:
+            self.llm.step([(request.seq, request.token_id) for request in steps])
+        except BaseException as exc:  # delivered to every session of the batch
+            for request in steps:
+                request.result.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
+            if not isinstance(exc, Exception):
+                raise  # the worker cannot go on (interpreter exit and the like)
+            return
+        elapsed = time.perf_counter_ns() - start
+        self.stats.step_seconds += elapsed / 1e9
+        self.stats.batch_sizes[len(steps)] += 1
+        if delivered is not None:
+            delivered([request.seq for request in steps])
+        for request in steps:
+            request.result.set_result(elapsed)
+
+    def run_prefills(self, requests: list[_PrefillRequest], delivered: Delivered | None = None) -> None:
+        """One padded prefill for ``requests``; if it fails, each alone, so one bad prompt fails only its session."""
+        start = time.perf_counter_ns()
+        try:
+            seqs = self.llm.open_many([request.prompt_ids for request in requests])
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                for request in requests:
+                    request.result.set_exception(RuntimeError(repr(exc)))
+                raise  # the worker cannot go on
+            if len(requests) > 1:
+                for request in requests:
+                    self.run_prefills([request], delivered)
+            else:
+                requests[0].result.set_exception(exc)
+            return
+        elapsed = time.perf_counter_ns() - start
+        self.stats.prefill_seconds += elapsed / 1e9
+        self.stats.prefill_sizes[len(requests)] += 1
+        if delivered is not None:
+            delivered(seqs)
+        for request, seq in zip(requests, seqs, strict=True):
+            request.result.set_result((seq, elapsed))
+
+
+class _ModelWorker:
+    """One worker thread that owns some models' queues and runs every forward on them, never two at once.
+
+    Subclasses decide which requests run together (:meth:`_serve_requests`) and call :meth:`_start` at the
+    end of their ``__init__``.
+    """
+
+    def __init__(self, queues: Sequence[_ModelQueue]) -> None:
+        self._queues = list(queues)
+        self._cond = threading.Condition()
+        self._closed = False
+        self._dead = False  # the worker thread has ended
+        #: called (on the dying worker thread) if the worker ends without :meth:`close`; the server reports
+        #: NOT_SERVING to health checks from here
+        self.on_death: list[Callable[[], None]] = []
+        self._worker = threading.Thread(target=self._work, name="coveil-model", daemon=True)
+
+    def _start(self) -> None:
+        self._worker.start()
+
+    def _submit(self, queue: _ModelQueue, request: _StepRequest | _PrefillRequest) -> None:
+        """Queue ``request`` (the caller then waits on ``request.result``)."""
+        with self._cond:
+            self._enqueue(queue, request)
+
+    def _enqueue(self, queue: _ModelQueue, request: _StepRequest | _PrefillRequest) -> None:
+        """With the lock held: queue ``request``."""
+        self._require_open()
+        if isinstance(request, _StepRequest):
+            queue.steps.append(request)
+        else:
+            queue.prefills.append(request)
+        self._cond.notify_all()
+
+    def _waiting(self) -> int:
+        """With the lock held: requests waiting in every queue."""
+        return sum(len(queue) for queue in self._queues)
+
+    def close(self) -> None:
+        """Finish the requests already queued, then stop the worker thread."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._worker.join()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _require_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the model worker has shut down")
+        if self._dead:
+            raise RuntimeError("the model worker has died; the server must be restarted")
+
+    def _work(self) -> None:
+        try:
+            self._serve_requests()
+        finally:  # whatever ended the worker, nobody waits forever on it
+            with self._cond:
+                self._dead = True  # from here on every request fails at once
+                waiting = [request for queue in self._queues for request in queue.take_all()]
+                died = not self._closed
+            for request in waiting:
+                if not request.result.done():
+                    request.result.set_exception(RuntimeError("the model worker has died"))
+            if died:
+                for callback in self.on_death:
+                    callback()
+
+    def _serve_requests(self) -> None:
+        raise NotImplementedError
+
+
+class StepBatcher(_ModelWorker):
     """One worker thread owns the model and batches the decode steps of all sessions.
 
     Sessions call :meth:`forward` from their own threads.  The worker gathers
@@ -95,32 +282,30 @@ class StepBatcher:
     def __init__(self, llm: TransformersLLM, *, batch_window_ms: float = 10.0) -> None:
         if batch_window_ms < 0:
             raise ValueError(f"batch_window_ms must be non-negative, got {batch_window_ms}")
-        self._llm = llm
+        self._queue = _ModelQueue(llm)
+        super().__init__([self._queue])
         self._window_s = batch_window_ms / 1000.0
-        self._cond = threading.Condition()
-        self._steps: list[_StepRequest] = []
-        self._prefills: deque[_PrefillRequest] = deque()
         self._live: set[CloudSequence] = set()
         self._delivered_at: dict[int, float] = {}  # id(seq) -> when its last forward was delivered
         self._return_gap: dict[int, float] = {}  # id(seq) -> average seconds from delivery to its next request
-        self._closed = False
-        self._dead = False  # the worker thread has ended
-        #: called (on the dying worker thread) if the worker ends without :meth:`close`; the server reports
-        #: NOT_SERVING to health checks from here
-        self.on_death: list[Callable[[], None]] = []
-        self.batch_sizes: Counter[int] = Counter()
-        self.prefill_sizes: Counter[int] = Counter()
-        self.step_seconds = 0.0
-        self._worker = threading.Thread(target=self._work, name="coveil-model", daemon=True)
-        self._worker.start()
+        self._start()
+
+    @property
+    def batch_sizes(self) -> Counter[int]:
+        return self._queue.stats.batch_sizes
+
+    @property
+    def prefill_sizes(self) -> Counter[int]:
+        return self._queue.stats.prefill_sizes
+
+    @property
+    def step_seconds(self) -> float:
+        return self._queue.stats.step_seconds
 
     # -- called by sessions --------------------------------------------------------------------
     def prefill(self, prompt_ids: Sequence[int]) -> tuple[CloudSequence, int]:
         request = _PrefillRequest([int(i) for i in prompt_ids])
-        with self._cond:
-            self._require_open()
-            self._prefills.append(request)
-            self._cond.notify_all()
+        self._submit(self._queue, request)
         return request.result.result()
 
     def forward(self, seq: CloudSequence, token_id: int) -> int:
@@ -132,8 +317,7 @@ class StepBatcher:
                 gap = time.monotonic() - delivered
                 previous = self._return_gap.get(id(seq), gap)
                 self._return_gap[id(seq)] = previous + self.GAP_SMOOTHING * (gap - previous)
-            self._steps.append(request)
-            self._cond.notify_all()
+            self._enqueue(self._queue, request)
         return request.result.result()
 
     def release(self, seq: CloudSequence) -> None:
@@ -143,80 +327,38 @@ class StepBatcher:
             self._return_gap.pop(id(seq), None)
             self._cond.notify_all()  # a batch waiting for this sequence can go now
 
-    def close(self) -> None:
-        """Finish the requests already queued, then stop the worker thread."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        self._worker.join()
-
-    def __enter__(self) -> StepBatcher:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def _require_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("the model worker has shut down")
-        if self._dead:
-            raise RuntimeError("the model worker has died; the server must be restarted")
-
-
     # -- the worker thread ---------------------------------------------------------------------
-    def _work(self) -> None:
-        try:
-            self._serve_requests()
-        finally:  # whatever ended the worker, nobody waits forever on it
-            with self._cond:
-                self._dead = True  # from here on every request fails at once
-                waiting = [*self._steps, *self._prefills]
-                self._steps, self._prefills = [], deque()
-                died = not self._closed
-            for request in waiting:
-                if not request.result.done():
-                    request.result.set_exception(RuntimeError("the model worker has died"))
-            if died:
-                for callback in self.on_death:
-                    callback()
-
     def _serve_requests(self) -> None:
+        queue = self._queue
         while True:
             with self._cond:
-                while not (self._steps or self._prefills or self._closed):
+                while not (queue or self._closed):
                     self._cond.wait()
-                if self._steps:
+                if queue.steps:
                     self._wait_for_batch()
-                    steps, self._steps = self._steps, []
-                    prefills = []
-                elif self._prefills:
-                    steps, prefills = [], self._take_prefills()
+                    steps, prefills = queue.take_steps(), []
+                elif queue.prefills:
+                    steps, prefills = [], queue.take_prefills()
                 else:
                     return  # closed and drained
             if steps:
-                self._run_steps(steps)
+                queue.run_steps(steps, self._delivered)
             elif prefills:
-                self._run_prefills(prefills)
+                queue.run_prefills(prefills, self._opened)
             # drop this batch's requests before waiting for the next: they hold their sequences, and with
             # them the KV caches of sessions that may have ended meanwhile
             del steps, prefills
 
-    def _take_prefills(self) -> list[_PrefillRequest]:
-        """With the lock held: the waiting prefills that one padded forward should run together.
+    def _delivered(self, seqs: Sequence[CloudSequence]) -> None:
+        now = time.monotonic()
+        with self._cond:
+            for seq in seqs:
+                self._delivered_at[id(seq)] = now
 
-        Takes them in arrival order while the padded batch (``B * max L`` tokens)
-        stays within twice the real tokens, so a long prompt is not padded into
-        many short ones.
-        """
-        taken = [self._prefills.popleft()]
-        real, longest = len(taken[0].prompt_ids), len(taken[0].prompt_ids)
-        while self._prefills:
-            n = len(self._prefills[0].prompt_ids)
-            if (len(taken) + 1) * max(longest, n) > 2 * (real + n):
-                break
-            taken.append(self._prefills.popleft())
-            real, longest = real + n, max(longest, n)
-        return taken
+    def _opened(self, seqs: Sequence[CloudSequence]) -> None:
+        with self._cond:
+            self._live.update(seqs)
+        self._delivered(seqs)
 
     def _wait_for_batch(self) -> None:
         """With the lock held: wait for the live sequences expected back, at most a window after the first request.
@@ -226,7 +368,7 @@ class StepBatcher:
         """
         deadline = time.monotonic() + self._window_s
         while not self._closed:
-            waiting = {id(request.seq) for request in self._steps}
+            waiting = {id(request.seq) for request in self._queue.steps}
             expected = [
                 seq for seq in self._live
                 if id(seq) not in waiting and self._return_gap.get(id(seq), 0.0) <= self._window_s
@@ -236,48 +378,99 @@ class StepBatcher:
                 return
             self._cond.wait(remaining)
 
-    def _run_steps(self, steps: list[_StepRequest]) -> None:
-        start = time.perf_counter_ns()
-        try:
-            self._llm.step([(request.seq, request.token_id) for request in steps])
-        except BaseException as exc:  # delivered to every session of the batch
-            for request in steps:
-                request.result.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
-            if not isinstance(exc, Exception):
-                raise  # the worker cannot go on (interpreter exit and the like)
-            return
-        elapsed = time.perf_counter_ns() - start
-        self.step_seconds += elapsed / 1e9
-        self.batch_sizes[len(steps)] += 1
-        now = time.monotonic()
-        with self._cond:
-            for request in steps:
-                self._delivered_at[id(request.seq)] = now
-        for request in steps:
-            request.result.set_result(elapsed)
 
-    def _run_prefills(self, requests: list[_PrefillRequest]) -> None:
-        """One padded prefill for ``requests``; if it fails, each alone, so one bad prompt fails only its session."""
-        start = time.perf_counter_ns()
-        try:
-            seqs = self._llm.open_many([request.prompt_ids for request in requests])
-        except BaseException as exc:
-            if not isinstance(exc, Exception):
-                for request in requests:
-                    request.result.set_exception(RuntimeError(repr(exc)))
-                raise  # the worker cannot go on
-            if len(requests) > 1:
-                for request in requests:
-                    self._run_prefills([request])
-            else:
-                requests[0].result.set_exception(exc)
-            return
-        elapsed = time.perf_counter_ns() - start
-        self.prefill_sizes[len(requests)] += 1
-        now = time.monotonic()
+class ModelLane:
+    """One model of a :class:`LockstepBatcher`, as a :class:`ModelRunner` (what the engine or an SLM calls).
+
+    ``stats`` says what ran on this model.
+    """
+
+    def __init__(self, batcher: LockstepBatcher, queue: _ModelQueue) -> None:
+        self._batcher, self._queue = batcher, queue
+        self.stats = queue.stats
+
+    def prefill(self, prompt_ids: Sequence[int]) -> tuple[CloudSequence, int]:
+        request = _PrefillRequest([int(i) for i in prompt_ids])
+        self._batcher._submit(self._queue, request)
+        return request.result.result()
+
+    def forward(self, seq: CloudSequence, token_id: int) -> int:
+        request = _StepRequest(seq, int(token_id))
+        self._batcher._submit(self._queue, request)
+        return request.result.result()
+
+    def release(self, seq: CloudSequence) -> None:
+        """Nothing to do: the sequence's cache is freed with its last reference."""
+
+
+class LockstepBatcher(_ModelWorker):
+    """Several models behind one worker thread, for a known set of client threads that each call them in turn.
+
+    Each client (an item being decoded, in a thread of its own) is registered
+    while it takes part (:meth:`participant`).  A client is always either
+    computing or blocked on exactly one forward, so the worker knows when
+    nobody else can come: it runs a batch once every registered client is
+    waiting (or ``max_wait_ms`` after the batch's first request: a client
+    stuck elsewhere is not waited for longer).  Every batch then holds every
+    client waiting on its model, however long a client's own work between
+    forwards takes; forwards never overlap, so each gets the whole machine.
+
+    Which batch runs: waiting prefills first (a new client joins the others
+    quickly), else the model with the most waiting steps.  The clients that
+    step then go on to their next model and join the ones waiting there, so
+    two groups out of step merge after one batch instead of taking turns.
+
+    A request from a thread that is not a registered client is served as
+    soon as everyone registered is waiting too (with none registered: at once).
+    """
+
+    def __init__(self, llms: Sequence[TransformersLLM], *, max_wait_ms: float = 500.0) -> None:
+        if max_wait_ms < 0:
+            raise ValueError(f"max_wait_ms must be non-negative, got {max_wait_ms}")
+        queues = [_ModelQueue(llm) for llm in llms]
+        super().__init__(queues)
+        self.lanes = [ModelLane(self, queue) for queue in queues]
+        self._max_wait_s = max_wait_ms / 1000.0
+        self._clients = 0
+        self._start()
+
+    @contextmanager
+    def participant(self) -> Iterator[None]:
+        """Count the calling thread as a client for the duration of the ``with`` block."""
         with self._cond:
-            self._live.update(seqs)
-            for seq in seqs:
-                self._delivered_at[id(seq)] = now
-        for request, seq in zip(requests, seqs, strict=True):
-            request.result.set_result((seq, elapsed))
+            self._clients += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._clients -= 1
+                self._cond.notify_all()  # a batch waiting for this client can go now
+
+    def _serve_requests(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._waiting() or self._closed):
+                    self._cond.wait()
+                if not self._waiting():
+                    return  # closed and drained
+                deadline = time.monotonic() + self._max_wait_s
+                while not self._closed and self._waiting() < self._clients:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
+                queue, steps, prefills = self._choose()
+            if prefills:
+                queue.run_prefills(prefills)
+            else:
+                queue.run_steps(steps)
+            del steps, prefills  # the requests hold sequences (and their KV caches) that may be done with
+
+    def _choose(self) -> tuple[_ModelQueue, list[_StepRequest], list[_PrefillRequest]]:
+        """With the lock held and something waiting: the model and the batch to run next."""
+        with_prefills = [queue for queue in self._queues if queue.prefills]
+        if with_prefills:
+            queue = max(with_prefills, key=lambda q: len(q.prefills))  # first of the largest on a tie
+            return queue, [], queue.take_prefills()
+        queue = max(self._queues, key=lambda q: len(q.steps))
+        return queue, queue.take_steps(), []

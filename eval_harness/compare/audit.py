@@ -154,7 +154,7 @@ class QuantComparison:
         for variant in self.variants:
             if on_variant is not None:
                 on_variant(variant)
-            with LlamaCppEdgeRunner(variant.path, self.runner.engine, concurrency=self.runner.concurrency) as edge:
+            with LlamaCppEdgeRunner(variant.path, self.runner, concurrency=self.runner.concurrency) as edge:
                 skipped += self._sweep(edge, self.variant_path(variant), variant_metadata(self.metadata, variant),
                                        on_row)
         return skipped

@@ -2,11 +2,12 @@
 
 Each item runs the SDK's own loop (:class:`edge_sdk.client.EdgeClient` over
 the in-process transport, so the same bytes and checks as the wire) in a
-thread of its own.  Both models sit behind a
-:class:`~cloud_adapter.runners.StepBatcher`: the cloud LLM through the
-cloud engine, the SLM through :class:`BatchedSLM`, so the steps of the items
-in flight run as one padded forward per model, each with its KV cache, not
-one item at a time without a cache as the authors' release does.
+thread of its own.  Both models sit behind one
+:class:`~cloud_adapter.runners.LockstepBatcher`: the cloud LLM through the
+cloud engine, the SLM through :class:`BatchedSLM`.  Once every item in flight
+waits on a forward, the items waiting on one model run as one padded forward
+with their KV caches, then go on to the other model together: the items step
+in lockstep, not one at a time without a cache as the authors' release does.
 
 :meth:`ReferenceRunner.mechanism` measures a finished item's per-step
 decisions against full fusion (:mod:`eval_harness.runners.mechanism`).
@@ -14,6 +15,7 @@ decisions against full fusion (:mod:`eval_harness.runners.mechanism`).
 
 from __future__ import annotations
 
+import queue
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
@@ -27,7 +29,7 @@ import numpy as np
 from cloud_adapter.engine import CloudEngine
 from cloud_adapter.limits import Limits
 from cloud_adapter.llm import TransformersLLM, TransformersSLM
-from cloud_adapter.runners import StepBatcher
+from cloud_adapter.runners import BatchStats, LockstepBatcher, ModelLane
 from edge_sdk.backends.base import SLMBackend
 from edge_sdk.client import EdgeClient, GenerationResult
 from edge_sdk.prompts import plain_prompts
@@ -36,16 +38,16 @@ from eval_harness.runners import mechanism
 
 
 class BatchedSLM(TransformersSLM):
-    """A :class:`~cloud_adapter.llm.TransformersSLM` whose forwards go through a shared :class:`StepBatcher`.
+    """A :class:`~cloud_adapter.llm.TransformersSLM` whose forwards go through a batcher's lane.
 
-    One instance per concurrent item; instances sharing a batcher have their
+    One instance per item in flight (reused for the next item); instances sharing a lane have their
     steps folded into one batched forward, and share one lock for the
     tokenizer (fast tokenizers refuse concurrent use).
     """
 
-    def __init__(self, llm: TransformersLLM, batcher: StepBatcher, tokenizer_lock: threading.Lock) -> None:
+    def __init__(self, llm: TransformersLLM, lane: ModelLane, tokenizer_lock: threading.Lock) -> None:
         super().__init__(llm)
-        self.batcher, self._lock = batcher, tokenizer_lock
+        self.lane, self._lock = lane, tokenizer_lock
         self.source = llm.source  # a policy that needs the model's files (CusText) finds them here
 
     def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
@@ -58,19 +60,19 @@ class BatchedSLM(TransformersSLM):
 
     def prefill(self, ids: list[int]) -> np.ndarray:
         self.close()
-        self._seq, _ = self.batcher.prefill(ids)
+        self._seq, _ = self.lane.prefill(ids)
         return self._seq.next_logits.copy()
 
     def append(self, token_id: int) -> np.ndarray:
         if self._seq is None:
             raise RuntimeError("append before prefill: the sequence is empty")
-        self.batcher.forward(self._seq, int(token_id))
+        self.lane.forward(self._seq, int(token_id))
         return self._seq.next_logits.copy()
 
     def close(self) -> None:
-        """Let the batcher forget this item's sequence (its KV cache goes with it)."""
+        """Let the lane forget this item's sequence (its KV cache goes with it)."""
         if self._seq is not None:
-            self.batcher.release(self._seq)
+            self.lane.release(self._seq)
             self._seq = None
 
 
@@ -96,8 +98,8 @@ class ItemRun:
 class ItemRunner(ABC):
     """Items through the SDK's loop against ``self.engine``, ``self.concurrency`` at once.
 
-    A subclass says where each item's edge model comes from (:meth:`edge`) and sets ``engine`` (the cloud)
-    and ``concurrency``; :meth:`run` is the same for all, so a sweep drives any of them.
+    A subclass says which client (and edge model) decodes each item (:meth:`client`) and sets ``engine`` (the
+    cloud) and ``concurrency``; :meth:`run` is the same for all, so a sweep drives any of them.
     """
 
     engine: CloudEngine
@@ -109,8 +111,8 @@ class ItemRunner(ABC):
         """The edge model, for policies that build themselves from it (CusText's clusters)."""
 
     @abstractmethod
-    def edge(self) -> AbstractContextManager[SLMBackend]:
-        """One item's edge model, held for the item while it decodes."""
+    def client(self) -> AbstractContextManager[EdgeClient]:
+        """A client of ``engine`` with its own edge model, held for one item while it decodes."""
 
     def run(
         self,
@@ -125,8 +127,7 @@ class ItemRunner(ABC):
         """Decode every item; ``on_result`` is called (from a worker thread) as each one finishes."""
 
         def one(item: ItemRun) -> GenerationResult:
-            with self.edge() as slm:
-                client = EdgeClient(lambda: self.engine.session("audit"), slm=slm)
+            with self.client() as client:
                 result = item.generate(client, mode=mode, alpha=alpha, max_new_tokens=max_new_tokens,
                                        exposure_k=exposure_k)
             if on_result is not None:
@@ -149,38 +150,61 @@ class ReferenceRunner(ItemRunner):
         slm: the edge model in transformers (e.g. the full-precision twin of a GGUF).
         llm: the cloud model.
         concurrency: items decoded at once (the batch each model's forwards gather).
-        batch_window_ms: how long a batched forward waits for items expected back.
+        max_wait_ms: how long a batch waits for an item still busy with its own work before it runs without it.
     """
 
     def __init__(self, slm: TransformersLLM, llm: TransformersLLM, *, concurrency: int = 8,
-                 batch_window_ms: float = 10.0) -> None:
+                 max_wait_ms: float = 500.0) -> None:
         self.slm_model, self.llm = slm, llm
         self.concurrency = concurrency
-        self._slm_batcher = StepBatcher(slm, batch_window_ms=batch_window_ms)
-        self._llm_batcher = StepBatcher(llm, batch_window_ms=batch_window_ms)
+        self._batcher = LockstepBatcher([slm, llm], max_wait_ms=max_wait_ms)
+        self._slm_lane, self._llm_lane = self._batcher.lanes
         limits = Limits(max_sessions=concurrency, max_sessions_per_client=concurrency)
-        self.engine = CloudEngine(llm, limits, runner=self._llm_batcher, exposure_k=1000)
+        self.engine = CloudEngine(llm, limits, runner=self._llm_lane, exposure_k=1000)
         self._tokenizer_lock = threading.Lock()
         self._mechanism_lock = threading.Lock()  # one teacher-forced pass at a time (each holds [T, V] rows)
+        # one client (and edge model) per item in flight, reused for the items after it: a client builds its
+        # token-text reader over the whole vocabulary once, as a device would, not once per item
+        self._idle_clients: queue.SimpleQueue[tuple[EdgeClient, BatchedSLM]] = queue.SimpleQueue()
 
     @property
     def policy_backend(self) -> BatchedSLM:
         """The edge model as a backend, for policies that build themselves from it (CusText's clusters)."""
-        return BatchedSLM(self.slm_model, self._slm_batcher, self._tokenizer_lock)
+        return BatchedSLM(self.slm_model, self._slm_lane, self._tokenizer_lock)
 
     @property
     def batch_sizes(self) -> tuple[dict[int, int], dict[int, int]]:
         """How many batched forwards of each size ran: (SLM, cloud LLM)."""
-        return dict(self._slm_batcher.batch_sizes), dict(self._llm_batcher.batch_sizes)
+        return dict(self._slm_lane.stats.batch_sizes), dict(self._llm_lane.stats.batch_sizes)
+
+    @property
+    def stats(self) -> tuple[BatchStats, BatchStats]:
+        """What ran on each model so far, and the time inside its forwards: (SLM, cloud LLM)."""
+        return self._slm_lane.stats, self._llm_lane.stats
 
     @contextmanager
-    def edge(self) -> Iterator[BatchedSLM]:
-        """One item's edge model: a sequence of the shared SLM batcher, released when the item is done."""
-        slm = BatchedSLM(self.slm_model, self._slm_batcher, self._tokenizer_lock)
+    def participant(self) -> Iterator[None]:
+        """Count the calling thread as an item in flight (:meth:`LockstepBatcher.participant`): batches wait
+        for it.  :meth:`client` does this; an item decoded against :attr:`engine` by another edge model (the
+        llama.cpp edge of ``compare-quant``) does it to have its cloud forwards batched with the others."""
+        with self._batcher.participant():
+            yield
+
+    @contextmanager
+    def client(self) -> Iterator[EdgeClient]:
+        """An idle client with its edge model (a new pair while fewer than the items in flight exist), taking
+        part in the lockstep while the item decodes; its sequence is released when the item is done."""
         try:
-            yield slm
-        finally:
-            slm.close()
+            client, slm = self._idle_clients.get_nowait()
+        except queue.Empty:
+            slm = BatchedSLM(self.slm_model, self._slm_lane, self._tokenizer_lock)
+            client = EdgeClient(lambda: self.engine.session("reference"), slm=slm)
+        with self.participant():
+            try:
+                yield client
+            finally:
+                slm.close()
+                self._idle_clients.put((client, slm))
 
     def mechanism(self, item: ItemRun, result: GenerationResult, *, mode: str, alpha: float) -> dict[str, Any]:
         """The item's per-step mechanism statistics (:func:`eval_harness.runners.mechanism.summarise`).
@@ -209,8 +233,7 @@ class ReferenceRunner(ItemRunner):
         return mechanism.summarise(tokens, full_top, ranks, uploads)
 
     def close(self) -> None:
-        self._slm_batcher.close()
-        self._llm_batcher.close()
+        self._batcher.close()
 
     def __enter__(self) -> ReferenceRunner:
         return self
