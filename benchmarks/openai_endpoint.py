@@ -3,8 +3,10 @@ through ``EdgeClient`` directly, in one run.
 
 One run starts a cloud adapter on loopback (``coveil-cloud serve``, dtype auto, its share of the cores), loads the
 SLM once and serves the endpoint in this process (uvicorn on a thread) over the *same* ``EdgeClient``.  Each round
-decodes the same MedPriv items both ways (the order alternating between rounds), CoVeil (lam = 1.0), greedy, so
-both paths decide the same tokens (checked: ``text_mismatches``).  The direct path does what the endpoint does
+decodes the same MedPriv items both ways (every item one way, then every item the other, the order alternating
+between rounds; with ``--items`` >= 2 no prompt follows itself, so no generation is served its prefill from the
+SLM's cache of the one before), CoVeil (lam = 1.0), greedy, so both paths decide the same tokens (checked:
+``text_mismatches``).  The direct path does what the endpoint does
 for a chat request: render the conversation with the model's chat template (``chat_prompts``), then stream.
 
 Per generation, timed in the caller from the call to the last token:
@@ -54,8 +56,8 @@ def main() -> None:
     parser.add_argument("--mode", choices=["cloud", "edge"], default="cloud", help="fusion mode")
     parser.add_argument("--concurrency", type=int, default=4, help="requests sent at once for the queue figure")
     args = parser.parse_args()
-    if min(args.items, args.tokens, args.rounds, args.concurrency) < 1:
-        parser.error("--items, --tokens, --rounds and --concurrency must be at least 1")
+    if min(args.tokens, args.rounds, args.concurrency) < 1 or args.items < 2:
+        parser.error("--tokens, --rounds and --concurrency must be at least 1, --items at least 2")
 
     from openai import OpenAI
     from rich.console import Console
@@ -115,21 +117,20 @@ def main() -> None:
                 end = time.perf_counter()
                 return Timing(first - start, end - start, steps, "".join(pieces)), queue_ms
 
-            direct(items[0])  # warm-up: model pages, the adapter's first session, the HTTP stack
-            request(items[0])
+            direct(items[-1])  # warm-up: model pages, the adapter's first session, the HTTP stack (the last
+            request(items[-1])  # item, so the first timed generation does not follow its own prompt)
             runs: dict[str, list[Timing]] = {"direct": [], "endpoint": []}
-            mismatches = 0
             with Progress(console=console, transient=True) as progress:
                 task = progress.add_task("generations", total=2 * args.rounds * len(items))
                 for round_index in range(args.rounds):
-                    for item in items:
-                        pair: dict[str, Timing] = {}
-                        order = ("direct", "endpoint") if round_index % 2 == 0 else ("endpoint", "direct")
-                        for path in order:
-                            pair[path] = direct(item) if path == "direct" else request(item)[0]
-                            runs[path].append(pair[path])
+                    # every item through one path, then through the other: the same prompt never runs twice in
+                    # a row, so neither path is served the other's prefill from the SLM's cache
+                    order = ("direct", "endpoint") if round_index % 2 == 0 else ("endpoint", "direct")
+                    for path in order:
+                        for item in items:
+                            runs[path].append(direct(item) if path == "direct" else request(item)[0])
                             progress.advance(task)
-                        mismatches += pair["direct"].text != pair["endpoint"].text
+            mismatches = sum(d.text != e.text for d, e in zip(runs["direct"], runs["endpoint"], strict=True))
 
             # the queue: requests at once, against the sequential endpoint rate
             results: list[tuple[Timing, float]] = []

@@ -13,9 +13,10 @@ the embedded Gemma-3 270M in transformers (dtype as ``--dtype``), edge-side CoVe
 (c) the authors' release's way (``leakage_fusion_core/runtime.py``): one item at a time, every step a full
     forward of both models over the whole sequence (``model(ids).logits[0, -1]``: no KV cache, logits at
     every position), then the fusion and CoVeil's edge-side rule.  Against it, the runner decodes
-    the ``--items`` items with the paper's protocol (``max_new_tokens`` 256, end-of-sequence masked until the
-    answer letter, stop at the answer), 8 in flight, end to end (prefill included).  The release is timed on
-    the first ``--release-items`` of them, continuing with the tokens the runner chose.  Without a cache a
+    ``--protocol-items`` items with the paper's protocol (``max_new_tokens`` 256, end-of-sequence masked until
+    the answer letter, stop at the answer), 8 in flight as a sweep runs them (a finished item's slot takes the
+    next item), end to end (prefill included).  The release is timed on the same items (or ``--release-items`` of
+    them spread evenly over the list), continuing with the tokens the runner chose.  Without a cache a
     step's cost depends only on the length of the sequence it recomputes, so the release's time is estimated
     from steps timed at ``--release-samples`` evenly spaced lengths of each item's continuation, linearly
     interpolated over every length the item goes through (the cost is close to linear in the length).
@@ -34,10 +35,13 @@ batch8_speedup = (a, 8) / (a, 1);  batch8_vs_ideal = batch8_speedup / ideal batc
 A runner token takes a step of each model, so "runner / ideal pace" (runner tokens/s over half the one-model
 ideal) says how close each run comes to the bare forwards; batch8_vs_ideal is the 8-item pace over the
 1-item pace, above 1 when the 1-item run loses more to its own overheads than the 8-item run.
-vs_release_loop = runner tokens/s / release tokens/s over the same items and tokens (target >= 20).
+vs_release_loop = runner tokens/s / release tokens/s over (c)'s items and tokens, both end to end (target >= 20).
+The same ratio on (a)'s fixed-length workload is printed above it: there every item stays in the batch to the
+end, while under the protocol the answers are ragged (a few run to 256 tokens) and each item's prefill, which
+batching does not shorten, weighs as much as its decoding when the answer is a few dozen tokens.
 
 Usage: python benchmarks/reference_batching.py [--tokens N] [--items N] [--rounds R] [--dtype auto|bf16|fp32]
-       [--threads N] [--release-items N] [--release-samples N]
+       [--threads N] [--protocol-items N] [--release-items N] [--release-samples N]
 The last three lines are batch8_speedup, batch8_vs_ideal and vs_release_loop.
 """
 
@@ -119,7 +123,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32, help="tokens decoded per item in (a)")
     parser.add_argument("--items", type=int, default=8, help="MedPriv items (the batch of the 8-item run)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of (a) and (b); ratios are their medians")
-    parser.add_argument("--release-items", type=int, default=2, help="items the release loop is timed on in (c)")
+    parser.add_argument("--protocol-items", type=int, default=64,
+                        help="MedPriv items the runner decodes under the paper's protocol in (c)")
+    parser.add_argument("--release-items", type=int, default=None,
+                        help="of those, items the release loop is timed on (default: all; fewer is quicker but "
+                             "compares the release on a sample of the items with the runner on all of them)")
     parser.add_argument("--release-samples", type=int, default=5,
                         help="release steps timed per item (at evenly spaced lengths)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
@@ -139,7 +147,7 @@ def main() -> None:
     speedups, vs_ideal, rows = [], [], []
     for _ in range(args.rounds):
         one, one_e2e, _ = runner_tokens_per_s(slm, llm, runs, 1, args.tokens)
-        eight, eight_e2e, _ = runner_tokens_per_s(slm, llm, runs, 8, args.tokens)
+        eight, eight_e2e, fixed_continuations = runner_tokens_per_s(slm, llm, runs, 8, args.tokens)
         ideal_one, ideal_eight = (off_main_thread(ideal_tokens_per_s, llm, batch, args.tokens) for batch in (1, 8))
         speedups.append(eight / one)
         vs_ideal.append(speedups[-1] / (ideal_eight / ideal_one))
@@ -148,20 +156,29 @@ def main() -> None:
               f"{eight_e2e:.1f} with prefill); ideal batch 1 / 8 {ideal_one:6.1f} / {ideal_eight:6.1f} tokens/s; "
               f"batch8_vs_ideal {vs_ideal[-1]:.3f}")
 
+    def release_tokens_per_s(timed: Sequence[tuple[ItemRun, Sequence[int]]]) -> float:
+        seconds = 0.0
+        for run, continuation in timed:
+            slm_ids = slm.tokenize(run.private_context + CONTEXT_SEPARATOR + run.public_prompt)
+            seconds += off_main_thread(release_seconds, slm, llm, slm_ids, llm.tokenize(run.public_prompt),
+                                       continuation, args.release_samples)
+        return sum(len(continuation) for _, continuation in timed) / seconds
+
+    # the release on (a)'s workload (every item the same length, so 8 in flight stay 8 to the end)
+    release_fixed = release_tokens_per_s(list(zip(runs, fixed_continuations)))
+
     # (c): the paper's protocol, the runner end to end on every item against the release's loop on a few
-    print(f"  the paper's protocol: the runner on {len(items)} items, then the release loop on "
-          f"{min(args.release_items, len(items))} of them ...")
+    protocol_items = load_task("medpriv", args.protocol_items)
+    spread = np.unique(np.linspace(0, len(protocol_items) - 1, num=min(args.release_items or len(protocol_items), len(protocol_items)))
+                       .round().astype(int))
+    print(f"  the paper's protocol: the runner on {len(protocol_items)} items, then the release loop on "
+          f"{len(spread)} of them ...")
     protocol_runs = [ItemRun(item.item_id, protocol.public_prompt(item), item.private_context, CoVeil(lam=1.0),
-                             stopping=protocol.stopping(item)) for item in items]
+                             stopping=protocol.stopping(item)) for item in protocol_items]
     _, runner_e2e, continuations = runner_tokens_per_s(slm, llm, protocol_runs, 8, protocol.max_new_tokens)
-    timed = list(zip(protocol_runs, continuations))[: args.release_items]
-    release_time = 0.0
-    for run, continuation in timed:
-        slm_ids = slm.tokenize(run.private_context + CONTEXT_SEPARATOR + run.public_prompt)
-        release_time += off_main_thread(release_seconds, slm, llm, slm_ids, llm.tokenize(run.public_prompt),
-                                        continuation, args.release_samples)
-    release = sum(len(continuation) for _, continuation in timed) / release_time
-    lengths = ", ".join(str(len(c)) for c in continuations)
+    timed = [(protocol_runs[i], continuations[i]) for i in spread]
+    release = release_tokens_per_s(timed)
+    lengths = [len(c) for c in continuations]
 
     print()
     print("per round, median (min..max):")
@@ -175,8 +192,13 @@ def main() -> None:
     print(f"runner / ideal pace, 8 items:        {summary([2 * r[1] / r[5] for r in rows])}")
     print(f"batch8_speedup per round:            {summary(speedups)}")
     print(f"batch8_vs_ideal per round:           {summary(vs_ideal)}")
-    print(f"paper's protocol ({lengths} tokens): runner, 8 in flight, {runner_e2e:.2f} tokens/s end to end; "
-          f"release loop on the first {len(timed)} {release:.3f} tokens/s ({args.release_samples} timed steps each)")
+    print(f"(a)'s {len(runs)} items x {args.tokens} tokens, end to end: runner, 8 in flight, "
+          f"{np.median([r[3] for r in rows]):.2f} tokens/s; release loop {release_fixed:.3f} tokens/s: "
+          f"{np.median([r[3] for r in rows]) / release_fixed:.2f}x")
+    print(f"paper's protocol, {len(lengths)} items of {min(lengths)}..{max(lengths)} tokens (median "
+          f"{np.median(lengths):.0f}): runner, 8 in flight, {runner_e2e:.2f} tokens/s end to end; release loop on "
+          f"{len(timed)} of them ({sum(len(c) for _, c in timed)} tokens) {release:.3f} tokens/s "
+          f"({args.release_samples} timed steps each)")
     print(f"batch8_speedup={np.median(speedups):.3f}")
     print(f"batch8_vs_ideal={np.median(vs_ideal):.3f}")
     print(f"vs_release_loop={runner_e2e / release:.2f}")
