@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformers", "llama_cpp", "grpc", "google.protobuf", "cloud_adapter", "eval_harness",
          "edge_sdk.server", "fastapi", "uvicorn", "starlette")
@@ -102,3 +104,23 @@ def test_the_construction_prompts_and_review_page_ship_in_the_package() -> None:
     assert {p.name for p in shipped} == {"screen_clinical.txt", "screen_narrative.txt", "extract.txt",
                                          "review.html", "review.js", "review.css"}
     assert all(any(path.match(pattern) for pattern in patterns) for path in shipped)
+
+
+def test_every_decodeleak_help_reads_as_written() -> None:
+    """Each command's ``--help`` renders, and no description carries a printf escape argparse leaves as is."""
+    import argparse
+    import contextlib
+    import io
+
+    from eval_harness.cli.decodeleak import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert {"sweep", "run", "report", "plot", "compare-quant", "build-benchmark", "review", "finalize"} <= set(
+        commands.choices)
+    for name, command in commands.choices.items():
+        text = io.StringIO()
+        with contextlib.redirect_stdout(text), pytest.raises(SystemExit):
+            command.parse_args(["--help"])
+        assert text.getvalue().startswith(f"usage: decodeleak {name}"), name
+        assert "%%" not in text.getvalue(), name

@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  description="The undefended DecodeLeak table (the paper's Table 1) and tables "
                                              "per fusion mode and setting (item counts, accuracy, "
                                              "Token/ROUGE1/Span-ER@100 and AUC@100, and the inversion's ROUGE-1 "
-                                             "recall/F1 where rows have it, with 95%% bootstrap intervals), by the "
+                                             "recall/F1 where rows have it, with 95% bootstrap intervals), by the "
                                              "paper's rules and by the release's, as Markdown and CSV.")
     report.add_argument("results", nargs="+", type=Path, help="JSONL result files (shards are merged)")
     report.add_argument("--out", type=Path, default=Path("runs/decodeleak/report"),
