@@ -355,6 +355,7 @@ def execute(args: argparse.Namespace) -> int:
             audits[audit["exposure_source"] if audit.get("ledger_agrees", True) else "disagreeing"] += 1
 
     with runner, ResultStore(args.out) as store, _progress() as progress:
+        store.check_run(metadata)  # before any decoding: a file holds one run
         bar = progress.add_task(f"decodeleak {args.command} (shard {args.shard})", total=total)
         from eval_harness.sweep.execute import run_sweep
 
@@ -422,6 +423,9 @@ def sweep_on_ray(args: argparse.Namespace, settings, items, protocol, shard_of) 
     if args.runner != "reference":
         raise ValueError("--ray runs the reference runner on the cluster's workers; audit a deployment with "
                          "--runner deployed without --ray (or --shard i/N by hand)")
+    if args.inversion != "none":
+        raise ValueError("--ray runs no inversion attack (its tasks decode only): attack in a plain sweep, or "
+                         "--shard i/N by hand, with --inversion")
     if args.ray_gpus_per_task > 0 and args.device == "cpu" and args.device_map is None:
         raise ValueError("--ray-gpus-per-task needs --device cuda or --device-map auto, or the models stay on the CPU")
     started = on_ray.connect(args.ray)
