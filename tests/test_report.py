@@ -240,3 +240,14 @@ def test_privacy_utility_draws_each_task_apart_and_labels_nothing_over_another(t
     paths = privacy_utility(rows, tmp_path)
     assert sorted(p.name for p in paths) == ["privacy_utility_edge_commpriv.pdf", "privacy_utility_edge_commpriv.png",
                                              "privacy_utility_edge_medpriv.pdf", "privacy_utility_edge_medpriv.png"]
+
+
+def test_report_and_plot_name_a_row_that_is_not_a_result_in_one_line(tmp_path: Path, capsys) -> None:
+    from eval_harness.cli.decodeleak import main
+
+    results = tmp_path / "results.jsonl"
+    results.write_text(json.dumps({"key": "a", "task": "medpriv"}) + "\n")
+    for command in ("report", "plot"):
+        assert main([command, str(results), "--out", str(tmp_path / command)]) == 1
+        assert capsys.readouterr().err == (f"decodeleak {command}: row 'a' is not a decodeleak result row: it has no "
+                                           "mode, policy, correct, metrics\n")

@@ -34,10 +34,16 @@ def run_identity(row: Mapping[str, Any]) -> str:
 
 
 def _run_difference(found: str, wanted: str) -> str:
-    """``protocol: {...} here, {...} in the file`` for the first :data:`RUN_FIELDS` entry that differs."""
+    """``protocol.max_new_tokens 256 here, 8 in the file``: the first differing entry of :data:`RUN_FIELDS`,
+    followed into nested objects down to the first differing leaf."""
     old, new = json.loads(found), json.loads(wanted)
-    name = next(n for n in RUN_FIELDS if old.get(n) != new.get(n))
-    return f"{name} {json.dumps(new[name])} here, {json.dumps(old[name])} in the file"
+    path = []
+    while isinstance(old, dict) and isinstance(new, dict):
+        name = next(n for n in (RUN_FIELDS if not path else sorted(old.keys() | new.keys()))
+                    if old.get(n) != new.get(n))
+        path.append(name)
+        old, new = old.get(name), new.get(name)
+    return f"{'.'.join(path)} {json.dumps(new)} here, {json.dumps(old)} in the file"
 
 
 class RowStore(Protocol):
