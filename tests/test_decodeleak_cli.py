@@ -18,18 +18,20 @@ COMMON = ["--limit", "2", "--max-new-tokens", "6", "--dtype", "fp32", "--concurr
 
 def test_run_writes_reproducible_rows_and_a_rerun_skips_them(tmp_path: Path, capsys) -> None:
     out = tmp_path / "run.jsonl"
-    assert main(["run", "--mode", "edge", "--policy", "coveil", "--param", "lam=1", "--out", str(out), *COMMON]) == 0
+    assert main(["run", "--mode", "edge", "--policy", "coveil", "--param", "lam=1", "--alpha", "0.5", "--out", str(out),
+                 *COMMON]) == 0
     rows = list(read_rows([out]))
     assert sorted(row["item"] for row in rows) == sorted(item.item_id for item in load_task("medpriv", 2))
     row = rows[0]
     assert row["mode"] == "edge" and row["policy"] == "coveil" and row["params"] == {"lam": 1}
-    assert row["epsilon_unit"] == "none" and row["alpha"] == 0.3 and row["tokens"] <= 6
+    assert row["epsilon_unit"] == "none" and row["alpha"] == 0.5 == row["protocol"]["alpha"] and row["tokens"] <= 6
     assert {"token_er@100", "token_er@100:release", "span_er@10", "auc@50", "rouge1_er@100"} <= set(row["metrics"])
     assert row["evidence"]["evidence_tokens"] > 0
     assert row["models"]["slm"]["sha256"] and row["dtype"] == "float32" and row["protocol"]["max_new_tokens"] == 6
     assert row["version"] and "SeedSequence" in row["seed_policy"]
     capsys.readouterr()
-    assert main(["run", "--mode", "edge", "--policy", "coveil", "--param", "lam=1", "--out", str(out), *COMMON]) == 0
+    assert main(["run", "--mode", "edge", "--policy", "coveil", "--param", "lam=1", "--alpha", "0.5", "--out", str(out),
+                 *COMMON]) == 0
     assert "0 rows written" in capsys.readouterr().out and len(list(read_rows([out]))) == 2
 
 

@@ -203,3 +203,51 @@ def test_the_plot_command_draws_the_inversion_tradeoff(tmp_path: Path) -> None:
     for ext in ("png", "pdf"):
         assert (tmp_path / "plots" / f"inversion_tradeoff_medpriv_cloud.{ext}").stat().st_size > 10_000
     assert not list((tmp_path / "plots").glob("inversion_tradeoff_*_edge.*"))  # no edge rows: no edge figure
+
+
+def two_task_rows() -> list[dict]:
+    """CoVeil at lam = 0, 1, 2 and undefended, 2 items each, on two tasks whose leakage differs by 40 points:
+    medpriv's Token-ER@100 is 50 - 10 lam (%), commpriv's 90 - 10 lam; every item correct on medpriv, none on
+    commpriv.  The labels of CoVeil's two ends (lam=0 and lam=2) sit next to the undefended star and a curve."""
+    rows = []
+    for task, base, correct in (("medpriv", 0.5, True), ("commpriv", 0.9, False)):
+        for policy, params, er in [("undefended", {}, base)] + [("coveil", {"lam": lam}, base - lam / 10)
+                                                                 for lam in (0, 1, 2)]:
+            rows += [{"key": f"{task}-{policy}-{params}-{i}", "task": task, "mode": "edge", "policy": policy,
+                      "params": params, "item": f"i{i}", "correct": correct,
+                      "metrics": {"token_er@100": er, "span_er@100": er / 2}} for i in range(2)]
+    return rows
+
+
+def test_privacy_utility_draws_each_task_apart_and_labels_nothing_over_another(tmp_path: Path) -> None:
+    from eval_harness.report.plots import privacy_utility, privacy_utility_figure
+
+    rows = two_task_rows()
+    fig = privacy_utility_figure(rows, "medpriv", "edge")
+    token_ax = fig.axes[0]
+    (coveil,) = [line for line in token_ax.get_lines() if line.get_label() == "coveil"]
+    # medpriv only, in order of leakage: lam = 2, 1, 0 at 30, 40, 50 %, all correct (commpriv's 70..90 % absent)
+    assert list(coveil.get_xdata()) == pytest.approx([30.0, 40.0, 50.0])
+    assert list(coveil.get_ydata()) == pytest.approx([100.0, 100.0, 100.0])
+    assert [list(c.get_offsets()[0]) for c in token_ax.collections] == [pytest.approx([50.0, 100.0])]
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        notes = list(ax.texts)
+        assert sorted(t.get_text() for t in notes) == ["lam=0", "lam=2"]
+        boxes = [t.get_window_extent(renderer) for t in notes]
+        assert not boxes[0].overlaps(boxes[1])
+        assert all(ax.get_window_extent(renderer).contains(b.x0, b.y0) for b in boxes)
+    paths = privacy_utility(rows, tmp_path)
+    assert sorted(p.name for p in paths) == ["privacy_utility_edge_commpriv.pdf", "privacy_utility_edge_commpriv.png",
+                                             "privacy_utility_edge_medpriv.pdf", "privacy_utility_edge_medpriv.png"]
+
+
+def test_report_and_plot_name_a_row_that_is_not_a_result_in_one_line(tmp_path: Path, capsys) -> None:
+    from eval_harness.cli.decodeleak import main
+
+    results = tmp_path / "results.jsonl"
+    results.write_text(json.dumps({"key": "a", "task": "medpriv"}) + "\n")
+    for command in ("report", "plot"):
+        assert main([command, str(results), "--out", str(tmp_path / command)]) == 1
+        assert capsys.readouterr().err == (f"decodeleak {command}: row 'a' is not a decodeleak result row: it has no "
+                                           "mode, policy, correct, metrics\n")

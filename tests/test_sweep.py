@@ -91,6 +91,28 @@ def test_the_store_resumes_by_key_and_sets_a_torn_line_aside(tmp_path: Path) -> 
     assert (tmp_path / "runs" / "results.jsonl.torn").read_text() == '{"key": "c", "val\n'
 
 
+def test_the_store_holds_one_run_and_refuses_a_rerun_of_another(tmp_path: Path) -> None:
+    """Keys name a setting and an item only: a re-run with another protocol or model must not skip their pairs
+    as done and mix two runs' rows in one file."""
+    run = {"models": {"slm": {"name": "edge", "sha256": "ab"}}, "dtype": "float32", "backend": "reference",
+           "protocol": {"max_new_tokens": 8}, "seed": 0, "device": "cpu", "version": "1"}
+    path = tmp_path / "results.jsonl"
+    with ResultStore(path) as store:
+        store.check_run(run)  # an empty file takes any run
+        store.append({"key": "a", **run})
+    longer = {**run, "protocol": {"max_new_tokens": 256}}
+    with ResultStore(path) as store:
+        store.check_run({**run, "device": "cuda:0", "version": "2"})  # where and with which release: same run
+        with pytest.raises(ValueError, match=r"protocol.max_new_tokens 256 here, 8 in the file.*its own --out"):
+            store.check_run(longer)
+        for other in ({**run, "seed": 1}, {**run, "dtype": "bfloat16"},
+                      {**run, "models": {"slm": {"name": "edge", "sha256": "cd"}}}):
+            with pytest.raises(ValueError, match="another run"):
+                store.append({"key": "b", **other})  # a row arriving from elsewhere (a Ray task) is checked too
+        store.append({"key": "b", **run})
+    assert [row["key"] for row in read_rows([path])] == ["a", "b"]
+
+
 def test_rows_written_before_a_kill_are_kept(tmp_path: Path) -> None:
     """A writer killed with SIGKILL mid-run loses nothing it had finished; a re-run skips those keys."""
     path = tmp_path / "results.jsonl"

@@ -179,6 +179,9 @@ def test_ray_flags_fail_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     out = tmp_path / "out.jsonl"
     assert main(["sweep", grid, "--limit", "1", "--out", str(out), "--ray", "--ray-gpus-per-task", "1"]) == 1
     assert "needs --device cuda or --device-map auto" in capsys.readouterr().err
+    # the tasks decode only: an attack asked for must not be dropped from the rows without a word
+    assert main(["sweep", grid, "--limit", "1", "--out", str(out), "--ray", "--inversion", "local"]) == 1
+    assert "--ray runs no inversion attack" in capsys.readouterr().err
     monkeypatch.setitem(sys.modules, "ray", None)  # Ray not installed
     assert main(["sweep", grid, "--limit", "1", "--out", str(out), "--ray"]) == 1
     assert capsys.readouterr().err.strip() == ("decodeleak sweep: --ray needs Ray, an optional dependency: "

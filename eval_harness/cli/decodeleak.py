@@ -94,15 +94,15 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="a JSON file of option defaults ({\"limit\": 20, \"tasks\": \"medpriv,commpriv\"}); "
                              "flags given on the command line win")
     parser.add_argument("--tasks", type=_csv, default=["medpriv"], help="benchmarks or JSONL files (default: medpriv)")
-    parser.add_argument("--limit", type=int, help="the first N items of each task")
+    parser.add_argument("--limit", type=_positive, help="the first N items of each task")
     parser.add_argument("--out", type=Path, default=Path("runs/decodeleak/results.jsonl"),
                         help="the JSONL results file (appended to; pairs already in it are skipped)")
     parser.add_argument("--shard", default="1/1", help="run only shard i of N (e.g. 2/8), into its own --out")
     parser.add_argument("--seed", type=int, default=0, help="seed of the randomised policies' per-item generators")
-    parser.add_argument("--concurrency", type=int, default=8,
+    parser.add_argument("--concurrency", type=_positive, default=8,
                         help="items decoded at once (reference: each model's batch; deployed: llama.cpp "
                              "instances, one EdgeClient each)")
-    parser.add_argument("--max-new-tokens", type=int, default=256, help="tokens per answer (the paper: 256)")
+    parser.add_argument("--max-new-tokens", type=_positive, default=256, help="tokens per answer (the paper: 256)")
     parser.add_argument("--slm", default="embedded", help="the edge model: 'embedded', a GGUF or a transformers dir")
     parser.add_argument("--llm", default="embedded", help="the cloud model (same family as --slm)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
@@ -266,10 +266,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def write_report(args: argparse.Namespace) -> int:
     """``decodeleak report``: reads rows only (no model library is imported)."""
-    from eval_harness.report.tables import csv_text, markdown, metrics_recorded, table, undefended_table
+    from eval_harness.report.tables import csv_text, markdown, metrics_recorded, result_rows, table, undefended_table
     from eval_harness.sweep.store import read_rows
 
-    rows = list(read_rows(args.results))
+    rows = result_rows(read_rows(args.results))
     metrics = metrics_recorded(rows)
     sections, csv_parts, undefended_csv = [], [], []
     for rules, suffix in (("paper", ""), ("release", ":release")):
@@ -303,9 +303,10 @@ def _join_csv(parts: list[str]) -> str:
 def write_plots(args: argparse.Namespace) -> int:
     """``decodeleak plot``: reads rows only."""
     from eval_harness.report import plots
+    from eval_harness.report.tables import result_rows
     from eval_harness.sweep.store import read_rows
 
-    rows = list(read_rows(args.results))
+    rows = result_rows(read_rows(args.results))
     suffix = "" if args.rules == "paper" else ":release"
     target = None if args.match_token_er is None else args.match_token_er / 100
     paths = plots.privacy_utility(rows, args.out, suffix=suffix)
@@ -341,7 +342,9 @@ def execute(args: argparse.Namespace) -> int:
     else:
         settings = [Setting(task, args.mode, args.policy, dict(args.param), args.alpha) for task in args.tasks]
     items = {task: load_task(task, args.limit) for task in args.tasks}
-    protocol = DecodingProtocol(max_new_tokens=args.max_new_tokens)
+    # the rows' protocol records the fusion weight the settings decode with (one per grid config or run)
+    protocol = DecodingProtocol(max_new_tokens=args.max_new_tokens,
+                                alpha=settings[0].alpha if settings else DecodingProtocol.alpha)
     if getattr(args, "ray", None) is not None:
         return sweep_on_ray(args, settings, items, protocol, shard_of)
     runner, vocab, metadata = _runner(args, protocol)
@@ -355,6 +358,7 @@ def execute(args: argparse.Namespace) -> int:
             audits[audit["exposure_source"] if audit.get("ledger_agrees", True) else "disagreeing"] += 1
 
     with runner, ResultStore(args.out) as store, _progress() as progress:
+        store.check_run(metadata)  # before any decoding: a file holds one run
         bar = progress.add_task(f"decodeleak {args.command} (shard {args.shard})", total=total)
         from eval_harness.sweep.execute import run_sweep
 
@@ -422,6 +426,9 @@ def sweep_on_ray(args: argparse.Namespace, settings, items, protocol, shard_of) 
     if args.runner != "reference":
         raise ValueError("--ray runs the reference runner on the cluster's workers; audit a deployment with "
                          "--runner deployed without --ray (or --shard i/N by hand)")
+    if args.inversion != "none":
+        raise ValueError("--ray runs no inversion attack (its tasks decode only): attack in a plain sweep, or "
+                         "--shard i/N by hand, with --inversion")
     if args.ray_gpus_per_task > 0 and args.device == "cpu" and args.device_map is None:
         raise ValueError("--ray-gpus-per-task needs --device cuda or --device-map auto, or the models stay on the CPU")
     started = on_ray.connect(args.ray)

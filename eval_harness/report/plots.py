@@ -1,8 +1,9 @@
 """Privacy-utility figures from result rows (the paper's trade-off plots): reads rows only.
 
 One figure per fusion mode, one panel per leakage metric the rows recorded: accuracy against the metric, every method of the
-mode as one curve over its swept parameter, the undefended point marked.  Labels name the swept value at
-each end of a curve only, offset away from the points, so none is written over another.
+mode as one curve over its swept parameter, the undefended point marked, one figure per task.  Labels name
+the swept value at each end of a curve only, placed where they cover no other label, marker or curve
+(:func:`place_labels`).
 
 Leakage against K (:func:`leakage_vs_k`, :func:`leakage_vs_k_methods`) and CoVeil's per-step mechanism
 (:func:`mechanism_cloud`, :func:`mechanism_edge`, :func:`rank_bins`; the rows' ``mechanism`` field, pooled
@@ -40,45 +41,59 @@ def _swept(params: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in params.items())
 
 
+def privacy_utility_figure(rows: Iterable[Mapping[str, Any]], task: str, mode: str, *,
+                           metrics: Sequence[str] = LEAKAGE_METRICS, suffix: str = "") -> Any:
+    """The paper's privacy-utility panels for one task and fusion mode: accuracy (%) against each leakage metric
+    the rows recorded (%, at K = 100), every method a curve through its settings in order of leakage, the
+    undefended point a black star; each curve's two ends are labelled by :func:`place_labels` (no label over
+    another, over a marker or a curve), the legend sits outside the axes."""
+    grouped = [line for line in lines(rows, metrics, suffix=suffix) if line.task == task and line.mode == mode]
+    # only the metrics the rows recorded: an empty panel would show axes of nothing
+    shown = [m for m in metrics if any(line.values.get(m) for line in grouped)]
+    fig, axes = _panel_grid(len(shown), (5.6, 4.4))
+    ends: dict[int, list[tuple[float, float, str, Any]]] = {}
+    for n, (ax, metric) in enumerate(zip(axes.flat, shown)):
+        for policy in dict.fromkeys(line.policy for line in grouped):
+            points = [line for line in grouped if line.policy == policy and line.values.get(metric)]
+            xs = [100 * p.mean(metric) for p in points]
+            ys = [100 * sum(p.correct) / len(p.correct) for p in points]
+            if policy == "undefended":
+                ax.scatter(xs, ys, marker="*", s=160, color="black", zorder=3, label="undefended")
+                continue
+            order = sorted(range(len(points)), key=lambda i: xs[i])
+            (line_art,) = ax.plot([xs[i] for i in order], [ys[i] for i in order], marker="o", markersize=4,
+                                  label=policy)
+            for end in dict.fromkeys((order[0], order[-1])):
+                ends.setdefault(n, []).append((xs[end], ys[end], _swept(json.loads(points[end].params)),
+                                               line_art.get_color()))
+        ax.set_xlabel(f"{TITLES.get(metric, metric)} (%), lower is more private")
+        ax.set_ylabel("accuracy (%)")
+        ax.margins(0.15)  # room for the end labels inside the frame
+        ax.grid(alpha=0.3)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
+    items = max((line.items for line in grouped), default=0)
+    fig.suptitle(f"{task}, {mode}-side fusion: privacy-utility trade-off ({items} items per point)")
+    fig.tight_layout()
+    fig.canvas.draw()  # final limits and layout before the labels are placed
+    for n, ax in enumerate(axes.flat[:len(shown)]):
+        place_labels(ax, ends.get(n, []))
+    return fig
+
+
 def privacy_utility(rows: Iterable[Mapping[str, Any]], out_dir: str | Path, *, metrics: Sequence[str] = LEAKAGE_METRICS,
                     suffix: str = "") -> list[Path]:
-    """Write ``privacy_utility_<mode>.png`` and ``.pdf`` for each fusion mode in ``rows``; return the paths."""
-    import json
-
+    """Write ``privacy_utility_<mode>`` (``_<task>`` added when the rows hold several tasks) as PNG and PDF for
+    each (task, fusion mode) in ``rows`` (:func:`privacy_utility_figure`); return the paths."""
+    rows = list(rows)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    grouped = lines(rows, metrics, suffix=suffix)
+    groups = _by_figure(rows)
+    tasks = len({task for task, _ in groups})
     written: list[Path] = []
-    for mode in dict.fromkeys(line.mode for line in grouped):
-        # only the metrics the rows recorded: an empty panel would show axes of nothing
-        shown = [m for m in metrics if any(line.values.get(m) for line in grouped if line.mode == mode)]
-        fig, axes = _panel_grid(len(shown), (5.6, 4.4))
-        for ax, metric in zip(axes.flat, shown):
-            policies = dict.fromkeys(line.policy for line in grouped if line.mode == mode)
-            for policy in policies:
-                points = [line for line in grouped if line.mode == mode and line.policy == policy]
-                xs = [100 * p.mean(metric) for p in points]
-                ys = [100 * sum(p.correct) / len(p.correct) for p in points]
-                if policy == "undefended":
-                    ax.scatter(xs, ys, marker="*", s=160, color="black", zorder=3, label="undefended")
-                    continue
-                order = sorted(range(len(points)), key=lambda i: xs[i])
-                (line_art,) = ax.plot([xs[i] for i in order], [ys[i] for i in order], marker="o", markersize=4,
-                                      label=policy)
-                for end, offset in ((order[0], (-6, -12)), (order[-1], (6, 6))):
-                    if len(order) > 1 or end == order[0]:
-                        ax.annotate(_swept(json.loads(points[end].params)), (xs[end], ys[end]), fontsize=7,
-                                    textcoords="offset points", xytext=offset, color=line_art.get_color(),
-                                    ha="right" if offset[0] < 0 else "left")
-            ax.set_xlabel(f"{TITLES.get(metric, metric)} (%), lower is more private")
-            ax.set_ylabel("accuracy (%)")
-            ax.margins(0.15)  # room for the end labels inside the frame
-            ax.grid(alpha=0.3)
-        axes.flat[0].legend(fontsize=8, loc="best")
-        items = max((line.items for line in grouped if line.mode == mode), default=0)
-        fig.suptitle(f"{mode}-side fusion: privacy-utility trade-off ({items} items per point)")
-        fig.tight_layout()
-        written += save_figure(fig, out, f"privacy_utility_{mode}", tight=False)
+    for task, mode in groups:
+        fig = privacy_utility_figure(groups[task, mode], task, mode, metrics=metrics, suffix=suffix)
+        written += save_figure(fig, out, _stem("privacy_utility", task, mode, tasks))
     return written
 
 

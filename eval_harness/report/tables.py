@@ -20,6 +20,8 @@ LEAKAGE_METRICS = ("token_er@100", "rouge1_er@100", "span_er@100", "auc@100")
 #: the inversion attack's scores, read from a row's ``inversion`` field (the same under either rule set)
 INVERSION_METRICS = ("inversion_recall", "inversion_f1")
 BOOTSTRAP_RESAMPLES = 1000
+#: the fields a table or a figure reads from every result row
+ROW_FIELDS = ("task", "mode", "policy", "correct", "metrics")
 
 
 def bootstrap_interval(values: Sequence[float], *, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
@@ -32,6 +34,16 @@ def bootstrap_interval(values: Sequence[float], *, level: float = 0.95, seed: in
     tail = (1.0 - level) / 2.0
     low, high = np.quantile(means, [tail, 1.0 - tail])
     return float(low), float(high)
+
+
+def result_rows(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """``rows`` as a list, each checked to carry :data:`ROW_FIELDS` (``ValueError`` naming the first that does not)."""
+    checked = []
+    for row in rows:
+        if missing := [name for name in ROW_FIELDS if name not in row]:
+            raise ValueError(f"row {row.get('key')!r} is not a decodeleak result row: it has no {', '.join(missing)}")
+        checked.append(row)
+    return checked
 
 
 @dataclass

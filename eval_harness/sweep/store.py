@@ -6,6 +6,13 @@ as soon as it is finished, so a crash or Ctrl-C loses at most the row being
 written; a torn last line (the process died mid-write) is set aside when
 the file is next opened, never parsed as a result.  A re-run reads the keys
 already present and skips them.
+
+A row's key names its setting and item only, so a file holds one *run*: the
+row fields in :data:`RUN_FIELDS` (models and their digests, dtype, backend,
+protocol, seed) must agree across it.  A store refuses a row, or a re-run's
+metadata (:meth:`ResultStore.check_run`), from another run: otherwise a
+re-run with another ``--max-new-tokens`` or model would skip every pair as
+done and leave rows of two runs in one file.
 """
 
 from __future__ import annotations
@@ -15,6 +22,28 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
+
+
+#: the row fields that identify the run a row belongs to (a file holds one run)
+RUN_FIELDS = ("models", "dtype", "backend", "protocol", "seed")
+
+
+def run_identity(row: Mapping[str, Any]) -> str:
+    """The :data:`RUN_FIELDS` of a row (or of a run's metadata) as canonical JSON."""
+    return json.dumps({name: row.get(name) for name in RUN_FIELDS}, sort_keys=True, separators=(",", ":"))
+
+
+def _run_difference(found: str, wanted: str) -> str:
+    """``protocol.max_new_tokens 256 here, 8 in the file``: the first differing entry of :data:`RUN_FIELDS`,
+    followed into nested objects down to the first differing leaf."""
+    old, new = json.loads(found), json.loads(wanted)
+    path = []
+    while isinstance(old, dict) and isinstance(new, dict):
+        name = next(n for n in (RUN_FIELDS if not path else sorted(old.keys() | new.keys()))
+                    if old.get(n) != new.get(n))
+        path.append(name)
+        old, new = old.get(name), new.get(name)
+    return f"{'.'.join(path)} {json.dumps(new)} here, {json.dumps(old)} in the file"
 
 
 class RowStore(Protocol):
@@ -36,6 +65,7 @@ class ResultStore:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._keys: set[str] = set()
+        self._runs: set[str] = set()  # run_identity of the rows in the file
         self.recovered_bytes = 0  # bytes of a torn last line moved aside on opening
         self._load()
         self._file = self.path.open("a", encoding="utf-8")
@@ -58,8 +88,16 @@ class ResultStore:
             try:
                 row = json.loads(line)
                 self._keys.add(str(row["key"]))
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                self._runs.add(run_identity(row))
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
                 raise ValueError(f"{self.path}:{number}: not a result row ({exc})") from None
+
+    def check_run(self, metadata: Mapping[str, Any]) -> None:
+        """Refuse (``ValueError``) to add rows of the run ``metadata`` describes to a file of another run."""
+        wanted = run_identity(metadata)
+        if self._runs and wanted not in self._runs:
+            raise ValueError(f"{self.path} holds rows of another run ({_run_difference(min(self._runs), wanted)}); "
+                             "give this run its own --out")
 
     def __contains__(self, key: object) -> bool:
         return key in self._keys
@@ -72,10 +110,12 @@ class ResultStore:
         key = str(row["key"])
         if key in self._keys:
             raise ValueError(f"row {key} is already in {self.path}")
+        self.check_run(row)
         self._file.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())
         self._keys.add(key)
+        self._runs.add(run_identity(row))
 
     def close(self) -> None:
         self._file.close()
