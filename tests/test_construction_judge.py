@@ -49,6 +49,20 @@ def test_spans_are_kept_only_verbatim_whole_worded_new_and_absent_from_the_publi
         ["organ"], [{"span": "which organism", "reason": J.IN_PUBLIC_QUERY}])
 
 
+def test_a_copy_of_the_public_query_with_the_contexts_punctuation_and_spans_without_a_word_are_dropped() -> None:
+    item = SplitItem("x3", "s", "Why is he short of breath? Which drug caused his cough?", {"A": "a"}, "A",
+                     "He takes lisinopril. He has a dry cough; he is short of breath… (worse at night).")
+    proposed = ["cough;",  # "cough" of the query, with the context's semicolon: the metrics count it as public
+                "short of breath…",  # the query's words in order, punctuation aside
+                ".", ";", "(", "takes lisinopril.", "dry cough"]
+    kept, dropped = J.check_spans(proposed, item)
+    assert kept == ["takes lisinopril.", "dry cough"]
+    assert dropped == [{"span": "cough;", "reason": J.IN_PUBLIC_QUERY},
+                       {"span": "short of breath…", "reason": J.IN_PUBLIC_QUERY},
+                       {"span": ".", "reason": J.EMPTY_SPAN}, {"span": ";", "reason": J.EMPTY_SPAN},
+                       {"span": "(", "reason": J.EMPTY_SPAN}]
+
+
 def test_replies_that_are_not_an_object_of_the_schema_are_rejected_with_their_reason() -> None:
     good = json.loads(screening_reply(True))
     assert J.parse_object(json.dumps(good), J.SCREENING_SCHEMA) == good
