@@ -288,3 +288,29 @@ def test_a_config_file_gives_the_build_its_settings(tmp_path: Path) -> None:
     assert len(endpoint.requests) == 2 and {b["max_tokens"] for b in endpoint.requests} == {64}
     assert json.loads((out / "build.json").read_text())["max_tokens"] == 64
     assert json.loads((out / "summary.json").read_text())["screen"]["rejected"] == {J.NOT_DECISIVE: 2}
+
+
+def test_the_disk_cache_is_keyed_by_model_and_prompt_so_a_fresh_build_costs_nothing(tmp_path: Path,
+                                                                                     capsys) -> None:
+    rows, sources = medpriv_sources(tmp_path, 3)
+    endpoint = ScriptedEndpoint(lambda body: screening_reply(True) if stage_of(body) == "screen"
+                                else extraction_reply([item_of(body, rows)["private_context"].split(" ")[1]]))
+    own_prompt = tmp_path / "extract.txt"  # the shared prompt with one word more: another request
+    own_prompt.write_text(EXTRACTION_PROMPT.read_text().replace("[system]\n", "[system]\nPlease.\n", 1))
+    with endpoint.running():
+        assert main(build_args(endpoint, sources, tmp_path / "first")) == 0
+        assert len(endpoint.requests) == 3 + 3
+        # another build directory (no stage file to resume from): every call comes from the cache
+        assert main(build_args(endpoint, sources, tmp_path / "second")) == 0
+        assert len(endpoint.requests) == 6 and "0 calls to scripted-judge" in capsys.readouterr().err
+        assert (tmp_path / "second" / "extraction.jsonl").read_text() == (
+            tmp_path / "first" / "extraction.jsonl").read_text()
+        # another extraction prompt: the screening calls are cached, the extraction calls asked again
+        assert main(build_args(endpoint, sources, tmp_path / "third", "--extract-prompt", str(own_prompt))) == 0
+        assert [stage_of(b) for b in endpoint.requests[6:]] == ["extract"] * 3
+        assert all(b["messages"][0]["content"].startswith("Please.") for b in endpoint.requests[6:])
+        # another model: nothing of the other model's is reused
+        args = build_args(endpoint, sources, tmp_path / "fourth")
+        args[args.index("--model") + 1] = "another-judge"
+        assert main(args) == 0
+        assert len(endpoint.requests) == 9 + 6 and {b["model"] for b in endpoint.requests[9:]} == {"another-judge"}
