@@ -303,8 +303,8 @@ def test_the_disk_cache_is_keyed_by_model_and_prompt_so_a_fresh_build_costs_noth
         # another build directory (no stage file to resume from): every call comes from the cache
         assert main(build_args(endpoint, sources, tmp_path / "second")) == 0
         assert len(endpoint.requests) == 6 and "0 calls to scripted-judge" in capsys.readouterr().err
-        assert (tmp_path / "second" / "extraction.jsonl").read_text() == (
-            tmp_path / "first" / "extraction.jsonl").read_text()
+        assert read_stage(tmp_path / "second" / "extraction.jsonl") == read_stage(
+            tmp_path / "first" / "extraction.jsonl")  # the same rows (written in the order they finished)
         # another extraction prompt: the screening calls are cached, the extraction calls asked again
         assert main(build_args(endpoint, sources, tmp_path / "third", "--extract-prompt", str(own_prompt))) == 0
         assert [stage_of(b) for b in endpoint.requests[6:]] == ["extract"] * 3
@@ -314,3 +314,25 @@ def test_the_disk_cache_is_keyed_by_model_and_prompt_so_a_fresh_build_costs_noth
         args[args.index("--model") + 1] = "another-judge"
         assert main(args) == 0
         assert len(endpoint.requests) == 9 + 6 and {b["model"] for b in endpoint.requests[9:]} == {"another-judge"}
+
+
+def test_requests_per_minute_spaces_the_calls_of_parallel_workers(tmp_path: Path) -> None:
+    rows, sources = medpriv_sources(tmp_path, 3)
+    arrivals: list[float] = []
+
+    def script(body: dict) -> str:
+        arrivals.append(time.monotonic())
+        if stage_of(body) == "screen":
+            return screening_reply(True)
+        return extraction_reply([item_of(body, rows)["private_context"].split(" ")[1]])
+
+    endpoint = ScriptedEndpoint(script)
+    with endpoint.running():
+        # 300 a minute: one start every 0.2 s, though four workers would send the three screening calls at once
+        # (unlimited, the six calls take a few hundredths of a second on loopback)
+        assert main(build_args(endpoint, sources, tmp_path / "build", "--parallel", "4",
+                               "--requests-per-minute", "300")) == 0
+    assert len(arrivals) == 6
+    assert max(arrivals) - min(arrivals) >= 0.8  # five gaps of 0.2 s, less the first call's connection set-up
+    with pytest.raises(SystemExit):  # argparse: "argument --requests-per-minute: must be positive, got 0.0"
+        main(build_args(endpoint, sources, tmp_path / "other", "--requests-per-minute", "0"))
