@@ -17,6 +17,9 @@ Every reply is validated: a span must occur verbatim in the private context and 
 is dropped and the reason counted. Each stage is checkpointed to DIR item by item and every judge call is cached
 on disk, so a re-run (after a crash, Ctrl-C or a larger --limit) asks only for what is missing.
 
+The judge reads every private context in full: use an endpoint you may show those records to (e.g. a server on
+your own machine) when they are real people's data.
+
 Next: decodeleak review DIR (accept, edit or reject what the judge proposed), then decodeleak finalize DIR."""
 
 
