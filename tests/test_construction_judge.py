@@ -49,6 +49,20 @@ def test_spans_are_kept_only_verbatim_whole_worded_new_and_absent_from_the_publi
         ["organ"], [{"span": "which organism", "reason": J.IN_PUBLIC_QUERY}])
 
 
+def test_a_copy_of_the_public_query_with_the_contexts_punctuation_and_spans_without_a_word_are_dropped() -> None:
+    item = SplitItem("x3", "s", "Why is he short of breath? Which drug caused his cough?", {"A": "a"}, "A",
+                     "He takes lisinopril. He has a dry cough; he is short of breath… (worse at night).")
+    proposed = ["cough;",  # "cough" of the query, with the context's semicolon: the metrics count it as public
+                "short of breath…",  # the query's words in order, punctuation aside
+                ".", ";", "(", "takes lisinopril.", "dry cough"]
+    kept, dropped = J.check_spans(proposed, item)
+    assert kept == ["takes lisinopril.", "dry cough"]
+    assert dropped == [{"span": "cough;", "reason": J.IN_PUBLIC_QUERY},
+                       {"span": "short of breath…", "reason": J.IN_PUBLIC_QUERY},
+                       {"span": ".", "reason": J.EMPTY_SPAN}, {"span": ";", "reason": J.EMPTY_SPAN},
+                       {"span": "(", "reason": J.EMPTY_SPAN}]
+
+
 def test_replies_that_are_not_an_object_of_the_schema_are_rejected_with_their_reason() -> None:
     good = json.loads(screening_reply(True))
     assert J.parse_object(json.dumps(good), J.SCREENING_SCHEMA) == good
@@ -274,3 +288,51 @@ def test_a_config_file_gives_the_build_its_settings(tmp_path: Path) -> None:
     assert len(endpoint.requests) == 2 and {b["max_tokens"] for b in endpoint.requests} == {64}
     assert json.loads((out / "build.json").read_text())["max_tokens"] == 64
     assert json.loads((out / "summary.json").read_text())["screen"]["rejected"] == {J.NOT_DECISIVE: 2}
+
+
+def test_the_disk_cache_is_keyed_by_model_and_prompt_so_a_fresh_build_costs_nothing(tmp_path: Path,
+                                                                                     capsys) -> None:
+    rows, sources = medpriv_sources(tmp_path, 3)
+    endpoint = ScriptedEndpoint(lambda body: screening_reply(True) if stage_of(body) == "screen"
+                                else extraction_reply([item_of(body, rows)["private_context"].split(" ")[1]]))
+    own_prompt = tmp_path / "extract.txt"  # the shared prompt with one word more: another request
+    own_prompt.write_text(EXTRACTION_PROMPT.read_text().replace("[system]\n", "[system]\nPlease.\n", 1))
+    with endpoint.running():
+        assert main(build_args(endpoint, sources, tmp_path / "first")) == 0
+        assert len(endpoint.requests) == 3 + 3
+        # another build directory (no stage file to resume from): every call comes from the cache
+        assert main(build_args(endpoint, sources, tmp_path / "second")) == 0
+        assert len(endpoint.requests) == 6 and "0 calls to scripted-judge" in capsys.readouterr().err
+        assert read_stage(tmp_path / "second" / "extraction.jsonl") == read_stage(
+            tmp_path / "first" / "extraction.jsonl")  # the same rows (written in the order they finished)
+        # another extraction prompt: the screening calls are cached, the extraction calls asked again
+        assert main(build_args(endpoint, sources, tmp_path / "third", "--extract-prompt", str(own_prompt))) == 0
+        assert [stage_of(b) for b in endpoint.requests[6:]] == ["extract"] * 3
+        assert all(b["messages"][0]["content"].startswith("Please.") for b in endpoint.requests[6:])
+        # another model: nothing of the other model's is reused
+        args = build_args(endpoint, sources, tmp_path / "fourth")
+        args[args.index("--model") + 1] = "another-judge"
+        assert main(args) == 0
+        assert len(endpoint.requests) == 9 + 6 and {b["model"] for b in endpoint.requests[9:]} == {"another-judge"}
+
+
+def test_requests_per_minute_spaces_the_calls_of_parallel_workers(tmp_path: Path) -> None:
+    rows, sources = medpriv_sources(tmp_path, 3)
+    arrivals: list[float] = []
+
+    def script(body: dict) -> str:
+        arrivals.append(time.monotonic())
+        if stage_of(body) == "screen":
+            return screening_reply(True)
+        return extraction_reply([item_of(body, rows)["private_context"].split(" ")[1]])
+
+    endpoint = ScriptedEndpoint(script)
+    with endpoint.running():
+        # 300 a minute: one start every 0.2 s, though four workers would send the three screening calls at once
+        # (unlimited, the six calls take a few hundredths of a second on loopback)
+        assert main(build_args(endpoint, sources, tmp_path / "build", "--parallel", "4",
+                               "--requests-per-minute", "300")) == 0
+    assert len(arrivals) == 6
+    assert max(arrivals) - min(arrivals) >= 0.8  # five gaps of 0.2 s, less the first call's connection set-up
+    with pytest.raises(SystemExit):  # argparse: "argument --requests-per-minute: must be positive, got 0.0"
+        main(build_args(endpoint, sources, tmp_path / "other", "--requests-per-minute", "0"))

@@ -17,6 +17,9 @@ Every reply is validated: a span must occur verbatim in the private context and 
 is dropped and the reason counted. Each stage is checkpointed to DIR item by item and every judge call is cached
 on disk, so a re-run (after a crash, Ctrl-C or a larger --limit) asks only for what is missing.
 
+The judge reads every private context in full: use an endpoint you may show those records to (e.g. a server on
+your own machine) when they are real people's data.
+
 Next: decodeleak review DIR (accept, edit or reject what the judge proposed), then decodeleak finalize DIR."""
 
 
@@ -75,6 +78,9 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     judge.add_argument("--parallel", type=_positive_int, default=4, metavar="N",
                        help="requests in flight at once (default: 4); a rate-limited endpoint is retried with "
                             "backoff, honouring Retry-After")
+    judge.add_argument("--requests-per-minute", type=_positive_float, metavar="N",
+                       help="the most requests started in any minute, retries included (default: no limit): keep "
+                            "under a hosted endpoint's rate limit rather than be refused by it")
     judge.add_argument("--max-retries", type=int, default=4, metavar="N",
                        help="retries of a failed call (connection, time-out, 429, 5xx; default: 4)")
     judge.add_argument("--timeout", type=_positive_float, default=120.0, metavar="SECONDS", help="one call's time limit")
@@ -123,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"no item could be split from {', '.join(map(str, args.sources))}")
     client = ChatClient(args.endpoint, args.model, api_key_env=args.api_key_env,
                         cache_dir=args.cache if args.cache is not None else "default",
-                        max_retries=args.max_retries, timeout_s=args.timeout)
+                        max_retries=args.max_retries, timeout_s=args.timeout,
+                        requests_per_minute=args.requests_per_minute)
     bounds = ReplyBounds(args.max_spans, args.max_span_chars, args.max_text_chars)
     judge = Judge(client, screen_prompt=screen, extract_prompt=extract, domain=domain, json_mode=args.json_mode,
                   max_tokens=args.max_tokens, bounds=bounds, system_role=not args.no_system_role)

@@ -13,9 +13,9 @@ Each request asks for JSON and, where the endpoint has it, constrains the reply 
 Whatever the endpoint promises, every reply is checked here. A reply that is not JSON, or not an object of
 exactly the expected keys and types, rejects its item with the reason ``invalid JSON`` or ``wrong shape``.
 Each proposed span is cut at commas (the published ``filtered_context`` separates spans by commas) and
-each piece is kept only if it is non-empty, occurs verbatim in the private context without cutting a word
-there, does not occur (case-insensitively, as whole words) in the public query, and was not kept already;
-otherwise it is dropped with its reason. An item whose spans are all dropped is rejected.
+each piece is kept only if it holds a word, occurs verbatim in the private context without cutting a word
+there, is not in the public query (as whole words, case-insensitively, or by the metrics' word rule), and was
+not kept already; otherwise it is dropped with its reason. An item whose spans are all dropped is rejected.
 """
 
 from __future__ import annotations
@@ -26,8 +26,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from edge_sdk.leakage import fold, words
 from eval_harness.construction.prompts import PromptTemplate
 from eval_harness.construction.sources import SplitItem
+from eval_harness.metrics.paper import occurs_in
 
 JSON_MODES = ("schema", "object-schema", "object", "none")
 
@@ -39,7 +41,7 @@ NOT_DECISIVE = "judge: private context not decisive"
 ANSWERABLE = "judge: answerable without the private context"
 NO_VALID_SPAN = "no valid span"
 # span-level reasons
-EMPTY_SPAN = "empty"
+EMPTY_SPAN = "empty (no letter or digit)"
 NOT_IN_CONTEXT = "not verbatim in the private context"
 CUTS_A_WORD = "cuts a word of the private context"
 IN_PUBLIC_QUERY = "in the public query"
@@ -147,11 +149,14 @@ def parse_object(reply: str, schema: Mapping[str, Any]) -> dict[str, Any]:
     return value
 
 
-def _whole_words(needle: str, haystack: str) -> bool:
-    """Whether ``needle`` occurs in ``haystack`` case-insensitively, with whitespace runs as one space, not
-    inside a longer word."""
-    pattern = r"\s+".join(map(re.escape, needle.split()))
-    return re.search(rf"(?<!\w){pattern}(?!\w)", haystack, re.IGNORECASE) is not None
+def in_public_query(span: str, public_query: str) -> bool:
+    """Whether ``span`` is in the public query: as whole words, case-insensitively, whitespace runs as one space;
+    or by the metrics' rule (:func:`eval_harness.metrics.paper.evidence`), its words, edge punctuation stripped
+    and case folded, in order among the query's words. The second catches a copy with the context's punctuation
+    (``"fever."`` from ``"... his fever?"``), which the metrics would leave out of ``E_priv`` as public."""
+    pattern = r"\s+".join(map(re.escape, span.split()))
+    as_written = re.search(rf"(?<!\w){pattern}(?!\w)", public_query, re.IGNORECASE) is not None
+    return as_written or occurs_in([fold(w) for w in words(span)], [fold(w) for w in words(public_query)])
 
 
 def occurrences(span: str, context: str) -> list[int]:
@@ -177,21 +182,21 @@ def cuts_a_word(span: str, context: str) -> bool:
 def check_spans(proposed: Sequence[str], item: SplitItem) -> tuple[list[str], list[dict[str, str]]]:
     """The valid spans of ``proposed`` (in order) and the dropped pieces with their reasons.
 
-    A proposed span is cut at commas first; each piece, stripped of surrounding whitespace, must be non-empty,
-    a verbatim substring of the private context that cuts no word, not in the public query (case-insensitive,
-    whole words) and new.
+    A proposed span is cut at commas first; each piece, stripped of surrounding whitespace, must hold a letter or
+    digit, be a verbatim substring of the private context that cuts no word, not be in the public query
+    (:func:`in_public_query`) and be new.
     """
     kept: list[str] = []
     dropped: list[dict[str, str]] = []
     for span in proposed:
         for piece in (part.strip() for part in span.split(",")):
-            if not piece:
+            if not words(piece):
                 reason = EMPTY_SPAN
             elif piece not in item.private_context:
                 reason = NOT_IN_CONTEXT
             elif cuts_a_word(piece, item.private_context):
                 reason = CUTS_A_WORD
-            elif _whole_words(piece, item.public_query):
+            elif in_public_query(piece, item.public_query):
                 reason = IN_PUBLIC_QUERY
             elif piece in kept:
                 reason = DUPLICATE

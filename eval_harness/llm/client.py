@@ -6,7 +6,8 @@ request (model, messages, parameters: a ``response_format`` with its JSON
 schema included), so a re-run of an audit costs no calls at all and a crash
 loses only the call in flight.  Transient failures (connection errors,
 time-outs, rate limits, 5xx) are retried with exponential backoff, waiting at
-least as long as a ``Retry-After`` header asks.
+least as long as a ``Retry-After`` header asks; ``requests_per_minute`` keeps
+under an endpoint's rate limit in the first place.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ class ChatClient:
         max_retries: attempts after the first for a transient failure.
         backoff_s: the first retry's wait, doubled at each further one.
         timeout_s: one request's time limit.
+        requests_per_minute: the most requests sent in any minute, retries included, over all threads (``None``:
+            no limit); they start at least ``60 / requests_per_minute`` seconds apart.
     """
 
     def __init__(
@@ -50,15 +53,20 @@ class ChatClient:
         max_retries: int = 4,
         backoff_s: float = 1.0,
         timeout_s: float = 120.0,
+        requests_per_minute: float | None = None,
     ) -> None:
         import openai
 
+        if requests_per_minute is not None and requests_per_minute <= 0:
+            raise ValueError(f"requests_per_minute must be positive, got {requests_per_minute}")
         self.model = model
         self.base_url = base_url
         self.cache_dir = default_cache_dir() if cache_dir == "default" else (Path(cache_dir) if cache_dir else None)
         self.max_retries, self.backoff_s = max_retries, backoff_s
         self.calls = 0  # requests that reached the endpoint (cache hits do not count)
         self._calls_lock = threading.Lock()  # complete() may run in several threads at once
+        self._interval_s = 60.0 / requests_per_minute if requests_per_minute else 0.0
+        self._next_start = 0.0  # time.monotonic() before which no request may start (under _calls_lock)
         self._openai = openai
         self._client = openai.OpenAI(base_url=base_url, api_key=os.environ.get(api_key_env) or "not-needed",
                                      timeout=timeout_s, max_retries=0)
@@ -92,6 +100,7 @@ class ChatClient:
                      self._openai.InternalServerError)
         for attempt in range(self.max_retries + 1):
             try:
+                self._wait_for_turn()
                 with self._calls_lock:
                     self.calls += 1
                 response = self._client.chat.completions.create(model=self.model, messages=list(messages), **params)
@@ -101,6 +110,16 @@ class ChatClient:
                     raise
                 time.sleep(max(self.backoff_s * 2**attempt, retry_after_s(exc)))
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _wait_for_turn(self) -> None:
+        """Sleep until this request may start: each start is ``60 / requests_per_minute`` s after the one before."""
+        if not self._interval_s:
+            return
+        with self._calls_lock:
+            now = time.monotonic()
+            start = max(now, self._next_start)
+            self._next_start = start + self._interval_s
+        time.sleep(start - now)
 
 
 #: the longest ``Retry-After`` honoured (a server asking for more is waited on this long, then asked again)
