@@ -48,7 +48,17 @@ def test_cells_carry_the_mean_its_interval_and_the_item_count() -> None:
     assert bootstrap_interval([0.3] * 5) == (pytest.approx(0.3), pytest.approx(0.3))
     text = markdown(cells, "Cloud-side")
     assert text.startswith("Cloud-side\n\n| task | mode | policy |") and text.count("\n| medpriv |") == 2
-    assert csv_text(cells).splitlines()[0].startswith("task,mode,policy,params,items,accuracy")
+    assert csv_text(cells).splitlines()[0].startswith("task,mode,policy,params,alpha,items,accuracy")
+
+
+def test_settings_decoded_at_another_alpha_are_lines_of_their_own() -> None:
+    at = [dict(r, alpha=0.3) for r in ROWS] + [dict(r, key=r["key"] + "-a5", alpha=0.5) for r in ROWS[:2]]
+    at[-1]["metrics"] = {"token_er@100": 0.1, "token_er@100:release": 0.1}  # item b at alpha 0.5
+    cells = table(at, metrics=("token_er@100",))
+    assert [(c["policy"], c["alpha"], c["items"]) for c in cells] == [
+        ("undefended", "0.3", "2"), ("coveil", "0.3", "3"), ("undefended", "0.5", "2")]
+    assert cells[0]["token_er@100"].startswith("60.0 [")  # (0.5 + 0.7) / 2, nothing of alpha 0.5 mixed in
+    assert cells[2]["token_er@100"].startswith("30.0 [")  # (0.5 + 0.1) / 2
 
 
 def report_in_a_fresh_process(rows: list[dict], tmp_path: Path) -> Path:
@@ -116,7 +126,7 @@ def test_the_undefended_table_has_the_papers_columns_with_inversion() -> None:
     from eval_harness.report.tables import undefended_table
 
     cloud, edge = undefended_table(INVERSION_ROWS)
-    assert list(cloud) == ["task", "fusion", "items", "accuracy", "token_er@100", "rouge1_er@100", "span_er@100",
+    assert list(cloud) == ["task", "fusion", "alpha", "items", "accuracy", "token_er@100", "rouge1_er@100", "span_er@100",
                            "auc@100", "inversion_recall", "inversion_f1"]
     # cloud-side: 2 items, 1 correct; Token-ER (0.5 + 0.7) / 2 = 60%, ROUGE1-ER 50%, Span-ER 30%, AUC 40%;
     # inversion recall (0.4 + 0.2) / 2 = 30%, F1 (0.3 + 0.1) / 2 = 20%
@@ -149,9 +159,9 @@ def test_the_report_command_writes_the_undefended_table(tmp_path: Path) -> None:
     out = report_in_a_fresh_process(INVERSION_ROWS, tmp_path)
     text = (out / "tables.md").read_text()
     assert text.count("## Undefended DecodeLeak") == 2  # by the paper's rules and by the release's
-    assert "| medpriv | edge-side | 3 | 66.7 |" in text and "40.0 [30.0, 50.0] n=2" in text
+    assert "| medpriv | edge-side |  | 3 | 66.7 |" in text and "40.0 [30.0, 50.0] n=2" in text
     undefended = (out / "undefended.csv").read_text().splitlines()
-    assert undefended[0] == ("rules,task,fusion,items,accuracy,token_er@100,rouge1_er@100,span_er@100,auc@100,"
+    assert undefended[0] == ("rules,task,fusion,alpha,items,accuracy,token_er@100,rouge1_er@100,span_er@100,auc@100,"
                              "inversion_recall,inversion_f1")
     assert len(undefended) == 1 + 2 * 2  # (cloud, edge) x (paper, release)
     assert (out / "tables.csv").read_text().splitlines()[0].endswith("auc@100,inversion_recall,inversion_f1")

@@ -48,12 +48,13 @@ def result_rows(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 
 @dataclass
 class Line:
-    """One table line: a setting over its items."""
+    """One table line: a setting over its items (``alpha``: the LLM's fusion weight, ``None`` if unrecorded)."""
 
     task: str
     mode: str
     policy: str
     params: str
+    alpha: float | None = None
     items: int = 0
     correct: list[bool] = field(default_factory=list)
     values: dict[str, list[float]] = field(default_factory=dict)
@@ -69,15 +70,15 @@ class Line:
 
 def lines(rows: Iterable[Mapping[str, Any]], metrics: Sequence[str] = LEAKAGE_METRICS, *,
           suffix: str = "") -> list[Line]:
-    """Rows grouped by (task, mode, policy, parameters), in first-seen order.
+    """Rows grouped by (task, mode, policy, parameters, alpha), in first-seen order.
 
     ``suffix`` picks the rule set of the metrics: ``""`` for the paper's, ``":release"`` for the release's.
     The :data:`INVERSION_METRICS` come from each row's ``inversion`` field (rows without one add nothing).
     """
-    grouped: dict[tuple[str, str, str, str], Line] = {}
+    grouped: dict[tuple[str, str, str, str, float | None], Line] = {}
     for row in rows:
         params = json.dumps(row.get("params", {}), sort_keys=True)
-        key = (row["task"], row["mode"], row["policy"], params)
+        key = (row["task"], row["mode"], row["policy"], params, row.get("alpha"))
         line = grouped.setdefault(key, Line(*key))
         line.items += 1
         line.correct.append(bool(row["correct"]))
@@ -106,6 +107,10 @@ def _cell(line: Line, metric: str, seed: int) -> str:
     return f"{100 * line.mean(metric):.1f} [{100 * low:.1f}, {100 * high:.1f}]{count}"
 
 
+def _alpha(line: Line) -> str:
+    return "" if line.alpha is None else f"{line.alpha:g}"
+
+
 def table(rows: Iterable[Mapping[str, Any]], *, metrics: Sequence[str] = LEAKAGE_METRICS, suffix: str = "",
           seed: int = 0) -> list[dict[str, str]]:
     """The table as cells: each leakage cell is ``mean [low, high]`` in percent (95% bootstrap interval),
@@ -114,7 +119,7 @@ def table(rows: Iterable[Mapping[str, Any]], *, metrics: Sequence[str] = LEAKAGE
     for line in lines(rows, metrics, suffix=suffix):
         cells = {"task": line.task, "mode": line.mode, "policy": line.policy,
                  "params": ", ".join(f"{k}={v}" for k, v in json.loads(line.params).items()),
-                 "items": str(line.items), "accuracy": f"{100 * np.mean(line.correct):.1f}"}
+                 "alpha": _alpha(line), "items": str(line.items), "accuracy": f"{100 * np.mean(line.correct):.1f}"}
         cells.update({metric: _cell(line, metric, seed) for metric in metrics})
         out.append(cells)
     return out
@@ -129,7 +134,7 @@ def undefended_table(rows: Iterable[Mapping[str, Any]], *, suffix: str = "", see
     undefended = [row for row in rows if row["policy"] == "undefended"]
     out = []
     for line in lines(undefended, LEAKAGE_METRICS + INVERSION_METRICS, suffix=suffix):
-        cells = {"task": line.task, "fusion": f"{line.mode}-side", "items": str(line.items),
+        cells = {"task": line.task, "fusion": f"{line.mode}-side", "alpha": _alpha(line), "items": str(line.items),
                  "accuracy": f"{100 * np.mean(line.correct):.1f}"}
         cells.update({metric: _cell(line, metric, seed) for metric in LEAKAGE_METRICS + INVERSION_METRICS})
         out.append(cells)
