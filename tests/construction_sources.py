@@ -46,9 +46,12 @@ def spans_of(row: dict) -> list[str]:
 
 
 def survives_validation(span: str, row: dict) -> bool:
-    """Independently of the judge's checks: in the context as whole words, not in the question, case-insensitively."""
+    """Independently of the judge's checks: in the context as whole words, not in the question nor as whole words
+    in an option's text, case-insensitively."""
     in_context = re.search(rf"(?<!\w){re.escape(span)}(?!\w)", row["private_context"])
-    return bool(in_context) and span.lower() not in row["public_query"].lower()
+    in_option = any(re.search(rf"(?<!\w){re.escape(span)}(?!\w)", option, re.IGNORECASE)
+                    for option in row["options"].values())
+    return bool(in_context) and span.lower() not in row["public_query"].lower() and not in_option
 
 
 def clean(row: dict) -> bool:

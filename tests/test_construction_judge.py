@@ -49,6 +49,15 @@ def test_spans_are_kept_only_verbatim_whole_worded_new_and_absent_from_the_publi
         ["organ"], [{"span": "which organism", "reason": J.IN_PUBLIC_QUERY}])
 
 
+def test_a_span_an_option_holds_is_public_and_dropped() -> None:
+    # the paper's x_pub is the question and its options: "tick bite" is option B's text, "Tick" a whole word of
+    # it (case aside); "bite after" is not an option's run of words, "neck" is in no option
+    item = SplitItem("x4", "s", "Which organism?", {"A": "Borrelia burgdorferi", "B": "tick bite"}, "A",
+                     "Stiff neck after a tick bite. Tick season.")
+    assert J.check_spans(["tick bite", "Tick", "neck", "a tick"], item) == (
+        ["neck", "a tick"], [{"span": "tick bite", "reason": J.IN_OPTIONS}, {"span": "Tick", "reason": J.IN_OPTIONS}])
+
+
 def test_a_copy_of_the_public_query_with_the_contexts_punctuation_and_spans_without_a_word_are_dropped() -> None:
     item = SplitItem("x3", "s", "Why is he short of breath? Which drug caused his cough?", {"A": "a"}, "A",
                      "He takes lisinopril. He has a dry cough; he is short of breath… (worse at night).")

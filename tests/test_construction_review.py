@@ -43,9 +43,10 @@ def decisions(directory: Path) -> list[dict]:
 
 
 def a_word_only_in_the_context(row: dict, exclude: list[str]) -> str | None:
-    """A word of the private context that is not in the public query nor inside any of ``exclude``."""
+    """A word of the private context that is not in the public query, an option's text nor any of ``exclude``."""
+    public = " ".join([row["public_query"], *row["options"].values()]).lower()
     return next((word for word in re.findall(r"[A-Za-z]{5,}", row["private_context"])
-                 if word.lower() not in row["public_query"].lower() and not any(word in span for span in exclude)
+                 if word.lower() not in public and not any(word in span for span in exclude)
                  and re.search(rf"(?<!\w){word}(?!\w)", row["private_context"])), None)
 
 

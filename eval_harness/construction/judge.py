@@ -45,6 +45,7 @@ EMPTY_SPAN = "empty (no letter or digit)"
 NOT_IN_CONTEXT = "not verbatim in the private context"
 CUTS_A_WORD = "cuts a word of the private context"
 IN_PUBLIC_QUERY = "in the public query"
+IN_OPTIONS = "in an option's text"
 DUPLICATE = "duplicate"
 
 #: screening: the judge names the decisive clue and says whether the answer needs it before its verdict
@@ -184,7 +185,9 @@ def check_spans(proposed: Sequence[str], item: SplitItem) -> tuple[list[str], li
 
     A proposed span is cut at commas first; each piece, stripped of surrounding whitespace, must hold a letter or
     digit, be a verbatim substring of the private context that cuts no word, not be in the public query
-    (:func:`in_public_query`) and be new.
+    (:func:`in_public_query`) nor in an option's text (the paper's ``x_pub`` is the question and its options: a
+    span the options hold is seen by the cloud anyway, and counting it would score an echoed option as a leak)
+    and be new.
     """
     kept: list[str] = []
     dropped: list[dict[str, str]] = []
@@ -198,6 +201,8 @@ def check_spans(proposed: Sequence[str], item: SplitItem) -> tuple[list[str], li
                 reason = CUTS_A_WORD
             elif in_public_query(piece, item.public_query):
                 reason = IN_PUBLIC_QUERY
+            elif any(in_public_query(piece, option) for option in item.options.values()):
+                reason = IN_OPTIONS
             elif piece in kept:
                 reason = DUPLICATE
             else:
