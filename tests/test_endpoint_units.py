@@ -271,3 +271,46 @@ def test_invalid_requests_are_400_without_quoting_them(tmp_path: Path) -> None:
     assert "<title>CoVeil" in files["/"] and "addStep" in files["/static/app.js"]
     assert sorted(re.findall(r'(?:src|href)="([^"]*)"', files["/"])) == ["/static/app.js", "/static/style.css"]
     assert not [name for name, text in files.items() if re.search(r"https?:|//cdn|@import|url\(", text)]
+
+
+# -- the context window ------------------------------------------------------------------------------------
+
+
+class WordSLM:
+    """Tokenises one id per word, after BOS (id 1)."""
+
+    name = "words"
+
+    def tokenize(self, text: str, *, add_bos: bool, special: bool = False) -> list[int]:
+        return [1] * add_bos + [2] * len(text.split())
+
+
+class RecordingClient:
+    """Builds no decoder: records the settings a generation would decode with."""
+
+    def __init__(self) -> None:
+        self.slm = WordSLM()
+        self.settings: list[dict] = []
+
+    def decoder(self, prompts: Prompts, **settings: object) -> str:
+        self.settings.append(settings)
+        return "decoder"
+
+
+@pytest.mark.parametrize("prompt_words", [7, 8, 12])  # the prompt fills the 8-token window, or overflows it
+def test_a_prompt_that_leaves_no_room_for_a_reply_is_context_length_exceeded(prompt_words: int) -> None:
+    """Without ``max_tokens`` the reply gets the room left; with none left the request is a 400 (it was a 500
+    from the SLM's prefill, after the cloud session had been opened)."""
+    client = RecordingClient()
+    serving = EdgeServing(client, None, ServerSettings(cloud="c:1"), n_ctx=8)  # type: ignore[arg-type]
+    try:
+        request = CompletionRequest(model="coveil", prompt=" ".join(["word"] * prompt_words))
+        with pytest.raises(EndpointError) as caught:
+            serving.prepare_completion(request)
+        assert caught.value.status == 400 and caught.value.code == "context_length_exceeded"
+        assert f"you requested {prompt_words + 2} tokens ({prompt_words + 1} in the prompt" in caught.value.message
+        # one token of room: the reply defaults to it
+        serving.prepare_completion(CompletionRequest(model="coveil", prompt=" ".join(["word"] * 6)))
+        assert client.settings[-1]["max_new_tokens"] == 1
+    finally:
+        serving.close()
