@@ -101,6 +101,27 @@ def test_parameters_the_endpoint_cannot_honour_are_named() -> None:
     assert message.text() == "be brief" and message.template_role() == "system"
 
 
+@pytest.mark.parametrize("body", [
+    {"messages": [{"role": "user", "content": "notes", "private": True}, {"role": "user", "content": "q"}]},
+    {"messages": [{"role": "user", "content": "notes", "coveil-private": True}]},
+    {"messages": [{"role": "user", "content": "notes", "coveil_privat": True}]},
+    {"messages": [{"role": "user", "content": "q"}], "private_context": "notes"},
+    {"messages": [{"role": "user", "content": "q"}], "never_upload": ["notes"]},
+], ids=["message private", "message coveil-private", "message misspelt", "top-level context", "top-level span"])
+def test_a_misplaced_privacy_marker_is_refused_rather_than_ignored(body: dict) -> None:
+    """Ignored, each of these would send text the app meant to keep on the device to the cloud (or decode
+    without the private context it believes it passed)."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as caught:
+        ChatCompletionRequest(model="coveil", **body)
+    assert "notes" not in str(caught.value.errors(include_input=False))
+    # OpenAI's own message and request fields pass
+    request = ChatCompletionRequest(model="coveil", messages=[{"role": "user", "content": "q", "name": "ann"}],
+                                    metadata={"app": "x"}, coveil={"private_context": "notes"})
+    assert request.coveil is not None and request.coveil.private_context == "notes"
+
+
 # -- settings and the command line -------------------------------------------------------------------------
 
 
