@@ -138,6 +138,26 @@ def test_listening_beyond_loopback_needs_an_api_key(tmp_path: Path) -> None:
         ServerSettings(cloud="c:1", ssl_certfile=tmp_path / "cert.pem")
     with pytest.raises(ValueError, match="--max-queue must be at least 1"):
         ServerSettings(cloud="c:1", max_queue=0)
+    with pytest.raises(ValueError, match="--port must be 0..65535, got 99999"):
+        ServerSettings(cloud="c:1", port=99999)
+
+
+def test_plaintext_to_a_remote_cloud_is_refused_at_start() -> None:
+    """Before, the endpoint started and answered every request 500 (the channel refused it per request)."""
+    ServerSettings(cloud="127.0.0.1:50051,[::1]:50051", plaintext=True)
+    for cloud in ("10.1.2.3:50051", "127.0.0.1:50051,10.1.2.3:50051"):
+        with pytest.raises(ValueError, match="--plaintext is accepted for a loopback --cloud only"):
+            ServerSettings(cloud=cloud, plaintext=True)
+    ServerSettings(cloud="10.1.2.3:50051")  # TLS: fine
+
+
+def test_a_missing_model_file_is_named_in_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from eval_harness.cli import main
+
+    missing = tmp_path / "nope.gguf"
+    assert main(["edge", "serve", "--cloud", "127.0.0.1:1", "--plaintext", "--model", str(missing)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == f"coveil edge: GGUF file not found: {missing}"
 
 
 def test_coveil_edge_serve_refuses_an_open_host_in_one_line(capsys: pytest.CaptureFixture[str],

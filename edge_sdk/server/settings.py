@@ -83,6 +83,11 @@ class ServerSettings:
         for name in ("n_ctx", "default_max_tokens", "max_queue"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"--port must be 0..65535, got {self.port}")
+        if self.plaintext and not all(is_loopback(address) for address in self.cloud_addresses):
+            raise ValueError(f"--plaintext is accepted for a loopback --cloud only, got {self.cloud}: give the "
+                             "adapter's CA (--tls-ca) or rely on the system's trust roots")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"--threads must be at least 1, got {self.threads}")
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
