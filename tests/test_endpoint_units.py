@@ -214,10 +214,12 @@ def test_a_character_split_over_tokens_is_shown_once_whole() -> None:
 
 
 class BlockingStream:
-    """A generation that decides one token once ``release`` is set."""
+    """A generation that, once ``release`` is set, decides ``limit`` tokens ``pause`` seconds apart (counted)."""
 
-    def __init__(self, release: threading.Event) -> None:
+    def __init__(self, release: threading.Event, limit: int = 1, pause: float = 0.0) -> None:
         self.release = release
+        self.limit = limit
+        self.pause = pause
         self.ledger = PrivacyLedger(mode="cloud", policy="coveil")
         self.token_ids: list[int] = []
         self.finish_reason: str | None = None
@@ -229,13 +231,17 @@ class BlockingStream:
         pass
 
     def steps(self):  # noqa: ANN201
+        import time
+
         from edge_sdk.client import StreamStep
 
         self.release.wait(timeout=30)
-        self.ledger.entries.append(entry(0, signal="upload", values=1))
-        self.token_ids.append(7)
+        for step in range(self.limit):
+            time.sleep(self.pause)
+            self.ledger.entries.append(entry(step, signal="upload", values=1))
+            self.token_ids.append(7)
+            yield StreamStep("x", self.ledger.entries[-1])
         self.finish_reason = "max_new_tokens"
-        yield StreamStep("x", self.ledger.entries[0])
 
 
 class BlockingClient:
@@ -355,3 +361,49 @@ def test_a_prompt_that_leaves_no_room_for_a_reply_is_context_length_exceeded(pro
         assert client.settings[-1]["max_new_tokens"] == 1
     finally:
         serving.close()
+
+
+# -- a client that goes away -------------------------------------------------------------------------------
+
+
+class EndlessClient(RecordingClient):
+    def __init__(self) -> None:
+        super().__init__()
+        self.streams: list[BlockingStream] = []
+        self.released = threading.Event()
+        self.released.set()
+
+    def run(self, decoder: object) -> BlockingStream:
+        """A 400-token generation, a token every 10 ms."""
+        self.streams.append(BlockingStream(self.released, limit=400, pause=0.01))
+        return self.streams[-1]
+
+
+def test_a_complete_request_whose_client_went_away_stops_decoding() -> None:
+    """Non-streamed, nothing tells the server the client left until it writes the answer: it checks the
+    connection while it waits, and stops the generation (before, it decoded all 400 tokens, ~4 s, for nobody)."""
+    import socket
+    import time
+
+    from edge_sdk.server.app import create_app, running
+
+    client = EndlessClient()
+    app = create_app(ServerSettings(cloud="c:1"), client=client, chat_template=None,  # type: ignore[arg-type]
+                     n_ctx=4096)
+    body = json.dumps({"model": "coveil", "prompt": "a question", "max_tokens": 400}).encode()
+    with running(app) as base_url:
+        parsed = urllib.parse.urlsplit(base_url)
+        with socket.create_connection((parsed.hostname, parsed.port)) as connection:
+            connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
+                               b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            deadline = time.monotonic() + 5
+            while not client.streams or not client.streams[0].token_ids:
+                assert time.monotonic() < deadline, "the generation never started"
+                time.sleep(0.01)
+        closed_at = time.monotonic()
+        serving = app.state.serving
+        while serving.busy and time.monotonic() < closed_at + 3:
+            time.sleep(0.02)
+        stopped_after = time.monotonic() - closed_at
+    assert not serving.busy and stopped_after < 1.5, f"still decoding {stopped_after:.1f} s after the client left"
+    assert len(client.streams[0].token_ids) < 200
