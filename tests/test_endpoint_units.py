@@ -136,6 +136,10 @@ def test_listening_beyond_loopback_needs_an_api_key(tmp_path: Path) -> None:
     assert ServerSettings(cloud="c:1", api_key_file=key_file).api_key() == "k3y"
     with pytest.raises(ValueError, match="go together"):
         ServerSettings(cloud="c:1", ssl_certfile=tmp_path / "cert.pem")
+    (tmp_path / "key.pem").write_text("a key")
+    # a missing certificate is named before the model loads (it was "[Errno 2] No such file" from uvicorn's bind)
+    with pytest.raises(ValueError, match=f"--ssl-certfile: no such file: {tmp_path / 'cert.pem'}"):
+        ServerSettings(cloud="c:1", ssl_certfile=tmp_path / "cert.pem", ssl_keyfile=tmp_path / "key.pem")
     with pytest.raises(ValueError, match="--max-queue must be at least 1"):
         ServerSettings(cloud="c:1", max_queue=0)
     with pytest.raises(ValueError, match="--port must be 0..65535, got 99999"):

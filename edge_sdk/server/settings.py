@@ -92,6 +92,10 @@ class ServerSettings:
             raise ValueError(f"--threads must be at least 1, got {self.threads}")
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
             raise ValueError("--ssl-certfile and --ssl-keyfile go together")
+        for name in ("ssl_certfile", "ssl_keyfile"):
+            path = getattr(self, name)
+            if path is not None and not Path(path).is_file():
+                raise ValueError(f"{_flag(name)}: no such file: {path}")
         if self.default_mode not in ("cloud", "edge"):
             raise ValueError(f"--default-mode is 'cloud' or 'edge', got {self.default_mode!r}")
 
