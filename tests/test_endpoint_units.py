@@ -131,6 +131,9 @@ def test_listening_beyond_loopback_needs_an_api_key(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="refusing to listen on 0.0.0.0 without an API key"):
         ServerSettings(cloud="c:1", host="0.0.0.0").check_exposure(None)
     ServerSettings(cloud="c:1", host="0.0.0.0").check_exposure("a key")
+    # beyond loopback, plain HTTP carries private contexts readable across the network: a warning at start
+    assert "plain HTTP" in ServerSettings(cloud="c:1", host="0.0.0.0").cleartext_warning()
+    assert ServerSettings(cloud="c:1").cleartext_warning() is None
     key_file = tmp_path / "key"
     key_file.write_text("  k3y\n")
     assert ServerSettings(cloud="c:1", api_key_file=key_file).api_key() == "k3y"

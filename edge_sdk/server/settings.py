@@ -125,6 +125,14 @@ class ServerSettings:
                 "--host 127.0.0.1"
             )
 
+    def cleartext_warning(self) -> str | None:
+        """Beyond loopback without HTTPS, requests cross the network readable: say so (a TLS proxy in front may
+        be why; then the warning is moot)."""
+        if is_loopback(self.host) or self.ssl_certfile is not None:
+            return None
+        return (f"listening on {self.host} over plain HTTP: requests carry their private contexts and the API key "
+                "in clear across the network; give --ssl-certfile/--ssl-keyfile unless a TLS proxy fronts this")
+
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
