@@ -21,10 +21,12 @@ from tests.endpoint_stack import (  # noqa: F401  (fixtures)
     CANARY,
     PRIVATE_CONTEXT,
     QUESTION,
+    Cloud,
     Endpoint,
     cloud,
     endpoint,
     server_logs,
+    start_endpoint,
 )
 
 pytestmark = pytest.mark.model
@@ -80,7 +82,40 @@ def test_the_page_colours_each_token_by_what_the_cloud_saw(endpoint: Endpoint, b
     summary = [cell.text for cell in browser.find_elements(By.CSS_SELECTOR, "#ledger tfoot td")]
     assert summary[0] == f"{len(entries)} steps" and summary[1] in ("finish: length", "finish: stop")
     assert int(summary[3]) == expected.ledger.values_uploaded
-    assert int(summary[4]) == expected.ledger.bytes_up and int(summary[5]) == expected.ledger.bytes_down
+    assert int(summary[4]) == expected.ledger.bytes_up
+    # bytes down: each Distribution carries the cloud's forward time as a varint (forward_ns), 3 or 4 bytes for
+    # a forward of 16 us to 268 ms, so two runs of the same generation differ by up to a byte a step; the
+    # footer is the per-step rows summed
+    assert abs(int(summary[5]) - expected.ledger.bytes_down) <= len(entries)
+    assert int(summary[5]) == sum(int(row.find_elements(By.TAG_NAME, "td")[5].text) for row in rows)
     meter = browser.find_element(By.ID, "meter-value").text
     assert meter == summary[6] == f"{100 * expected.ledger.leak_share:.1f}%"
     assert CANARY not in browser.find_element(By.ID, "answer").get_attribute("textContent")
+
+
+def test_on_a_keyed_endpoint_the_page_offers_its_choices_once_the_key_is_typed(cloud: Cloud, slm, browser,  # noqa: ANN001
+                                                                              tmp_path: Path) -> None:
+    """A keyed endpoint refuses /coveil/info without the key: the page asks for it, then reads the model name and
+    the policies with it (before, the policy list stayed empty and the model name the default)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    with start_endpoint(cloud.address, slm, tmp_path, api_key="page-key", served_model_name="edge-gemma") as keyed:
+        browser.get(keyed.base_url + "/")
+        wait = WebDriverWait(browser, 120)
+        wait.until(lambda b: "cannot read" in b.find_element(By.ID, "model-info").text)
+        assert browser.find_element(By.ID, "api-key").is_displayed()
+        assert Select(browser.find_element(By.ID, "policy")).options == []
+        browser.find_element(By.ID, "api-key").send_keys("page-key", Keys.TAB)
+        wait.until(lambda b: len(Select(b.find_element(By.ID, "policy")).options) > 1)
+        assert 'model "edge-gemma"' in browser.find_element(By.ID, "model-info").text
+        browser.find_element(By.ID, "question").send_keys(QUESTION)
+        tokens = browser.find_element(By.ID, "max-tokens")
+        tokens.clear()
+        tokens.send_keys("2")
+        browser.find_element(By.ID, "submit").click()
+        wait.until(lambda b: b.find_element(By.ID, "status").get_attribute("data-state") in ("done", "error"))
+        status = browser.find_element(By.ID, "status")
+        assert status.get_attribute("data-state") == "done", status.text
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#answer span.tok")) == 2

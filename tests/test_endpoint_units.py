@@ -101,6 +101,27 @@ def test_parameters_the_endpoint_cannot_honour_are_named() -> None:
     assert message.text() == "be brief" and message.template_role() == "system"
 
 
+@pytest.mark.parametrize("body", [
+    {"messages": [{"role": "user", "content": "notes", "private": True}, {"role": "user", "content": "q"}]},
+    {"messages": [{"role": "user", "content": "notes", "coveil-private": True}]},
+    {"messages": [{"role": "user", "content": "notes", "coveil_privat": True}]},
+    {"messages": [{"role": "user", "content": "q"}], "private_context": "notes"},
+    {"messages": [{"role": "user", "content": "q"}], "never_upload": ["notes"]},
+], ids=["message private", "message coveil-private", "message misspelt", "top-level context", "top-level span"])
+def test_a_misplaced_privacy_marker_is_refused_rather_than_ignored(body: dict) -> None:
+    """Ignored, each of these would send text the app meant to keep on the device to the cloud (or decode
+    without the private context it believes it passed)."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as caught:
+        ChatCompletionRequest(model="coveil", **body)
+    assert "notes" not in str(caught.value.errors(include_input=False))
+    # OpenAI's own message and request fields pass
+    request = ChatCompletionRequest(model="coveil", messages=[{"role": "user", "content": "q", "name": "ann"}],
+                                    metadata={"app": "x"}, coveil={"private_context": "notes"})
+    assert request.coveil is not None and request.coveil.private_context == "notes"
+
+
 # -- settings and the command line -------------------------------------------------------------------------
 
 
@@ -110,13 +131,40 @@ def test_listening_beyond_loopback_needs_an_api_key(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="refusing to listen on 0.0.0.0 without an API key"):
         ServerSettings(cloud="c:1", host="0.0.0.0").check_exposure(None)
     ServerSettings(cloud="c:1", host="0.0.0.0").check_exposure("a key")
+    # beyond loopback, plain HTTP carries private contexts readable across the network: a warning at start
+    assert "plain HTTP" in ServerSettings(cloud="c:1", host="0.0.0.0").cleartext_warning()
+    assert ServerSettings(cloud="c:1").cleartext_warning() is None
     key_file = tmp_path / "key"
     key_file.write_text("  k3y\n")
     assert ServerSettings(cloud="c:1", api_key_file=key_file).api_key() == "k3y"
     with pytest.raises(ValueError, match="go together"):
         ServerSettings(cloud="c:1", ssl_certfile=tmp_path / "cert.pem")
+    (tmp_path / "key.pem").write_text("a key")
+    # a missing certificate is named before the model loads (it was "[Errno 2] No such file" from uvicorn's bind)
+    with pytest.raises(ValueError, match=f"--ssl-certfile: no such file: {tmp_path / 'cert.pem'}"):
+        ServerSettings(cloud="c:1", ssl_certfile=tmp_path / "cert.pem", ssl_keyfile=tmp_path / "key.pem")
     with pytest.raises(ValueError, match="--max-queue must be at least 1"):
         ServerSettings(cloud="c:1", max_queue=0)
+    with pytest.raises(ValueError, match="--port must be 0..65535, got 99999"):
+        ServerSettings(cloud="c:1", port=99999)
+
+
+def test_plaintext_to_a_remote_cloud_is_refused_at_start() -> None:
+    """Before, the endpoint started and answered every request 500 (the channel refused it per request)."""
+    ServerSettings(cloud="127.0.0.1:50051,[::1]:50051", plaintext=True)
+    for cloud in ("10.1.2.3:50051", "127.0.0.1:50051,10.1.2.3:50051"):
+        with pytest.raises(ValueError, match="--plaintext is accepted for a loopback --cloud only"):
+            ServerSettings(cloud=cloud, plaintext=True)
+    ServerSettings(cloud="10.1.2.3:50051")  # TLS: fine
+
+
+def test_a_missing_model_file_is_named_in_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from eval_harness.cli import main
+
+    missing = tmp_path / "nope.gguf"
+    assert main(["edge", "serve", "--cloud", "127.0.0.1:1", "--plaintext", "--model", str(missing)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == f"coveil edge: GGUF file not found: {missing}"
 
 
 def test_coveil_edge_serve_refuses_an_open_host_in_one_line(capsys: pytest.CaptureFixture[str],
@@ -173,10 +221,12 @@ def test_a_character_split_over_tokens_is_shown_once_whole() -> None:
 
 
 class BlockingStream:
-    """A generation that decides one token once ``release`` is set."""
+    """A generation that, once ``release`` is set, decides ``limit`` tokens ``pause`` seconds apart (counted)."""
 
-    def __init__(self, release: threading.Event) -> None:
+    def __init__(self, release: threading.Event, limit: int = 1, pause: float = 0.0) -> None:
         self.release = release
+        self.limit = limit
+        self.pause = pause
         self.ledger = PrivacyLedger(mode="cloud", policy="coveil")
         self.token_ids: list[int] = []
         self.finish_reason: str | None = None
@@ -188,13 +238,17 @@ class BlockingStream:
         pass
 
     def steps(self):  # noqa: ANN201
+        import time
+
         from edge_sdk.client import StreamStep
 
         self.release.wait(timeout=30)
-        self.ledger.entries.append(entry(0, signal="upload", values=1))
-        self.token_ids.append(7)
+        for step in range(self.limit):
+            time.sleep(self.pause)
+            self.ledger.entries.append(entry(step, signal="upload", values=1))
+            self.token_ids.append(7)
+            yield StreamStep("x", self.ledger.entries[-1])
         self.finish_reason = "max_new_tokens"
-        yield StreamStep("x", self.ledger.entries[0])
 
 
 class BlockingClient:
@@ -271,3 +325,92 @@ def test_invalid_requests_are_400_without_quoting_them(tmp_path: Path) -> None:
     assert "<title>CoVeil" in files["/"] and "addStep" in files["/static/app.js"]
     assert sorted(re.findall(r'(?:src|href)="([^"]*)"', files["/"])) == ["/static/app.js", "/static/style.css"]
     assert not [name for name, text in files.items() if re.search(r"https?:|//cdn|@import|url\(", text)]
+
+
+# -- the context window ------------------------------------------------------------------------------------
+
+
+class WordSLM:
+    """Tokenises one id per word, after BOS (id 1)."""
+
+    name = "words"
+
+    def tokenize(self, text: str, *, add_bos: bool, special: bool = False) -> list[int]:
+        return [1] * add_bos + [2] * len(text.split())
+
+
+class RecordingClient:
+    """Builds no decoder: records the settings a generation would decode with."""
+
+    def __init__(self) -> None:
+        self.slm = WordSLM()
+        self.settings: list[dict] = []
+
+    def decoder(self, prompts: Prompts, **settings: object) -> str:
+        self.settings.append(settings)
+        return "decoder"
+
+
+@pytest.mark.parametrize("prompt_words", [7, 8, 12])  # the prompt fills the 8-token window, or overflows it
+def test_a_prompt_that_leaves_no_room_for_a_reply_is_context_length_exceeded(prompt_words: int) -> None:
+    """Without ``max_tokens`` the reply gets the room left; with none left the request is a 400 (it was a 500
+    from the SLM's prefill, after the cloud session had been opened)."""
+    client = RecordingClient()
+    serving = EdgeServing(client, None, ServerSettings(cloud="c:1"), n_ctx=8)  # type: ignore[arg-type]
+    try:
+        request = CompletionRequest(model="coveil", prompt=" ".join(["word"] * prompt_words))
+        with pytest.raises(EndpointError) as caught:
+            serving.prepare_completion(request)
+        assert caught.value.status == 400 and caught.value.code == "context_length_exceeded"
+        assert f"you requested {prompt_words + 2} tokens ({prompt_words + 1} in the prompt" in caught.value.message
+        # one token of room: the reply defaults to it
+        serving.prepare_completion(CompletionRequest(model="coveil", prompt=" ".join(["word"] * 6)))
+        assert client.settings[-1]["max_new_tokens"] == 1
+    finally:
+        serving.close()
+
+
+# -- a client that goes away -------------------------------------------------------------------------------
+
+
+class EndlessClient(RecordingClient):
+    def __init__(self) -> None:
+        super().__init__()
+        self.streams: list[BlockingStream] = []
+        self.released = threading.Event()
+        self.released.set()
+
+    def run(self, decoder: object) -> BlockingStream:
+        """A 400-token generation, a token every 10 ms."""
+        self.streams.append(BlockingStream(self.released, limit=400, pause=0.01))
+        return self.streams[-1]
+
+
+def test_a_complete_request_whose_client_went_away_stops_decoding() -> None:
+    """Non-streamed, nothing tells the server the client left until it writes the answer: it checks the
+    connection while it waits, and stops the generation (before, it decoded all 400 tokens, ~4 s, for nobody)."""
+    import socket
+    import time
+
+    from edge_sdk.server.app import create_app, running
+
+    client = EndlessClient()
+    app = create_app(ServerSettings(cloud="c:1"), client=client, chat_template=None,  # type: ignore[arg-type]
+                     n_ctx=4096)
+    body = json.dumps({"model": "coveil", "prompt": "a question", "max_tokens": 400}).encode()
+    with running(app) as base_url:
+        parsed = urllib.parse.urlsplit(base_url)
+        with socket.create_connection((parsed.hostname, parsed.port)) as connection:
+            connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
+                               b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            deadline = time.monotonic() + 5
+            while not client.streams or not client.streams[0].token_ids:
+                assert time.monotonic() < deadline, "the generation never started"
+                time.sleep(0.01)
+        closed_at = time.monotonic()
+        serving = app.state.serving
+        while serving.busy and time.monotonic() < closed_at + 3:
+            time.sleep(0.02)
+        stopped_after = time.monotonic() - closed_at
+    assert not serving.busy and stopped_after < 1.5, f"still decoding {stopped_after:.1f} s after the client left"
+    assert len(client.streams[0].token_ids) < 200

@@ -137,6 +137,8 @@ def serve(settings: ServerSettings) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=settings.log_level, handlers=[handler], force=True)
+    if settings.cleartext_warning():
+        log.warning(settings.cleartext_warning())
     client, slm, template = build_client(settings)
     log.info("edge model %s, chat template: %s", slm.name, getattr(template, "source", "none"))
     app = create_app(settings, client=client, chat_template=template, n_ctx=settings.n_ctx, api_key=api_key)

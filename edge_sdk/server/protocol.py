@@ -9,7 +9,11 @@ The private part travels as ``extra_body={"coveil": {...}}`` (the ``openai``
 client sends ``extra_body`` as top-level fields): :class:`CoveilOptions`.  A
 message may also be marked private (``{"role": "user", "content": ...,
 "coveil_private": true}``): its text joins the private context instead of
-going to the cloud.
+going to the cloud.  Unknown fields are ignored, except those that look like a
+misplaced or misspelt privacy marker (a ``private`` or ``coveil...`` key on a
+message, ``private_context`` or another ``coveil`` option outside ``coveil``):
+ignoring them would send text the app meant to keep on the device to the
+cloud, so they are refused (:func:`misplaced_markers`).
 
 Responses carry the privacy ledger's summary in a ``coveil`` field
 (:class:`LedgerSummary`); a stream's chunks carry each step's report
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
 FusionModeName = Literal["cloud", "edge"]
 #: what the cloud saw at one step: nothing of the private side, the synchronised token, an upload of k values,
@@ -40,6 +44,19 @@ class CoveilOptions(BaseModel):
     exposure_budget: float | None = Field(default=None, ge=0.0, le=1.0)
     never_upload: list[str] = Field(default_factory=list)
     alpha: float | None = Field(default=None, ge=0.0, le=1.0)
+
+
+def misplaced_markers(extra: dict[str, object] | None, markers: frozenset[str]) -> list[str]:
+    """The keys of ``extra`` (a model's unknown fields) that name a privacy marker the endpoint does not read:
+    one of ``markers``, or anything starting ``coveil``, compared lower-case with ``-`` read as ``_``."""
+    def normal(key: str) -> str:
+        return key.lower().replace("-", "_")
+
+    return [key for key in extra or {} if normal(key) in markers or normal(key).startswith("coveil")]
+
+
+#: message keys an app may reach for to mark a message private (the endpoint reads ``coveil_private`` only)
+_MESSAGE_MARKERS = frozenset({"private", "is_private", "coveil_private"})
 
 
 class TextPart(BaseModel):
@@ -68,6 +85,14 @@ class ChatMessage(BaseModel):
     def template_role(self) -> str:
         return "system" if self.role == "developer" else self.role
 
+    @model_validator(mode="after")
+    def _no_misplaced_marker(self) -> ChatMessage:
+        misplaced = misplaced_markers(self.model_extra, _MESSAGE_MARKERS)
+        if misplaced:
+            raise ValueError(f"unknown privacy marker {misplaced[0]!r}: mark a private message with "
+                             "'coveil_private': true (else its text would go to the cloud)")
+        return self
+
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -94,6 +119,14 @@ class GenerationRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     coveil: CoveilOptions | None = None
+
+    @model_validator(mode="after")
+    def _no_misplaced_options(self) -> GenerationRequest:
+        misplaced = misplaced_markers(self.model_extra, frozenset(CoveilOptions.model_fields) | {"private"})
+        if misplaced:
+            raise ValueError(f"{misplaced[0]!r} belongs inside 'coveil' (extra_body={{'coveil': {{...}}}}); at the "
+                             "top level it would be ignored")
+        return self
 
     def stop_strings(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

@@ -3,7 +3,10 @@
 A generation's first event decides the response: an error before the first
 token is an HTTP error with OpenAI's body; after it, a streamed response ends
 with an ``error`` event (which the ``openai`` client raises), a complete one
-with the error's status.  Streams are server-sent events: one chunk per decided
+with the error's status.  While a request waits in the queue or for a
+complete response, its connection is watched: a client that went away has
+its generation dropped or stopped (the server would otherwise decode it to the
+end for nobody).  Streams are server-sent events: one chunk per decided
 token (its ``coveil.step`` says what the cloud saw), a last chunk with the
 finish reason and ``coveil.ledger``, the usage chunk when asked
 (``stream_options.include_usage``), then ``data: [DONE]``.
@@ -11,6 +14,7 @@ finish reason and ``coveil.ledger``, the usage chunk when asked
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -39,7 +43,7 @@ from edge_sdk.server.protocol import (
     ModelCard,
     ModelList,
 )
-from edge_sdk.server.serving import Done, EdgeServing, Failed, Generation, Job, StepOut
+from edge_sdk.server.serving import Done, EdgeServing, Event, Failed, Generation, Job, StepOut
 
 STATIC_DIR = Path(__file__).parent / "static"
 
@@ -111,13 +115,13 @@ async def model(model_id: str, request: Request) -> Response:
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     serving = serving_of(request)
-    return await generate(serving, body, lambda: serving.prepare_chat(body), _ChatFormat(body))
+    return await generate(serving, body, lambda: serving.prepare_chat(body), _ChatFormat(body), request)
 
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request) -> Response:
     serving = serving_of(request)
-    return await generate(serving, body, lambda: serving.prepare_completion(body), _CompletionFormat(body))
+    return await generate(serving, body, lambda: serving.prepare_completion(body), _CompletionFormat(body), request)
 
 
 class _ChatFormat:
@@ -160,11 +164,36 @@ class _CompletionFormat:
                           choices=[CompletionChoice(text=text, finish_reason=done.finish_reason)])
 
 
+#: the answer to a request whose client went away (nginx's "client closed request"; nobody reads it)
+CLIENT_GONE = 499
+
+
+async def client_gone(connection: Request) -> None:
+    """Return once ``connection``'s client has gone away (its body is read: the next message is the disconnect).
+
+    ``Request.is_disconnected`` cannot tell behind the app's HTTP middleware (its receive never answers in a
+    cancelled scope), so this waits for the message itself."""
+    while (await connection.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def next_unless_gone(job: Job, gone: asyncio.Future[None]) -> Event | None:
+    """The job's next event, or ``None`` (the job cancelled) once ``gone`` says the client went away."""
+    pending = asyncio.ensure_future(job.next())
+    done, _ = await asyncio.wait({pending, gone}, return_when=asyncio.FIRST_COMPLETED)
+    if pending in done:
+        return pending.result()
+    pending.cancel()
+    job.cancel()
+    return None
+
+
 async def generate(
     serving: EdgeServing,
     request: GenerationRequest,
     prepare: Callable[[], Generation],
     shapes: _ChatFormat | _CompletionFormat,
+    connection: Request,
 ) -> Response:
     """Check and queue the request, wait for its first event, and answer whole or as a stream."""
     try:
@@ -173,11 +202,24 @@ async def generate(
     except EndpointError as error:
         return error_response(error)
     created = int(time.time())
+    gone = asyncio.ensure_future(client_gone(connection))
     try:
-        first = await job.next()
+        return await _answer(job, gone, request, generation, shapes, created)
     except BaseException:
         job.cancel()
         raise
+    finally:
+        gone.cancel()  # a stream watches its client itself
+
+
+async def _answer(
+    job: Job, gone: asyncio.Future[None], request: GenerationRequest, generation: Generation,
+    shapes: _ChatFormat | _CompletionFormat, created: int,
+) -> Response:
+    """Wait for the job's first event (while its client stays), then answer whole or as a stream."""
+    first = await next_unless_gone(job, gone)
+    if first is None:
+        return Response(status_code=CLIENT_GONE)
     if isinstance(first, Failed):
         return error_response(first.error)
     if request.stream:
@@ -192,7 +234,9 @@ async def generate(
             if isinstance(event, Failed):
                 return error_response(event.error)
             pieces.append(event.text)
-            event = await job.next()
+            event = await next_unless_gone(job, gone)
+            if event is None:
+                return Response(status_code=CLIENT_GONE)
     finally:
         job.cancel()  # a no-op once done; stops the generation if this handler is cancelled
     text = "".join(pieces) + event.text

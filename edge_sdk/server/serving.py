@@ -281,11 +281,12 @@ class EdgeServing:
         prompt_tokens = len(prompts.slm_ids)
         room = self.n_ctx - prompt_tokens
         max_new_tokens = reply_limit if reply_limit is not None else min(self.settings.default_max_tokens, room)
-        if max_new_tokens > room:
+        if max_new_tokens > room or room < 1:  # a reply needs at least one token of room
+            asked = max(max_new_tokens, 1)
             raise bad_request(
                 f"This model's maximum context length is {self.n_ctx} tokens. However, you requested "
-                f"{prompt_tokens + max_new_tokens} tokens ({prompt_tokens} in the {prompt_param} and private context, "
-                f"{max_new_tokens} in the completion). Please reduce the length of the {prompt_param}, the private "
+                f"{prompt_tokens + asked} tokens ({prompt_tokens} in the {prompt_param} and private context, "
+                f"{asked} in the completion). Please reduce the length of the {prompt_param}, the private "
                 "context or the completion.",
                 param=prompt_param, code="context_length_exceeded",
             )

@@ -83,10 +83,19 @@ class ServerSettings:
         for name in ("n_ctx", "default_max_tokens", "max_queue"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"--port must be 0..65535, got {self.port}")
+        if self.plaintext and not all(is_loopback(address) for address in self.cloud_addresses):
+            raise ValueError(f"--plaintext is accepted for a loopback --cloud only, got {self.cloud}: give the "
+                             "adapter's CA (--tls-ca) or rely on the system's trust roots")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"--threads must be at least 1, got {self.threads}")
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
             raise ValueError("--ssl-certfile and --ssl-keyfile go together")
+        for name in ("ssl_certfile", "ssl_keyfile"):
+            path = getattr(self, name)
+            if path is not None and not Path(path).is_file():
+                raise ValueError(f"{_flag(name)}: no such file: {path}")
         if self.default_mode not in ("cloud", "edge"):
             raise ValueError(f"--default-mode is 'cloud' or 'edge', got {self.default_mode!r}")
 
@@ -115,6 +124,14 @@ class ServerSettings:
                 f"this device's private context; pass --api-key-file (or set ${API_KEY_ENV}), or keep the default "
                 "--host 127.0.0.1"
             )
+
+    def cleartext_warning(self) -> str | None:
+        """Beyond loopback without HTTPS, requests cross the network readable: say so (a TLS proxy in front may
+        be why; then the warning is moot)."""
+        if is_loopback(self.host) or self.ssl_certfile is not None:
+            return None
+        return (f"listening on {self.host} over plain HTTP: requests carry their private contexts and the API key "
+                "in clear across the network; give --ssl-certfile/--ssl-keyfile unless a TLS proxy fronts this")
 
 
 def _flag(name: str) -> str:

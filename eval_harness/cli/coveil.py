@@ -92,7 +92,7 @@ def explain(exc: BaseException) -> str | None:
         hint = _STATUS_HINTS.get(exc.code, "the cloud adapter ended the session")
         return f"{hint} ({exc.code}: {exc})"
     if isinstance(exc, FileNotFoundError):
-        return f"no such file: {exc.filename}"
+        return f"no such file: {exc.filename}" if exc.filename else str(exc)
     if isinstance(exc, OSError):
         return f"cannot use {exc.filename or 'a file'}: {exc.strerror or exc}"
     if isinstance(exc, ValueError):

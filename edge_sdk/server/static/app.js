@@ -59,13 +59,18 @@ function headers() {
   return h;
 }
 
-async function loadInfo() {
+function addSamples() {
   for (const sample of SAMPLES) {
     const option = document.createElement("option");
     option.value = sample.name;
     option.textContent = sample.name;
     $("sample").append(option);
   }
+}
+
+// the served model, its policies and defaults; run again once an API key is typed (a keyed endpoint refuses
+// /coveil/info without it)
+async function loadInfo() {
   try {
     const response = await fetch("/coveil/info", { headers: headers() });
     const info = await response.json();
@@ -73,6 +78,7 @@ async function loadInfo() {
     modelName = info.model;
     $("model-info").textContent =
       `model "${info.model}": ${info.edge_model} on this device; chat template: ${info.chat_template}`;
+    $("policy").replaceChildren();
     for (const name of info.policies) {
       const option = document.createElement("option");
       option.value = option.textContent = name;
@@ -229,4 +235,6 @@ $("policy").addEventListener("change", () => {
   $("params").value = $("policy").value === "coveil" ? "lam=1.0" : "";
 });
 $("ask").addEventListener("submit", ask);
+$("api-key").addEventListener("change", loadInfo);
+addSamples();
 loadInfo();
