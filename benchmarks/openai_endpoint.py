@@ -91,10 +91,11 @@ def main() -> None:
             stream = client.stream(prompts, mode=args.mode, policy=CoVeil(lam=1.0), max_new_tokens=args.tokens)
             first, pieces = None, []
             for piece in stream:
-                first = first or time.perf_counter()
+                if piece:  # as the endpoint's clock below: the first piece with text
+                    first = first or time.perf_counter()
                 pieces.append(piece)
             end = time.perf_counter()
-            return Timing(first - start, end - start, len(stream.token_ids), "".join(pieces))
+            return Timing((first or end) - start, end - start, len(stream.token_ids), "".join(pieces))
 
         with running(app) as base_url:
             api = OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=600)
@@ -115,7 +116,7 @@ def main() -> None:
                         first = first or time.perf_counter()
                         pieces.append(text)
                 end = time.perf_counter()
-                return Timing(first - start, end - start, steps, "".join(pieces)), queue_ms
+                return Timing((first or end) - start, end - start, steps, "".join(pieces)), queue_ms
 
             direct(items[-1])  # warm-up: model pages, the adapter's first session, the HTTP stack (the last
             request(items[-1])  # item, so the first timed generation does not follow its own prompt)
