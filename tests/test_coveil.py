@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -223,3 +225,21 @@ def test_the_finer_edge_certificate_accepts_a_tail_token_that_cannot_win() -> No
     assert not certify_fused_top_k(p_slm, ids, p_llm[ids], tail, 0.3, 2)  # the generic certificate refuses
     assert coveil_select_sparse(p_slm, lower, ids, tail, alpha=0.3, lam=2.0, k=2) == 0
     assert CoVeil(lam=2.0, k=2).decide_sparse("edge", p_slm, lower, ids, tail, alpha=0.3) == SyncedToken(0)
+
+
+@pytest.mark.parametrize(("params", "error"), [
+    ({"lam": True}, "coveil parameter lam must be a number, got True"),
+    ({"lam": "1"}, "coveil parameter lam must be a number, got '1'"),
+    ({"k": 1.5}, "coveil parameter k must be an integer, got 1.5"),
+    ({"k": False}, "coveil parameter k must be a number, got False"),
+])
+def test_a_parameter_of_the_wrong_type_is_refused_by_name(params: dict, error: str) -> None:
+    # JSON and command lines hand over bools, strings and fractions where a number or a pool size is meant
+    with pytest.raises(ValueError, match=re.escape(error)):
+        make_policy("coveil", **params)
+
+
+def test_a_whole_float_is_a_pool_size_and_an_int_a_weight() -> None:
+    policy = make_policy("coveil", lam=2, k=7.0)
+    assert (policy.lam, type(policy.lam), policy.k, type(policy.k)) == (2.0, float, 7, int)
+    assert make_policy("invisible_ink", top_k=None).top_k is None  # an optional field keeps None

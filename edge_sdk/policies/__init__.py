@@ -11,6 +11,7 @@ and the harness all share.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from edge_sdk.backends.base import SLMBackend
@@ -59,7 +60,33 @@ def make_policy(name: str, backend: SLMBackend | None = None, **params: Any) -> 
     (:meth:`Policy.from_backend`), e.g. CusText's embedding neighbours.
     """
     cls = policy_class(name)
+    params = {key: _typed(cls, key, value) for key, value in params.items()}
     return cls(**params) if backend is None else cls.from_backend(backend, **params)
+
+
+def _typed(cls: type[Policy], name: str, value: Any) -> Any:
+    """``value`` for the policy field ``name``, checked against its annotation (``ValueError`` otherwise).
+
+    Parameters arrive from JSON and command lines, where ``true`` or ``1.5`` can stand where an ``int`` is meant
+    and would otherwise slip through ``>=`` checks (``True >= 0``) or run as a fractional pool size: an ``int``
+    field takes an integer (``2.0`` as 2), a ``float`` field any real number; neither takes a bool or a string.
+    Fields of other types, and names the class does not have (its constructor refuses those), pass as they are.
+    """
+    kind = {field.name: field.type for field in dataclasses.fields(cls)}.get(name) if dataclasses.is_dataclass(
+        cls) else None
+    if isinstance(kind, str) and kind.endswith(" | None"):  # an optional field: None, or a value of its type
+        if value is None:
+            return None
+        kind = kind.removesuffix(" | None")
+    if kind not in ("int", "float", int, float):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{cls.name} parameter {name} must be a number, got {value!r}")
+    if kind in ("int", int):
+        if not float(value).is_integer():
+            raise ValueError(f"{cls.name} parameter {name} must be an integer, got {value!r}")
+        return int(value)
+    return float(value)
 
 
 for _cls in (Undefended, CoVeil, CoGenesis, DPLogit, DPFusion, CusText, LDPSampler, InvisibleInk):
