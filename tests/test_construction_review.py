@@ -7,9 +7,11 @@ the endpoint's page)."""
 from __future__ import annotations
 
 import csv
+import http.client
 import json
 import re
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -146,6 +148,17 @@ def test_the_page_api_refuses_what_it_must(build) -> None:  # noqa: ANN001
             "error": "spans must be a list of strings"}
         assert request(server.url + "api/items/no-such-item", body={"status": "rejected", "spans": []})[0] == 404
         assert request(url, body={"status": "rejected", "spans": []}, headers={"Content-Type": "text/plain"})[0] == 415
+        for length in ("abc", "-5"):  # not a byte count: refused, and the server goes on answering
+            parsed = urllib.parse.urlsplit(url)
+            connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
+            connection.putrequest("POST", parsed.path)
+            connection.putheader("Content-Type", "application/json")
+            connection.putheader("Content-Length", length)
+            connection.endheaders()
+            response = connection.getresponse()
+            assert (response.status, json.loads(response.read())) == (400, {
+                "error": "Content-Length is not a byte count"}), length
+            connection.close()
         # a page of another origin that resolved its name to this address (DNS rebinding) is not answered
         assert request(server.url + "api/items", headers={"Host": "attacker.example:80"})[0] == 403
         assert decisions(out) == []

@@ -94,7 +94,13 @@ class ReviewServer:
                 if self.headers.get("Content-Type", "").split(";")[0].strip() != "application/json":
                     self._json(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, {"error": "send the decision as application/json"})
                     return
-                length = int(self.headers.get("Content-Length") or 0)
+                try:
+                    length = int(self.headers.get("Content-Length") or 0)
+                except ValueError:
+                    length = -1
+                if length < 0:
+                    self._json(HTTPStatus.BAD_REQUEST, {"error": "Content-Length is not a byte count"})
+                    return
                 if length > MAX_BODY:
                     self._json(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": "decision too large"})
                     return
