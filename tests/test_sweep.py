@@ -147,3 +147,32 @@ def test_shard_files_merge_without_duplicates(tmp_path: Path) -> None:
     (tmp_path / "bad.jsonl").write_text("not json\n")
     with pytest.raises(ValueError, match="bad.jsonl:1"):
         list(read_rows([tmp_path / "bad.jsonl"]))
+
+
+def test_a_checkpoint_directory_has_a_digest_of_its_files_names_and_bytes(tmp_path: Path, monkeypatch) -> None:
+    import hashlib
+
+    from edge_sdk.models import ModelSource
+    from eval_harness.sweep.execute import model_digest
+
+    monkeypatch.setenv("COVEIL_CACHE_DIR", str(tmp_path / "cache"))
+    model = tmp_path / "model"
+    (model / "sub").mkdir(parents=True)
+    (model / "config.json").write_text('{"layers": 2}')
+    (model / "sub" / "model.safetensors").write_bytes(b"\x00weights")
+    (model / "README.md").write_text("not part of the model")
+    (model / ".cache").mkdir()
+    (model / ".cache" / "x.json").write_text("a download's bookkeeping")
+
+    def sha(data: bytes) -> str:
+        return hashlib.sha256(data).hexdigest()
+
+    # by hand: the sorted relative paths of the checkpoint files, each with its sha256
+    config, weights = sha(b'{"layers": 2}'), sha(b"\x00weights")
+    expected = sha(f"config.json\t{config}\nsub/model.safetensors\t{weights}\n".encode())
+    source = ModelSource(name="tiny", hf_name_or_dir=str(model))
+    assert model_digest(source) == expected
+    assert model_digest(source) == expected  # again, from the per-file cache
+    (model / "sub" / "model.safetensors").write_bytes(b"\x01weights")  # same size, new bytes and mtime
+    assert model_digest(source) not in (expected, None)
+    assert model_digest(ModelSource(name="absent", hf_name_or_dir="nobody/no-such-model-here")) is None

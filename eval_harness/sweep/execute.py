@@ -11,6 +11,8 @@ package version.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ import numpy as np
 
 from edge_sdk.client import GenerationResult
 from edge_sdk.leakage import ExposureTrace
+from edge_sdk.models import ModelSource
 from edge_sdk.policies import make_policy, policy_class
 from eval_harness.attacks.inversion import CloudObservation, InversionAttack, inversion_cell
 from eval_harness.datasets import DecodeLeakItem
@@ -47,6 +50,56 @@ def file_digest(path: str | Path | None) -> str | None:
         for block in iter(lambda: data.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+#: the files of a transformers checkpoint that decide its outputs: weights, configs, tokenizer
+CHECKPOINT_SUFFIXES = (".safetensors", ".bin", ".json", ".model", ".txt", ".tiktoken", ".gguf")
+
+
+def checkpoint_digest(directory: str | Path) -> str:
+    """sha256 of a transformers checkpoint directory: over the lines ``"<relative path>\t<file sha256>\n"`` of
+    its :data:`CHECKPOINT_SUFFIXES` files (hidden ones aside), in sorted path order.  Each file's digest is kept
+    in ``$COVEIL_CACHE_DIR/file-digests.json`` under its path, size and mtime, so a second run does not read a
+    70B model's weights again."""
+    root = Path(directory)
+    files = sorted(path for path in root.rglob("*") if path.is_file() and path.suffix in CHECKPOINT_SUFFIXES
+                   and not any(part.startswith(".") for part in path.relative_to(root).parts))
+    if not files:
+        raise ValueError(f"{root}: no checkpoint files ({', '.join(CHECKPOINT_SUFFIXES)})")
+    cache_path = Path(os.environ.get("COVEIL_CACHE_DIR", Path.home() / ".cache" / "coveil")).expanduser() / (
+        "file-digests.json")
+    try:
+        cache = json.loads(cache_path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    lines = []
+    for path in files:
+        stat = path.resolve().stat()
+        key = f"{path.resolve()}\t{stat.st_size}\t{stat.st_mtime_ns}"
+        if key not in cache:
+            cache[key] = file_digest(path)
+        lines.append(f"{path.relative_to(root).as_posix()}\t{cache[key]}\n")
+    cache_path.parent.mkdir(parents=True, exist_ok=True)
+    partial = cache_path.with_suffix(f".{os.getpid()}.tmp")
+    partial.write_text(json.dumps(cache))
+    partial.replace(cache_path)
+    return hashlib.sha256("".join(lines).encode()).hexdigest()
+
+
+def model_digest(source: ModelSource) -> str | None:
+    """The row's ``sha256`` of a model: of its GGUF file, of its checkpoint directory (:func:`checkpoint_digest`;
+    a hub name is looked up in the local cache), ``None`` only for a hub name that is not cached."""
+    if source.gguf_path is not None:
+        return file_digest(source.gguf_path)
+    location = Path(str(source.hf_name_or_dir)).expanduser()
+    if not location.is_dir():
+        from huggingface_hub import snapshot_download
+
+        try:
+            location = Path(snapshot_download(str(source.hf_name_or_dir), local_files_only=True))
+        except Exception:  # noqa: BLE001 - not in the local cache: the row says so with None
+            return None
+    return checkpoint_digest(location)
 
 
 def package_version() -> str:
@@ -177,8 +230,8 @@ class ReferenceSpec:
         vocab = Vocabulary(lambda text: slm.tokenize(text, add_bos=False), piece_reader(slm.tokenizer))
         metadata = {
             "models": {
-                "slm": {"name": slm.name, "sha256": file_digest(slm_source.gguf_path)},
-                "llm": {"name": llm.name, "sha256": file_digest(llm_source.gguf_path)},
+                "slm": {"name": slm.name, "sha256": model_digest(slm_source)},
+                "llm": {"name": llm.name, "sha256": model_digest(llm_source)},
             },
             "dtype": str(llm.dtype).removeprefix("torch."),
             "device": f"device_map={self.device_map}" if self.device_map else str(llm.device),
