@@ -1,4 +1,4 @@
-"""The command lines: ``coveil`` (the demo) and ``decodeleak`` (audits), one module each."""
+"""The command lines: ``coveil`` (the demo) and ``decodeleak`` (audits), a module per command."""
 
 from eval_harness.cli.coveil import main
 

@@ -143,9 +143,9 @@ def run(args: argparse.Namespace) -> int:
         "screen_prompt": {"name": screen.name, "sha256": screen.sha256},
         "extract_prompt": {"name": extract.name, "sha256": extract.sha256},
     }
-    from eval_harness.cli.decodeleak import _progress
+    from eval_harness.cli.shared import progress_bar
 
-    with _progress() as bars:
+    with progress_bar() as bars:
         tasks: dict[str, object] = {}
 
         def progress(stage: str, total: int):  # noqa: ANN202

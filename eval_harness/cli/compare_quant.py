@@ -19,13 +19,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from eval_harness.cli.shared import csv_list, progress_bar
 from eval_harness.compare.audit import POLICIES
 
 DEFAULT_VARIANTS = "Q8_0,Q4_K_M,Q3_K,Q2_K"
-
-
-def _csv(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
@@ -35,13 +32,14 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, metavar="FILE",
                         help="a JSON file of option defaults; flags given on the command line win")
-    parser.add_argument("--variants", type=_csv, default=_csv(DEFAULT_VARIANTS),
+    parser.add_argument("--variants", type=csv_list, default=csv_list(DEFAULT_VARIANTS),
                         help=f"llama.cpp quantisation types to derive from --slm (default: {DEFAULT_VARIANTS}; "
                              "Q3_K means Q3_K_M, as llama-quantize reads it)")
-    parser.add_argument("--tasks", type=_csv, default=["medpriv"], help="benchmarks or JSONL files (default: medpriv)")
+    parser.add_argument("--tasks", type=csv_list, default=["medpriv"],
+                        help="benchmarks or JSONL files (default: medpriv)")
     parser.add_argument("--limit", type=int, default=20, help="the first N items of each task (default: 20)")
-    parser.add_argument("--modes", type=_csv, default=["cloud", "edge"], help="fusion modes (default: cloud,edge)")
-    parser.add_argument("--policies", type=_csv, default=list(POLICIES),
+    parser.add_argument("--modes", type=csv_list, default=["cloud", "edge"], help="fusion modes (default: cloud,edge)")
+    parser.add_argument("--policies", type=csv_list, default=list(POLICIES),
                         help="end-to-end policies, among undefended,coveil (default: both; coveil is required: its "
                              "reference runs are the prefixes the step-by-step comparison follows)")
     parser.add_argument("--lam", type=float, default=1.0, help="CoVeil's privacy weight λ (default: 1)")
@@ -66,11 +64,8 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def execute(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Run the three passes with a progress bar, then write the table, the summary and the figure."""
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
-
     from edge_sdk.models import resolve_model
     from eval_harness.compare.audit import QuantAudit, QuantComparison
     from eval_harness.compare.quantize import cached_info, derive_variant
@@ -105,8 +100,7 @@ def execute(args: argparse.Namespace) -> int:
     with runner:
         comparison = QuantComparison(runner, vocab, metadata, protocol, items, audit, variants, args.out,
                                      seed=args.seed)
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      TextColumn("eta"), TimeRemainingColumn()) as progress:
+        with progress_bar() as progress:
             bar = progress.add_task("compare-quant: reference, end to end", total=comparison.total)
 
             def advance() -> None:

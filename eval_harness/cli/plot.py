@@ -1,0 +1,55 @@
+"""``decodeleak plot``: privacy-utility, leakage-vs-K and mechanism figures from result files; reads rows only."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:  # noqa: SLF001
+    """Register ``plot`` on the ``decodeleak`` subcommand table."""
+    plot = commands.add_parser("plot", help="privacy-utility, leakage-vs-K and mechanism figures from result files",
+                               description="Per fusion mode, PNG and PDF, undefended marked in each: "
+                                           "privacy_utility (accuracy against each leakage metric at K = 100, every "
+                                           "method as a curve over its swept parameter); leakage_vs_k (each metric "
+                                           "against K = 1..1000, one curve per setting of --policy); "
+                                           "leakage_vs_k_methods (each method at its setting nearest a matched "
+                                           "Token-ER@100); mechanism_cloud (zero-upload ratio and top-1 agreement "
+                                           "with full fusion against lambda); mechanism_edge (mean selected-token "
+                                           "rank under p_fuse and accuracy against lambda); rank_bins_edge (rank "
+                                           "bins of --policy and --against at matched Token-ER@100); inversion_tradeoff (accuracy "
+                                           "against the inversion's ROUGE-1 recall, per task, where rows carry "
+                                           "the attack).  A figure "
+                                           "whose rows are missing is skipped.")
+    plot.add_argument("results", nargs="+", type=Path, help="JSONL result files (shards are merged)")
+    plot.add_argument("--out", type=Path, default=Path("runs/decodeleak/plots"), help="where the figures go")
+    plot.add_argument("--rules", choices=["paper", "release"], default="paper", help="which metric rules to plot")
+    plot.add_argument("--policy", default="coveil",
+                      help="the method drawn per setting in leakage_vs_k and the mechanism figures (default: coveil)")
+    plot.add_argument("--against", default="invisible_ink",
+                      help="the method rank_bins_edge compares --policy with (default: invisible_ink)")
+    plot.add_argument("--match-token-er", type=float, metavar="PERCENT",
+                      help="leakage_vs_k_methods: draw each method at its setting nearest this Token-ER@100 "
+                           "(default: the median over --policy's settings)")
+    plot.add_argument("-v", "--verbose", action="store_true", help="show the full traceback of an error")
+    return plot
+
+
+def run(args: argparse.Namespace) -> int:
+    """``decodeleak plot``: reads rows only."""
+    from eval_harness.report import plots
+    from eval_harness.report.tables import result_rows
+    from eval_harness.sweep.store import read_rows
+
+    rows = result_rows(read_rows(args.results))
+    suffix = "" if args.rules == "paper" else ":release"
+    target = None if args.match_token_er is None else args.match_token_er / 100
+    paths = plots.privacy_utility(rows, args.out, suffix=suffix)
+    paths += plots.leakage_vs_k(rows, args.out, policy=args.policy, suffix=suffix)
+    paths += plots.leakage_vs_k_methods(rows, args.out, target=target, reference=args.policy, suffix=suffix)
+    paths += plots.mechanism_cloud(rows, args.out, policy=args.policy)
+    paths += plots.mechanism_edge(rows, args.out, policy=args.policy)
+    paths += plots.rank_bins(rows, args.out, policy=args.policy, against=args.against, suffix=suffix)
+    paths += plots.inversion_tradeoff(rows, args.out)
+    print("\n".join(str(p) for p in paths) or "no rows: nothing to plot")
+    return 0

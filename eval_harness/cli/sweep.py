@@ -1,0 +1,417 @@
+"""``decodeleak sweep`` and ``decodeleak run``: DecodeLeak audits over a dataset, appended to a JSONL store.
+
+``sweep`` decodes every setting of a grid config (default: the paper's grids), ``run`` one setting; both go
+through :func:`run`: the runner ``--runner`` names (reference: both models in transformers here; deployed: the
+llama.cpp edge over gRPC against a cloud adapter, audited from its transcripts), the optional inversion attack,
+and, for ``sweep --ray``, Ray tasks (:func:`sweep_on_ray`).  A re-run skips the rows already written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from pathlib import Path
+
+from cloud_adapter.cli import _positive_float, _positive_int
+from edge_sdk.policies import FUSION_MODES
+from eval_harness.cli.shared import csv_list, progress_bar
+
+#: ``--ray`` without an address: start a new local Ray instance (Ray's own name for it)
+LOCAL_RAY = "local"
+
+
+def _ray_address(text: str) -> str:
+    """A Ray address: ``auto``, ``ray://HOST:PORT`` or ``HOST:PORT`` (not a file: GRID goes before ``--ray``)."""
+    host, sep, port = text.rpartition(":")
+    if text in ("auto", LOCAL_RAY) or (sep and host and port.isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"a Ray address is auto, ray://HOST:PORT or HOST:PORT, got {text!r} "
+                                     "(a grid file goes before --ray)")
+
+
+def _param(text: str) -> tuple[str, float | int]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"a parameter is NAME=VALUE, got {text!r}")
+    number = float(value)
+    return name, int(number) if number.is_integer() and "." not in value else number
+
+
+def _inversion(text: str) -> str:
+    if text in ("none", "local") or text.startswith(("http://", "https://")):
+        return text
+    raise argparse.ArgumentTypeError(f"--inversion takes none, local or an http(s) URL, got {text!r}")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:  # noqa: SLF001
+    """Register ``sweep`` and ``run`` on the ``decodeleak`` subcommand table."""
+    sweep = commands.add_parser("sweep", help="a grid of settings over a dataset",
+                                description="Run every setting of a grid config (default: the paper's grids).")
+    sweep.add_argument("grid", nargs="?", type=Path, metavar="GRID",
+                       help="a grid config JSON (default: the paper's grids, eval_harness/configs/paper_grids.json)")
+    sweep.add_argument("--modes", type=csv_list, default=list(FUSION_MODES), help="fusion modes (default: cloud,edge)")
+    sweep.add_argument("--policies", type=csv_list, help="only these policies (default: all in the config)")
+    _common(sweep)
+    _ray_flags(sweep)
+    run = commands.add_parser("run", help="one setting over a dataset",
+                              description="One setting (mode, policy, parameters, alpha) over a dataset.")
+    run.add_argument("--mode", choices=FUSION_MODES, required=True, help="fusion mode")
+    run.add_argument("--policy", required=True, help="a registered policy name")
+    run.add_argument("--param", type=_param, action="append", default=[], metavar="NAME=VALUE",
+                     help="a policy parameter, e.g. --param lam=1 (repeatable)")
+    run.add_argument("--alpha", type=float, default=0.3, help="the cloud LLM's fusion weight (default: 0.3)")
+    _common(run)
+
+
+def _ray_flags(sweep: argparse.ArgumentParser) -> None:
+    """``sweep``'s Ray group: the cluster, the shard count and each task's resources."""
+    cluster = sweep.add_argument_group(
+        "Ray", "run the sweep as Ray tasks, one per shard; rows come back into the one --out file on this machine")
+    cluster.add_argument("--ray", nargs="?", const=LOCAL_RAY, type=_ray_address, metavar="ADDRESS",
+                         help="a Ray cluster: ray://HOST:10001 (Ray Client), HOST:6379, or 'auto' (the cluster "
+                              "'ray start' made on this node, or $RAY_ADDRESS); --ray alone starts a new local "
+                              "instance")
+    cluster.add_argument("--ray-shards", type=_positive_int, metavar="N",
+                         help="tasks to cut the pending pairs into (default: as many as the cluster runs at once "
+                              "with the resources below)")
+    cluster.add_argument("--ray-cpus-per-task", type=_positive_float, default=1.0, metavar="N",
+                         help="CPUs each task asks for; torch uses that many threads (default: 1)")
+    cluster.add_argument("--ray-gpus-per-task", type=float, default=0.0, metavar="N",
+                         help="GPUs each task asks for (default: 0); with --device cuda or --device-map auto")
+
+
+def _inversion_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "inversion attack", "DecodeLeak's second stage: after an item is decoded, an attacker LLM reconstructs its "
+        "private context from the public prompt and the exposure sequence (nothing else), scored by ROUGE-1 "
+        "recall/F1 into the row's 'inversion' field. A re-run skips rows already written, with or without it.")
+    group.add_argument("--inversion", type=_inversion, default="none", metavar="none|local|URL",
+                       help="none (default); local: the run's cloud LLM (as the paper), batched; or an "
+                            "OpenAI-compatible endpoint, e.g. http://127.0.0.1:8080/v1")
+    group.add_argument("--inversion-model", metavar="NAME", help="the model name the endpoint serves (with a URL)")
+    group.add_argument("--inversion-key-env", default="OPENAI_API_KEY", metavar="VAR",
+                       help="the environment variable holding the endpoint's key (default: OPENAI_API_KEY)")
+    group.add_argument("--inversion-k", type=_positive, default=100, metavar="K",
+                       help="top-K ids of each step shown to the attacker (default: 100, the paper's)")
+    group.add_argument("--inversion-max-tokens", type=_positive, default=256, metavar="N",
+                       help="the most tokens one reconstruction may take (default: 256)")
+    group.add_argument("--inversion-batch", type=_positive, default=8, metavar="N",
+                       help="local: observations per batched generate call; URL: requests in flight (default: 8)")
+    group.add_argument("--inversion-cache", type=Path, metavar="DIR",
+                       help="where endpoint calls are cached (default: $COVEIL_CACHE_DIR/llm-calls)")
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, metavar="FILE",
+                        help="a JSON file of option defaults ({\"limit\": 20, \"tasks\": \"medpriv,commpriv\"}); "
+                             "flags given on the command line win")
+    parser.add_argument("--tasks", type=csv_list, default=["medpriv"],
+                        help="benchmarks or JSONL files (default: medpriv)")
+    parser.add_argument("--limit", type=_positive, help="the first N items of each task")
+    parser.add_argument("--out", type=Path, default=Path("runs/decodeleak/results.jsonl"),
+                        help="the JSONL results file (appended to; pairs already in it are skipped)")
+    parser.add_argument("--shard", default="1/1", help="run only shard i of N (e.g. 2/8), into its own --out")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the randomised policies' per-item generators")
+    parser.add_argument("--concurrency", type=_positive, default=8,
+                        help="items decoded at once (reference: each model's batch; deployed: llama.cpp "
+                             "instances, one EdgeClient each)")
+    parser.add_argument("--max-new-tokens", type=_positive, default=256, help="tokens per answer (the paper: 256)")
+    parser.add_argument("--slm", default="embedded", help="the edge model: 'embedded', a GGUF or a transformers dir")
+    parser.add_argument("--llm", default="embedded", help="the cloud model (same family as --slm)")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
+                        help="both models' dtype (auto: bf16 where the hardware has native kernels)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N for both models (ignored with "
+                                                         "--device-map)")
+    parser.add_argument("--device-map", metavar="MAP",
+                        help="accelerate device map for both models, e.g. 'auto' to spread a large model over every "
+                             "visible GPU (layers split across them, one copy)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show the full traceback of an error")
+    _deployed_flags(parser)
+    _inversion_options(parser)
+
+
+def _deployed_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runner", choices=["reference", "deployed"], default="reference",
+                        help="reference: both models in transformers, in this process (default); deployed: the edge "
+                             "GGUF (--slm) in llama.cpp through the SDK's gRPC client against a cloud adapter, "
+                             "audited from the adapter's transcripts")
+    group = parser.add_argument_group(
+        "deployed runner (--runner deployed)",
+        "Without --cloud an adapter over --llm is started on loopback in this process, its transcripts written "
+        "to --transcripts (default: OUT's name + '.transcripts/'). With --cloud the audit reads the remote "
+        "adapter's transcripts from --transcripts (its --transcript-dir, or a copy synced from it); without "
+        "--transcripts it runs anyway, resting on the edge's ledger alone (what left the device, by the same "
+        "rule the adapter records), says so once, and every row's audit.exposure_source is 'edge ledger'.")
+    group.add_argument("--cloud", metavar="HOST:PORT", help="a running cloud adapter to audit (default: start one)")
+    group.add_argument("--token-file", type=Path, metavar="FILE", help="bearer token for --cloud")
+    group.add_argument("--tls-ca", type=Path, metavar="PEM",
+                       help="CA certificate of a TLS --cloud (default: the system's trust roots)")
+    group.add_argument("--plaintext", action="store_true", help="no TLS to --cloud (a loopback address only)")
+    group.add_argument("--transcripts", type=Path, metavar="DIR", help="where the adapter's transcripts are")
+    group.add_argument("--transcript-wait", type=float, default=30.0, metavar="SECONDS",
+                       help="how long to wait for an item's transcript to appear before auditing it from the "
+                            "ledger (default: 30)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``decodeleak sweep`` and ``decodeleak run``: decode the settings over the tasks' items into ``--out``."""
+    from eval_harness.datasets import load_task
+    from eval_harness.protocol import DecodingProtocol
+    from eval_harness.sweep.grid import Setting, expand, load_grids, parse_shard
+    from eval_harness.sweep.store import ResultStore
+
+    shard_of = parse_shard(args.shard)
+    if args.inversion.startswith("http") and not args.inversion_model:
+        raise ValueError("--inversion URL needs --inversion-model NAME (the model the endpoint serves)")
+    if args.command == "sweep":
+        settings = expand(load_grids(args.grid), args.tasks, modes=args.modes, policies=args.policies)
+    else:
+        settings = [Setting(task, args.mode, args.policy, dict(args.param), args.alpha) for task in args.tasks]
+    items = {task: load_task(task, args.limit) for task in args.tasks}
+    # the rows' protocol records the fusion weight the settings decode with (one per grid config or run)
+    protocol = DecodingProtocol(max_new_tokens=args.max_new_tokens,
+                                alpha=settings[0].alpha if settings else DecodingProtocol.alpha)
+    if getattr(args, "ray", None) is not None:
+        return sweep_on_ray(args, settings, items, protocol, shard_of)
+    runner, vocab, metadata = _runner(args, protocol)
+    total = sum(len(items[s.task]) for s in settings)
+    audits: Counter[str] = Counter()
+
+    def finished(row: dict) -> None:
+        progress.advance(bar)
+        audit = row.get("audit")
+        if audit is not None:
+            audits[audit["exposure_source"] if audit.get("ledger_agrees", True) else "disagreeing"] += 1
+
+    with runner, ResultStore(args.out) as store, progress_bar() as progress:
+        store.check_run(metadata)  # before any decoding: a file holds one run
+        bar = progress.add_task(f"decodeleak {args.command} (shard {args.shard})", total=total)
+        from eval_harness.sweep.execute import run_sweep
+
+        outcome = run_sweep(settings, items, runner, store, protocol=protocol, vocab=vocab, metadata=metadata,
+                            seed=args.seed, shard_of=shard_of, on_row=finished,
+                            inversion=_attacker(args, runner))
+        progress.update(bar, total=outcome.pending, completed=outcome.written)
+    print(f"{outcome.written} rows written to {args.out}; {outcome.skipped} already there; "
+          f"{len(settings)} settings x {', '.join(f'{len(v)} {k}' for k, v in items.items())} items "
+          f"(shard {args.shard})" + ("" if args.inversion == "none" else f"; inversion by {args.inversion}"))
+    if audits:
+        print(audit_summary(audits))
+    return 0
+
+
+def audit_summary(audits: Counter[str]) -> str:
+    """One line: how many rows' exposure came from the cloud's transcripts, and whether the edge's ledger agreed."""
+    from eval_harness.runners.audit import FROM_LEDGER, FROM_TRANSCRIPT
+
+    agreeing, disagreeing, ledger = audits[FROM_TRANSCRIPT], audits["disagreeing"], audits[FROM_LEDGER]
+    line = f"audit: {agreeing + disagreeing} rows from the cloud's transcripts"
+    line += (f", {disagreeing} of them DISAGREE with the edge's ledger (see the rows' audit.first_disagreement)"
+             if disagreeing else " (each agrees with the edge's ledger)")
+    if ledger:
+        line += f"; {ledger} from the edge's ledger alone (no transcript: see the rows' audit.reason)"
+    return line
+
+
+def _runner(args: argparse.Namespace, protocol):  # noqa: ANN001, ANN202
+    """The runner ``--runner`` names, the vocabulary the metrics read, and the metadata every row carries."""
+    if args.runner == "deployed":
+        return _deployed(args, protocol)
+    deployed_only = [flag for flag, value in (("--cloud", args.cloud), ("--token-file", args.token_file),
+                                              ("--tls-ca", args.tls_ca), ("--plaintext", args.plaintext),
+                                              ("--transcripts", args.transcripts)) if value]
+    if deployed_only:
+        raise ValueError(f"{', '.join(deployed_only)}: only for --runner deployed (the reference runner keeps "
+                         "both models in this process)")
+    return _reference(args, protocol)
+
+
+def _spec(args: argparse.Namespace):  # noqa: ANN202
+    """What the reference runner loads, from the command line (the Ray path sends it to each worker)."""
+    from eval_harness.sweep.execute import ReferenceSpec
+
+    return ReferenceSpec(slm=args.slm, llm=args.llm, dtype=args.dtype, device=args.device,
+                         device_map=args.device_map, concurrency=args.concurrency)
+
+
+def _attacker(args: argparse.Namespace, runner):  # noqa: ANN001, ANN202
+    """The inversion attacker the options ask for (``None`` for ``--inversion none``)."""
+    from edge_sdk.leakage import piece_reader
+    from eval_harness.attacks.inversion import EndpointInversion, TransformersInversion
+
+    if args.inversion == "none":
+        return None
+    if args.inversion == "local" and args.runner != "reference":
+        raise ValueError("--inversion local asks the cloud model in this process: use --runner reference, or give "
+                         "an OpenAI-compatible endpoint URL serving the attacker")
+    # the shared vocabulary the exposure ids are in
+    piece = piece_reader(runner.llm.tokenizer if args.runner == "reference" else runner.policy_backend)
+    if args.inversion == "local":
+        return TransformersInversion(runner.llm, piece, k=args.inversion_k, max_new_tokens=args.inversion_max_tokens,
+                                     batch_size=args.inversion_batch)
+    from eval_harness.llm.client import ChatClient
+
+    client = ChatClient(args.inversion, args.inversion_model, api_key_env=args.inversion_key_env,
+                        cache_dir=args.inversion_cache if args.inversion_cache is not None else "default")
+    return EndpointInversion(client, piece, k=args.inversion_k, max_new_tokens=args.inversion_max_tokens,
+                             parallel=args.inversion_batch)
+
+
+def _reference(args: argparse.Namespace, protocol):  # noqa: ANN001, ANN202
+    """The reference runner, the vocabulary the metrics read, and the metadata every row carries."""
+    return _spec(args).build(protocol, seed=args.seed)
+
+
+def _deployed(args: argparse.Namespace, protocol):  # noqa: ANN001, ANN202
+    """The deployed runner (over a local adapter or ``--cloud``), the vocabulary and the rows' metadata."""
+    import threading
+
+    from edge_sdk.client import Credentials, is_loopback
+    from edge_sdk.models import resolve_model
+    from eval_harness.metrics import Vocabulary
+    from eval_harness.runners.deployed import DeployedRunner
+    from eval_harness.sweep.execute import SEED_POLICY, file_digest, package_version
+
+    slm_source = resolve_model(args.slm)
+    if slm_source.gguf_path is None or slm_source.hf_name_or_dir is not None:
+        raise ValueError(f"the deployed runner runs the edge in llama.cpp: --slm must be 'embedded' or a .gguf "
+                         f"file, got {args.slm!r}")
+    if args.transcript_wait < 0:
+        raise ValueError(f"--transcript-wait must be non-negative, got {args.transcript_wait}")
+    remote_flags = [flag for flag, value in (("--token-file", args.token_file), ("--tls-ca", args.tls_ca),
+                                             ("--plaintext", args.plaintext)) if value]
+    common = {"edge_model": slm_source, "concurrency": args.concurrency, "transcript_wait_s": args.transcript_wait}
+    if args.cloud is None:
+        if remote_flags:
+            raise ValueError(f"{', '.join(remote_flags)}: only for a remote adapter (--cloud); the local one "
+                             "brings its own token and listens on loopback")
+        runner, llm_model = _local_deployed(args, slm_source, common)
+        adapter = {"address": runner.address, "started_by": "decodeleak (in-process, loopback)",
+                   "exposure_k": runner.local_adapter.engine.exposure_k}
+        dtype = str(runner.local_adapter.llm.dtype).removeprefix("torch.")
+    else:
+        if args.llm != "embedded":
+            raise ValueError("--llm names the model of a local adapter; a remote adapter (--cloud) serves its own "
+                             "(each row records the model it reported: audit.cloud_model)")
+        if args.plaintext and not is_loopback(args.cloud):
+            raise ValueError(f"refusing --plaintext to {args.cloud}: it is not a loopback address; give the "
+                             "adapter's CA (--tls-ca) or rely on the system's trust roots")
+        if args.transcripts is None:
+            print(f"decodeleak {args.command}: no --transcripts for the adapter at {args.cloud}: the audit rests on "
+                  "the edge's ledger alone (rows say audit.exposure_source = 'edge ledger')", file=sys.stderr)
+        credentials = Credentials.from_files(token_file=args.token_file, root_cert=args.tls_ca,
+                                             plaintext=args.plaintext)
+        runner = DeployedRunner(args.cloud, credentials=credentials, transcripts=args.transcripts, **common)
+        llm_model = {"name": None, "sha256": None,
+                     "note": "a remote adapter's model: each row's audit.cloud_model, as the adapter reported it"}
+        adapter = {"address": args.cloud, "started_by": "its operator", "tls": not args.plaintext,
+                   "exposure_k": None}
+        dtype = None
+    adapter["transcripts"] = str(runner.transcripts) if runner.transcripts is not None else None
+    edge = runner.policy_backend
+    tokenizer_lock = threading.Lock()  # result rows are built in several item threads at once
+
+    def tokenize(text: str) -> list[int]:
+        with tokenizer_lock:
+            return edge.tokenize(text, add_bos=False)
+
+    vocab = Vocabulary(tokenize, Vocabulary.from_slm(edge).piece)
+    metadata = {
+        "models": {"slm": {"name": edge.name, "sha256": file_digest(slm_source.gguf_path)}, "llm": llm_model},
+        "dtype": dtype,
+        "backend": "deployed",
+        "edge": {"runtime": "llama.cpp", "instances": args.concurrency},
+        "adapter": adapter,
+        "protocol": protocol.describe(),
+        "seed": args.seed,
+        "seed_policy": SEED_POLICY,
+        "version": package_version(),
+    }
+    return runner, vocab, metadata
+
+
+def _local_deployed(args: argparse.Namespace, slm_source, common: dict):  # noqa: ANN001, ANN202
+    """A deployed runner over an adapter of its own on loopback, and the cloud model's row entry.
+
+    Both halves share this machine's cores: the cloud's torch threads and the edge's llama.cpp threads
+    each get their share (:func:`cloud_adapter.local.split_cores`), since oversubscribed cores make both
+    spin against each other.
+    """
+    import torch
+
+    from cloud_adapter.llm import TransformersLLM
+    from cloud_adapter.local import split_cores
+    from edge_sdk.models import resolve_model
+    from eval_harness.runners.deployed import DeployedRunner
+    from eval_harness.sweep.execute import file_digest
+
+    edge_threads, cloud_threads = split_cores()
+    torch.set_num_threads(cloud_threads)
+    llm_source = resolve_model(args.llm)
+    llm = TransformersLLM(llm_source, dtype=args.dtype)
+    transcripts = args.transcripts or args.out.with_name(args.out.stem + ".transcripts")
+    runner = DeployedRunner.with_local_adapter(llm, transcripts, edge_threads=edge_threads, **common)
+    return runner, {"name": llm.name, "sha256": file_digest(llm_source.gguf_path)}
+
+
+def sweep_on_ray(args: argparse.Namespace, settings, items, protocol, shard_of) -> int:  # noqa: ANN001
+    """``decodeleak sweep --ray``: the pending pairs as Ray tasks, rows gathered into ``--out`` here.
+
+    This process loads no model: each task builds its runner on its worker.
+    """
+    from rich.markup import escape
+
+    from eval_harness.sweep import ray as on_ray
+    from eval_harness.sweep.store import ResultStore
+
+    try:
+        ray = on_ray.require_ray()
+    except ImportError as exc:
+        print(f"decodeleak sweep: {exc}", file=sys.stderr)
+        return 1
+    if args.runner != "reference":
+        raise ValueError("--ray runs the reference runner on the cluster's workers; audit a deployment with "
+                         "--runner deployed without --ray (or --shard i/N by hand)")
+    if args.inversion != "none":
+        raise ValueError("--ray runs no inversion attack (its tasks decode only): attack in a plain sweep, or "
+                         "--shard i/N by hand, with --inversion")
+    if args.ray_gpus_per_task > 0 and args.device == "cpu" and args.device_map is None:
+        raise ValueError("--ray-gpus-per-task needs --device cuda or --device-map auto, or the models stay on the CPU")
+    started = on_ray.connect(args.ray)
+    try:
+        with ResultStore(args.out) as store:
+            count = args.ray_shards or on_ray.default_shard_count(args.ray_cpus_per_task, args.ray_gpus_per_task)
+            plan = on_ray.plan_shards(settings, items, store, count=count, shard_of=shard_of)
+            shards = len(plan.shards)
+            with progress_bar() as progress:
+                bar = progress.add_task(f"decodeleak sweep on Ray ({shards} shards)", total=len(plan.pending))
+                try:
+                    outcome = on_ray.run_on_ray(
+                        plan, items, store, spec=_spec(args), protocol=protocol, seed=args.seed,
+                        cpus_per_task=args.ray_cpus_per_task, gpus_per_task=args.ray_gpus_per_task,
+                        on_row=lambda row: progress.advance(bar),
+                        on_failure=lambda index, reason: progress.console.print(
+                            f"[red]shard {index + 1}/{shards} failed[/red]: {escape(reason)}"),
+                    )
+                except on_ray.ShardsFailed as exc:
+                    if args.verbose:
+                        raise
+                    print(f"decodeleak sweep: {exc}; {exc.written} rows written to {args.out}, "
+                          "a re-run resumes", file=sys.stderr)
+                    return 1
+    finally:
+        if started:
+            ray.shutdown()
+    dropped = f" ({outcome.duplicates} rows of retried tasks arrived twice, kept once)" if outcome.duplicates else ""
+    print(f"{outcome.written} rows written to {args.out} by {shards} Ray tasks; {plan.skipped} already there; "
+          f"{len(settings)} settings x {', '.join(f'{len(v)} {k}' for k, v in items.items())} items "
+          f"(shard {args.shard}){dropped}")
+    return 0
