@@ -278,7 +278,7 @@ def _deployed(args: argparse.Namespace, protocol):  # noqa: ANN001, ANN202
     from edge_sdk.models import resolve_model
     from eval_harness.metrics import Vocabulary
     from eval_harness.runners.deployed import DeployedRunner
-    from eval_harness.sweep.execute import SEED_POLICY, file_digest, package_version
+    from eval_harness.sweep.execute import SEED_POLICY, model_digest, package_version
 
     slm_source = resolve_model(args.slm)
     if slm_source.gguf_path is None or slm_source.hf_name_or_dir is not None:
@@ -325,7 +325,7 @@ def _deployed(args: argparse.Namespace, protocol):  # noqa: ANN001, ANN202
 
     vocab = Vocabulary(tokenize, Vocabulary.from_slm(edge).piece)
     metadata = {
-        "models": {"slm": {"name": edge.name, "sha256": file_digest(slm_source.gguf_path)}, "llm": llm_model},
+        "models": {"slm": {"name": edge.name, "sha256": model_digest(slm_source)}, "llm": llm_model},
         "dtype": dtype,
         "backend": "deployed",
         "edge": {"runtime": "llama.cpp", "instances": args.concurrency},
@@ -351,7 +351,7 @@ def _local_deployed(args: argparse.Namespace, slm_source, common: dict):  # noqa
     from cloud_adapter.local import split_cores
     from edge_sdk.models import resolve_model
     from eval_harness.runners.deployed import DeployedRunner
-    from eval_harness.sweep.execute import file_digest
+    from eval_harness.sweep.execute import model_digest
 
     edge_threads, cloud_threads = split_cores()
     torch.set_num_threads(cloud_threads)
@@ -359,7 +359,7 @@ def _local_deployed(args: argparse.Namespace, slm_source, common: dict):  # noqa
     llm = TransformersLLM(llm_source, dtype=args.dtype)
     transcripts = args.transcripts or args.out.with_name(args.out.stem + ".transcripts")
     runner = DeployedRunner.with_local_adapter(llm, transcripts, edge_threads=edge_threads, **common)
-    return runner, {"name": llm.name, "sha256": file_digest(llm_source.gguf_path)}
+    return runner, {"name": llm.name, "sha256": model_digest(llm_source)}
 
 
 def sweep_on_ray(args: argparse.Namespace, settings, items, protocol, shard_of) -> int:  # noqa: ANN001
