@@ -11,8 +11,13 @@ through the SDK's gRPC client, against a cloud adapter started on loopback or
 a remote one (``--cloud HOST:PORT``), the exposure read from the adapter's
 transcripts (``--transcripts DIR``) and checked against the edge's ledger.
 
-``decodeleak compare-quant`` checks a quantised edge model against its full-precision reference
-(:mod:`eval_harness.cli.compare_quant`).
+``decodeleak report`` makes the paper's tables (Markdown, CSV) from result
+files, ``decodeleak plot`` its figures (PNG, PDF).  ``decodeleak
+compare-quant`` checks a quantised edge model against its full-precision
+reference.  ``decodeleak build-benchmark``, ``review`` and ``finalize`` make
+a benchmark of this kind from your own QA data with an LLM judge and a person
+in the loop.  ``--config FILE`` (sweep, run, compare-quant and the benchmark
+commands) gives option defaults as JSON; flags on the command line win.
 """
 
 from __future__ import annotations
