@@ -113,6 +113,27 @@ def test_the_store_holds_one_run_and_refuses_a_rerun_of_another(tmp_path: Path) 
     assert [row["key"] for row in read_rows([path])] == ["a", "b"]
 
 
+def test_the_store_resumes_rows_written_before_a_run_field_was_recorded(tmp_path: Path) -> None:
+    """Rows from before a checkpoint had a digest (sha256 null) or before the protocol gained a field are the
+    same run as a re-run that records them: it resumes; a recorded value that differs is still refused."""
+    old = {"models": {"slm": {"name": "edge", "sha256": None}}, "dtype": "float32", "backend": "reference",
+           "protocol": {"max_new_tokens": 8}, "seed": 0}
+    path = tmp_path / "results.jsonl"
+    path.write_text(json.dumps({"key": "a", **old}) + "\n")
+    now = {**old, "models": {"slm": {"name": "edge", "sha256": "ab"}},
+           "protocol": {"max_new_tokens": 8, "alpha": 0.3}}
+    with ResultStore(path) as store:
+        store.check_run(now)
+        store.append({"key": "b", **now})
+        with pytest.raises(ValueError, match=r"models.slm.sha256 \"cd\" here, \"ab\" in the file"):
+            store.check_run({**now, "models": {"slm": {"name": "edge", "sha256": "cd"}}})
+        with pytest.raises(ValueError, match=r"models.slm.name \"other\" here, \"edge\" in the file"):
+            store.check_run({**now, "models": {"slm": {"name": "other", "sha256": "ab"}}})
+        with pytest.raises(ValueError, match=r"protocol.max_new_tokens 9 here, 8 in the file"):
+            store.check_run({**now, "protocol": {"max_new_tokens": 9, "alpha": 0.3}})
+    assert [row["key"] for row in read_rows([path])] == ["a", "b"]
+
+
 def test_rows_written_before_a_kill_are_kept(tmp_path: Path) -> None:
     """A writer killed with SIGKILL mid-run loses nothing it had finished; a re-run skips those keys."""
     path = tmp_path / "results.jsonl"

@@ -9,7 +9,8 @@ already present and skips them.
 
 A row's key names its setting and item only, so a file holds one *run*: the
 row fields in :data:`RUN_FIELDS` (models and their digests, dtype, backend,
-protocol, seed) must agree across it.  A store refuses a row, or a re-run's
+protocol, seed) must agree across it, except where older rows left a field
+unrecorded (null or absent: it matches any value).  A store refuses a row, or a re-run's
 metadata (:meth:`ResultStore.check_run`), from another run: otherwise a
 re-run with another ``--max-new-tokens`` or model would skip every pair as
 done and leave rows of two runs in one file.
@@ -33,14 +34,25 @@ def run_identity(row: Mapping[str, Any]) -> str:
     return json.dumps({name: row.get(name) for name in RUN_FIELDS}, sort_keys=True, separators=(",", ":"))
 
 
+def _compatible(found: Any, wanted: Any) -> bool:
+    """Whether a run recorded as ``found`` in the file is the run ``wanted``: equal, except that what the file
+    left unrecorded (``null`` or absent: rows written before the field was recorded, e.g. a checkpoint's
+    ``sha256`` before it had a digest, or a protocol field added since) matches anything."""
+    if found is None:
+        return True
+    if isinstance(found, dict) and isinstance(wanted, dict):
+        return all(_compatible(value, wanted.get(name)) for name, value in found.items())
+    return found == wanted
+
+
 def _run_difference(found: str, wanted: str) -> str:
-    """``protocol.max_new_tokens 256 here, 8 in the file``: the first differing entry of :data:`RUN_FIELDS`,
-    followed into nested objects down to the first differing leaf."""
+    """``protocol.max_new_tokens 256 here, 8 in the file``: the first incompatible entry of :data:`RUN_FIELDS`
+    (:func:`_compatible`), followed into nested objects down to the first incompatible leaf."""
     old, new = json.loads(found), json.loads(wanted)
     path = []
     while isinstance(old, dict) and isinstance(new, dict):
         name = next(n for n in (RUN_FIELDS if not path else sorted(old.keys() | new.keys()))
-                    if old.get(n) != new.get(n))
+                    if not _compatible(old.get(n), new.get(n)))
         path.append(name)
         old, new = old.get(name), new.get(name)
     return f"{'.'.join(path)} {json.dumps(new)} here, {json.dumps(old)} in the file"
@@ -95,9 +107,10 @@ class ResultStore:
     def check_run(self, metadata: Mapping[str, Any]) -> None:
         """Refuse (``ValueError``) to add rows of the run ``metadata`` describes to a file of another run."""
         wanted = run_identity(metadata)
-        if self._runs and wanted not in self._runs:
-            raise ValueError(f"{self.path} holds rows of another run ({_run_difference(min(self._runs), wanted)}); "
-                             "give this run its own --out")
+        for found in sorted(self._runs):
+            if not _compatible(json.loads(found), json.loads(wanted)):
+                raise ValueError(f"{self.path} holds rows of another run ({_run_difference(found, wanted)}); "
+                                 "give this run its own --out")
 
     def __contains__(self, key: object) -> bool:
         return key in self._keys
