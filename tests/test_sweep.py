@@ -197,3 +197,8 @@ def test_a_checkpoint_directory_has_a_digest_of_its_files_names_and_bytes(tmp_pa
     (model / "sub" / "model.safetensors").write_bytes(b"\x01weights")  # same size, new bytes and mtime
     assert model_digest(source) not in (expected, None)
     assert model_digest(ModelSource(name="absent", hf_name_or_dir="nobody/no-such-model-here")) is None
+    (model / "sub" / "model.safetensors").write_bytes(b"\x00weights")
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the cache directory would go")
+    monkeypatch.setenv("COVEIL_CACHE_DIR", str(blocked))  # the cache cannot be written: the digest still is
+    assert model_digest(source) == expected

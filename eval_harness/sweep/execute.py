@@ -72,6 +72,8 @@ def checkpoint_digest(directory: str | Path) -> str:
         cache = json.loads(cache_path.read_text())
     except (OSError, ValueError):
         cache = {}
+    if not isinstance(cache, dict):
+        cache = {}
     lines = []
     for path in files:
         stat = path.resolve().stat()
@@ -79,10 +81,13 @@ def checkpoint_digest(directory: str | Path) -> str:
         if key not in cache:
             cache[key] = file_digest(path)
         lines.append(f"{path.relative_to(root).as_posix()}\t{cache[key]}\n")
-    cache_path.parent.mkdir(parents=True, exist_ok=True)
-    partial = cache_path.with_suffix(f".{os.getpid()}.tmp")
-    partial.write_text(json.dumps(cache))
-    partial.replace(cache_path)
+    try:
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+        partial = cache_path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps(cache))
+        partial.replace(cache_path)
+    except OSError:  # an unwritable cache (a read-only home) costs the next run a re-read, not this run
+        pass
     return hashlib.sha256("".join(lines).encode()).hexdigest()
 
 
