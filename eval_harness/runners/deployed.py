@@ -25,8 +25,8 @@ from __future__ import annotations
 import os
 import queue
 import secrets
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +34,7 @@ from edge_sdk.backends.llama_cpp import LlamaCppSLM
 from edge_sdk.client import Credentials, EdgeClient, GenerationResult
 from edge_sdk.models import ModelSource
 from eval_harness.runners.audit import AuditedResult, audit_generation
-from eval_harness.runners.reference import ItemRun
+from eval_harness.runners.reference import ItemRunner
 
 if TYPE_CHECKING:
     from cloud_adapter.llm import TransformersLLM
@@ -88,12 +88,13 @@ class LocalAdapter:
         self.close()
 
 
-class DeployedRunner:
+class DeployedRunner(ItemRunner):
     """Items through the deployed stack, each result audited against the cloud's transcript.
 
-    Same :meth:`run` as :class:`~eval_harness.runners.reference.ReferenceRunner`, so
+    The :class:`~eval_harness.runners.reference.ItemRunner` loop, as the reference runner's, so
     :func:`~eval_harness.sweep.execute.run_sweep` drives either; results are
-    :class:`~eval_harness.runners.audit.AuditedResult`.
+    :class:`~eval_harness.runners.audit.AuditedResult`.  Per-step mechanism statistics are not measured
+    (:meth:`mechanism` is ``None``): full-fusion decisions need both models' full rows in one process.
 
     Args:
         cloud: a :class:`LocalAdapter`, or ``"host:port"`` of a running adapter.
@@ -165,38 +166,18 @@ class DeployedRunner:
         """The edge model as a backend, for policies that build themselves from it (CusText's embeddings)."""
         return self._slms[0]
 
-    def run(
-        self,
-        runs: Sequence[ItemRun],
-        *,
-        mode: str,
-        alpha: float,
-        max_new_tokens: int,
-        on_result: Callable[[ItemRun, GenerationResult], None] | None = None,
-        exposure_k: int = 100,
-    ) -> list[AuditedResult]:
-        """Decode every item over the deployed stack; ``on_result`` is called (from a worker thread) as each
-        one finishes, with its audited result."""
+    @contextmanager
+    def client(self) -> Iterator[EdgeClient]:
+        """An idle client (its own llama.cpp instance, a gRPC channel to the adapter) for one item."""
+        client = self._clients.get()
+        try:
+            yield client
+        finally:
+            self._clients.put(client)
 
-        def one(item: ItemRun) -> AuditedResult:
-            client = self._clients.get()
-            try:
-                result = item.generate(client, mode=mode, alpha=alpha, max_new_tokens=max_new_tokens,
-                                       exposure_k=exposure_k)
-            finally:
-                self._clients.put(client)
-            audited = audit_generation(result, self.transcripts, wait_s=self.transcript_wait_s)
-            if on_result is not None:
-                on_result(item, audited)
-            return audited
-
-        with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="deployed-item") as pool:
-            return list(pool.map(one, runs))
-
-    def mechanism(self, item: ItemRun, result: GenerationResult, *, mode: str, alpha: float) -> None:
-        """Not measured here: the audit of a deployment reads what crossed the wire, and full-fusion decisions
-        need both models' full rows in one process (the reference runner's teacher-forced pass)."""
-        return None
+    def finish(self, result: GenerationResult) -> AuditedResult:
+        """The item's result with its audit against the adapter's transcript (:func:`audit_generation`)."""
+        return audit_generation(result, self.transcripts, wait_s=self.transcript_wait_s)
 
     def close(self) -> None:
         """Close every client's gRPC channel, and stop the local adapter this runner started (if any)."""

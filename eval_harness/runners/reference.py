@@ -96,13 +96,13 @@ class ItemRun:
 
 
 class ItemRunner(ABC):
-    """Items through the SDK's loop against ``self.engine``, ``self.concurrency`` at once.
+    """Items through the SDK's loop, ``self.concurrency`` at once.
 
-    A subclass says which client (and edge model) decodes each item (:meth:`client`) and sets ``engine`` (the
-    cloud) and ``concurrency``; :meth:`run` is the same for all, so a sweep drives any of them.
+    A subclass says which client (its edge model and its cloud) decodes each item (:meth:`client`), may say what
+    a finished item reports (:meth:`finish`), and sets ``concurrency``; :meth:`run` is the same for all, so a
+    sweep drives any of them.
     """
 
-    engine: CloudEngine
     concurrency: int
 
     @property
@@ -112,7 +112,12 @@ class ItemRunner(ABC):
 
     @abstractmethod
     def client(self) -> AbstractContextManager[EdgeClient]:
-        """A client of ``engine`` with its own edge model, held for one item while it decodes."""
+        """A client with its own edge model, held for one item while it decodes."""
+
+    def finish(self, result: GenerationResult) -> GenerationResult:
+        """What :meth:`run` reports for a decoded item, once its client is free again: the result itself (the
+        deployed runner audits it against the cloud's transcript)."""
+        return result
 
     def run(
         self,
@@ -130,11 +135,12 @@ class ItemRunner(ABC):
             with self.client() as client:
                 result = item.generate(client, mode=mode, alpha=alpha, max_new_tokens=max_new_tokens,
                                        exposure_k=exposure_k)
+            result = self.finish(result)
             if on_result is not None:
                 on_result(item, result)
             return result
 
-        with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="audit-item") as pool:
+        with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="item") as pool:
             return list(pool.map(one, runs))
 
     def mechanism(self, item: ItemRun, result: GenerationResult, *, mode: str, alpha: float) -> dict[str, Any] | None:
