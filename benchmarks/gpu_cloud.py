@@ -1,0 +1,188 @@
+"""The cloud adapter on a GPU: served tokens/s of 1, 8 and 32 sessions against a plain batched forward.
+
+Needs CUDA.  No weights travel: each model is built from its configuration
+alone, randomly initialised in bf16 on the GPU (a real architecture and size,
+so the forward's cost is the real one; the distributions are noise, which the
+adapter does not care about).  The tokenizer is a synthetic one over the
+configuration's vocabulary (``<t0>``, ``<t1>``, ...): the adapter only needs
+token strings for the vocabulary fingerprint.
+
+(a) ideal: ``model(input_ids[B, 1])`` per step on one equal-length batch cache
+    (one batched prefill, then greedy steps reading each row's logits to numpy,
+    as the adapter does), B = 1, 8, 32.
+(b) served: B concurrent edge-side sessions of different prompt lengths through
+    the gRPC server on loopback (``cloud_adapter.loadgen``: each client answers
+    at once with its best id that does not end the generation), lockstep.
+served_vs_ideal_B = served tokens/s over ideal tokens/s at the same B.
+
+Usage: python benchmarks/gpu_cloud.py [--shapes qwen2.5-7b qwen2.5-32b] [--tokens 64] [--sessions 1 8 32]
+Prints a table per shape, then ``<shape>_served_vs_ideal_<B>=`` and ``<shape>_served_tok_s_<B>=`` lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import grpc
+import numpy as np
+import torch
+
+from cloud_adapter.engine import CloudEngine
+from cloud_adapter.limits import Limits
+from cloud_adapter.llm import TransformersLLM
+from cloud_adapter.loadgen import run_load
+from cloud_adapter.runners import StepBatcher
+from cloud_adapter.server import build_server
+
+#: published configurations (the models' config.json), by name; "tiny" checks the script on a CPU
+SHAPES: dict[str, dict[str, Any]] = {
+    "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                       num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768,
+                       rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=False),
+    "qwen2.5-32b": dict(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
+                        num_key_value_heads=8, vocab_size=152064, max_position_embeddings=32768,
+                        rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=False),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=1024, max_position_embeddings=2048, tie_word_embeddings=False),
+}
+#: how many ids the synthetic tokenizer defines (Qwen2.5's tokenizer defines 151,665 of the 152,064 rows)
+TOKENIZER_SIZE = {"qwen2.5-7b": 151_665, "qwen2.5-32b": 151_665, "tiny": 1000}
+
+
+class SyntheticTokenizer:
+    """The few tokenizer calls the adapter makes, over ``n`` made-up token strings."""
+
+    bos_token_id = None
+    eos_token_id = 0
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        return [f"<t{i}>" for i in ids]
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> Any:
+        """Each character's code point, wrapped into the vocabulary (the server tokenizes a warm-up text)."""
+        from types import SimpleNamespace
+
+        return SimpleNamespace(input_ids=[1 + ord(c) % (self.n - 1) for c in text])
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(f"<t{i}>" for i in ids)
+
+
+def build_llm(shape: str, device: str, dtype: torch.dtype) -> TransformersLLM:
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = Qwen2Config(**SHAPES[shape], eos_token_id=0, pad_token_id=0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return TransformersLLM.from_loaded(model, SyntheticTokenizer(TOKENIZER_SIZE[shape]), name=shape)
+
+
+def synchronize(llm: TransformersLLM) -> None:
+    if llm.device.type == "cuda":
+        torch.cuda.synchronize(llm.device)
+
+
+@torch.inference_mode()
+def ideal_tokens_per_s(llm: TransformersLLM, batch: int, tokens: int, prompt_length: int = 64) -> float:
+    """Tokens/s of a bare equal-length batched greedy decode of ``batch`` sequences."""
+    from transformers import DynamicCache
+
+    rng = np.random.default_rng(batch)
+    prompts = torch.from_numpy(rng.integers(1, llm.vocab_size, size=(batch, prompt_length))).to(llm.device)
+    model = llm.model
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=prompts, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    rows = out.logits[:, -1, : llm.vocab_size].float().cpu().numpy()
+    synchronize(llm)
+    start = time.perf_counter()
+    for _ in range(tokens):
+        next_ids = torch.from_numpy(rows.argmax(axis=1)).to(llm.device)[:, None]
+        out = model(input_ids=next_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        rows = out.logits[:, -1, : llm.vocab_size].float().cpu().numpy()
+    synchronize(llm)
+    return batch * tokens / (time.perf_counter() - start)
+
+
+def served_tokens_per_s(llm: TransformersLLM, channel: grpc.Channel, sessions: int, tokens: int) -> float:
+    """Tokens/s of ``sessions`` concurrent edge-side sessions (prompt lengths 48..79) from their common start."""
+    rng = np.random.default_rng(1000 + sessions)
+    prompts = [rng.integers(1, llm.vocab_size, size=48 + (i % 32)).tolist() for i in range(sessions)]
+    report = run_load(channel, prompts, fingerprint=llm.vocab_fingerprint(), vocab_size=llm.vocab_size,
+                      tokens=tokens, top_m=16)
+    if report.errors:
+        raise RuntimeError(f"{len(report.errors)} of {sessions} sessions failed: {report.errors[0]}")
+    return sessions * tokens / report.wall_seconds
+
+
+def measure(shape: str, args: argparse.Namespace) -> dict[str, float]:
+    started = time.perf_counter()
+    llm = build_llm(shape, args.device, torch.bfloat16 if args.device.startswith("cuda") else torch.float32)
+    params = sum(p.numel() for p in llm.model.parameters())
+    print(f"\n{shape}: {params / 1e9:.2f} B parameters, {llm.dtype} on {llm.device}, built in "
+          f"{time.perf_counter() - started:.1f} s; {args.tokens} tokens per sequence", flush=True)
+    figures: dict[str, float] = {}
+    limits = Limits(max_sessions=max(args.sessions), max_sessions_per_client=max(args.sessions),
+                    max_unopened_streams=max(args.sessions) + 8, max_new_tokens=args.tokens)
+    with StepBatcher(llm, batch_window_ms=args.batch_window_ms) as batcher:
+        engine = CloudEngine(llm, limits, runner=batcher)
+        server, port = build_server(engine, address="127.0.0.1:0", max_workers=max(args.sessions) + 16)
+        server.start()
+        try:
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+                ideal_tokens_per_s(llm, 1, 4)  # warm-ups
+                served_tokens_per_s(llm, channel, 1, 4)
+                print(f"{'B':>4}{'ideal tok/s':>14}{'served tok/s':>14}{'served/ideal':>14}{'mean batch':>12}")
+                for sessions in args.sessions:
+                    ideal = max(ideal_tokens_per_s(llm, sessions, args.tokens) for _ in range(args.repeats))
+                    served, batches = [], []
+                    for _ in range(args.repeats):
+                        batcher.batch_sizes.clear()
+                        served.append(served_tokens_per_s(llm, channel, sessions, args.tokens))
+                        counts = batcher.batch_sizes
+                        batches.append(sum(s * n for s, n in counts.items()) / max(sum(counts.values()), 1))
+                    best = int(np.argmax(served))
+                    ratio = served[best] / ideal
+                    print(f"{sessions:>4}{ideal:>14.1f}{served[best]:>14.1f}{ratio:>14.3f}{batches[best]:>12.2f}",
+                          flush=True)
+                    figures[f"{shape}_served_tok_s_{sessions}"] = served[best]
+                    figures[f"{shape}_ideal_tok_s_{sessions}"] = ideal
+                    figures[f"{shape}_served_vs_ideal_{sessions}"] = ratio
+        finally:
+            server.stop(None)
+    del llm, engine
+    if args.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", nargs="+", default=["qwen2.5-7b", "qwen2.5-32b"], choices=sorted(SHAPES))
+    parser.add_argument("--device", default="cuda", help="cuda (bf16) or cpu (float32; with --shapes tiny)")
+    parser.add_argument("--tokens", type=int, default=64, help="tokens decoded per sequence")
+    parser.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 32], help="concurrent sessions")
+    parser.add_argument("--repeats", type=int, default=2, help="runs per setting (the best is kept)")
+    parser.add_argument("--batch-window-ms", type=float, default=10.0, help="the server's batching window")
+    args = parser.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error("CUDA is not available here: use --device cpu --shapes tiny to check the script")
+    if args.device.startswith("cuda"):
+        print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    figures: dict[str, float] = {}
+    for shape in args.shapes:
+        figures.update(measure(shape, args))
+    print()
+    for name, value in figures.items():
+        print(f"{name}={value:.3f}")
+
+
+if __name__ == "__main__":
+    main()
