@@ -133,26 +133,79 @@ def request(url: str, *, body: object = None, headers: dict | None = None) -> tu
         return error.code, json.loads(error.read())
 
 
+def credentialed(server: ReviewServer):  # noqa: ANN201
+    """:func:`request` with the run's secret in the page's cookie, as the browser sends it once the URL was opened."""
+    def send(url: str, *, body: object = None, headers: dict | None = None) -> tuple[int, dict]:
+        return request(url, body=body, headers={"Cookie": f"{server.cookie_name}={server.token}", **(headers or {})})
+    return send
+
+
+def test_the_page_answers_only_a_request_that_carries_the_runs_secret(build) -> None:  # noqa: ANN001
+    out, rows = build
+    server = ReviewServer(out).start()
+    base = f"http://127.0.0.1:{server.port}/"
+    item = base + "api/items/" + urllib.parse.quote(rows[0]["_id"])
+    try:
+        # another local process, with no secret or a wrong one: no private context, no decision, not the page
+        for headers in ({}, {"Cookie": f"{server.cookie_name}=not-the-secret"},
+                        {"Cookie": f"{server.cookie_name}={server.token[:-1]}"}, {"Cookie": "garbage=="}):
+            status, reply = request(base + "api/items", headers=headers)
+            assert status == 403 and "items" not in reply, headers
+            assert request(item, body={"status": "rejected", "spans": []}, headers=headers)[0] == 403
+            assert request(base + "api/items?token=wrong", headers=headers)[0] == 403
+            assert _status(base, headers) == 403
+        assert decisions(out) == []
+        # the printed address: the secret in the URL becomes an HttpOnly same-site cookie and a redirect without it
+        assert server.url == f"{base}?token={server.token}" and len(server.token) >= 40
+        parsed = urllib.parse.urlsplit(server.url)
+        connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
+        connection.request("GET", f"{parsed.path}?{parsed.query}")
+        response = connection.getresponse()
+        response.read()
+        connection.close()
+        assert response.status == 303 and response.getheader("Location") == "/"
+        cookie = response.getheader("Set-Cookie")
+        assert cookie.startswith(f"{server.cookie_name}={server.token};")
+        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+        # with the cookie: read and decide
+        status, listing = credentialed(server)(base + "api/items")
+        assert status == 200 and [entry["id"] for entry in listing["items"]] == [row["_id"] for row in rows]
+        assert credentialed(server)(item, body={"status": "rejected", "spans": []})[0] == 200
+        assert [d["status"] for d in decisions(out)] == ["rejected"]
+    finally:
+        server.close()
+
+
+def _status(url: str, headers: dict) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
 def test_the_page_api_refuses_what_it_must(build) -> None:  # noqa: ANN001
     out, rows = build
     server = ReviewServer(out).start()
+    request = credentialed(server)
     try:
-        status, listing = request(server.url + "api/items")
+        status, listing = request(server.base_url + "api/items")
         assert status == 200 and [item["id"] for item in listing["items"]] == [row["_id"] for row in rows]
         first = listing["items"][0]
         assert "".join(segment["text"] for segment in first["segments"]) == rows[0]["private_context"]
         assert {s["text"] for s in first["segments"] if s["span"] is not None} == set(spans_of(rows[0]))
-        url = server.url + "api/items/" + rows[0]["_id"]
+        url = server.base_url + "api/items/" + rows[0]["_id"]
         assert request(url, body={"status": "accepted", "spans": ["nowhere"]})[0] == 400
         assert request(url, body={"status": "accepted", "spans": "x"})[1] == {
             "error": "spans must be a list of strings"}
-        assert request(server.url + "api/items/no-such-item", body={"status": "rejected", "spans": []})[0] == 404
+        assert request(server.base_url + "api/items/no-such-item", body={"status": "rejected", "spans": []})[0] == 404
         assert request(url, body={"status": "rejected", "spans": []}, headers={"Content-Type": "text/plain"})[0] == 415
         for length in ("abc", "-5"):  # not a byte count: refused, and the server goes on answering
             parsed = urllib.parse.urlsplit(url)
             connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
             connection.putrequest("POST", parsed.path)
             connection.putheader("Content-Type", "application/json")
+            connection.putheader("Cookie", f"{server.cookie_name}={server.token}")
             connection.putheader("Content-Length", length)
             connection.endheaders()
             response = connection.getresponse()
@@ -160,7 +213,7 @@ def test_the_page_api_refuses_what_it_must(build) -> None:  # noqa: ANN001
                 "error": "Content-Length is not a byte count"}), length
             connection.close()
         # a page of another origin that resolved its name to this address (DNS rebinding) is not answered
-        assert request(server.url + "api/items", headers={"Host": "attacker.example:80"})[0] == 403
+        assert request(server.base_url + "api/items", headers={"Host": "attacker.example:80"})[0] == 403
         assert decisions(out) == []
         status, reply = request(url, body={"status": "rejected", "spans": []})
         assert status == 200 and reply["item"]["status"] == "rejected" and reply["counts"]["rejected"] == 1
@@ -274,3 +327,16 @@ def test_the_review_page_in_a_real_browser(build, browser, tmp_path: Path) -> No
              (out / "final" / "reviewed.jsonl").read_text().splitlines()}
     assert final == {second["_id"]: {**second, "filtered_context": ", ".join(edited)},
                      third["_id"]: {**third, "filtered_context": ", ".join([*spans_of(third), word])}}
+
+
+def test_the_browser_is_opened_on_a_file_only_this_user_reads_not_on_the_secret() -> None:
+    from eval_harness.cli.review import _redirect_file
+
+    url = "http://127.0.0.1:1/?token=s3cret"
+    path = _redirect_file(url)
+    try:
+        assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
+        assert 'content="0;url=http://127.0.0.1:1/?token=s3cret"' in path.read_text()
+    finally:
+        path.unlink()
+        path.parent.rmdir()
