@@ -314,3 +314,36 @@ def test_a_malicious_cloud_gets_a_status_not_a_crash_on_the_edge(tiny_llm) -> No
         with pytest.raises(CloudError) as caught:
             client.generate(PROMPT, "private note", mode=mode, max_new_tokens=2)
         assert caught.value.code == "DATA_LOSS", tamper.__name__
+
+
+def test_streams_of_bytes_that_are_not_protobuf_are_refused_and_the_server_still_stops(tiny_llm) -> None:
+    """Before, gRPC parsed each request: bytes that are not an EdgeMessage failed inside its request iterator,
+    leaking the stream's state, and after 8-12 such streams ``server.stop()`` never returned (the adapter hung on
+    SIGTERM). Raw bytes over real gRPC, through a generic stub with identity serializers."""
+    engine = CloudEngine(tiny_llm, Limits(max_sessions=4, max_unopened_streams=4))
+    server, port = build_server(engine, address="127.0.0.1:0", max_workers=12)
+    server.start()
+    stopped = False
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            decode = channel.stream_stream(f"/{SERVICE_NAME}/Decode", request_serializer=None,
+                                           response_deserializer=None)
+            not_protobuf = [b"\xff\xff\xff\xff", b"\x0a\x05ab", b"\x08" + b"\x80" * 11, b"\x0f"]
+            for index in range(20):
+                with pytest.raises(grpc.RpcError) as caught:
+                    list(decode(iter([not_protobuf[index % len(not_protobuf)]]), timeout=10))
+                assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, index
+                assert "not a valid coveil.v1.EdgeMessage" in caught.value.details()
+            # the server goes on decoding: a real open over the same raw path gets its reply
+            replies = decode(iter([wire.encode_open(open_request(tiny_llm)).SerializeToString()]), timeout=10)
+            first = next(replies)
+            assert isinstance(first, bytes) and len(first) > 0
+            replies.cancel()
+        started = time.monotonic()
+        server.stop(2).wait(timeout=10)
+        stopped = True
+        assert time.monotonic() - started < 5
+        assert engine.active_sessions == 0
+    finally:
+        if not stopped:
+            server.stop(None)
