@@ -347,3 +347,35 @@ def test_streams_of_bytes_that_are_not_protobuf_are_refused_and_the_server_still
     finally:
         if not stopped:
             server.stop(None)
+
+
+def test_the_transcript_directory_is_capped_on_disk_oldest_first(tiny_llm, tmp_path) -> None:
+    """Before, ``--transcript-dir`` grew without bound: a long-running server filled its disk."""
+    import os
+
+    from cloud_adapter.cli import build_parser
+    from cloud_adapter.limits import Limits
+
+    directory = tmp_path / "transcripts"
+    directory.mkdir()
+    (directory / "left-by-an-earlier-run.json").write_text("x" * 30_000)  # counted, and the oldest
+    os.utime(directory / "left-by-an-earlier-run.json", ns=(1, 1))
+    (directory / "notes.txt").write_text("not a transcript: never counted nor deleted")
+    cap = 120_000
+    store = TranscriptStore(directory=directory, max_dir_bytes=cap)
+    request = open_request(tiny_llm, mode="cloud")
+    for n in range(12):
+        transcript = SessionTranscript(f"s{n:02d}", request, "tiny", 4, 100)
+        upload = CloudUpload(np.arange(1000), np.full(1000, 0.1, np.float32))  # ~15 kB of JSON per transcript
+        transcript.steps.append(StepRecord(0, token_id=1, upload=upload, upload_size=1000))
+        store.add(transcript)
+        on_disk = sum(path.stat().st_size for path in directory.glob("*.json"))
+        assert on_disk <= cap, n
+    names = sorted(path.name for path in directory.iterdir())
+    assert "left-by-an-earlier-run.json" not in names and "notes.txt" in names
+    kept = [name for name in names if name.startswith("s")]
+    assert kept[-1] == "s11.json" and "s00.json" not in kept and len(kept) >= 3
+    assert kept == [f"s{n:02d}.json" for n in range(12 - len(kept), 12)]  # the newest, contiguous
+    # the cap is a serve flag, with a default written once in Limits
+    args = build_parser().parse_args(["serve", "--transcript-dir-bytes", "5000"])
+    assert args.transcript_dir_bytes == 5000 and Limits().transcript_dir_bytes == 4096 * 1024 * 1024
