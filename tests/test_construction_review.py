@@ -405,3 +405,27 @@ def test_the_browser_is_opened_on_a_file_only_this_user_reads_not_on_the_secret(
     finally:
         path.unlink()
         path.parent.rmdir()
+
+
+def test_every_file_of_a_build_review_and_finalize_is_private(build, tmp_path: Path) -> None:  # noqa: ANN001
+    """Before, the build's outputs, review.jsonl, the review CSV and final/ (private contexts, spans) were 0644."""
+    import os
+
+    out, rows = build  # built under the umask of the test run
+    previous = os.umask(0o022)
+    try:
+        log = ReviewLog(out)
+        log.decide(rows[0]["_id"], "accepted", spans_of(rows[0]))
+        export_csv(log, tmp_path / "sheets" / "review.csv")
+        assert main(["finalize", str(out), "--name", "mine"]) == 0
+    finally:
+        os.umask(previous)
+    files = [path for path in out.rglob("*") if path.is_file()] + [tmp_path / "sheets" / "review.csv"]
+    names = {path.name for path in files}
+    assert {"build.json", "items.jsonl", "screening.jsonl", "extraction.jsonl", "summary.json", "review.jsonl",
+            "mine.jsonl", "attributes.md", "attributes.csv", "review.csv"} <= names
+    assert any(name.endswith(".png") for name in names)
+    assert {path.name: path.stat().st_mode & 0o777 for path in files} == dict.fromkeys(names, 0o600)
+    folders = [out, out / "final", tmp_path / "sheets"]
+    assert {folder.name: folder.stat().st_mode & 0o777 for folder in folders} == {
+        folder.name: 0o700 for folder in folders}

@@ -27,6 +27,7 @@ from typing import Any
 
 from eval_harness.construction.judge import KEPT, Judge
 from eval_harness.construction.sources import SplitItem
+from eval_harness.private_files import private_dir, write_private_text
 from eval_harness.sweep.store import ResultStore
 
 MANIFEST = "build.json"
@@ -85,8 +86,8 @@ def check_manifest(directory: Path, manifest: Mapping[str, Any]) -> None:
             raise ValueError(f"{directory} holds a build made with other settings ({', '.join(changed)}: "
                              f"{json.dumps(before.get(name))[:80]} there, {json.dumps(manifest.get(name))[:80]} "
                              "now); give another --out")
-    directory.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(dict(manifest), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    private_dir(directory)
+    write_private_text(path, json.dumps(dict(manifest), indent=2, ensure_ascii=False) + "\n")
 
 
 @dataclass
@@ -252,8 +253,7 @@ def build(directory: Path, items: Sequence[SplitItem], skipped: Counter[str], ju
     extracted = _stage(directory / EXTRACTION, "extract", kept, judge.extract, **options)
     stages = [screened, extracted]
     summary = BuildSummary(len(items), skipped, stages)
-    (directory / SUMMARY).write_text(json.dumps(summary.to_json(), indent=2, ensure_ascii=False) + "\n",
-                                     encoding="utf-8")
+    write_private_text(directory / SUMMARY, json.dumps(summary.to_json(), indent=2, ensure_ascii=False) + "\n")
     return summary
 
 

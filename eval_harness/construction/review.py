@@ -27,6 +27,7 @@ from typing import Any
 from eval_harness.construction.judge import check_spans, occurrences
 from eval_harness.construction.pipeline import proposals
 from eval_harness.construction.sources import SplitItem
+from eval_harness.private_files import open_private
 
 REVIEW = "review.jsonl"
 STATUSES = ("pending", "accepted", "rejected")
@@ -130,7 +131,7 @@ class ReviewLog:
         decision = {"item": item_id, "status": status, "spans": kept,
                     "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         with self._lock:
-            with self.path.open("a", encoding="utf-8") as out:
+            with open_private(self.path, "a", encoding="utf-8") as out:
                 out.write(json.dumps(decision, ensure_ascii=False) + "\n")
                 out.flush()
                 os.fsync(out.fileno())
@@ -190,7 +191,7 @@ def export_csv(log: ReviewLog, path: str | Path) -> int:
     """Write every proposed item to a CSV for a spreadsheet: fill in ``status`` and edit ``spans`` (comma-separated,
     as in the benchmark); ``marked_private_context`` shows the spans in ``[[ ]]``. Returns the rows written."""
     items = log.items()
-    with Path(path).open("w", encoding="utf-8", newline="") as out:
+    with open_private(path, "w", encoding="utf-8", newline="") as out:
         writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS)
         writer.writeheader()
         for entry in items:
