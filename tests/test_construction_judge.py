@@ -362,7 +362,7 @@ def test_a_reasoning_model_can_be_the_judge(tmp_path: Path, capsys) -> None:
     reference judge is one) refuse with a 400, and the hint named --json-mode."""
     rows, sources = medpriv_sources(tmp_path, 2)
 
-    def reasoning_endpoint(body: dict):  # noqa: ANN202
+    def reasoning_endpoint(body: dict) -> str | tuple:
         for name, message in REASONING_REFUSALS.items():
             if name in body:
                 return (400, {}, message)
@@ -389,7 +389,7 @@ def test_a_reasoning_model_can_be_the_judge(tmp_path: Path, capsys) -> None:
                                   {"choices": [{"index": 0, "finish_reason": "stop"}]}])
 def test_a_200_that_is_not_a_completion_stops_the_build_with_one_line(tmp_path: Path, capsys, body: dict) -> None:
     """Before, an HTTP 200 without choices crashed the build with a TypeError traceback."""
-    rows, sources = medpriv_sources(tmp_path, 1)
+    _, sources = medpriv_sources(tmp_path, 1)
     endpoint = ScriptedEndpoint(lambda request: body)
     with endpoint.running():
         assert main(build_args(endpoint, sources, tmp_path / "build")) == 1
@@ -439,7 +439,7 @@ def test_plain_http_to_another_host_is_refused_unless_asked(url: str, allowed: b
 
 
 def test_the_build_and_the_sweep_refuse_plain_http_to_another_host_before_sending(tmp_path: Path, capsys) -> None:
-    rows, sources = medpriv_sources(tmp_path, 1)
+    _, sources = medpriv_sources(tmp_path, 1)
     argv = ["build-benchmark", *map(str, sources), "--format", "medqa", "--out", str(tmp_path / "b"),
             "--endpoint", "http://judge.invalid:8080/v1", "--model", "m", "--max-retries", "0", "--timeout", "2"]
     assert main(argv) == 1
@@ -492,7 +492,7 @@ def test_the_call_cache_is_private_bounded_and_can_be_off(tmp_path: Path) -> Non
 
 
 def test_no_cache_leaves_no_call_on_disk(tmp_path: Path, monkeypatch) -> None:
-    rows, sources = medpriv_sources(tmp_path, 1)
+    _, sources = medpriv_sources(tmp_path, 1)
     monkeypatch.setenv("COVEIL_CACHE_DIR", str(tmp_path / "home-cache"))
     endpoint = ScriptedEndpoint(lambda body: screening_reply(False))
     with endpoint.running():

@@ -13,7 +13,7 @@ import re
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -27,6 +27,7 @@ from eval_harness.construction.review_server import ReviewServer
 
 from tests.browser import headless_chromium
 from tests.construction_sources import clean, fixed_judge, medqa_record, shipped, spans_of, write_by_split
+
 
 @pytest.fixture
 def build(tmp_path: Path) -> tuple[Path, list[dict]]:
@@ -152,7 +153,8 @@ def test_escaping_a_cell_round_trips_and_never_leaves_a_formula(cell: str) -> No
     assert not escape_formula(cell).startswith(("=", "+", "-", "@", "\t", "\r"))
 
 
-def test_the_csv_holds_no_live_formula_and_reads_escaped_cells_back(build, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+def test_the_csv_holds_no_live_formula_and_reads_escaped_cells_back(build: tuple[Path, list[dict]], tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Before, a rationale or context starting with ``=`` was a live formula in the exported sheet; an escaped span
     came back with its quote; a field over 128 KiB crashed the import with a raw csv traceback."""
     out, rows = build
@@ -198,14 +200,14 @@ def test_the_csv_holds_no_live_formula_and_reads_escaped_cells_back(build, tmp_p
     assert main(["review", str(out), "--import-csv", str(sheet)]) == 1
 
 
-def credentialed(server: ReviewServer):  # noqa: ANN201
+def credentialed(server: ReviewServer) -> Callable[..., tuple[int, dict]]:
     """:func:`request` with the run's secret in the page's cookie, as the browser sends it once the URL was opened."""
     def send(url: str, *, body: object = None, headers: dict | None = None) -> tuple[int, dict]:
         return request(url, body=body, headers={"Cookie": f"{server.cookie_name}={server.token}", **(headers or {})})
     return send
 
 
-def test_the_page_answers_only_a_request_that_carries_the_runs_secret(build) -> None:  # noqa: ANN001
+def test_the_page_answers_only_a_request_that_carries_the_runs_secret(build: tuple[Path, list[dict]]) -> None:
     out, rows = build
     server = ReviewServer(out).start()
     base = f"http://127.0.0.1:{server.port}/"
@@ -407,7 +409,7 @@ def test_the_browser_is_opened_on_a_file_only_this_user_reads_not_on_the_secret(
         path.parent.rmdir()
 
 
-def test_every_file_of_a_build_review_and_finalize_is_private(build, tmp_path: Path) -> None:  # noqa: ANN001
+def test_every_file_of_a_build_review_and_finalize_is_private(build: tuple[Path, list[dict]], tmp_path: Path) -> None:
     """Before, the build's outputs, review.jsonl, the review CSV and final/ (private contexts, spans) were 0644."""
     import os
 

@@ -197,7 +197,7 @@ def test_a_local_instance_listens_on_loopback_only(local_ray: None) -> None:
     import psutil
     import ray
 
-    session = ray._private.worker._global_node.get_session_dir_path()  # noqa: SLF001 - where its daemons log
+    session = ray._private.worker._global_node.get_session_dir_path()  # where its daemons log
     pids = {process.pid for process in psutil.process_iter(["cmdline"])
             if any(session in part for part in process.info["cmdline"] or ())}
     pids |= {child.pid for child in psutil.Process().children(recursive=True)}
@@ -233,13 +233,13 @@ def test_each_task_is_sent_only_the_items_of_its_shard(tmp_path: Path, monkeypat
             return Inbox()
 
     class Inbox:
-        class take:  # noqa: N801
+        class take:
             @staticmethod
             def remote() -> str:
                 return "no rows"
 
     class FakeRay:
-        def remote(self, *args: object, **kwargs: object):  # noqa: ANN201
+        def remote(self, *args: object, **kwargs: object) -> object:
             return Handle(args[0]) if args else (lambda target: Handle(target))
 
         def put(self, value: object) -> object:

@@ -12,6 +12,8 @@ DESCRIPTION = """\
 Open a local page listing every item the judge kept, each with its private context and the proposed spans
 highlighted in it: accept or reject the item, edit, remove or add spans (select text and press 'add selection').
 Each decision is written to DIR/review.jsonl the moment it is made, so closing the page loses nothing.
+The page answers only requests carrying this run's secret: open the address printed (it holds the secret once,
+then a cookie does); any other local process is refused.
 
 Without a browser: --export-csv FILE writes one row per item (fill in 'status' with accepted/rejected and edit
 'spans', comma-separated; 'marked_private_context' shows the spans in [[ ]]), --import-csv FILE reads it back
