@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from eval_harness.private_files import DIR_MODE, private_dir
+
 
 def default_cache_dir() -> Path:
     return Path(os.environ.get("COVEIL_CACHE_DIR", Path.home() / ".cache" / "coveil")).expanduser() / "llm-calls"
@@ -86,11 +88,6 @@ def prune_cache(directory: Path, *, max_age_s: float, max_bytes: int, now: float
         held -= size
 
 
-def _private_dirs(directory: Path) -> None:
-    """``directory`` and any parent it needs, created 0700 (an existing one is narrowed to 0700)."""
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    directory.chmod(0o700)
-
 
 class ChatClient:
     """Chat completions from one model behind an OpenAI-compatible endpoint (thread-safe).
@@ -135,10 +132,10 @@ class ChatClient:
         self.cache_dir = default_cache_dir() if cache_dir == "default" else (Path(cache_dir) if cache_dir else None)
         self.cache_max_age_s = cache_max_age_s
         if self.cache_dir is not None:
-            _private_dirs(self.cache_dir)
-            for folder in self.cache_dir.iterdir():  # folders an older version made 0755
+            private_dir(self.cache_dir).chmod(DIR_MODE)  # the cache is ours: one an older version made is narrowed
+            for folder in self.cache_dir.iterdir():
                 if folder.is_dir():
-                    folder.chmod(0o700)
+                    folder.chmod(DIR_MODE)
             prune_cache(self.cache_dir, max_age_s=cache_max_age_s, max_bytes=cache_max_bytes)
         self.max_retries, self.backoff_s = max_retries, backoff_s
         self.calls = 0  # requests that reached the endpoint (cache hits do not count)
@@ -162,7 +159,7 @@ class ChatClient:
             return json.loads(cached.read_text(encoding="utf-8"))["reply"]
         reply = self._call_with_retries(messages, params)
         if cached is not None:
-            _private_dirs(cached.parent)
+            private_dir(cached.parent).chmod(DIR_MODE)
             fd, staging = tempfile.mkstemp(prefix=cached.name + ".", dir=cached.parent)  # 0600
             with os.fdopen(fd, "w", encoding="utf-8") as out:
                 json.dump({"model": self.model, "messages": list(messages), "params": params, "reply": reply}, out,
