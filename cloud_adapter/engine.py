@@ -60,7 +60,8 @@ class CloudEngine:
         self.llm = llm
         self.limits = limits or Limits()
         self.admission = Admission(self.limits)
-        self.transcripts = TranscriptStore(TRANSCRIPTS_KEPT, self.limits.transcript_bytes, transcript_dir)
+        self.transcripts = TranscriptStore(TRANSCRIPTS_KEPT, self.limits.transcript_bytes, transcript_dir,
+                                           max_dir_bytes=self.limits.transcript_dir_bytes)
         self.exposure_k = exposure_k
         self.transcript_upload_limit = transcript_upload_limit
         self.runner: ModelRunner = runner if runner is not None else DirectRunner(llm)

@@ -47,10 +47,14 @@ class Limits:
     transcript_bytes: int = _limit(  # type: ignore[assignment]
         256 * _MiB, "memory the finished sessions' transcripts may hold (the oldest are dropped first)"
     )
+    transcript_dir_bytes: int = _limit(  # type: ignore[assignment]
+        4096 * _MiB, "disk the transcripts in --transcript-dir may take (the oldest files are deleted first)"
+    )
 
     def __post_init__(self) -> None:
         for name in ("max_sessions", "max_sessions_per_client", "max_unopened_streams", "max_new_tokens",
-                     "max_prompt_tokens", "max_message_bytes", "inbox_messages", "transcript_bytes"):
+                     "max_prompt_tokens", "max_message_bytes", "inbox_messages", "transcript_bytes",
+                     "transcript_dir_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Limits.{name} must be at least 1, got {getattr(self, name)}")
         for name in ("open_timeout_s", "idle_timeout_s"):

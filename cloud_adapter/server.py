@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from cloud_adapter.engine import CloudEngine
@@ -160,7 +161,8 @@ class DecodeServicer(coveil_pb2_grpc.CollaborativeDecodingServicer):
         self._engine = engine
         self._clients: Mapping[str, str] = {token: _client_label(token) for token in tokens}
 
-    def Decode(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:  # noqa: N802
+    def Decode(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[Any]:  # noqa: N802
+        """One stream: ``request_iterator`` yields each request's raw bytes (see :func:`add_decode_service`)."""
         client_id = self._authenticate(context)
         try:
             self._engine.admission.admit_stream(client_id)
@@ -206,6 +208,7 @@ class DecodeServicer(coveil_pb2_grpc.CollaborativeDecodingServicer):
                 raise ProtocolError("DEADLINE_EXCEEDED", f"{what} for {timeout_s:g} s") from None
             if message is None:
                 return
+            message = _parse_edge_message(message)
             unopened.release()  # it has spoken: from here on the session limits apply
             for reply in handler.handle(message):
                 if opening and handler.session_id is not None:
@@ -229,6 +232,28 @@ class DecodeServicer(coveil_pb2_grpc.CollaborativeDecodingServicer):
         context.abort(grpc.StatusCode.UNAUTHENTICATED,
                       "missing or invalid bearer token: send metadata 'authorization: Bearer <token>'")
         raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises
+
+
+def _parse_edge_message(data: bytes) -> Any:
+    """One request's bytes as an ``EdgeMessage``, or ``INVALID_ARGUMENT``.
+
+    gRPC is handed no deserializer (:func:`add_decode_service`): bytes that are not a protobuf raised inside gRPC's
+    own request iterator leaked the stream's state and, after a few such streams, kept ``server.stop()`` from
+    returning. Parsed here, they end the stream like any other protocol error.
+    """
+    try:
+        return coveil_pb2.EdgeMessage.FromString(data)
+    except DecodeError:
+        raise ProtocolError("INVALID_ARGUMENT", "a request is not a valid coveil.v1.EdgeMessage") from None
+
+
+def add_decode_service(servicer: DecodeServicer, server: grpc.Server) -> None:
+    """Register ``servicer`` as ``coveil.v1.CollaborativeDecoding`` with requests passed as bytes (parsed by the
+    handler, :func:`_parse_edge_message`) and replies serialized by gRPC."""
+    method = grpc.stream_stream_rpc_method_handler(
+        servicer.Decode, request_deserializer=None,
+        response_serializer=coveil_pb2.CloudMessage.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, {"Decode": method}),))
 
 
 def _assemble(
@@ -261,7 +286,7 @@ def _assemble(
             ("grpc.http2.max_ping_strikes", 0),
         ],
     )
-    coveil_pb2_grpc.add_CollaborativeDecodingServicer_to_server(DecodeServicer(engine, tokens), server)
+    add_decode_service(DecodeServicer(engine, tokens), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for service in ("", SERVICE_NAME):

@@ -103,13 +103,23 @@ class TranscriptStore:
         max_kept: how many transcripts stay in memory for :meth:`get`.
         max_bytes: the memory they may hold together; the oldest are dropped first (the newest always stays).
         directory: when set, each transcript is also written there as ``<session_id>.json``.
+        max_dir_bytes: the disk the ``*.json`` files in ``directory`` may take together, those found there at start
+            included: after each write the oldest (by modification time) are deleted until they fit (the newest
+            always stays), so a long-running server cannot fill its disk.
     """
 
-    def __init__(self, max_kept: int = 1000, max_bytes: int = 256 * 1024 * 1024, directory: Path | None = None) -> None:
-        self.max_kept, self.max_bytes = max_kept, max_bytes
+    def __init__(self, max_kept: int = 1000, max_bytes: int = 256 * 1024 * 1024, directory: Path | None = None,
+                 *, max_dir_bytes: int = 4096 * 1024 * 1024) -> None:
+        self.max_kept, self.max_bytes, self.max_dir_bytes = max_kept, max_bytes, max_dir_bytes
         self.directory = Path(directory) if directory is not None else None
+        self._on_disk: OrderedDict[Path, int] = OrderedDict()  # oldest first
+        self.dir_bytes = 0
         if self.directory is not None:
             self.directory.mkdir(parents=True, exist_ok=True)
+            found = [(path.stat().st_mtime_ns, path) for path in self.directory.glob("*.json") if path.is_file()]
+            for _, path in sorted(found):
+                self._on_disk[path] = path.stat().st_size
+                self.dir_bytes += self._on_disk[path]
         self._lock = threading.Lock()
         self._kept: OrderedDict[str, tuple[SessionTranscript, int]] = OrderedDict()
         self.bytes_held = 0
@@ -126,7 +136,20 @@ class TranscriptStore:
                 _, (_, dropped) = self._kept.popitem(last=False)
                 self.bytes_held -= dropped
         if self.directory is not None:
-            _write_json_atomically(self.directory / f"{transcript.session_id}.json", transcript.as_dict())
+            path = self.directory / f"{transcript.session_id}.json"
+            _write_json_atomically(path, transcript.as_dict())
+            self._account_on_disk(path)
+
+    def _account_on_disk(self, path: Path) -> None:
+        """Count the file just written and delete the oldest until the directory fits ``max_dir_bytes``."""
+        with self._lock:
+            self.dir_bytes -= self._on_disk.pop(path, 0)
+            self._on_disk[path] = path.stat().st_size
+            self.dir_bytes += self._on_disk[path]
+            while len(self._on_disk) > 1 and self.dir_bytes > self.max_dir_bytes:
+                oldest, written = self._on_disk.popitem(last=False)
+                oldest.unlink(missing_ok=True)
+                self.dir_bytes -= written
 
     def get(self, session_id: str) -> dict[str, Any]:
         with self._lock:

@@ -9,10 +9,11 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 class ScriptedEndpoint:
-    """``POST /v1/chat/completions`` answered by ``script(body)``: the assistant's content, or ``(status, headers)``
-    to fail with; every request body is kept in ``requests``."""
+    """``POST /v1/chat/completions`` answered by ``script(body)``: the assistant's content, ``(status, headers)`` or
+    ``(status, headers, message)`` to fail with, or a dict sent whole as a 200's body; every request body is kept in
+    ``requests``."""
 
-    def __init__(self, script: Callable[[dict], str | tuple[int, dict[str, str]]]) -> None:
+    def __init__(self, script: Callable[[dict], str | dict | tuple]) -> None:
         self.script = script
         self.requests: list[dict] = []
         self._lock = threading.Lock()
@@ -25,8 +26,10 @@ class ScriptedEndpoint:
                     endpoint.requests.append(body)
                 reply = endpoint.script(body)
                 if isinstance(reply, tuple):
-                    status, headers = reply
-                    data = json.dumps({"error": {"message": f"scripted {status}", "type": "scripted"}}).encode()
+                    status, headers, message = (*reply, f"scripted {reply[0]}")[:3]
+                    data = json.dumps({"error": {"message": message, "type": "scripted"}}).encode()
+                elif isinstance(reply, dict):
+                    status, headers, data = 200, {}, json.dumps(reply).encode()
                 else:
                     status, headers = 200, {}
                     data = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],

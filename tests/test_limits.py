@@ -314,3 +314,68 @@ def test_a_malicious_cloud_gets_a_status_not_a_crash_on_the_edge(tiny_llm) -> No
         with pytest.raises(CloudError) as caught:
             client.generate(PROMPT, "private note", mode=mode, max_new_tokens=2)
         assert caught.value.code == "DATA_LOSS", tamper.__name__
+
+
+def test_streams_of_bytes_that_are_not_protobuf_are_refused_and_the_server_still_stops(tiny_llm) -> None:
+    """Before, gRPC parsed each request: bytes that are not an EdgeMessage failed inside its request iterator,
+    leaking the stream's state, and after 8-12 such streams ``server.stop()`` never returned (the adapter hung on
+    SIGTERM). Raw bytes over real gRPC, through a generic stub with identity serializers."""
+    engine = CloudEngine(tiny_llm, Limits(max_sessions=4, max_unopened_streams=4))
+    server, port = build_server(engine, address="127.0.0.1:0", max_workers=12)
+    server.start()
+    stopped = False
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            decode = channel.stream_stream(f"/{SERVICE_NAME}/Decode", request_serializer=None,
+                                           response_deserializer=None)
+            not_protobuf = [b"\xff\xff\xff\xff", b"\x0a\x05ab", b"\x08" + b"\x80" * 11, b"\x0f"]
+            for index in range(20):
+                with pytest.raises(grpc.RpcError) as caught:
+                    list(decode(iter([not_protobuf[index % len(not_protobuf)]]), timeout=10))
+                assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, index
+                assert "not a valid coveil.v1.EdgeMessage" in caught.value.details()
+            # the server goes on decoding: a real open over the same raw path gets its reply
+            replies = decode(iter([wire.encode_open(open_request(tiny_llm)).SerializeToString()]), timeout=10)
+            first = next(replies)
+            assert isinstance(first, bytes) and len(first) > 0
+            replies.cancel()
+        started = time.monotonic()
+        server.stop(2).wait(timeout=10)
+        stopped = True
+        assert time.monotonic() - started < 5
+        assert engine.active_sessions == 0
+    finally:
+        if not stopped:
+            server.stop(None)
+
+
+def test_the_transcript_directory_is_capped_on_disk_oldest_first(tiny_llm, tmp_path) -> None:
+    """Before, ``--transcript-dir`` grew without bound: a long-running server filled its disk."""
+    import os
+
+    from cloud_adapter.cli import build_parser
+    from cloud_adapter.limits import Limits
+
+    directory = tmp_path / "transcripts"
+    directory.mkdir()
+    (directory / "left-by-an-earlier-run.json").write_text("x" * 30_000)  # counted, and the oldest
+    os.utime(directory / "left-by-an-earlier-run.json", ns=(1, 1))
+    (directory / "notes.txt").write_text("not a transcript: never counted nor deleted")
+    cap = 120_000
+    store = TranscriptStore(directory=directory, max_dir_bytes=cap)
+    request = open_request(tiny_llm, mode="cloud")
+    for n in range(12):
+        transcript = SessionTranscript(f"s{n:02d}", request, "tiny", 4, 100)
+        upload = CloudUpload(np.arange(1000), np.full(1000, 0.1, np.float32))  # ~15 kB of JSON per transcript
+        transcript.steps.append(StepRecord(0, token_id=1, upload=upload, upload_size=1000))
+        store.add(transcript)
+        on_disk = sum(path.stat().st_size for path in directory.glob("*.json"))
+        assert on_disk <= cap, n
+    names = sorted(path.name for path in directory.iterdir())
+    assert "left-by-an-earlier-run.json" not in names and "notes.txt" in names
+    kept = [name for name in names if name.startswith("s")]
+    assert kept[-1] == "s11.json" and "s00.json" not in kept and len(kept) >= 3
+    assert kept == [f"s{n:02d}.json" for n in range(12 - len(kept), 12)]  # the newest, contiguous
+    # the cap is a serve flag, with a default written once in Limits
+    args = build_parser().parse_args(["serve", "--transcript-dir-bytes", "5000"])
+    assert args.transcript_dir_bytes == 5000 and Limits().transcript_dir_bytes == 4096 * 1024 * 1024

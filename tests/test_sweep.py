@@ -202,3 +202,28 @@ def test_a_checkpoint_directory_has_a_digest_of_its_files_names_and_bytes(tmp_pa
     blocked.write_text("a file where the cache directory would go")
     monkeypatch.setenv("COVEIL_CACHE_DIR", str(blocked))  # the cache cannot be written: the digest still is
     assert model_digest(source) == expected
+
+
+def test_results_are_private_files_whatever_the_umask(tmp_path: Path) -> None:
+    """Before, a results file (every decoded answer of every private context) was written 0644 in 0755 folders."""
+    import os
+
+    previous = os.umask(0o022)
+    try:
+        shared = tmp_path / "shared"
+        shared.mkdir(mode=0o755)
+        path = shared / "runs" / "deep" / "sweep.jsonl"
+        with ResultStore(path) as store:
+            store.append({"key": "a", "models": "m", "text": "private"})
+        assert path.stat().st_mode & 0o777 == 0o600
+        assert {d.stat().st_mode & 0o777 for d in (path.parent, path.parent.parent)} == {0o700}
+        assert shared.stat().st_mode & 0o777 == 0o755  # a folder that was there is left as it was
+        # a file an older version wrote 0644 is narrowed when opened; a torn line is set aside privately too
+        old = tmp_path / "old.jsonl"
+        old.write_text('{"key": "a"}\n{"key": "b", "te')
+        old.chmod(0o644)
+        ResultStore(old).close()
+        assert old.stat().st_mode & 0o777 == 0o600
+        assert (tmp_path / "old.jsonl.torn").stat().st_mode & 0o777 == 0o600
+    finally:
+        os.umask(previous)

@@ -187,3 +187,84 @@ def test_ray_flags_fail_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert capsys.readouterr().err.strip() == ("decodeleak sweep: --ray needs Ray, an optional dependency: "
                                                "pip install 'coveil[ray]'")
     assert not out.exists()
+
+
+def test_a_local_instance_listens_on_loopback_only(local_ray: None) -> None:
+    """Before, ``--ray local`` bound the instance's servers to the machine's network address and ``::``: any host
+    that reached it could join the object store every private context passes through."""
+    import ipaddress
+
+    import psutil
+    import ray
+
+    session = ray._private.worker._global_node.get_session_dir_path()  # where its daemons log
+    pids = {process.pid for process in psutil.process_iter(["cmdline"])
+            if any(session in part for part in process.info["cmdline"] or ())}
+    pids |= {child.pid for child in psutil.Process().children(recursive=True)}
+    listening = {conn.laddr.ip for conn in psutil.net_connections("inet")
+                 if conn.status == psutil.CONN_LISTEN and conn.pid in pids}
+    assert listening, "found none of the instance's servers"
+
+    def loopback(address: str) -> bool:
+        ip = ipaddress.ip_address(address)
+        return ip.is_loopback or (ip.version == 6 and ip.ipv4_mapped is not None and ip.ipv4_mapped.is_loopback)
+
+    assert all(loopback(address) for address in listening), listening
+
+
+def test_each_task_is_sent_only_the_items_of_its_shard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, one object of every item (every private context) was put in the object store for every task.
+    Here a stand-in for Ray records what each submitted task is given."""
+    from eval_harness.sweep import ray as on_ray
+
+    submitted: list[tuple] = []
+
+    class Handle:  # what ray.remote(...) returns: .remote() submits, .options() configures
+        def __init__(self, target: object) -> None:
+            self.target = target
+
+        def options(self, **_: object) -> Handle:
+            return self
+
+        def remote(self, *args: object, **kwargs: object) -> object:
+            if self.target is on_ray.run_shard:
+                submitted.append(args)
+                return f"task-{len(submitted)}"
+            return Inbox()
+
+    class Inbox:
+        class take:
+            @staticmethod
+            def remote() -> str:
+                return "no rows"
+
+    class FakeRay:
+        def remote(self, *args: object, **kwargs: object) -> object:
+            return Handle(args[0]) if args else (lambda target: Handle(target))
+
+        def put(self, value: object) -> object:
+            raise AssertionError("nothing is put in the object store for every task")
+
+        def wait(self, refs: list, **_: object) -> tuple[list, list]:
+            return refs, []
+
+        def get(self, ref: object) -> object:
+            return [] if ref == "no rows" else 0
+
+        def kill(self, _: object) -> None:
+            pass
+
+    monkeypatch.setattr(on_ray, "require_ray", FakeRay)
+    items = {"medpriv": load_task("medpriv", 5), "commpriv": load_task("commpriv", 3)}
+    settings = [Setting("medpriv", "cloud", "undefended"), Setting("commpriv", "cloud", "undefended")]
+    with ResultStore(tmp_path / "out.jsonl") as store:
+        plan = plan_shards(settings, items, store, count=3)
+        on_ray.run_on_ray(plan, items, store, spec=None, protocol=DecodingProtocol(max_new_tokens=2), seed=0)
+    assert len(submitted) == 3
+    sent = []
+    for units, shard_items, *_ in submitted:
+        named = sorted((s.task, item_id) for s, item_id in units)
+        given = sorted((task, item.item_id) for task, task_items in shard_items.items() for item in task_items)
+        assert given == sorted(set(named))  # exactly the items its units name, nothing else
+        sent += given
+    assert sorted(sent) == sorted({(task, item.item_id) for task in items for item in items[task]})

@@ -84,8 +84,18 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     judge.add_argument("--max-retries", type=int, default=4, metavar="N",
                        help="retries of a failed call (connection, time-out, 429, 5xx; default: 4)")
     judge.add_argument("--timeout", type=_positive_float, default=120.0, metavar="SECONDS", help="one call's time limit")
+    judge.add_argument("--reasoning-model", action="store_true",
+                       help="the judge is an OpenAI reasoning model (o1, o3, o4-mini, GPT-5 ...): send "
+                            "max_completion_tokens (reasoning tokens count against --max-tokens: give it room, e.g. "
+                            "4096) and no temperature, which they refuse")
+    judge.add_argument("--allow-insecure-http", action="store_true",
+                       help="allow an http:// --endpoint on another host (the key and every private context would "
+                            "cross the network unencrypted); http:// to this machine needs no flag")
     judge.add_argument("--cache", type=Path, metavar="DIR",
-                       help="where judge calls are cached (default: $COVEIL_CACHE_DIR/llm-calls)")
+                       help="where judge calls are cached, 0600 files in 0700 folders, each kept 30 days, 1 GiB in "
+                            "all (default: $COVEIL_CACHE_DIR/llm-calls)")
+    judge.add_argument("--no-cache", action="store_true",
+                       help="cache no judge call on disk (a re-run then asks again for items not in DIR)")
     parser.add_argument("--limit", type=_positive_int, metavar="N", help="the first N items (a trial run)")
     parser.add_argument("-v", "--verbose", action="store_true", help="show the full traceback of an error")
     return parser
@@ -127,18 +137,22 @@ def run(args: argparse.Namespace) -> int:
     reading = read_sources(args.sources, args.format, fields=fields, limit=args.limit)
     if not reading.items:
         raise ValueError(f"no item could be split from {', '.join(map(str, args.sources))}")
+    if args.no_cache and args.cache is not None:
+        raise ValueError("--no-cache and --cache DIR contradict each other: give one")
     client = ChatClient(args.endpoint, args.model, api_key_env=args.api_key_env,
-                        cache_dir=args.cache if args.cache is not None else "default",
+                        cache_dir=None if args.no_cache else args.cache if args.cache is not None else "default",
                         max_retries=args.max_retries, timeout_s=args.timeout,
-                        requests_per_minute=args.requests_per_minute)
+                        requests_per_minute=args.requests_per_minute, allow_insecure_http=args.allow_insecure_http)
     bounds = ReplyBounds(args.max_spans, args.max_span_chars, args.max_text_chars)
     judge = Judge(client, screen_prompt=screen, extract_prompt=extract, domain=domain, json_mode=args.json_mode,
-                  max_tokens=args.max_tokens, bounds=bounds, system_role=not args.no_system_role)
+                  max_tokens=args.max_tokens, bounds=bounds, system_role=not args.no_system_role,
+                  reasoning_model=args.reasoning_model)
     manifest = {
         "format": args.format, "fields": args.fields,
         "sources": [{"path": str(s.resolve()), "sha256": sha256_file(s)} for s in args.sources],
         "domain": domain, "model": args.model, "endpoint": args.endpoint, "json_mode": args.json_mode,
         "max_tokens": args.max_tokens, "system_role": not args.no_system_role,
+        "reasoning_model": True if args.reasoning_model else None,  # None: as builds made before the flag
         "bounds": dataclasses.asdict(bounds) if args.json_mode == "object-schema" else None,
         "screen_prompt": {"name": screen.name, "sha256": screen.sha256},
         "extract_prompt": {"name": extract.name, "sha256": extract.sha256},

@@ -106,7 +106,12 @@ def _inversion_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--inversion-batch", type=_positive, default=8, metavar="N",
                        help="local: observations per batched generate call; URL: requests in flight (default: 8)")
     group.add_argument("--inversion-cache", type=Path, metavar="DIR",
-                       help="where endpoint calls are cached (default: $COVEIL_CACHE_DIR/llm-calls)")
+                       help="where endpoint calls are cached, 0600 files in 0700 folders, each kept 30 days, 1 GiB "
+                            "in all (default: $COVEIL_CACHE_DIR/llm-calls)")
+    group.add_argument("--no-inversion-cache", action="store_true", help="cache no endpoint call on disk")
+    group.add_argument("--allow-insecure-http", action="store_true",
+                       help="allow an http:// --inversion URL on another host (the key and every exposure sequence "
+                            "would cross the network unencrypted); http:// to this machine needs no flag")
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -171,6 +176,10 @@ def run(args: argparse.Namespace) -> int:
     shard_of = parse_shard(args.shard)
     if args.inversion.startswith("http") and not args.inversion_model:
         raise ValueError("--inversion URL needs --inversion-model NAME (the model the endpoint serves)")
+    if args.inversion.startswith("http"):  # before any model loads
+        from eval_harness.llm.client import check_transport
+
+        check_transport(args.inversion, allow_insecure_http=args.allow_insecure_http)
     if args.command == "sweep":
         settings = expand(load_grids(args.grid), args.tasks, modes=args.modes, policies=args.policies)
     else:
@@ -259,8 +268,12 @@ def _attacker(args: argparse.Namespace, runner):  # noqa: ANN001, ANN202
                                      batch_size=args.inversion_batch)
     from eval_harness.llm.client import ChatClient
 
+    if args.no_inversion_cache and args.inversion_cache is not None:
+        raise ValueError("--no-inversion-cache and --inversion-cache DIR contradict each other: give one")
     client = ChatClient(args.inversion, args.inversion_model, api_key_env=args.inversion_key_env,
-                        cache_dir=args.inversion_cache if args.inversion_cache is not None else "default")
+                        cache_dir=None if args.no_inversion_cache else args.inversion_cache
+                        if args.inversion_cache is not None else "default",
+                        allow_insecure_http=args.allow_insecure_http)
     return EndpointInversion(client, piece, k=args.inversion_k, max_new_tokens=args.inversion_max_tokens,
                              parallel=args.inversion_batch)
 

@@ -25,6 +25,7 @@ from eval_harness.construction.pipeline import MANIFEST
 from eval_harness.construction.review import ReviewLog
 from eval_harness.construction.sources import SplitItem
 from eval_harness.datasets import item_from_row
+from eval_harness.private_files import make_private, private_dir, write_private_text
 
 SCHEMA_KEYS = ("answer", "options", "answer_idx", "_split", "_id", "private_context", "public_query",
                "filtered_context")
@@ -149,14 +150,15 @@ def finalize(directory: str | Path, out_dir: str | Path, *, name: str, include_p
         raise ValueError(f"no item to write: {counts['accepted']} accepted, {counts['pending']} not reviewed "
                          f"(decodeleak review {directory}; or --unreviewed to take the judge's proposals), "
                          f"{counts['rejected']} rejected")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = private_dir(out_dir)
     jsonl = out / f"{name}.jsonl"
-    jsonl.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+    write_private_text(jsonl, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
     source = ", ".join(Path(s["path"]).name for s in manifest["sources"]) + f" ({manifest['format']})"
     attributes = dataset_attributes(rows, benchmark=name, source=source, domain=manifest["domain"])
-    (out / "attributes.md").write_text(attributes_markdown(attributes), encoding="utf-8")
-    (out / "attributes.csv").write_text(attributes_csv(attributes), encoding="utf-8")
+    write_private_text(out / "attributes.md", attributes_markdown(attributes))
+    write_private_text(out / "attributes.csv", attributes_csv(attributes))
     figures = plot_lengths(length_distributions(rows), out, title=f"{name}: lengths of {len(rows)} items")
+    for figure in figures:
+        make_private(figure)
     return Finalized(len(rows), log.counts(), include_pending, [jsonl, out / "attributes.md", out / "attributes.csv",
                                                                   *figures])

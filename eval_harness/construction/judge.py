@@ -33,10 +33,16 @@ from eval_harness.metrics.paper import occurs_in
 
 JSON_MODES = ("schema", "object-schema", "object", "none")
 
+#: the longest reply judged (a reply is stored in its stage file): beyond it, the item is rejected as too long
+MAX_REPLY_CHARS = 64 * 1024
+#: the most spans one extraction reply may propose (the published items have at most a few dozen)
+MAX_SPANS = 256
+
 # item-level reasons
 KEPT = "kept"
 INVALID_JSON = "invalid JSON"
 WRONG_SHAPE = "wrong shape"
+TOO_LONG = "reply too long"
 NOT_DECISIVE = "judge: private context not decisive"
 ANSWERABLE = "judge: answerable without the private context"
 NO_VALID_SPAN = "no valid span"
@@ -127,6 +133,8 @@ _FENCE = re.compile(r"\A```(?:json)?\s*\n(.*?)\n?```\Z", re.DOTALL)
 def parse_object(reply: str, schema: Mapping[str, Any]) -> dict[str, Any]:
     """The reply as a JSON object of exactly ``schema``'s keys and types (one surrounding ```json fence is
     allowed, for endpoints without JSON mode)."""
+    if len(reply) > MAX_REPLY_CHARS:
+        raise InvalidReply(TOO_LONG, f"{len(reply)} characters, more than {MAX_REPLY_CHARS}")
     text = reply.strip()
     fenced = _FENCE.match(text)
     try:
@@ -223,7 +231,7 @@ class Screening:
 
     def to_row(self, item_id: str, reply: str) -> dict[str, Any]:
         return {"key": item_id, "kept": self.kept, "reason": self.reason, "detail": self.detail,
-                "verdict": self.verdict, "reply": reply}
+                "verdict": self.verdict, "reply": stored_reply(reply)}
 
 
 @dataclass(frozen=True)
@@ -238,7 +246,14 @@ class Extraction:
 
     def to_row(self, item_id: str, reply: str) -> dict[str, Any]:
         return {"key": item_id, "kept": self.kept, "reason": self.reason, "detail": self.detail,
-                "spans": self.spans, "dropped": self.dropped, "reply": reply}
+                "spans": self.spans, "dropped": self.dropped, "reply": stored_reply(reply)}
+
+
+def stored_reply(reply: str) -> str:
+    """The reply as its stage row keeps it: whole, or its first :data:`MAX_REPLY_CHARS` characters and a note."""
+    if len(reply) <= MAX_REPLY_CHARS:
+        return reply
+    return reply[:MAX_REPLY_CHARS] + f"... [{len(reply) - MAX_REPLY_CHARS} more characters not kept]"
 
 
 def judge_screening(reply: str) -> Screening:
@@ -260,6 +275,8 @@ def judge_extraction(reply: str, item: SplitItem) -> Extraction:
         value = parse_object(reply, EXTRACTION_SCHEMA)
     except InvalidReply as bad:
         return Extraction(False, bad.reason, bad.detail, [], [])
+    if len(value["evidence_spans"]) > MAX_SPANS:
+        return Extraction(False, TOO_LONG, f"{len(value['evidence_spans'])} spans, more than {MAX_SPANS}", [], [])
     spans, dropped = check_spans(value["evidence_spans"], item)
     if not spans:
         return Extraction(False, NO_VALID_SPAN, value["rationale"], [], dropped)
@@ -286,18 +303,23 @@ class Judge:
         bounds: the reply's bounds in the ``object-schema`` mode.
         system_role: send the system prompt as a system message; ``False`` opens the user message with it (for
             chat templates without a system role: llama-cpp-python's ``gemma`` format drops system messages).
+        reasoning_model: the model is one of OpenAI's reasoning models (o1, o3, o4-mini, GPT-5 ...), which refuse
+            ``max_tokens`` and any ``temperature`` but their default: send ``max_completion_tokens`` (which counts
+            the hidden reasoning tokens too) and no temperature. Their replies are then not greedy.
     """
 
     def __init__(self, client: Completer, *, screen_prompt: PromptTemplate, extract_prompt: PromptTemplate,
                  domain: str, json_mode: str = "schema", max_tokens: int = 512, bounds: ReplyBounds = ReplyBounds(),
-                 system_role: bool = True) -> None:
+                 system_role: bool = True, reasoning_model: bool = False) -> None:
         self.client, self.domain, self.max_tokens, self.system_role = client, domain, max_tokens, system_role
+        self.reasoning_model = reasoning_model
         self.screen_prompt, self.extract_prompt = screen_prompt, extract_prompt
         self.screen_format = response_format(json_mode, "screening", SCREENING_SCHEMA, bounds)
         self.extract_format = response_format(json_mode, "evidence_spans", EXTRACTION_SCHEMA, bounds)
 
     def _params(self, fmt: dict[str, Any] | None) -> dict[str, Any]:
-        params: dict[str, Any] = {"temperature": 0.0, "max_tokens": self.max_tokens}
+        params: dict[str, Any] = ({"max_completion_tokens": self.max_tokens} if self.reasoning_model
+                                  else {"temperature": 0.0, "max_tokens": self.max_tokens})
         if fmt is not None:
             params["response_format"] = fmt
         return params

@@ -27,6 +27,7 @@ from typing import Any
 
 from eval_harness.construction.judge import KEPT, Judge
 from eval_harness.construction.sources import SplitItem
+from eval_harness.private_files import private_dir, write_private_text
 from eval_harness.sweep.store import ResultStore
 
 MANIFEST = "build.json"
@@ -36,7 +37,7 @@ EXTRACTION = "extraction.jsonl"
 SUMMARY = "summary.json"
 #: settings a re-run must share with the build it resumes (the endpoint's address and --limit may change)
 PINNED = ("format", "fields", "sources", "domain", "model", "json_mode", "max_tokens", "system_role", "bounds",
-          "screen_prompt", "extract_prompt")
+          "screen_prompt", "extract_prompt", "reasoning_model")
 
 
 def sha256_file(path: str | Path) -> str:
@@ -85,8 +86,8 @@ def check_manifest(directory: Path, manifest: Mapping[str, Any]) -> None:
             raise ValueError(f"{directory} holds a build made with other settings ({', '.join(changed)}: "
                              f"{json.dumps(before.get(name))[:80]} there, {json.dumps(manifest.get(name))[:80]} "
                              "now); give another --out")
-    directory.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(dict(manifest), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    private_dir(directory)
+    write_private_text(path, json.dumps(dict(manifest), indent=2, ensure_ascii=False) + "\n")
 
 
 @dataclass
@@ -134,10 +135,16 @@ class EndpointError(ValueError):
 def _explain(exc: BaseException, stage: str, json_mode: str) -> EndpointError | None:
     """A one-line error for a failure of the endpoint (``None`` for anything else)."""
     status = getattr(exc, "status_code", None)
-    message = str(getattr(exc, "message", exc))[:200]
+    full_message = str(getattr(exc, "message", exc))
+    message = full_message[:200]
     if status in (400, 422):
-        hint = {"schema": "; if it has no OpenAI structured outputs, try --json-mode object-schema (llama-cpp-python) "
-                          "or object", "object-schema": "; try --json-mode schema or object"}.get(json_mode, "")
+        if any(name in full_message for name in ("max_tokens", "max_completion_tokens", "temperature")):
+            hint = ("; an OpenAI reasoning model (o1, o3, o4-mini, GPT-5 ...) takes neither max_tokens nor "
+                    "temperature 0: pass --reasoning-model")
+        else:
+            hint = {"schema": "; if it has no OpenAI structured outputs, try --json-mode object-schema "
+                              "(llama-cpp-python) or object", "object-schema": "; try --json-mode schema or object"
+                    }.get(json_mode, "")
         return EndpointError(f"the endpoint refused a {stage} request ({status}: {message}){hint}")
     if status in (401, 403):
         return EndpointError(f"the endpoint refused the key ({status}: {message}); set it in the variable "
@@ -246,8 +253,7 @@ def build(directory: Path, items: Sequence[SplitItem], skipped: Counter[str], ju
     extracted = _stage(directory / EXTRACTION, "extract", kept, judge.extract, **options)
     stages = [screened, extracted]
     summary = BuildSummary(len(items), skipped, stages)
-    (directory / SUMMARY).write_text(json.dumps(summary.to_json(), indent=2, ensure_ascii=False) + "\n",
-                                     encoding="utf-8")
+    write_private_text(directory / SUMMARY, json.dumps(summary.to_json(), indent=2, ensure_ascii=False) + "\n")
     return summary
 
 

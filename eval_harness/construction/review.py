@@ -27,6 +27,7 @@ from typing import Any
 from eval_harness.construction.judge import check_spans, occurrences
 from eval_harness.construction.pipeline import proposals
 from eval_harness.construction.sources import SplitItem
+from eval_harness.private_files import open_private
 
 REVIEW = "review.jsonl"
 STATUSES = ("pending", "accepted", "rejected")
@@ -34,6 +35,10 @@ STATUSES = ("pending", "accepted", "rejected")
 CSV_COLUMNS = ("_id", "status", "spans", "marked_private_context", "public_query", "answer", "judge_rationale")
 #: how ``marked_private_context`` marks a span
 MARK_OPEN, MARK_CLOSE = "[[", "]]"
+#: a cell starting with one of these is a formula to a spreadsheet (OWASP's list); ``'`` is the escape itself
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+#: the longest CSV field :func:`import_csv` reads (the csv module's default, 128 KiB, is less than a long context)
+CSV_FIELD_LIMIT = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -126,7 +131,7 @@ class ReviewLog:
         decision = {"item": item_id, "status": status, "spans": kept,
                     "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         with self._lock:
-            with self.path.open("a", encoding="utf-8") as out:
+            with open_private(self.path, "a", encoding="utf-8") as out:
                 out.write(json.dumps(decision, ensure_ascii=False) + "\n")
                 out.flush()
                 os.fsync(out.fileno())
@@ -170,19 +175,31 @@ def marked(context: str, spans: Sequence[str]) -> str:
                    for text, index in segments(context, spans))
 
 
+def escape_formula(cell: str) -> str:
+    """``cell`` made inert for a spreadsheet: ``'`` before a cell that starts with a formula character or with
+    ``'`` (so the escape can be undone exactly, :func:`unescape_formula`); any other cell unchanged."""
+    return "'" + cell if cell.startswith((*FORMULA_STARTS, "'")) else cell
+
+
+def unescape_formula(cell: str) -> str:
+    """The inverse of :func:`escape_formula`: one ``'`` dropped before a formula character or ``'``. A cell a
+    spreadsheet saved without the escape (the text the person saw) comes back unchanged."""
+    return cell[1:] if cell.startswith("'") and cell[1:].startswith((*FORMULA_STARTS, "'")) else cell
+
+
 def export_csv(log: ReviewLog, path: str | Path) -> int:
     """Write every proposed item to a CSV for a spreadsheet: fill in ``status`` and edit ``spans`` (comma-separated,
     as in the benchmark); ``marked_private_context`` shows the spans in ``[[ ]]``. Returns the rows written."""
     items = log.items()
-    with Path(path).open("w", encoding="utf-8", newline="") as out:
+    with open_private(path, "w", encoding="utf-8", newline="") as out:
         writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS)
         writer.writeheader()
         for entry in items:
-            writer.writerow({"_id": entry.item.item_id, "status": entry.status, "spans": ", ".join(entry.spans),
-                             "marked_private_context": marked(entry.item.private_context, entry.spans),
-                             "public_query": entry.item.public_query,
-                             "answer": f"({entry.item.answer_idx}) {entry.item.answer}",
-                             "judge_rationale": entry.judge_rationale})
+            row = {"_id": entry.item.item_id, "status": entry.status, "spans": ", ".join(entry.spans),
+                   "marked_private_context": marked(entry.item.private_context, entry.spans),
+                   "public_query": entry.item.public_query, "answer": f"({entry.item.answer_idx}) {entry.item.answer}",
+                   "judge_rationale": entry.judge_rationale}
+            writer.writerow({column: escape_formula(text) for column, text in row.items()})
     return len(items)
 
 
@@ -190,8 +207,27 @@ def import_csv(log: ReviewLog, path: str | Path) -> dict[str, int]:
     """Apply a reviewed CSV: each row whose status or spans differ from the item's state becomes a decision.
 
     Every row is checked first; if any is wrong nothing is written (``ValueError`` naming each bad row by its
-    line). Returns the decisions made, by status.
+    line). Cells are read through :func:`unescape_formula`. Returns the decisions made, by status.
     """
+    limit = csv.field_size_limit(CSV_FIELD_LIMIT)
+    try:
+        planned, problems = _plan_import(log, path)
+    except csv.Error as exc:
+        raise ValueError(f"{path}: not a readable CSV ({exc}; a field may be at most {CSV_FIELD_LIMIT} "
+                         "characters)") from None
+    finally:
+        csv.field_size_limit(limit)
+    if problems:
+        raise ValueError(f"{path}: nothing imported; " + "; ".join(problems))
+    made = dict.fromkeys(STATUSES, 0)
+    for item_id, status, spans in planned:
+        log.decide(item_id, status, spans)
+        made[status] += 1
+    return made
+
+
+def _plan_import(log: ReviewLog, path: str | Path) -> tuple[list[tuple[str, str, list[str]]], list[str]]:
+    """The decisions a reviewed CSV asks for, and the problems of its bad rows (each named by its line)."""
     with Path(path).open(encoding="utf-8-sig", newline="") as data:
         reader = csv.DictReader(data)
         missing = [c for c in ("_id", "status", "spans") if c not in (reader.fieldnames or [])]
@@ -201,19 +237,14 @@ def import_csv(log: ReviewLog, path: str | Path) -> dict[str, int]:
         for row in reader:
             line = reader.line_num
             try:
-                current = log.item(row["_id"])
-                status = (row["status"] or "pending").strip().lower()
-                spans = [span.strip() for span in (row["spans"] or "").split(",") if span.strip()]
+                item_id, status, spans = (unescape_formula(row[column] or "") for column in ("_id", "status", "spans"))
+                current = log.item(item_id)
+                status = (status or "pending").strip().lower()
+                spans = [span.strip() for span in spans.split(",") if span.strip()]
                 check_decision(current.item, status, spans)
             except (KeyError, ValueError) as exc:
                 problems.append(f"line {line}: {exc}")
                 continue
             if status != current.status or tuple(spans) != current.spans:
-                planned.append((row["_id"], status, spans))
-    if problems:
-        raise ValueError(f"{path}: nothing imported; " + "; ".join(problems))
-    made = dict.fromkeys(STATUSES, 0)
-    for item_id, status, spans in planned:
-        log.decide(item_id, status, spans)
-        made[status] += 1
-    return made
+                planned.append((item_id, status, spans))
+    return planned, problems

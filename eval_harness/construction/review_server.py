@@ -8,17 +8,26 @@ gets ``400 {"error": ...}`` and changes nothing.
 It listens on loopback only and answers only requests addressed to a loopback host (no DNS rebinding); it sends
 no CORS headers and takes decisions only as ``application/json``, which a page of another origin cannot send
 without a preflight this server never grants.
+
+Loopback is not a credential: any local process (another user's included) can connect. So, as Jupyter does, each
+run draws a secret (:func:`secrets.token_urlsafe`, 256 bits) and answers only a request that carries it: either
+``?token=<secret>`` in the URL (the address printed and opened; the reply sets the secret as an ``HttpOnly``,
+``SameSite=Strict`` cookie scoped to this port and redirects to the same path without it) or that cookie. Both
+are compared in constant time (:func:`hmac.compare_digest`). Anything else gets ``403`` and no data.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
+import secrets
 import threading
 from http import HTTPStatus
+from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from eval_harness.construction.review import ReviewLog
 
@@ -37,18 +46,28 @@ def _host_is_loopback(host_header: str | None) -> bool:
     return host in LOOPBACK_HOSTS
 
 
-class ReviewServer:
-    """The review page over ``directory`` at ``http://127.0.0.1:<port>/`` (``port=0``: any free port).
+def _carries(secret: str, given: str | None) -> bool:
+    """Whether ``given`` is ``secret``, compared in constant time (no timing oracle on a prefix)."""
+    return given is not None and hmac.compare_digest(given.encode(), secret.encode())
 
-    ``serve_forever()`` blocks; ``start()`` serves from a daemon thread (for tests); ``close()`` stops.
+
+class ReviewServer:
+    """The review page over ``directory`` at ``http://127.0.0.1:<port>/?token=<secret>`` (``port=0``: any free port).
+
+    ``url`` is the address to open (it carries this run's secret); ``base_url`` is the same without it, which the
+    server refuses until the secret's cookie is set. ``serve_forever()`` blocks; ``start()`` serves from a daemon
+    thread (for tests); ``close()`` stops.
     """
 
     def __init__(self, directory: str | Path, *, port: int = 0) -> None:
         self.log = ReviewLog(directory)
         self.directory = Path(directory)
+        self.token = secrets.token_urlsafe(32)
         self._httpd = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self.port = self._httpd.server_port
-        self.url = f"http://127.0.0.1:{self.port}/"
+        self.cookie_name = f"coveil-review-{self.port}"  # cookies are not scoped by port: one name per server
+        self.base_url = f"http://127.0.0.1:{self.port}/"
+        self.url = f"{self.base_url}?token={self.token}"
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         server = self
@@ -65,14 +84,40 @@ class ReviewServer:
             def _json(self, status: int, value: Any) -> None:
                 self._send(status, json.dumps(value, ensure_ascii=False).encode(), "application/json")
 
+            def _cookie_token(self) -> str | None:
+                try:
+                    morsel = SimpleCookie(self.headers.get("Cookie", "")).get(server.cookie_name)
+                except CookieError:
+                    return None
+                return None if morsel is None else morsel.value
+
             def _refused(self) -> bool:
-                if _host_is_loopback(self.headers.get("Host")):
+                if not _host_is_loopback(self.headers.get("Host")):
+                    self._json(HTTPStatus.FORBIDDEN, {"error": "the review page answers only loopback hosts"})
+                    return True
+                if _carries(server.token, self._cookie_token()):
                     return False
-                self._json(HTTPStatus.FORBIDDEN, {"error": "the review page answers only loopback hosts"})
+                self._json(HTTPStatus.FORBIDDEN, {"error": "open the address decodeleak review printed (it carries "
+                                                           "this run's secret)"})
+                return True
+
+            def _token_in_query(self) -> bool:
+                """A GET whose ``?token=`` is the secret: set the cookie and redirect to the path without it."""
+                given = parse_qs(urlsplit(self.path).query).get("token")
+                if not given or not _carries(server.token, given[0]) or \
+                        not _host_is_loopback(self.headers.get("Host")):
+                    return False
+                self.send_response(HTTPStatus.SEE_OTHER)
+                self.send_header("Set-Cookie", f"{server.cookie_name}={server.token}; Path=/; HttpOnly; "
+                                               "SameSite=Strict")
+                self.send_header("Location", urlsplit(self.path).path)
+                self.send_header("Content-Length", "0")
+                self.send_header("Cache-Control", "no-store")
+                self.end_headers()
                 return True
 
             def do_GET(self) -> None:  # noqa: N802
-                if self._refused():
+                if self._token_in_query() or self._refused():
                     return
                 path = urlsplit(self.path).path
                 if path in STATIC_FILES:

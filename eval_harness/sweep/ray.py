@@ -33,6 +33,12 @@ most one per item being decoded); a re-run does those and the rest.
 error); the other shards go on and their rows are written; then
 :class:`ShardsFailed` names every failed shard.  What was written stays.
 
+**Private data.**  A task's arguments (its items: private contexts) and its rows (decoded answers) pass
+through the cluster's object store and its network channels.  Each task is sent only the items its
+shard names (:func:`shard_items`), never the whole task list; a local instance (``--ray local``) listens
+on loopback only (:func:`_loopback_only`) with no dashboard.  A cluster's own channels are its operator's
+to secure (Ray's token authentication, TLS between nodes): the README says how.
+
 **Code.**  :func:`connect` ships the driver's own ``edge_sdk``,
 ``cloud_adapter`` and ``eval_harness`` to the workers (``runtime_env``
 ``py_modules``), so the cluster runs the code the driver runs, not a copy
@@ -46,7 +52,9 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-from collections.abc import Callable, Mapping, Sequence
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -105,10 +113,51 @@ def connect(address: str = "local", **init_options: Any) -> bool:
     ray = require_ray()
     if ray.is_initialized():
         return False
-    if address == "local":
-        init_options.setdefault("include_dashboard", False)
-    ray.init(address=address, runtime_env={"py_modules": [str(d) for d in code_dirs()]}, **init_options)
+    runtime_env = {"py_modules": [str(d) for d in code_dirs()]}
+    if address != "local":
+        ray.init(address=address, runtime_env=runtime_env, **init_options)
+        return True
+    init_options.setdefault("include_dashboard", False)
+    with _loopback_only():
+        ray.init(address=address, runtime_env=runtime_env, _node_ip_address="127.0.0.1", **init_options)
     return True
+
+
+@contextmanager
+def _loopback_only() -> Iterator[None]:
+    """While a local instance starts, Ray takes this machine's loopback address as its node address.
+
+    Every private context of a sweep passes through the instance's object store, so its servers must not be
+    reachable from the network. Ray resolves a node address of 127.0.0.1 to the machine's reachable one (and binds
+    its servers there and on ``::``) unless multi-node clusters are off: ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``,
+    which Ray reads when it is imported, by this process (``ray_constants.ENABLE_RAY_CLUSTER``, set here too in
+    case ``ray`` was imported already) and by the daemons ``ray.init`` starts (they inherit the environment).
+    Both are restored once the instance runs.
+    """
+    from ray._private import ray_constants
+
+    variable = ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR
+    before_env, before_flag = os.environ.get(variable), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[variable] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before_flag
+        if before_env is None:
+            os.environ.pop(variable, None)
+        else:
+            os.environ[variable] = before_env
+
+
+def shard_items(units: Sequence[tuple[Setting, str]],
+                items: Mapping[str, Sequence[DecodeLeakItem]]) -> dict[str, list[DecodeLeakItem]]:
+    """The items ``units`` name, by task, in their task's order: all a shard's task is sent (no other private
+    context reaches its worker or the object store on its behalf)."""
+    wanted: dict[str, set[str]] = {}
+    for setting, item_id in units:
+        wanted.setdefault(setting.task, set()).add(item_id)
+    return {task: [item for item in items[task] if item.item_id in ids] for task, ids in wanted.items()}
 
 
 def default_shard_count(cpus_per_task: float, gpus_per_task: float) -> int:
@@ -278,10 +327,10 @@ def run_on_ray(
         return outcome
     inbox = ray.remote(num_cpus=0)(RowInbox).remote()
     task = ray.remote(run_shard).options(num_cpus=cpus_per_task, num_gpus=gpus_per_task)
-    shared_items = ray.put(dict(items))
     driver_code = code_digest()
     running = {
-        task.remote(units, shared_items, inbox, spec=spec, protocol=protocol, seed=seed, driver_code=driver_code): j
+        task.remote(units, shard_items(units, items), inbox, spec=spec, protocol=protocol, seed=seed,
+                    driver_code=driver_code): j
         for j, units in enumerate(plan.shards)
     }
 

@@ -24,6 +24,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from eval_harness.private_files import open_private, private_dir
+
 
 #: the row fields that identify the run a row belongs to (a file holds one run)
 RUN_FIELDS = ("models", "dtype", "backend", "protocol", "seed")
@@ -67,7 +69,7 @@ class RowStore(Protocol):
 
 
 class ResultStore:
-    """One JSONL results file, opened for appending.
+    """One JSONL results file, opened for appending (0600; folders it makes 0700: :mod:`eval_harness.private_files`).
 
     Args:
         path: the file (created with its parent directory if missing).
@@ -75,12 +77,12 @@ class ResultStore:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.path.parent)
         self._keys: set[str] = set()
         self._runs: set[str] = set()  # run_identity of the rows in the file
         self.recovered_bytes = 0  # bytes of a torn last line moved aside on opening
         self._load()
-        self._file = self.path.open("a", encoding="utf-8")
+        self._file = open_private(self.path, "a", encoding="utf-8")  # rows hold decoded private answers
 
     def _load(self) -> None:
         if not self.path.exists():
@@ -89,7 +91,7 @@ class ResultStore:
         end = data.rfind(b"\n") + 1
         if end < len(data):  # a line without its newline: the writer died while writing it
             torn = self.path.with_name(self.path.name + ".torn")
-            with torn.open("ab") as aside:
+            with open_private(torn, "ab") as aside:
                 aside.write(data[end:] + b"\n")
             with self.path.open("r+b") as out:
                 out.truncate(end)
