@@ -319,6 +319,16 @@ def encode_upload(step: int, upload: CloudUpload, *, no_stop: bool = False) -> A
     return m.EdgeMessage(signal=m.StepSignal(step=step, upload=body, no_stop=no_stop))
 
 
+def decode_upload(msg: Any, vocab_size: int, space: FusionSpace = "prob") -> CloudUpload:
+    """``Upload`` → :class:`CloudUpload`, the inverse of :func:`encode_upload` (a dense one lists ids
+    ``0..vocab_size-1``).  Raises ``ValueError`` on malformed bytes or mismatched lengths."""
+    values = values_from_bytes(msg.values)
+    ids = np.arange(values.size, dtype=np.int64) if msg.dense else ids_from_bytes(msg.ids)
+    if msg.dense and values.size != vocab_size:
+        raise ValueError(f"a dense upload carries {values.size} values, the vocabulary has {vocab_size}")
+    return CloudUpload(ids, values, space)
+
+
 def encode_token(step: int, token_id: int) -> Any:
     m = pb()
     return m.EdgeMessage(signal=m.StepSignal(step=step, token_id=int(token_id)))
