@@ -305,14 +305,15 @@ def decode_distribution(msg: Any, vocab_size: int) -> CloudDistribution:
     )
 
 
-def encode_upload(step: int, upload: CloudUpload, *, no_stop: bool = False) -> Any:
-    """An upload of every id ``0..n-1`` travels dense (values only); any other upload sparse.
+def encode_upload(step: int, upload: CloudUpload, *, vocab_size: int | None = None, no_stop: bool = False) -> Any:
+    """An upload of every id of the vocabulary (``0..vocab_size-1``) travels dense (values only); any other
+    upload sparse (a dense one names no ids: only one that covers the whole vocabulary can be read back).
 
     ``no_stop``: the cloud must not pick an end-of-generation id at this step.
     """
     m = pb()
     n = len(upload)
-    if n > 1 and upload.ids[0] == 0 and upload.ids[-1] == n - 1:  # ids are unique and ascending: 0..n-1
+    if n > 1 and n == vocab_size and upload.ids[0] == 0 and upload.ids[-1] == n - 1:  # unique, ascending: 0..n-1
         body = m.Upload(values=values_to_bytes(upload.values), dense=True)
     else:
         body = m.Upload(ids=ids_to_bytes(upload.ids), values=values_to_bytes(upload.values))
