@@ -59,7 +59,8 @@ class _SuffixTable:
     """Rows keyed by id tuples; a sequence reads the row of the longest key that ends it (``()`` ends every one)."""
 
     def __init__(self, rows: Mapping[tuple[int, ...], Row], default: Row | None, vocab_size: int, what: str) -> None:
-        self.rows = {tuple(int(i) for i in key): _row(row, vocab_size, f"{what} row {key}") for key, row in rows.items()}
+        self.rows = {tuple(int(i) for i in key): _row(row, vocab_size, f"{what} row {key}")
+                     for key, row in rows.items()}
         if () not in self.rows:
             self.rows[()] = np.zeros(vocab_size, np.float32) if default is None else _row(
                 default, vocab_size, f"{what} default row")
