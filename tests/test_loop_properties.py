@@ -361,3 +361,30 @@ def test_an_upload_of_the_first_ids_only_travels_sparse_and_reads_back_whole() -
     whole = wire.encode_upload(3, CloudUpload(np.arange(4), np.full(4, 0.25, np.float32)), vocab_size=4)
     assert whole.signal.upload.dense and not whole.signal.upload.ids
     assert wire.decode_upload(whole.signal.upload, 4).ids.tolist() == [0, 1, 2, 3]
+
+
+def test_the_fakes_take_the_time_they_are_told_and_serve_the_edge_client() -> None:
+    """A 30 ms cloud step shows in the edge's wait for it and in the forward time the cloud reports; a prefill
+    of the SLM that grows with the prompt's length delays the session's open; ``EdgeClient`` drives the same
+    cloud through its session handlers."""
+    import time
+
+    from edge_sdk.client import EdgeClient
+
+    pieces = ["<eos>", "a", "b", "\n", " ", "liver", " liver", "?"]
+    slm = TableSLM(pieces, default=np.log([1e-6, .1, .1, .1, .1, .1, .4, .1]), eos_ids={0},
+                   delay_s=lambda length: 0.01 * length if length > 2 else 0.0)
+    cloud = ScriptedCloud(len(pieces), default=np.log([1e-6, .1, .3, .1, .1, .1, .2, .1]), eos_ids={0},
+                          delay_s=lambda step: 0.03 if step == 1 else 0.0)
+    started = time.perf_counter()
+    decoder = CollaborativeDecoder(slm, Undefended(), DecodeSettings(mode="cloud", max_new_tokens=3),
+                                   slm_prompt=[1, 2, 1, 2], cloud_prompt=[2], meter=LeakageMeter(frozenset()))
+    list(run_with_resume(decoder, cloud.connect))
+    assert time.perf_counter() - started >= 0.04 + 0.05 + 0.06 + 0.03  # prefill of 4, appends at 5 and 6, step 1
+    entries = decoder.ledger.entries
+    assert [e.cloud_forward_ms for e in entries] == [0.0, 30.0, 0.0]
+    assert entries[1].wait_ms >= 30.0
+    result = EdgeClient(cloud.session, slm=slm).generate("ab?", "a liver", mode="cloud", policy="undefended",
+                                                         max_new_tokens=2)
+    assert result.token_ids == [6, 6] and result.text == " liver liver"  # 0.3 * .2 + 0.7 * .4 beats the rest
+    assert [m.WhichOneof("kind") for m in cloud.edge_messages()[-3:]] == ["open", "signal", "signal"]
