@@ -161,3 +161,11 @@ def test_every_decodeleak_help_reads_as_written() -> None:
             command.parse_args(["--help"])
         assert text.getvalue().startswith(f"usage: decodeleak {name}"), name
         assert "%%" not in text.getvalue(), name
+
+
+def test_ruff_passes_with_the_project_rule_list() -> None:
+    """``ruff check`` (the dev extra's) passes with ``[tool.ruff.lint]``, whose RUF100 also refuses any ``noqa``
+    that suppresses nothing or names a rule that is off."""
+    done = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise", "."],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-1000:]

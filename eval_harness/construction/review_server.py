@@ -71,7 +71,7 @@ class ReviewServer:
                 self._json(HTTPStatus.FORBIDDEN, {"error": "the review page answers only loopback hosts"})
                 return True
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 if self._refused():
                     return
                 path = urlsplit(self.path).path
@@ -84,7 +84,7 @@ class ReviewServer:
                 else:
                     self._json(HTTPStatus.NOT_FOUND, {"error": f"no page {path}"})
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 if self._refused():
                     return
                 path = urlsplit(self.path).path
