@@ -160,7 +160,8 @@ def test_a_broken_stream_resends_the_unacknowledged_step_byte_for_byte(scenario,
     policy = DPLogit(epsilon=1.0) if mode == "cloud" else Undefended(temperature=1.0)
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
     decoder = decode(slm, cloud, policy, mode=mode, max_new_tokens=steps, reconnects=1, rng=rng)
-    first, second = cloud.sessions
+    assert len(cloud.sessions) == 2
+    second = cloud.sessions[1]
     by_step = signal_bytes_by_step(cloud)
     assert len(by_step[broken]) == 2 and by_step[broken][0] == by_step[broken][1]
     assert all(len(sent) == 1 for step, sent in by_step.items() if step != broken)
@@ -336,17 +337,32 @@ def test_the_table_slm_reads_the_longest_key_that_ends_the_sequence() -> None:
 
 
 def test_the_scripted_cloud_lies_as_told_and_the_edge_refuses_a_malformed_row() -> None:
-    """A lie that passes the codec reaches the policy; one that breaks a wire check ends the session."""
+    """A lie that passes the codec reaches the policy; one that breaks a wire check ends the session.
+
+    Hand-worked, alpha = 0.5, top_m = 2: p_llm = (0, .4, .35, .25), p_slm = (0, .2, .3, .5).  Sent: ids 1, 2
+    with tail bound .35.  Fused: id 1 .3, id 2 .325; the omitted id 3 may reach .5 * .35 + .5 * .5 = .425,
+    so the edge asks for the full row and picks id 3 (.375).  A cloud claiming a tail bound of 0 caps id 3 at
+    .25 < .325: the edge certifies id 2 without asking (the certificate trusts the cloud's row).
+    """
     from edge_sdk.transport import CloudError
+
+    def claims_an_empty_tail(dist: wire.CloudDistribution) -> wire.CloudDistribution:
+        return wire.CloudDistribution(dist.step, dist.ids, dist.values, tail_bound=0.0, tail_mass=dist.tail_mass)
 
     def claims_a_larger_tail(dist: wire.CloudDistribution) -> wire.CloudDistribution:
         return wire.CloudDistribution(dist.step, dist.ids, dist.values, tail_bound=float(dist.values[-1]) + 0.5)
 
-    scenario = {"vocab": 4, "steps": 2, "slm_rows": [np.zeros(4, np.float32)] * 4,
-                "cloud_rows": [np.array([-30, 2, 1, 0], np.float32)] * 2}
+    scenario = {"vocab": 4, "steps": 1, "slm_rows": [np.log([1e-9, 0.2, 0.3, 0.5])] * 4,
+                "cloud_rows": [np.log([1e-9, 0.4, 0.35, 0.25])]}
+    kinds = []
+    for lie in (None, claims_an_empty_tail):
+        slm, cloud = build(scenario, lie=lie)
+        decoder = decode(slm, cloud, Undefended(), mode="edge", max_new_tokens=1, top_m=2, alpha=0.5)
+        kinds.append((decoder.tokens, [m.WhichOneof("kind") for m in cloud.edge_messages()]))
+    assert kinds == [([3], ["open", "request_full", "signal"]), ([2], ["open", "signal"])]
     slm, cloud = build(scenario, lie=claims_a_larger_tail)
     with pytest.raises(CloudError, match="DATA_LOSS: .*tail bound exceeds a value it sent"):
-        decode(slm, cloud, Undefended(), mode="edge", max_new_tokens=2, top_m=2)
+        decode(slm, cloud, Undefended(), mode="edge", max_new_tokens=1, top_m=2)
 
 
 def test_an_upload_of_the_first_ids_only_travels_sparse_and_reads_back_whole() -> None:
@@ -388,3 +404,16 @@ def test_the_fakes_take_the_time_they_are_told_and_serve_the_edge_client() -> No
                                                          max_new_tokens=2)
     assert result.token_ids == [6, 6] and result.text == " liver liver"  # 0.3 * .2 + 0.7 * .4 beats the rest
     assert [m.WhichOneof("kind") for m in cloud.edge_messages()[-3:]] == ["open", "signal", "signal"]
+
+
+def test_the_fakes_module_example_runs_as_written() -> None:
+    """The usage example in ``edge_sdk.testing``'s docstring decodes its three tokens."""
+    import textwrap
+
+    import edge_sdk.testing
+
+    doc = edge_sdk.testing.__doc__
+    code = textwrap.dedent(doc.split("in milliseconds::\n", 1)[1].split("\n\n``EdgeClient", 1)[0])
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "edge_sdk.testing example", "exec"), namespace)
+    assert len(namespace["tokens"]) == 3 and namespace["decoder"].ledger.entries[0].values_uploaded <= 1
