@@ -54,7 +54,7 @@ def main() -> None:
     slowest = 0.0
     for vocab in VOCABS:
         p_slm, p_llm = peaked_pair(vocab, seed=vocab)
-        floor = best_time(lambda: np.argmax(p_llm), args.repeats)
+        floor = best_time(lambda: np.argmax(p_llm), args.repeats)  # noqa: B023
         print(f"\nvocab {vocab:,}: np.argmax = {floor * 1e6:.1f} us")
         print(f"  {'policy':<16}{'mode':<7}{'us/step':>10}{'x argmax':>10}")
         neighbours = EmbeddingNeighbours(np.random.default_rng(1).standard_normal((vocab, 64)).astype(np.float32))
@@ -63,7 +63,8 @@ def main() -> None:
             # one argmax and a 20-row similarity (64-d rows here, 640 in Gemma-3)
             policy = make_policy(name, neighbours=neighbours) if name == "custext" else make_policy(name)
             for mode in sorted(policy.modes):
-                seconds = best_time(lambda: policy.decide(mode, p_slm, p_llm, alpha=0.3, rng=rng), args.repeats)
+                seconds = best_time(lambda: policy.decide(mode, p_slm, p_llm, alpha=0.3, rng=rng),  # noqa: B023
+                                    args.repeats)
                 ratio = seconds / floor
                 print(f"  {name:<16}{mode:<7}{seconds * 1e6:>10.1f}{ratio:>10.1f}")
                 slowest = max(slowest, ratio)

@@ -61,7 +61,7 @@ def _session(channel: Any, request: wire.SessionRequest, start: threading.Barrie
             if reply.WhichOneof("kind") == "finished":
                 break
             dist = wire.decode_distribution(reply.distribution, info.vocab_size)
-    except Exception as exc:  # reported, not raised: one failure must not hide the others
+    except Exception as exc:  # noqa: BLE001 - reported, not raised: one failure must not hide the others
         with lock:
             report.errors.append(f"{type(exc).__name__}: {exc}")
         start.abort()

@@ -391,12 +391,12 @@ class ModelLane:
 
     def prefill(self, prompt_ids: Sequence[int]) -> tuple[CloudSequence, int]:
         request = _PrefillRequest([int(i) for i in prompt_ids])
-        self._batcher._submit(self._queue, request)
+        self._batcher._submit(self._queue, request)  # noqa: SLF001 - the batcher's own queue entry point
         return request.result.result()
 
     def forward(self, seq: CloudSequence, token_id: int) -> int:
         request = _StepRequest(seq, int(token_id))
-        self._batcher._submit(self._queue, request)
+        self._batcher._submit(self._queue, request)  # noqa: SLF001 - the batcher's own queue entry point
         return request.result.result()
 
     def release(self, seq: CloudSequence) -> None:

@@ -180,7 +180,7 @@ class DecodeServicer(coveil_pb2_grpc.CollaborativeDecodingServicer):
             log_event(logging.INFO, "session_refused", session_id=handler.session_id, status=exc.code,
                       steps=handler.steps)
             status = (getattr(grpc.StatusCode, exc.code), exc.message)
-        except Exception as exc:  # a bug: report it without the data, keep serving the others
+        except Exception as exc:  # noqa: BLE001 - a bug: report it without the data, keep serving the others
             handler.abandon("error")
             log_event(logging.ERROR, "internal_error", session_id=handler.session_id, error_type=type(exc).__name__,
                       traceback="".join(traceback.format_tb(exc.__traceback__)))

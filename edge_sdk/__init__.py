@@ -32,13 +32,19 @@ _EXPORTS = {
 
 __all__ = ["__version__", *_EXPORTS]
 
-if TYPE_CHECKING:
-    from edge_sdk.backends.base import SLMBackend
-    from edge_sdk.backends.llama_cpp import LlamaCppSLM
-    from edge_sdk.client import Credentials, EdgeClient, GenerationResult
-    from edge_sdk.policies import CoVeil, Policy, Undefended, available_policies, make_policy
-    from edge_sdk.session import PrivacyLedger
-    from edge_sdk.transport import CloudError
+if TYPE_CHECKING:  # the lazy exports, re-exported (``X as X``) for type checkers
+    from edge_sdk.backends.base import SLMBackend as SLMBackend
+    from edge_sdk.backends.llama_cpp import LlamaCppSLM as LlamaCppSLM
+    from edge_sdk.client import Credentials as Credentials
+    from edge_sdk.client import EdgeClient as EdgeClient
+    from edge_sdk.client import GenerationResult as GenerationResult
+    from edge_sdk.policies import CoVeil as CoVeil
+    from edge_sdk.policies import Policy as Policy
+    from edge_sdk.policies import Undefended as Undefended
+    from edge_sdk.policies import available_policies as available_policies
+    from edge_sdk.policies import make_policy as make_policy
+    from edge_sdk.session import PrivacyLedger as PrivacyLedger
+    from edge_sdk.transport import CloudError as CloudError
 
 
 def __getattr__(name: str) -> Any:

@@ -251,11 +251,3 @@ def sample_from(weights: np.ndarray, rng: np.random.Generator) -> int:
         raise ValueError("cannot sample: weights must be finite, non-negative and not all zero")
     return int(min(np.searchsorted(cdf, rng.random() * total, side="right"), len(cdf) - 1))
 
-
-def exposure_set(values: np.ndarray, k: int) -> np.ndarray:
-    """DecodeLeak's per-step exposure set ``E_t^K = TopK(values)`` (ids, best first).
-
-    ``values`` is what the cloud observed (the uploaded SLM values, missing ids
-    counting as absent) or, for token-level leakage, the cloud's own ``p_llm``.
-    """
-    return top_k_ids(values, k)

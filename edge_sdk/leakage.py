@@ -35,7 +35,7 @@ import functools
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal
 
 import numpy as np
 
@@ -99,12 +99,6 @@ def detect_piece_family(pieces: Iterable[str]) -> PieceFamily:
     if spm == bpe == 0:
         return "plain"
     return "byte_level" if bpe > spm else "sentencepiece"
-
-
-class PieceReader(Protocol):
-    """Token id → the text it stands for; what the leakage meter and the metrics read pieces with."""
-
-    def __call__(self, token_id: int) -> str: ...
 
 
 class PieceDecoder:

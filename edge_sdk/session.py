@@ -357,7 +357,8 @@ class CollaborativeDecoder:
             if sent is None:
                 p_slm = self._p_slm
                 budget = self.settings.exposure_budget
-                withheld = budget is not None and self._steered_steps >= budget * max_steps
+                # one more steered step must keep the share within the budget: at most floor(budget * max_steps)
+                withheld = budget is not None and self._steered_steps + 1 > budget * max_steps
                 signal = self._decide(p_slm, dist, withheld, no_stop)
                 full_requested = signal is None
                 if signal is None:

@@ -233,11 +233,11 @@ class CloudConnection:
 
         ``no_stop``: the cloud must not pick an end-of-generation id this step.
         """
-        self._send(wire.encode_upload(step, upload, no_stop=no_stop))
+        assert self.info is not None, "open the session first"
+        self._send(wire.encode_upload(step, upload, vocab_size=self.info.vocab_size, no_stop=no_stop))
         chosen = self._receive("token")
         if chosen.step != step:
             raise CloudError("INTERNAL", f"the cloud answered step {chosen.step} to step {step}")
-        assert self.info is not None
         if chosen.token_id >= self.info.vocab_size:
             raise CloudError("DATA_LOSS", f"the cloud chose token {chosen.token_id}, outside the vocabulary")
         return int(chosen.token_id), bool(chosen.finished)

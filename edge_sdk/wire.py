@@ -305,18 +305,29 @@ def decode_distribution(msg: Any, vocab_size: int) -> CloudDistribution:
     )
 
 
-def encode_upload(step: int, upload: CloudUpload, *, no_stop: bool = False) -> Any:
-    """An upload of every id ``0..n-1`` travels dense (values only); any other upload sparse.
+def encode_upload(step: int, upload: CloudUpload, *, vocab_size: int | None = None, no_stop: bool = False) -> Any:
+    """An upload of every id of the vocabulary (``0..vocab_size-1``) travels dense (values only); any other
+    upload sparse (a dense one names no ids: only one that covers the whole vocabulary can be read back).
 
     ``no_stop``: the cloud must not pick an end-of-generation id at this step.
     """
     m = pb()
     n = len(upload)
-    if n > 1 and upload.ids[0] == 0 and upload.ids[-1] == n - 1:  # ids are unique and ascending: 0..n-1
+    if n > 1 and n == vocab_size and upload.ids[0] == 0 and upload.ids[-1] == n - 1:  # unique, ascending: 0..n-1
         body = m.Upload(values=values_to_bytes(upload.values), dense=True)
     else:
         body = m.Upload(ids=ids_to_bytes(upload.ids), values=values_to_bytes(upload.values))
     return m.EdgeMessage(signal=m.StepSignal(step=step, upload=body, no_stop=no_stop))
+
+
+def decode_upload(msg: Any, vocab_size: int, space: FusionSpace = "prob") -> CloudUpload:
+    """``Upload`` → :class:`CloudUpload`, the inverse of :func:`encode_upload` (a dense one lists ids
+    ``0..vocab_size-1``).  Raises ``ValueError`` on malformed bytes or mismatched lengths."""
+    values = values_from_bytes(msg.values)
+    ids = np.arange(values.size, dtype=np.int64) if msg.dense else ids_from_bytes(msg.ids)
+    if msg.dense and values.size != vocab_size:
+        raise ValueError(f"a dense upload carries {values.size} values, the vocabulary has {vocab_size}")
+    return CloudUpload(ids, values, space)
 
 
 def encode_token(step: int, token_id: int) -> Any:

@@ -6,8 +6,14 @@ registry, ``make_policy("confident_top1", ...)`` builds it by name, and ``EdgeCl
 like any built-in defence.  The example then decodes the same question with CoVeil and prints both
 privacy ledgers side by side (what was uploaded at each step, bytes, leakage meter).
 
+Before any model runs, ``test_confident_top1_with_fakes`` tests the policy in milliseconds: a table-driven edge model
+and a scripted cloud (``edge_sdk.testing``) drive the real decoding loop through the real wire codec,
+and the test reads what the policy sent off the bytes the cloud received.  Copy it into your own
+test suite (pytest collects it as it is).
+
 Run (from the repository root, in the project's virtual environment)::
 
+    python examples/custom_policy.py --fakes                # only the test with the fakes: no model, no cloud
     python examples/custom_policy.py                        # starts a cloud adapter on loopback
     python examples/custom_policy.py --cloud HOST:PORT      # uses a running `coveil-cloud serve`
     python examples/custom_policy.py --confidence 0.3 --max-gap 0.3 --max-new-tokens 32
@@ -23,9 +29,13 @@ import numpy as np
 
 from cloud_adapter.local import cloud_or_local, split_cores
 from edge_sdk.backends.llama_cpp import LlamaCppSLM
+from edge_sdk import wire
 from edge_sdk.client import Credentials, EdgeClient, GenerationResult
 from edge_sdk.fusion import fuse
+from edge_sdk.leakage import LeakageMeter
 from edge_sdk.policies import CloudUpload, CoVeil, FusionMode, Policy, make_policy, register_policy
+from edge_sdk.session import CollaborativeDecoder, DecodeSettings, run_with_resume
+from edge_sdk.testing import ScriptedCloud, TableSLM
 
 PRIVATE_NOTE = (
     "Visit note, 12 March: Daniel Okafor, 58, retired welder. Type 2 diabetes on metformin. Reports numbness "
@@ -80,6 +90,46 @@ class ConfidentTop1(Policy):
         return CloudUpload.empty()
 
 
+def test_confident_top1_with_fakes() -> None:
+    """ConfidentTop1 over the real loop with no model: which values it uploads, worked out by hand.
+
+    Six pieces; alpha = 0.3, confidence 0.5, max gap 0.2; the cloud sends its top 2 per step::
+
+        step  SLM (after the note)        cloud                  y*         upload
+        0     " nerve" .6, " damage" .2    " nerve" .5, " diabetes" .3   " nerve"   {nerve: .6}  (.6 >= .5, gap .1)
+        1     " damage" .7                 " diabetes" .6, " damage" .2  " damage"  {}  (gap .5 > .2)
+        2     "." .8                       "." .7                 "."        {".": .8}  (gap .1)
+
+    y* = argmax(.3 p_llm + .7 p_slm): step 0 " nerve" .57, step 1 " damage" .55, step 2 "." .77.  With
+    nothing uploaded at step 1 the cloud picks its own top, " diabetes".
+    """
+    pieces = ["<eos>", " nerve", " damage", " diabetes", " liver", "."]
+    nerve, damage, diabetes, liver, stop = 1, 2, 3, 4, 5
+    slm = TableSLM(pieces, {
+        (): np.log([1e-6, 0.6, 0.2, 0.1, 0.05, 0.05]),  # right after the prompt (the note read)
+        (nerve,): np.log([1e-6, 0.05, 0.7, 0.15, 0.05, 0.05]),
+        (diabetes,): np.log([1e-6, 0.05, 0.05, 0.05, 0.05, 0.8]),
+    }, eos_ids={0})
+    cloud = ScriptedCloud(len(pieces), [np.log([1e-6, 0.5, 0.1, 0.3, 0.05, 0.05]),
+                                        np.log([1e-6, 0.05, 0.2, 0.6, 0.1, 0.05]),
+                                        np.log([1e-6, 0.05, 0.05, 0.05, 0.15, 0.7])], eos_ids={0})
+    decoder = CollaborativeDecoder(
+        slm, ConfidentTop1(confidence=0.5, max_gap=0.2), DecodeSettings(mode="cloud", max_new_tokens=3, top_m=2),
+        slm_prompt=[liver, diabetes, liver], cloud_prompt=[liver], meter=LeakageMeter(frozenset({nerve, damage})),
+    )
+    tokens = [event.token_id for event in run_with_resume(decoder, cloud.connect)]
+    assert tokens == [nerve, diabetes, stop], tokens
+    uploads = [wire.decode_upload(m.signal.upload, len(pieces)) for m in cloud.edge_messages()
+               if m.WhichOneof("kind") == "signal"]
+    assert [u.ids.tolist() for u in uploads] == [[nerve], [], [stop]]
+    assert abs(float(uploads[0].values[0]) - 0.6) < 1e-5 and abs(float(uploads[2].values[0]) - 0.8) < 1e-5
+    assert not any(e.full_requested for e in decoder.ledger.entries)  # the top 2 certified every step
+    for entry, upload in zip(decoder.ledger.entries, uploads):
+        sent = ", ".join(f"{pieces[i]!r}: {v:.2f}" for i, v in zip(upload.ids.tolist(), upload.values.tolist()))
+        print(f"fakes step {entry.step}: token {pieces[entry.token_id]!r}, uploaded {{{sent}}}")
+    print(f"fakes: {decoder.ledger.summary()}")
+
+
 def compare(results: dict[str, GenerationResult]) -> None:
     """Per-step uploads of each policy side by side, then one summary row per policy."""
     labels = list(results)
@@ -105,6 +155,7 @@ def compare(results: dict[str, GenerationResult]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--fakes", action="store_true", help="only test the policy with the fakes (no model)")
     parser.add_argument("--cloud", metavar="HOST:PORT", help="a running cloud adapter (default: start one locally)")
     parser.add_argument("--token-file", help="bearer token for --cloud (if the adapter requires one)")
     parser.add_argument("--tls-ca", help="CA certificate (PEM) of a TLS --cloud (default: the system's trust roots)")
@@ -117,6 +168,10 @@ def main(argv: list[str] | None = None) -> int:
                                                          "them when the adapter runs on this machine too)")
     args = parser.parse_args(argv)
 
+    test_confident_top1_with_fakes()
+    print("ConfidentTop1 passed its test with the fakes")
+    if args.fakes:
+        return 0
     local_edge_threads, cloud_threads = split_cores()
     edge_threads = args.edge_threads or (None if args.cloud else local_edge_threads)
 

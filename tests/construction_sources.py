@@ -60,7 +60,7 @@ def clean(row: dict) -> bool:
     return len(set(spans)) == len(spans) and all(survives_validation(span, row) for span in spans)
 
 
-def fixed_judge(rows: list[dict], spans: dict[str, list[str]]):  # noqa: ANN201
+def fixed_judge(rows: list[dict], spans: dict[str, list[str]]):
     """A scripted endpoint that keeps every item of ``rows`` and proposes ``spans[item id]`` for it."""
     from tests.openai_script import ScriptedEndpoint, extraction_reply, screening_reply, stage_of
 

@@ -86,7 +86,7 @@ def capture_server_logs() -> Iterator[LogCapture]:
 
 
 @contextlib.contextmanager
-def start_cloud(transcript_dir: Path, gemma_llm) -> Iterator[Cloud]:  # noqa: ANN001
+def start_cloud(transcript_dir: Path, gemma_llm) -> Iterator[Cloud]:
     batcher = StepBatcher(gemma_llm)
     engine = CloudEngine(gemma_llm, Limits(max_sessions_per_client=SESSIONS_PER_CLIENT, max_new_tokens=64),
                          transcript_dir, 10, runner=batcher)
@@ -101,7 +101,7 @@ def start_cloud(transcript_dir: Path, gemma_llm) -> Iterator[Cloud]:  # noqa: AN
 
 @contextlib.contextmanager
 def start_endpoint(cloud_address: str, slm: LlamaCppSLM, workdir: Path, *, api_key: str | None = None,
-                   max_reconnects: int = 3, **settings_kwargs) -> Iterator[Endpoint]:  # noqa: ANN003
+                   max_reconnects: int = 3, **settings_kwargs) -> Iterator[Endpoint]:
     """The endpoint over the test session's SLM, as ``coveil edge serve`` builds it (plaintext: loopback)."""
     token_file = workdir / "token.txt"
     token_file.write_text(TOKEN)
@@ -123,7 +123,7 @@ def server_logs() -> Iterator[LogCapture]:
 
 
 @pytest.fixture(scope="module")
-def cloud(tmp_path_factory: pytest.TempPathFactory, gemma_llm, server_logs) -> Iterator[Cloud]:  # noqa: ANN001
+def cloud(tmp_path_factory: pytest.TempPathFactory, gemma_llm, server_logs) -> Iterator[Cloud]:
     with start_cloud(tmp_path_factory.mktemp("transcripts"), gemma_llm) as started:
         yield started
 

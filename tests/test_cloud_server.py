@@ -258,7 +258,7 @@ def test_two_concurrent_sessions_decode_as_when_alone(cloud: Cloud) -> None:
     def run(prompt: str) -> None:
         try:
             results[prompt] = decode_edge_greedy(cloud, prompt, use_full=False)[1]
-        except BaseException as exc:  # surfaced below
+        except BaseException as exc:  # noqa: BLE001 - surfaced below
             errors.append(exc)
 
     threads = [threading.Thread(target=run, args=(prompt,)) for prompt in (PROMPT, OTHER_PROMPT)]
@@ -391,7 +391,7 @@ BAD_SIGNALS: dict[str, tuple[str, Callable[[int], list[Any]], tuple[str, ...]]] 
 }
 
 
-def _dense_upload(step: int, values: list[float]):  # noqa: ANN202
+def _dense_upload(step: int, values: list[float]):
     pb = wire.pb()
     upload = pb.Upload(values=np.asarray(values, np.float32).tobytes(), dense=True)
     return pb.EdgeMessage(signal=pb.StepSignal(step=step, upload=upload))

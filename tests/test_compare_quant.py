@@ -111,7 +111,7 @@ def test_chunked_teacher_forcing_gives_the_rows_of_one_token_at_a_time() -> None
 
 
 @pytest.fixture(scope="module")
-def q2k(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+def q2k(tmp_path_factory: pytest.TempPathFactory):
     from edge_sdk.models import embedded_gguf_path
     from eval_harness.compare.quantize import derive_variant
 

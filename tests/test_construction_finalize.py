@@ -47,7 +47,7 @@ def test_the_attributes_reproduce_the_provenance_notes_measurements() -> None:
 
 @pytest.mark.parametrize(("dataset", "source_format", "record"), [("MEDPRIV.jsonl", "medqa", medqa_record),
                                                                     ("COMMPRIV.jsonl", "cosmosqa", cosmosqa_record)])
-def test_finalized_rows_equal_the_shipped_rows_they_were_rebuilt_from(dataset, source_format, record,  # noqa: ANN001
+def test_finalized_rows_equal_the_shipped_rows_they_were_rebuilt_from(dataset, source_format, record,
                                                                        tmp_path: Path, capsys) -> None:
     rows = shipped(dataset)
     chosen = [row for row in rows if clean(row)][:6]

@@ -148,7 +148,7 @@ def test_prompt_files_are_checked_and_filled(tmp_path: Path) -> None:
 
 
 def test_a_rate_limited_call_waits_as_long_as_retry_after_asks(tmp_path: Path) -> None:
-    def script(body: dict):  # noqa: ANN202
+    def script(body: dict):
         return (429, {"Retry-After": "0.3"}) if len(endpoint.requests) == 1 else "fine"
 
     endpoint = ScriptedEndpoint(script)
@@ -240,7 +240,7 @@ def test_a_crash_loses_nothing_and_the_rerun_asks_only_for_what_is_missing(tmp_p
     rows, sources = medpriv_sources(tmp_path, 5)
     broken = {"on": True}
 
-    def script(body: dict):  # noqa: ANN202
+    def script(body: dict):
         row = item_of(body, rows)
         if broken["on"] and row["_id"] == rows[3]["_id"]:
             return (400, {})  # a request the endpoint refuses for good: the build stops

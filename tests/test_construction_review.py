@@ -64,7 +64,7 @@ def test_spans_are_highlighted_at_every_whole_word_occurrence() -> None:
     assert marked(context, ["fever", "again"]) == "[[fever]] and a stiff neck; stiff neck [[again]]"
 
 
-def test_decisions_are_checked_then_saved_as_made(build) -> None:  # noqa: ANN001
+def test_decisions_are_checked_then_saved_as_made(build) -> None:
     out, rows = build
     log = ReviewLog(out)
     assert log.counts() == {"pending": 3, "accepted": 0, "rejected": 0}
@@ -92,7 +92,7 @@ def test_decisions_are_checked_then_saved_as_made(build) -> None:  # noqa: ANN00
     assert len(decisions(out)) == 3
 
 
-def test_a_csv_round_trip(build, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_a_csv_round_trip(build, tmp_path: Path, capsys) -> None:
     out, rows = build
     sheet = tmp_path / "review.csv"
     assert main(["review", str(out), "--export-csv", str(sheet)]) == 0
@@ -251,7 +251,7 @@ def _status(url: str, headers: dict) -> int:
         return error.code
 
 
-def test_the_page_api_refuses_what_it_must(build) -> None:  # noqa: ANN001
+def test_the_page_api_refuses_what_it_must(build) -> None:
     out, rows = build
     server = ReviewServer(out).start()
     request = credentialed(server)
@@ -295,7 +295,7 @@ def browser(tmp_path: Path) -> Iterator[object]:
         yield driver
 
 
-def test_the_review_page_in_a_real_browser(build, browser, tmp_path: Path) -> None:  # noqa: ANN001
+def test_the_review_page_in_a_real_browser(build, browser, tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import WebDriverWait
@@ -305,7 +305,7 @@ def test_the_review_page_in_a_real_browser(build, browser, tmp_path: Path) -> No
     wait = WebDriverWait(browser, 30)
     saves = {"n": 0}
 
-    def card(row: dict):  # noqa: ANN202
+    def card(row: dict):
         return browser.find_element(By.CSS_SELECTOR, f'.card[data-id="{row["_id"]}"]')
 
     def saved() -> None:  # one more decision confirmed by the server, and on disk

@@ -219,7 +219,7 @@ def test_the_finer_edge_certificate_accepts_a_tail_token_that_cannot_win() -> No
     p_slm = np.array([0.7, 0.0, 0.0, 0.3], np.float32)
     p_llm = np.array([0.6, 0.2, 0.15, 0.05], np.float32)
     ids, lower, tail = sparse_view(p_llm, 3)
-    assert not CoVeil(lam=2.0, k=2).llm_support("edge") is None
+    assert CoVeil(lam=2.0, k=2).llm_support("edge") is not None
     from edge_sdk.fusion import certify_fused_top_k
 
     assert not certify_fused_top_k(p_slm, ids, p_llm[ids], tail, 0.3, 2)  # the generic certificate refuses

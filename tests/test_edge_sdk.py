@@ -178,7 +178,7 @@ def test_a_full_upload_travels_dense_and_the_transcript_keeps_its_largest_values
     from edge_sdk import wire
 
     p = np.random.default_rng(0).dirichlet(np.ones(slm.vocab_size)).astype(np.float32)
-    full = wire.encode_upload(0, Undefended().cloud_upload(p, p, alpha=0.3))
+    full = wire.encode_upload(0, Undefended().cloud_upload(p, p, alpha=0.3), vocab_size=slm.vocab_size)
     sparse = wire.encode_upload(0, CoVeil(lam=0.0).cloud_upload(p, p, alpha=0.3))
     assert full.signal.upload.dense and not full.signal.upload.ids
     assert full.ByteSize() < 4 * slm.vocab_size + 64  # values only: half of listing every id too

@@ -40,7 +40,7 @@ def browser(tmp_path: Path) -> Iterator[object]:
         yield driver
 
 
-def test_the_page_colours_each_token_by_what_the_cloud_saw(endpoint: Endpoint, browser, tmp_path: Path) -> None:  # noqa: ANN001
+def test_the_page_colours_each_token_by_what_the_cloud_saw(endpoint: Endpoint, browser, tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -93,7 +93,7 @@ def test_the_page_colours_each_token_by_what_the_cloud_saw(endpoint: Endpoint, b
     assert CANARY not in browser.find_element(By.ID, "answer").get_attribute("textContent")
 
 
-def test_on_a_keyed_endpoint_the_page_offers_its_choices_once_the_key_is_typed(cloud: Cloud, slm, browser,  # noqa: ANN001
+def test_on_a_keyed_endpoint_the_page_offers_its_choices_once_the_key_is_typed(cloud: Cloud, slm, browser,
                                                                               tmp_path: Path) -> None:
     """A keyed endpoint refuses /coveil/info without the key: the page asks for it, then reads the model name and
     the policies with it (before, the policy list stayed empty and the model name the default)."""

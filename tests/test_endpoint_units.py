@@ -203,7 +203,7 @@ class ScriptedDecoder:
     ledger: PrivacyLedger = field(default_factory=lambda: PrivacyLedger(mode="edge", policy="coveil"))
     finish_reason: str | None = None
 
-    def events(self, n: int):  # noqa: ANN201
+    def events(self, n: int):
         for step in range(n):
             self.tokens.append(step)
             yield StepEvent(step, entry(step))
@@ -237,7 +237,7 @@ class BlockingStream:
     def __exit__(self, *exc: object) -> None:
         pass
 
-    def steps(self):  # noqa: ANN201
+    def steps(self):
         import time
 
         from edge_sdk.client import StreamStep

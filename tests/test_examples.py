@@ -1,6 +1,6 @@
 """The programs in examples/ run to the end against the embedded model and print what they promise.
 
-Each example runs as a subprocess (as a user would run it).  One cloud adapter on loopback serves
+Each example runs as a subprocess (as a user would run it); ``custom_policy --fakes`` needs no model.  One cloud adapter on loopback serves
 ``app_streaming`` and ``custom_policy`` through ``--cloud``; the TLS example starts its own adapter.
 The adapter and the examples' SLM split this machine's cores (oversubscribed cores make llama.cpp and
 torch spin-wait on each other).
@@ -65,6 +65,15 @@ def test_app_streaming(cloud: str) -> None:
     assert summary, out
     assert len(rows) == int(summary.group(1)) and 1 <= len(rows) <= 8
     assert all(" upload " in row for row in rows)
+
+
+def test_custom_policy_is_tested_with_the_fakes_without_a_model() -> None:
+    out = run_example("custom_policy.py", "--fakes", timeout=120)
+    assert out.splitlines()[:3] == ["fakes step 0: token ' nerve', uploaded {' nerve': 0.60}",
+                                    "fakes step 1: token ' diabetes', uploaded {}",
+                                    "fakes step 2: token '.', uploaded {'.': 0.80}"]
+    assert "ConfidentTop1 passed its test with the fakes" in out
+    assert "registered policy" not in out  # --fakes stops before any model or cloud
 
 
 @pytest.mark.model

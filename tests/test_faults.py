@@ -28,7 +28,7 @@ def engine(gemma_llm) -> Iterator[CloudEngine]:
         yield CloudEngine(gemma_llm, runner=batcher)
 
 
-def start_server(engine: CloudEngine, port: int):  # noqa: ANN201
+def start_server(engine: CloudEngine, port: int):
     server, bound = build_server(engine, address=f"127.0.0.1:{port}", max_workers=8)
     assert bound == port
     server.start()

@@ -123,7 +123,7 @@ class FlakyEndpoint(BaseHTTPRequestHandler):
     failures = 2
     requests: list[dict] = []
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         FlakyEndpoint.requests.append(body)
         if len(FlakyEndpoint.requests) <= FlakyEndpoint.failures:
@@ -235,7 +235,7 @@ class RecordingAttacker:
     def reconstruct(self, observation: CloudObservation) -> str:
         return next(self.reconstruct_each([observation]))[1]
 
-    def reconstruct_each(self, observations):  # noqa: ANN001, ANN201
+    def reconstruct_each(self, observations):
         self.handed.append(observations)
         for index in range(len(observations)):
             if self.interrupt_after is not None and index == self.interrupt_after:
@@ -284,7 +284,7 @@ def tiny_reference():
         yield runner, vocab, DecodingProtocol(max_new_tokens=3, stop_at_answer=False)
 
 
-def sweep_with(attacker, tiny_reference, out: Path):  # noqa: ANN001, ANN201
+def sweep_with(attacker, tiny_reference, out: Path):
     from eval_harness.sweep.execute import run_sweep
     from eval_harness.sweep.grid import Setting
     from eval_harness.sweep.store import ResultStore

@@ -98,7 +98,7 @@ def pair() -> tuple[TransformersLLM, TransformersLLM]:
     return tiny_pair()
 
 
-def test_teacher_forcing_gives_the_rows_decoding_saw(pair) -> None:  # noqa: ANN001
+def test_teacher_forcing_gives_the_rows_decoding_saw(pair) -> None:
     slm, _ = pair
     backend = TransformersSLM(slm)
     prompt = slm.tokenize(CORPUS[0], add_bos=True)
@@ -112,7 +112,7 @@ def test_teacher_forcing_gives_the_rows_decoding_saw(pair) -> None:  # noqa: ANN
     np.testing.assert_allclose(forced.numpy(), np.stack(decoded), atol=1e-4)
 
 
-def runs(policy) -> list[ItemRun]:  # noqa: ANN001
+def runs(policy) -> list[ItemRun]:
     return [ItemRun(f"item-{i}", CORPUS[1 + i], CORPUS[i], policy, rng=np.random.default_rng(i)) for i in range(2)]
 
 

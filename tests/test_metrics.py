@@ -35,7 +35,7 @@ from eval_harness.metrics import (
 from tests.tiny_models import trained_bpe
 
 @functools.cache
-def bpe():  # noqa: ANN201
+def bpe():
     """(tokenizer, Vocabulary) of a byte-level BPE trained on the clinical corpus, read through its raw "Ġ" pieces."""
     tokenizer = trained_bpe()
     return tokenizer, Vocabulary.from_hf(tokenizer)
@@ -179,7 +179,7 @@ def test_a_registered_metric_reads_the_case(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 @pytest.mark.model
-def test_hand_worked_on_gemma_pieces(slm) -> None:  # noqa: ANN001
+def test_hand_worked_on_gemma_pieces(slm) -> None:
     vocab = Vocabulary.from_slm(slm)
     tokenize = functools.partial(slm.tokenize, add_bos=False)
     pieces = [slm.token_strings()[i].decode() for i in tokenize(" 70-year-old no fever")]

@@ -88,7 +88,7 @@ def test_release_words_are_case_sensitive() -> None:
 
 
 @pytest.mark.model
-def test_release_hand_worked_on_gemma_pieces(slm) -> None:  # noqa: ANN001
+def test_release_hand_worked_on_gemma_pieces(slm) -> None:
     vocab = Vocabulary.from_slm(slm)
     tokenize = functools.partial(slm.tokenize, add_bos=False)
     strings = slm.token_strings()

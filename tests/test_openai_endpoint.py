@@ -150,7 +150,7 @@ def test_a_message_marked_private_conditions_only_the_slm(endpoint: Endpoint, cl
 def test_bad_requests_get_openai_errors(endpoint: Endpoint) -> None:
     client = api(endpoint)
 
-    def refused(error: type[openai.APIStatusError], **kwargs) -> dict:  # noqa: ANN003
+    def refused(error: type[openai.APIStatusError], **kwargs) -> dict:
         kwargs = {"model": "coveil", "messages": MESSAGES, "max_tokens": 2, **kwargs}
         with pytest.raises(error) as caught:
             client.chat.completions.create(**kwargs)

@@ -24,7 +24,8 @@ def imported_after(statement: str) -> set[str]:
 
 def test_import_edge_sdk_is_light() -> None:
     modules = imported_after(
-        "import edge_sdk, edge_sdk.fusion, edge_sdk.policies, edge_sdk.models, edge_sdk.leakage, edge_sdk.session"
+        "import edge_sdk, edge_sdk.fusion, edge_sdk.policies, edge_sdk.models, edge_sdk.leakage, edge_sdk.session, "
+        "edge_sdk.testing"
     )
     loaded = sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in HEAVY))
     assert loaded == [], f"import edge_sdk pulled in {loaded}"
@@ -94,6 +95,42 @@ def test_the_live_page_ships_in_the_package() -> None:
     assert all(any(Path("static", name).match(pattern) for pattern in patterns) for name in shipped)
 
 
+def test_each_package_ships_its_type_hints() -> None:
+    """PEP 561: a ``py.typed`` marker in each top-level package, matched by the package data."""
+    import tomllib
+
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["*"]
+    for package in ("edge_sdk", "cloud_adapter", "eval_harness"):
+        assert (ROOT / package / "py.typed").is_file(), package
+    assert any(Path("py.typed").match(pattern) for pattern in patterns)
+
+
+#: the Python release that added each name to ``typing`` (from the typing module's documentation)
+TYPING_ADDED = {"Self": (3, 11), "LiteralString": (3, 11), "Never": (3, 11), "assert_never": (3, 11),
+                "assert_type": (3, 11), "reveal_type": (3, 11), "dataclass_transform": (3, 11), "Required": (3, 11),
+                "NotRequired": (3, 11), "override": (3, 12), "TypeAliasType": (3, 12), "TypeIs": (3, 13),
+                "ReadOnly": (3, 13), "NoDefault": (3, 13)}
+
+
+def test_requires_python_admits_only_releases_that_run_the_code() -> None:
+    """Every source parses with the grammar of the lowest release ``requires-python`` admits, and imports
+    from ``typing`` only what that release has."""
+    import re
+    import tomllib
+
+    spec = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    lowest = tuple(int(part) for part in re.fullmatch(r">=\s*(\d+)\.(\d+)", spec.strip()).groups())
+    too_new = []
+    for folder in ("edge_sdk", "cloud_adapter", "eval_harness", "benchmarks", "examples", "tests"):
+        for path in (ROOT / folder).rglob("*.py"):
+            tree = ast.parse(path.read_text(), feature_version=lowest)
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.module == "typing":
+                    too_new += [f"{path.relative_to(ROOT)}: typing.{a.name}" for a in node.names
+                                if TYPING_ADDED.get(a.name, (0, 0)) > lowest]
+    assert not too_new, f"requires-python {spec} admits releases without {too_new}"
+
+
 def test_the_construction_prompts_and_review_page_ship_in_the_package() -> None:
     import tomllib
 
@@ -124,3 +161,11 @@ def test_every_decodeleak_help_reads_as_written() -> None:
             command.parse_args(["--help"])
         assert text.getvalue().startswith(f"usage: decodeleak {name}"), name
         assert "%%" not in text.getvalue(), name
+
+
+def test_ruff_passes_with_the_project_rule_list() -> None:
+    """``ruff check`` (the dev extra's) passes with ``[tool.ruff.lint]``, whose RUF100 also refuses any ``noqa``
+    that suppresses nothing or names a rule that is off."""
+    done = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise", "."],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-1000:]

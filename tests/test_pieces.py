@@ -131,7 +131,7 @@ def test_piece_reader_on_transformers_and_tokenizers_objects() -> None:
 
 
 @pytest.mark.model
-def test_gemma_pieces_are_sentencepiece(slm) -> None:  # noqa: ANN001
+def test_gemma_pieces_are_sentencepiece(slm) -> None:
     piece = piece_reader(slm)
     assert piece.family == "sentencepiece"
     strings = slm.token_strings()
@@ -174,7 +174,7 @@ def test_fragments_numbers_and_hyphenated_words() -> None:
 
 
 @pytest.mark.model
-def test_negations_are_evidence_with_gemma(slm) -> None:  # noqa: ANN001
+def test_negations_are_evidence_with_gemma(slm) -> None:
     """Fails on the old list, which dropped "not" (a whole MedPriv span 30 times) and every 2-letter word."""
     piece = piece_reader(slm)
     tokenize = functools.partial(slm.tokenize, add_bos=False)
@@ -185,7 +185,7 @@ def test_negations_are_evidence_with_gemma(slm) -> None:  # noqa: ANN001
 
 
 @pytest.mark.model
-def test_a_content_word_keeps_its_most_specific_pieces_with_gemma(slm) -> None:  # noqa: ANN001
+def test_a_content_word_keeps_its_most_specific_pieces_with_gemma(slm) -> None:
     """Fails on the old filter, which left "ERCP" and "thenar" with no evidence token at all."""
     piece = piece_reader(slm)
     tokenize = functools.partial(slm.tokenize, add_bos=False)

@@ -17,7 +17,7 @@ def pair() -> tuple[TransformersLLM, TransformersLLM]:
     return tiny_pair()
 
 
-def items(policy_of) -> list[ItemRun]:  # noqa: ANN001
+def items(policy_of) -> list[ItemRun]:
     # ragged prompts and contexts: padding must not change anyone's tokens
     return [ItemRun(f"item-{i}", CORPUS[i % len(CORPUS)][: 20 + 7 * i], " ".join(CORPUS[: 1 + i % 3]), policy_of(i),
                     rng=np.random.default_rng(i)) for i in range(6)]
@@ -26,7 +26,7 @@ def items(policy_of) -> list[ItemRun]:  # noqa: ANN001
 @pytest.mark.parametrize("mode", ["cloud", "edge"])
 def test_batched_items_decode_as_when_alone(pair, mode: str) -> None:
     slm, llm = pair
-    def policy_of(i):  # noqa: ANN001, ANN202
+    def policy_of(i):
         return (Undefended(), CoVeil(lam=0.5), DPLogit(epsilon=4.0) if mode == "cloud" else CoVeil(lam=2.0))[i % 3]
 
     with ReferenceRunner(slm, llm, concurrency=1) as alone:

@@ -261,3 +261,12 @@ def test_report_and_plot_name_a_row_that_is_not_a_result_in_one_line(tmp_path: P
         assert main([command, str(results), "--out", str(tmp_path / command)]) == 1
         assert capsys.readouterr().err == (f"decodeleak {command}: row 'a' is not a decodeleak result row: it has no "
                                            "mode, policy, correct, metrics\n")
+
+
+def test_tables_and_figures_name_metrics_by_their_registered_labels() -> None:
+    from eval_harness.metrics import metric_label
+
+    head = markdown(table(ROWS, metrics=("token_er@100", "auc@100"))).splitlines()[0]
+    assert head.endswith("| accuracy | Token-ER@100 | AUC@100 |")
+    assert metric_label("span_er@100:release") == "Span-ER@100:release"
+    assert metric_label("rouge1_er") == "ROUGE1-ER" and metric_label("accuracy") == "accuracy"

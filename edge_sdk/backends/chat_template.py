@@ -120,7 +120,7 @@ class LlamaCppChatTemplate:
                                                   bos_token=bos, add_generation_prompt=True)
         try:
             return self._formatter(messages=plain).prompt
-        except Exception as exc:  # the template's raise_exception, a jinja2.TemplateError: one line naming it
+        except Exception as exc:  # noqa: BLE001 - raise_exception, a jinja2.TemplateError: one line naming it
             raise ValueError(f"the chat template ({self.source}) failed on this conversation: {exc}") from None
 
     def render(self, messages: Sequence[Mapping[str, str]]) -> list[int]:

@@ -507,7 +507,9 @@ class CoVeil(Policy):
             return None
         return 1 if mode == "cloud" else self.k
 
-    def decide_sparse(self, mode, p_slm, p_llm_lower, known_ids, tail_bound, *, alpha, rng=None):
+    def decide_sparse(self, mode: FusionMode, p_slm: np.ndarray, p_llm_lower: np.ndarray, known_ids: np.ndarray,
+                      tail_bound: float, *, alpha: float, rng: np.random.Generator | None = None
+                      ) -> CloudUpload | SyncedToken | None:
         known_llm = p_llm_lower[known_ids]
         if self.space == "logit":
             if mode == "cloud":
@@ -526,9 +528,11 @@ class CoVeil(Policy):
         token = coveil_select_sparse(p_slm, p_llm_lower, known_ids, tail_bound, alpha=alpha, lam=self.lam, k=self.k)
         return None if token is None else SyncedToken(token)
 
-    def cloud_upload(self, p_slm, p_llm, *, alpha, rng=None) -> CloudUpload:
+    def cloud_upload(self, p_slm: np.ndarray, p_llm: np.ndarray, *, alpha: float,
+                     rng: np.random.Generator | None = None) -> CloudUpload:
         ids = coveil_upload(p_slm, p_llm, alpha=alpha, lam=self.lam, k=self.k, space=self.space)
         return CloudUpload.of(p_slm, ids, self.space)
 
-    def edge_token(self, p_slm, p_llm, *, alpha, rng=None) -> SyncedToken:
+    def edge_token(self, p_slm: np.ndarray, p_llm: np.ndarray, *, alpha: float,
+                   rng: np.random.Generator | None = None) -> SyncedToken:
         return SyncedToken(coveil_select(p_slm, p_llm, alpha=alpha, lam=self.lam, k=self.k, space=self.space))

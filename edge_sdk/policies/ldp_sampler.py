@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -215,9 +215,12 @@ def _disjoint_support_weights(ratio: np.ndarray, weights: np.ndarray, low: float
 
 
 Bracket = tuple[float, float, float, float]
+#: the normaliser's mass as a function of ``log t``
+Mass = Callable[[float], float]
 
 
-def _bracket(mass, log_t: float, value: float, saturated=None) -> Bracket | float | None:
+def _bracket(mass: Mass, log_t: float, value: float, saturated: Callable[[], float] | None = None
+            ) -> Bracket | float | None:
     """``(a, f(a), b, f(b))`` with ``f = mass - 1``, ``a < b`` and ``f(a) < 0 < f(b)``, or a root found on the way.
 
     ``mass`` is non-decreasing with ``d mass / d log t <= mass``, so from a
@@ -250,7 +253,8 @@ def _bracket(mass, log_t: float, value: float, saturated=None) -> Bracket | floa
     raise RuntimeError("LDP-Sampler: no bracket for the normaliser")  # unreachable when a root exists
 
 
-def _compacted_mass(ratio: np.ndarray, weights: np.ndarray, total: float, low: float, high: float, bracket: Bracket):
+def _compacted_mass(ratio: np.ndarray, weights: np.ndarray, total: float, low: float, high: float,
+                    bracket: Bracket) -> Mass:
     """``mass`` on ``[a, b]`` from the ids with a breakpoint inside; the others enter as ``C + t * K``."""
     a, fa, b, fb = bracket
     ta, tb = math.exp(a), math.exp(b)
@@ -278,7 +282,7 @@ def _compacted_mass(ratio: np.ndarray, weights: np.ndarray, total: float, low: f
     return mass
 
 
-def _solve_in_bracket(mass, bracket: Bracket) -> float:
+def _solve_in_bracket(mass: Mass, bracket: Bracket) -> float:
     """Illinois regula falsi on ``f = mass - 1`` to a relative width of 1e-13 or ``|f| <= 1e-15``."""
     a, fa, b, fb = bracket
     side = 0

@@ -40,10 +40,12 @@ class Undefended(Policy):
             return 0  # the upload ignores p_llm
         return 1 if self.temperature == 0.0 else None
 
-    def cloud_upload(self, p_slm, p_llm, *, alpha, rng=None) -> CloudUpload:
+    def cloud_upload(self, p_slm: np.ndarray, p_llm: np.ndarray, *, alpha: float,
+                     rng: np.random.Generator | None = None) -> CloudUpload:
         return CloudUpload(np.arange(p_slm.shape[0], dtype=np.int64), p_slm, self.space)
 
-    def edge_token(self, p_slm, p_llm, *, alpha, rng=None) -> SyncedToken:
+    def edge_token(self, p_slm: np.ndarray, p_llm: np.ndarray, *, alpha: float,
+                   rng: np.random.Generator | None = None) -> SyncedToken:
         fused = fuse(p_llm, p_slm, alpha)
         if self.space == "logit" and self.temperature > 0:
             fused = softmax(fused)  # pick_token draws from p**(1/T), and softmax(z)**(1/T) ∝ exp(z/T)

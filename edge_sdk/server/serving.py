@@ -372,7 +372,7 @@ class EdgeServing:
             log.warning("request %s: %s (HTTP %d)", generation.request_id, exc.code, error.status)
             job.put(Failed(error))
             return
-        except Exception as exc:  # a bug: the traceback's frames, never the message (it could quote input)
+        except Exception as exc:  # noqa: BLE001 - a bug: the traceback's frames, never the message (may quote input)
             log.error("request %s failed with %s:\n%s", generation.request_id, type(exc).__name__,
                       "".join(traceback.format_tb(exc.__traceback__)))
             job.put(Failed(EndpointError(500, f"internal error ({type(exc).__name__})", type="server_error")))

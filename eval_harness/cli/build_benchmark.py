@@ -23,7 +23,7 @@ your own machine) when they are real people's data.
 Next: decodeleak review DIR (accept, edit or reject what the judge proposed), then decodeleak finalize DIR."""
 
 
-def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:  # noqa: SLF001
+def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     from eval_harness.construction.judge import JSON_MODES, ReplyBounds
 
     parser = commands.add_parser("build-benchmark", help="split, screen and extract private evidence from QA data",

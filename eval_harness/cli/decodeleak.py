@@ -59,8 +59,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"cannot read --config {config}: {exc}")
     if not isinstance(options, dict):
         parser.error(f"--config {config} must hold a JSON object of options")
-    subparser = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr]
-    known = {action.dest: action for action in subparser._actions}
+    subparser = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr]  # noqa: SLF001
+    known = {action.dest: action for action in subparser._actions}  # noqa: SLF001 - argparse keeps them private
     defaults = {}
     for name, value in options.items():
         dest = name.replace("-", "_")

@@ -14,7 +14,7 @@ attributes.csv: items, options, average public/private/evidence word counts, spa
 distributions of the public query, private context and private evidence (length_distribution.png/.pdf)."""
 
 
-def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:  # noqa: SLF001
+def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = commands.add_parser("finalize", help="the reviewed benchmark as JSONL, attributes table and figure",
                                  description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("directory", type=Path, metavar="DIR", help="a build directory (decodeleak build-benchmark)")

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 
-def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:  # noqa: SLF001
+def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``plot`` on the ``decodeleak`` subcommand table."""
     plot = commands.add_parser("plot", help="privacy-utility, leakage-vs-K and mechanism figures from result files",
                                description="Per fusion mode, PNG and PDF, undefended marked in each: "

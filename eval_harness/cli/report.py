@@ -8,7 +8,7 @@ from pathlib import Path
 from edge_sdk.policies import FUSION_MODES
 
 
-def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:  # noqa: SLF001
+def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``report`` on the ``decodeleak`` subcommand table."""
     report = commands.add_parser("report", help="the paper's tables from result files",
                                  description="The undefended DecodeLeak table (the paper's Table 1) and tables "

@@ -22,7 +22,7 @@ Without a browser: --export-csv FILE writes one row per item (fill in 'status' w
 Then: decodeleak finalize DIR."""
 
 
-def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:  # noqa: SLF001
+def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = commands.add_parser("review", help="accept, edit or reject the judge's proposals (page or CSV)",
                                  description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("directory", type=Path, metavar="DIR", help="a build directory (decodeleak build-benchmark)")

@@ -51,7 +51,7 @@ def _positive(text: str) -> int:
     return value
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:  # noqa: SLF001
+def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register ``sweep`` and ``run`` on the ``decodeleak`` subcommand table."""
     sweep = commands.add_parser("sweep", help="a grid of settings over a dataset",
                                 description="Run every setting of a grid config (default: the paper's grids).")

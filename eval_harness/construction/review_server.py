@@ -116,7 +116,7 @@ class ReviewServer:
                 self.end_headers()
                 return True
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 if self._token_in_query() or self._refused():
                     return
                 path = urlsplit(self.path).path
@@ -129,7 +129,7 @@ class ReviewServer:
                 else:
                     self._json(HTTPStatus.NOT_FOUND, {"error": f"no page {path}"})
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 if self._refused():
                     return
                 path = urlsplit(self.path).path

@@ -8,6 +8,7 @@ the two rule sets (``compat="paper"``, the default, and ``compat="release"``).
 from edge_sdk.leakage import ExposureTrace
 from eval_harness.metrics.rules import Evidence
 from eval_harness.metrics.leakage import (
+    METRIC_LABELS,
     METRICS,
     Compat,
     MetricFn,
@@ -19,6 +20,8 @@ from eval_harness.metrics.leakage import (
     evidence_ids,
     evidence_recall,
     exposed_ids,
+    metric,
+    metric_label,
     register_metric,
     rouge1_er,
     rouge1_er_at_k,
@@ -30,6 +33,7 @@ from eval_harness.metrics.leakage import (
 from eval_harness.metrics.vocabulary import Vocabulary
 
 __all__ = [
+    "METRIC_LABELS",
     "METRICS",
     "Compat",
     "Evidence",
@@ -44,6 +48,8 @@ __all__ = [
     "evidence_ids",
     "evidence_recall",
     "exposed_ids",
+    "metric",
+    "metric_label",
     "register_metric",
     "rouge1_er",
     "rouge1_er_at_k",

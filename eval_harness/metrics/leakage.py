@@ -100,26 +100,42 @@ MetricFn = Callable[[RecallCase, int], float]
 
 #: name → metric over (a :class:`RecallCase`, K); every metric is a recall in [0, 1], higher = more leakage
 METRICS: Registry[MetricFn] = Registry("metric")
+#: name → how tables and figures write the metric ("Token-ER"), given when it is registered
+METRIC_LABELS: dict[str, str] = {}
 
 
-def register_metric(name: str, fn: MetricFn) -> MetricFn:
-    """Register ``fn(case, k)`` under ``name`` (``METRICS.register(name)`` as a decorator does the same)."""
-    return METRICS.register(name, fn)
+def register_metric(name: str, fn: MetricFn, label: str | None = None) -> MetricFn:
+    """Register ``fn(case, k)`` under ``name``, written ``label`` in tables and figures (``name`` if none)."""
+    METRICS.register(name, fn)
+    METRIC_LABELS[name] = label or name
+    return fn
 
 
-@METRICS.register("token_er")
+def metric(name: str, label: str) -> Callable[[MetricFn], MetricFn]:
+    """Decorator form of :func:`register_metric`."""
+    return lambda fn: register_metric(name, fn, label)
+
+
+def metric_label(key: str) -> str:
+    """How a row's metric key reads in a table or figure: ``"token_er@100"`` → ``"Token-ER@100"`` (the cutoff
+    and anything after it kept); a key that names no registered metric reads as it is."""
+    name, at, rest = key.partition("@")
+    return METRIC_LABELS.get(name, name) + at + rest
+
+
+@metric("token_er", "Token-ER")
 def token_er(case: RecallCase, k: int) -> float:
     return case.recall(case.evidence.tokens, k)
 
 
-@METRICS.register("span_er")
+@metric("span_er", "Span-ER")
 def span_er(case: RecallCase, k: int) -> float:
     k = case.trace.check(k)
     recalls = [case.recall(ids, k) for ids in case.evidence.span_tokens]
     return sum(recalls) / len(recalls) if recalls else 0.0
 
 
-@METRICS.register("rouge1_er")
+@metric("rouge1_er", "ROUGE1-ER")
 def rouge1_er(case: RecallCase, k: int) -> float:
     k = case.trace.check(k)
     words = case.evidence.words
@@ -129,7 +145,7 @@ def rouge1_er(case: RecallCase, k: int) -> float:
     return sum(1 for w in words if cutoffs.get(w, k + 1) <= k) / len(words)
 
 
-@METRICS.register("auc")
+@metric("auc", "AUC")
 def auc(case: RecallCase, k: int) -> float:
     k = case.trace.check(k)
     tokens = case.evidence.tokens

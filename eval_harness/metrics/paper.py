@@ -149,8 +149,8 @@ def _cutoff(word: bytes, index: list[tuple[_Bucket, _Bucket]]) -> int | None:
             step_to = _advance(word, at, piece)
             if step_to == _DONE:
                 best = cost
-            elif step_to is not None and cost < reached.get(step_to, cost + 1):
-                reached[step_to] = cost
+            elif step_to is not None and cost < reached.get(step_to, cost + 1):  # noqa: B023 - called in this pass
+                reached[step_to] = cost  # noqa: B023
 
         for at, cost in active.items():
             for piece, rank in pieces.get(word[at], {}).items():

@@ -20,10 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from eval_harness.metrics.leakage import metric_label
 from eval_harness.report.tables import LEAKAGE_METRICS, lines
-
-TITLES = {"token_er@100": "Token-ER@100", "rouge1_er@100": "ROUGE1-ER@100", "span_er@100": "Span-ER@100",
-          "auc@100": "AUC@100"}
 
 
 def _panel_grid(panels: int, size: tuple[float, float]) -> tuple[Any, Any]:
@@ -66,7 +64,7 @@ def privacy_utility_figure(rows: Iterable[Mapping[str, Any]], task: str, mode: s
             for end in dict.fromkeys((order[0], order[-1])):
                 ends.setdefault(n, []).append((xs[end], ys[end], _swept(json.loads(points[end].params)),
                                                line_art.get_color()))
-        ax.set_xlabel(f"{TITLES.get(metric, metric)} (%), lower is more private")
+        ax.set_xlabel(f"{metric_label(metric)} (%), lower is more private")
         ax.set_ylabel("accuracy (%)")
         ax.margins(0.15)  # room for the end labels inside the frame
         ax.grid(alpha=0.3)
@@ -99,8 +97,8 @@ def privacy_utility(rows: Iterable[Mapping[str, Any]], out_dir: str | Path, *, m
 
 # -- leakage against K, and CoVeil's per-step mechanism ------------------------------------------------------
 
-#: the recall metrics recorded at every K (row keys ``"<name>@<K>"``), and how a figure names them
-K_METRICS = {"token_er": "Token-ER", "rouge1_er": "ROUGE1-ER", "span_er": "Span-ER", "auc": "AUC"}
+#: the recall metrics recorded at every K (row keys ``"<name>@<K>"``), in the order figures draw them
+K_METRICS = ("token_er", "rouge1_er", "span_er", "auc")
 #: how a swept parameter is written in a legend or on an axis
 PARAM_SYMBOLS = {"lam": "λ", "epsilon": "ε", "b": "B"}
 UNDEFENDED_STYLE = {"color": "black", "linestyle": "--", "marker": "*", "markersize": 9, "linewidth": 1.6}
@@ -182,7 +180,7 @@ def _k_curves(fig_title: str, curves: Sequence[tuple[str, Any, dict[str, Any]]],
         ax.set_xticks(list(ks), [str(k) for k in ks])
         ax.minorticks_off()
         ax.set_xlabel("K: ids read per step (log scale)")
-        ax.set_ylabel(f"{K_METRICS[metric]}@K (%)")
+        ax.set_ylabel(f"{metric_label(metric)}@K (%)")
         top = ax.get_ylim()[1]
         ax.set_ylim(-0.02 * top, top)  # a curve at 0% stays visible above the frame
         ax.grid(alpha=0.3)
@@ -275,7 +273,7 @@ def leakage_vs_k_methods(rows: Iterable[Mapping[str, Any]], out_dir: str | Path,
         if not ks or picked is None:
             continue
         goal, chosen = picked
-        title = K_METRICS.get(metric_name, metric_name) + "@" + match_k
+        title = metric_label(metric_name) + "@" + match_k
         curves = _undefended_curves(grouped)
         curves += [(f"{_setting(policy, json.loads(line.params))} ({title} {100 * line.mean(match):.1f}%)", line,
                     {"marker": marker, "markersize": 4, "linewidth": 1.4})  # markers tell overlapping curves apart
@@ -468,7 +466,7 @@ def rank_bins(rows: Iterable[Mapping[str, Any]], out_dir: str | Path, *, policy:
     groups = _by_figure(rows, "edge")
     tasks = len({task for task, _ in _by_figure(rows)})
     metric_name, _, match_k = match.partition("@")
-    title_metric = K_METRICS.get(metric_name, metric_name) + "@" + match_k
+    title_metric = metric_label(metric_name) + "@" + match_k
     written: list[Path] = []
     for (task, mode), group in groups.items():
         pair = matched_pair(group, policy, against, match=match, suffix=suffix)

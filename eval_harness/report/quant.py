@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from eval_harness.report.plots import TITLES, save_figure
+from eval_harness.metrics.leakage import metric_label
+from eval_harness.report.plots import save_figure
 from eval_harness.report.tables import LEAKAGE_METRICS, bootstrap_interval
 
 MARKERS = ("o", "s", "^", "D", "v", "P")
@@ -130,7 +131,7 @@ def markdown(summary: Mapping[str, Any], *, title: str, preamble: str) -> str:
               "The reference's line gives its values; each variant's line the change from it: percentage points, "
               "mean over the items both ran [95% paired bootstrap interval]; 'same tokens' is the share of items "
               "whose generation equals the reference's token for token.", ""]
-    metric_heads = [TITLES.get(m, m) for m in LEAKAGE_METRICS]
+    metric_heads = [metric_label(m) for m in LEAKAGE_METRICS]
     for label, ref in summary["reference"].items():
         lines += [f"### {label} ({ref['items']} items)", "",
                   "| SLM | items | same tokens | accuracy | " + " | ".join(metric_heads) + " |",
@@ -198,7 +199,7 @@ def drift_figure(summary: Mapping[str, Any], out_dir: str | Path, *, title: str,
     ax.set_title("CoVeil's decisions (same cloud LLM row)")
     settings = list(summary["reference"])
     shifts = np.linspace(-0.12, 0.12, len(settings)) if len(settings) > 1 else [0.0]
-    bottom = (("token_er@100", "Token-ER@100"), ("span_er@100", "Span-ER@100"), ("accuracy", "accuracy"))
+    bottom = [(m, metric_label(m)) for m in ("token_er@100", "span_er@100", "accuracy")]
     for ax, (metric, heading) in zip(axes[1], bottom):
         ax.axhline(0.0, color="black", linewidth=0.8, label="reference")
         for label, shift in zip(settings, shifts):
@@ -206,7 +207,7 @@ def drift_figure(summary: Mapping[str, Any], out_dir: str | Path, *, title: str,
             ys = [100 * d.get(metric, float("nan")) for d in deltas]
             errors = [tuple(100 * x for x in d.get(f"{metric}:ci95", (float("nan"),) * 2)) for d in deltas]
             ref = summary["reference"][label]
-            points(ax, ys, f"{label} (reference: Token-ER@100 {100 * ref['token_er@100']:.1f}%, "
+            points(ax, ys, f"{label} (reference: {metric_label('token_er@100')} {100 * ref['token_er@100']:.1f}%, "
                            f"accuracy {100 * ref['accuracy']:.0f}%)", errors=errors, shift=shift)
         ax.set_ylabel(f"Δ {heading} vs reference (percentage points)")
         ax.set_title(f"End to end: {heading}")

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from eval_harness.metrics.leakage import metric_label
+
 #: the leakage columns of the paper's DecodeLeak table, at K = 100
 LEAKAGE_METRICS = ("token_er@100", "rouge1_er@100", "span_er@100", "auc@100")
 #: the inversion attack's scores, read from a row's ``inversion`` field (the same under either rule set)
@@ -146,7 +148,7 @@ def markdown(cells: Sequence[Mapping[str, str]], title: str = "") -> str:
     if not cells:
         return f"{title}\n\n(no rows)\n" if title else "(no rows)\n"
     columns = list(cells[0])
-    head = "| " + " | ".join(columns) + " |\n|" + "|".join("---" for _ in columns) + "|\n"
+    head = "| " + " | ".join(metric_label(c) for c in columns) + " |\n|" + "|".join("---" for _ in columns) + "|\n"
     body = "".join("| " + " | ".join(row[c] for c in columns) + " |\n" for row in cells)
     return (f"{title}\n\n" if title else "") + head + body
 

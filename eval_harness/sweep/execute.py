@@ -334,8 +334,8 @@ def run_sweep(
         wave = 4 * max(runner.concurrency, getattr(inversion, "batch_size", 1))
         for start in range(0, len(runs), wave):
             decoded: list[tuple[ItemRun, GenerationResult]] = []
-            runner.run(runs[start:start + wave], on_result=lambda run, result: decoded.append((run, result)),
-                       **decode)
+            runner.run(runs[start:start + wave],  # run() returns before the next wave: the closure is used at once
+                       on_result=lambda run, result: decoded.append((run, result)), **decode)  # noqa: B023
             observations = [cloud_observation(run, result, inversion.k) for run, result in decoded]
             for index, reconstruction in inversion.reconstruct_each(observations):
                 run, result = decoded[index]
