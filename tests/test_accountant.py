@@ -161,3 +161,110 @@ def test_the_decoder_calibrates_for_the_generations_own_length() -> None:
     decoder = decoder_for(DPFusion(epsilon=2.0), "edge", 24)
     assert decoder.policy.generation_epsilon() == pytest.approx(48.0 + 11.512925464970229)
     assert decoder.ledger.privacy()["events"] == 0 and decoder.ledger.privacy()["epsilon_spent"] == 0.0
+
+
+# -- the decoding loop (the embedded model) ------------------------------------------------------------------------
+
+OTHER_CONTEXT = "She reports a dry cough, a fever and chest pain since a long flight last week."
+
+
+@pytest.fixture(scope="module")
+def client(slm, engine):
+    from edge_sdk.client import EdgeClient
+
+    return EdgeClient(lambda: engine.session("tests"), slm=slm)
+
+
+class StopAfter:
+    """A stopping rule that ends the generation after ``n`` tokens (as a stop string would)."""
+
+    def __init__(self, slm, n: int) -> None:
+        self.slm, self.n = slm, n
+
+    def allows_end(self, text: str) -> bool:
+        return True
+
+    def is_done(self, text: str) -> bool:
+        return len(self.slm.tokenize(text, add_bos=False)) >= self.n
+
+
+@pytest.mark.model
+def test_an_early_stop_spends_less_than_a_full_generation(client, slm) -> None:
+    from dp_accounting import dp_event
+    from dp_accounting.rdp import RdpAccountant
+
+    from tests.conftest import PRIVATE_CONTEXT, PUBLIC_PROMPT
+
+    policy = DPLogit(epsilon=1.0)
+    full = client.generate(PUBLIC_PROMPT, PRIVATE_CONTEXT, mode="cloud", policy=policy, max_new_tokens=6,
+                           rng=np.random.default_rng(0), stopping=StopAfter(slm, 100))
+    early = client.generate(PUBLIC_PROMPT, PRIVATE_CONTEXT, mode="cloud", policy=policy, max_new_tokens=6,
+                            rng=np.random.default_rng(0), stopping=StopAfter(slm, 2))
+    assert early.finish_reason == "stop_rule" and len(early.ledger.entries) < len(full.ledger.entries)
+    for result in (early, full):
+        privacy = result.ledger.privacy()
+        assert privacy["events"] == len(result.ledger.entries)  # every DP-Logit upload is a release
+        reference = RdpAccountant()
+        reference.compose(dp_event.GaussianDpEvent(policy.sigma / math.sqrt(2.0)), privacy["events"])
+        assert privacy["epsilon_spent"] == pytest.approx(reference.get_epsilon(1e-5), rel=1e-12)
+    assert early.ledger.privacy()["epsilon_spent"] < full.ledger.privacy()["epsilon_spent"]
+    assert "epsilon" in full.ledger.summary() and "rdp (dp-accounting)" in full.ledger.summary()
+
+
+@pytest.mark.model
+def test_withheld_and_unsteered_steps_spend_nothing(client) -> None:
+    from tests.conftest import PRIVATE_CONTEXT, PUBLIC_PROMPT
+
+    # every step withheld by the exposure budget: a DP policy records no release and spends 0
+    withheld = client.generate(PUBLIC_PROMPT, PRIVATE_CONTEXT, mode="cloud", policy=DPLogit(epsilon=1.0),
+                               max_new_tokens=3, exposure_budget=0.0, rng=np.random.default_rng(0))
+    assert all(entry.withheld for entry in withheld.ledger.entries)
+    assert withheld.ledger.privacy()["events"] == 0 and withheld.ledger.privacy()["epsilon_spent"] == 0.0
+    # a heuristic records exactly the steps the private context steered (an empty upload records nothing); at
+    # lam = 4 CoVeil masks some steps' upload entirely, so the generation holds both kinds of step
+    result = client.generate(PUBLIC_PROMPT, PRIVATE_CONTEXT, mode="cloud", policy=CoVeil(lam=4.0), max_new_tokens=8)
+    steered = [entry.step for entry in result.ledger.entries if entry.values_uploaded > 0]
+    assert 0 < len(steered) < len(result.ledger.entries)
+    assert result.ledger.accountant.release_steps == steered
+    assert result.ledger.privacy()["guarantee"] == "non-private" and result.ledger.privacy()["epsilon_spent"] is None
+
+
+class RecordingCloud:
+    """A cloud handler that keeps the bytes of every message the edge sends."""
+
+    def __init__(self, handler) -> None:
+        self.handler, self.sent = handler, []
+
+    def handle(self, message):
+        self.sent.append(message.SerializeToString())
+        return self.handler.handle(message)
+
+    def abandon(self, reason: str) -> None:
+        self.handler.abandon(reason)
+
+
+@pytest.mark.model
+def test_the_epsilon_budget_switch_is_the_same_for_any_private_context(client, engine) -> None:
+    """The max_epsilon switch reads public numbers and the count of releases only.  Edge-side DP-Fusion at eps = 1
+    per token and delta 1e-5 spends 2 + 11.51 = 13.51 in two releases and 14.51 in three (hand), so with
+    max_epsilon 14 every generation withholds from step 2, whatever its private context and whatever its draws."""
+    from edge_sdk.transport import CloudConnection, InProcessChannel
+
+    from tests.conftest import PRIVATE_CONTEXT, PUBLIC_PROMPT
+
+    def run(context: str, alpha: float) -> tuple[list[bool], list[bytes], list[int]]:
+        decoder = client.decoder(PUBLIC_PROMPT, context, mode="edge", policy=DPFusion(epsilon=1.0), alpha=alpha,
+                                 max_new_tokens=6, max_epsilon=14.0, rng=np.random.default_rng(11))
+        cloud = RecordingCloud(engine.session("tests"))
+        list(decoder.steps(CloudConnection(InProcessChannel(cloud))))
+        assert decoder.ledger.privacy()["withheld_from"] == 2
+        return [entry.withheld for entry in decoder.ledger.entries], cloud.sent, decoder.tokens
+
+    switch = [False, False, True, True, True, True]
+    # alpha = 1: the synced token never reads the SLM, so two contexts behave the same in public and everything
+    # the edge sends, the switch included, must be byte-identical
+    a, b = run(PRIVATE_CONTEXT, 1.0), run(OTHER_CONTEXT, 1.0)
+    assert a[0] == b[0] == switch and a[1] == b[1]
+    # the real mechanism: the tokens differ with the context (and are sometimes the cloud's own top), the switch not
+    real = [run(context, 0.3) for context in (PRIVATE_CONTEXT, OTHER_CONTEXT)]
+    assert real[0][0] == real[1][0] == switch
