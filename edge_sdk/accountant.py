@@ -234,6 +234,13 @@ class PrivacyAccountant:
         self._curve = _epsilon_curve(self.event, self.delta)
 
     @property
+    def accountant(self) -> str:
+        """Which accountant composes the releases (the summary's ``accountant``)."""
+        if self.event.kind == "pure_dp" and self.delta == 0.0:
+            return "basic composition (exact at delta 0)"
+        return ACCOUNTANTS[self.event.kind]
+
+    @property
     def releases(self) -> int:
         """How many steps released something the mechanism protects."""
         return len(self.release_steps)
@@ -286,7 +293,7 @@ class PrivacyAccountant:
             "guarantee": "dp" if self.event.private else "non-private",
             "epsilon_spent": None if math.isinf(spent) else spent,
             "delta": self.delta,
-            "accountant": ACCOUNTANTS[self.event.kind],
+            "accountant": self.accountant,
             "event": self.event.describe(),
             "events": self.releases,
             "max_epsilon": self.max_epsilon,
@@ -302,6 +309,6 @@ class PrivacyAccountant:
             line = f"{spent} ({self.releases} releases; {self.event.note})"
         else:
             line = (f"epsilon {self.epsilon():.4g} at delta {self.delta:g} over {self.releases} releases "
-                    f"({self.event.describe()}, {ACCOUNTANTS[self.event.kind]})")
+                    f"({self.event.describe()}, {self.accountant})")
         reason = self.stop_reason()
         return line if reason is None else f"{line}; {reason}"

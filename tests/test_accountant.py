@@ -52,6 +52,7 @@ def test_dp_fusion_spends_t_eps_plus_the_conversion_at_order_two() -> None:
     # cloud-side the uploaded probabilities are not DP: the ledger says non-private
     cloud = spent(DPFusion(epsilon=1.0), "cloud", 1).summary()
     assert cloud["guarantee"] == "non-private" and cloud["epsilon_spent"] is None
+    assert spent(DPFusion(epsilon=0.0), "cloud", 24).epsilon() == 0.0  # lambda = 0: the public distribution
 
 
 def randomized_response_delta(epsilon: float, k: int, target: float) -> float:
@@ -70,7 +71,8 @@ def randomized_response_delta(epsilon: float, k: int, target: float) -> float:
 def test_ldp_sampler_composes_as_randomised_response_exactly() -> None:
     policy = LDPSampler(epsilon=0.5)
     # at delta 0, pure DP composes to k * eps (hand: 10 * 0.5)
-    assert spent(policy, "edge", 10).epsilon() == pytest.approx(5.0, abs=1e-3)
+    assert spent(policy, "edge", 10).epsilon() == pytest.approx(5.0, rel=1e-12)
+    assert spent(policy, "edge", 10).accountant == "basic composition (exact at delta 0)"
     # at delta 1e-5 the PLD is tighter than k * eps, and it is the exact composition up to its discretisation:
     # the exact delta at the reported epsilon is at most 1e-5, and 0.01 below it more than 1e-5
     epsilon = spent(LDPSampler(epsilon=0.1), "edge", 100, delta=1e-5).epsilon()

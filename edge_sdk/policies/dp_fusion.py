@@ -308,7 +308,10 @@ class DPFusion(Policy):
 
     def release_event(self, mode: FusionMode) -> ReleaseEvent:
         """Edge-side each token is ``(a, eps_step(b / a))``-Renyi-DP at the order ``a`` alone; cloud-side the
-        uploaded probabilities carry no DP guarantee (``epsilon`` only calibrates ``b`` there)."""
+        uploaded probabilities carry no DP guarantee (``epsilon`` only calibrates ``b`` there), except at
+        ``epsilon = 0``, where every upload is the public distribution's and nothing is spent."""
+        if mode == "cloud" and self._bound == 0.0:  # lambda = 0: the upload is the public distribution's
+            return ReleaseEvent("pure_dp", 0.0, note="epsilon 0: every upload is the public distribution's")
         if mode == "cloud":
             return ReleaseEvent.non_private(
                 "cloud-side DP-Fusion uploads probabilities: epsilon calibrates the bound, the release is not DP"
