@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from edge_sdk.accountant import PrivacyAccountant, ReleaseEvent, randomized_response_noise
+from edge_sdk.leakage import LeakageMeter
 from edge_sdk.policies import CoGenesis, CoVeil, DPFusion, DPLogit, InvisibleInk, LDPSampler, Undefended
 from edge_sdk.session import CollaborativeDecoder, DecodeSettings
-from edge_sdk.leakage import LeakageMeter
 
 
 def spent(policy, mode: str, releases: int, **kwargs) -> PrivacyAccountant:
@@ -251,7 +251,6 @@ def test_the_epsilon_budget_switch_is_the_same_for_any_private_context(client, e
     per token and delta 1e-5 spends 2 + 11.51 = 13.51 in two releases and 14.51 in three (hand), so with
     max_epsilon 14 every generation withholds from step 2, whatever its private context and whatever its draws."""
     from edge_sdk.transport import CloudConnection, InProcessChannel
-
     from tests.conftest import PRIVATE_CONTEXT, PUBLIC_PROMPT
 
     def run(context: str, alpha: float) -> tuple[list[bool], list[bytes], list[int]]:
