@@ -287,11 +287,12 @@ class PrivacyAccountant:
                 f"{spent} > max_epsilon {self.max_epsilon:g} at delta {self.delta:g}")
 
     def summary(self) -> dict[str, Any]:
-        """The ledger's privacy summary, JSON-ready (``epsilon_spent`` is ``None`` when it is infinite)."""
-        spent = self.epsilon()
+        """The ledger's privacy summary, JSON-ready: ``epsilon_spent`` is ``None`` for a non-private policy, even
+        one none of whose steps the private context steered (whether a step is steered is itself decided from the
+        private context, so "0" would claim a guarantee the policy does not have)."""
         return {
             "guarantee": "dp" if self.event.private else "non-private",
-            "epsilon_spent": None if math.isinf(spent) else spent,
+            "epsilon_spent": self.epsilon() if self.event.private else None,
             "delta": self.delta,
             "accountant": self.accountant,
             "event": self.event.describe(),
@@ -305,8 +306,7 @@ class PrivacyAccountant:
     def describe(self) -> str:
         """One line for people: what this generation spent."""
         if not self.event.private:
-            spent = "non-private" if self.releases else "nothing released"
-            line = f"{spent} ({self.releases} releases; {self.event.note})"
+            line = f"non-private: {self.event.note} ({self.releases} steps steered by the private context)"
         else:
             line = (f"epsilon {self.epsilon():.4g} at delta {self.delta:g} over {self.releases} releases "
                     f"({self.event.describe()}, {self.accountant})")
