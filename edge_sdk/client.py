@@ -319,6 +319,8 @@ class EdgeClient:
         temperature: float = 0.0,
         never_upload: Sequence[str] = (),
         exposure_budget: float | None = None,
+        max_epsilon: float | None = None,
+        epsilon_delta: float | None = None,
         top_m: int = wire.DEFAULT_TOP_M,
         seed: int = 0,
         rng: np.random.Generator | None = None,
@@ -340,6 +342,14 @@ class EdgeClient:
         conversation rendered with the model's chat template (:func:`edge_sdk.prompts.chat_prompts`), which
         carry their private text themselves.  ``temperature``: the cloud's sampling temperature in
         cloud-side fusion (0 = greedy).
+
+        ``max_epsilon``: a privacy budget for the DP policies.  Before one more
+        releasing step would spend more than it (at ``epsilon_delta``; default
+        the policy's own delta) the edge sends only what the cloud could
+        produce alone, as ``exposure_budget`` does; the switch depends only on
+        public numbers and the count of releasing steps.  A heuristic policy
+        (no DP guarantee) releases nothing under a budget.  What was spent:
+        ``result.ledger.privacy()``.
         """
         if isinstance(policy, str):
             policy = make_policy(policy, backend=self.slm)  # a policy that needs the model builds from it
@@ -366,6 +376,8 @@ class EdgeClient:
             temperature=temperature,
             seed=seed,
             exposure_budget=exposure_budget,
+            max_epsilon=max_epsilon,
+            epsilon_delta=epsilon_delta,
             exposure_k=exposure_k,
         )
         return CollaborativeDecoder(

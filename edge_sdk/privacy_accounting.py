@@ -8,7 +8,7 @@ bound parameter, and the quantities that accounting is stated in:
   :func:`gaussian_zcdp_rho`, its zero-concentrated-DP cost;
 * :func:`zcdp_epsilon` / :func:`zcdp_rho`: the zero-concentrated-DP to
   approximate-DP conversion of Canonne, Kamath & Steinke (2020) and its
-  inverse, used by InvisibleInk; :func:`rdp_epsilon` the plain Renyi-DP one;
+  inverse, used by InvisibleInk (:func:`zcdp_optimal_order` the order it converts at); :func:`rdp_epsilon` the plain Renyi-DP one;
 * :func:`renyi_divergence` / :func:`symmetric_renyi_divergence`: the
   divergences DP-Fusion bounds;
 * :func:`dp_fusion_step_epsilon`, :func:`dp_fusion_epsilon`,
@@ -175,6 +175,17 @@ def zcdp_epsilon(rho: float, delta: float) -> float:
     (an increasing function of ``a``) and is found by bisection.  The result
     is floored at 0 (``rho = 0`` gives ``log(1 - delta) < 0`` there).
     """
+    order = zcdp_optimal_order(rho, delta)
+    return max(0.0, _zcdp_order_objective(order, float(rho), -math.log(float(delta))))
+
+
+def zcdp_optimal_order(rho: float, delta: float) -> float:
+    """The Renyi order at which :func:`zcdp_epsilon`'s infimum is attained (the upper end of its bisection).
+
+    The root of ``rho*(a-1)^2 = log(1/delta) - log a`` on ``(1, 1/delta)``
+    (``1/delta`` when ``rho = 0``).  An RDP accountant that converts at this
+    order among others reproduces the CKS conversion of ``rho``-zCDP.
+    """
     rho = float(rho)
     if not (rho >= 0.0 and math.isfinite(rho)):
         raise ValueError(f"zCDP rho must be finite and >= 0, got {rho}")
@@ -189,7 +200,7 @@ def zcdp_epsilon(rho: float, delta: float) -> float:
                 low = middle
             else:
                 high = middle
-    return max(0.0, _zcdp_order_objective(high, rho, log_inv_delta))
+    return high
 
 
 def zcdp_rho(epsilon: float, delta: float) -> float:

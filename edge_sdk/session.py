@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edge_sdk import wire
+from edge_sdk.accountant import PrivacyAccountant
 from edge_sdk.backends.base import SLMBackend
 from edge_sdk.fusion import check_finite, softmax
 from edge_sdk.leakage import ExposureTrace, LeakageMeter
@@ -64,6 +65,7 @@ class PrivacyLedger:
     #: adapter's transcripts of what it observed
     session_ids: list[str] = field(default_factory=list)
     cloud_model: str | None = None  # the model the cloud said it serves when the (last) session opened
+    accountant: PrivacyAccountant | None = None  # what the releasing steps spent (epsilon), and the budget's switch
 
     @property
     def bytes_up(self) -> int:
@@ -89,12 +91,18 @@ class PrivacyLedger:
         """DecodeLeak's exposure sequence ``{E_t^K}`` as the edge recorded it (``K`` = ``exposure_k``)."""
         return ExposureTrace(self.exposure_k, tuple(entry.exposure for entry in self.entries))
 
+    def privacy(self) -> dict[str, object] | None:
+        """The epsilon ledger: ``epsilon_spent``, ``delta``, ``accountant``, ``events``, ``guarantee`` ("dp" or
+        "non-private"), the budget and when it withheld (:meth:`PrivacyAccountant.summary`)."""
+        return None if self.accountant is None else self.accountant.summary()
+
     def summary(self) -> str:
         steps = len(self.entries)
+        spent = "" if self.accountant is None else f"; {self.accountant.describe()}"
         return (
             f"{steps} steps, {self.mode}-side fusion with {self.policy}: "
             f"{self.values_uploaded} SLM values uploaded, {self.full_requests} full-distribution requests, "
-            f"{self.bytes_up} B up / {self.bytes_down} B down, leakage meter {self.leak_share:.1%}"
+            f"{self.bytes_up} B up / {self.bytes_down} B down, leakage meter {self.leak_share:.1%}{spent}"
         )
 
 
@@ -143,6 +151,10 @@ class DecodeSettings:
     # (a non-empty upload, a token other than the cloud's own top); after that only signals the cloud could
     # produce alone are sent.  The cloud can count those steps itself: the switch tells it nothing new.
     exposure_budget: float | None = None
+    # a privacy budget for the DP policies: before one more release would spend more than max_epsilon (at
+    # epsilon_delta; None: the policy's own delta) only cloud-only signals are sent, as for exposure_budget
+    max_epsilon: float | None = None
+    epsilon_delta: float | None = None
 
 
 @dataclass
@@ -186,8 +198,12 @@ class CollaborativeDecoder:
     ) -> None:
         if settings.mode not in policy.modes:
             raise ValueError(f"policy {policy.name!r} does not support {settings.mode}-side fusion")
+        policy = policy.for_generation(settings.max_new_tokens)  # a budget spread over T tokens: this T
         self.slm = slm
         self.policy = policy
+        self.accountant = PrivacyAccountant(
+            policy.release_event(settings.mode), delta=settings.epsilon_delta, max_epsilon=settings.max_epsilon
+        )
         self.settings = settings
         self.slm_prompt = list(slm_prompt)
         self.cloud_prompt = list(cloud_prompt)
@@ -198,7 +214,8 @@ class CollaborativeDecoder:
         self.rng = rng
         self.stopping = stopping
         self.tokens: list[int] = []
-        self.ledger = PrivacyLedger(mode=settings.mode, policy=policy.describe(), exposure_k=settings.exposure_k)
+        self.ledger = PrivacyLedger(mode=settings.mode, policy=policy.describe(), exposure_k=settings.exposure_k,
+                                    accountant=self.accountant)
         self.finish_reason: str | None = None
         self._p_slm: np.ndarray | None = None  # the policy's view of the SLM's next distribution
         self._p_llm_buffer = np.zeros(slm.vocab_size, dtype=np.float32)  # the sparse cloud view, reused
@@ -359,6 +376,7 @@ class CollaborativeDecoder:
                 budget = self.settings.exposure_budget
                 # one more steered step must keep the share within the budget: at most floor(budget * max_steps)
                 withheld = budget is not None and self._steered_steps + 1 > budget * max_steps
+                withheld = self.accountant.withholds(step) or withheld  # public numbers and the release count only
                 signal = self._decide(p_slm, dist, withheld, no_stop)
                 full_requested = signal is None
                 if signal is None:
@@ -368,6 +386,8 @@ class CollaborativeDecoder:
                     signal = self._decide(p_slm, dist, withheld, no_stop)
                     assert signal is not None, "a full distribution always decides"
                 exposure = wire.step_exposure(signal, dist, k)
+                if not withheld:  # recorded when decided: a send that broke may still have reached the cloud
+                    self.accountant.record(step, steered=self._steered(signal, dist))
                 sent = self._unacknowledged = _SentSignal(step, signal, exposure, full_requested, withheld)
             edge_s = time.perf_counter() - started
             signal, exposure = sent.signal, sent.exposure

@@ -25,6 +25,7 @@ def test_run_writes_reproducible_rows_and_a_rerun_skips_them(tmp_path: Path, cap
     row = rows[0]
     assert row["mode"] == "edge" and row["policy"] == "coveil" and row["params"] == {"lam": 1}
     assert row["epsilon_unit"] == "none" and row["alpha"] == 0.5 == row["protocol"]["alpha"] and row["tokens"] <= 6
+    assert row["privacy"]["guarantee"] == "non-private" and row["privacy"]["accountant"] == "none"  # the ledger
     assert {"token_er@100", "token_er@100:release", "span_er@10", "auc@50", "rouge1_er@100"} <= set(row["metrics"])
     assert row["evidence"]["evidence_tokens"] > 0
     assert row["models"]["slm"]["sha256"] and row["dtype"] == "float32" and row["protocol"]["max_new_tokens"] == 6

@@ -90,6 +90,8 @@ def test_the_page_colours_each_token_by_what_the_cloud_saw(endpoint: Endpoint, b
     assert int(summary[5]) == sum(int(row.find_elements(By.TAG_NAME, "td")[5].text) for row in rows)
     meter = browser.find_element(By.ID, "meter-value").text
     assert meter == summary[6] == f"{100 * expected.ledger.leak_share:.1f}%"
+    # the line under the meter: CoVeil is a heuristic, its generation has no epsilon
+    assert browser.find_element(By.ID, "epsilon-line").text.startswith("ε: non-private (coveil is a heuristic")
     assert CANARY not in browser.find_element(By.ID, "answer").get_attribute("textContent")
 
 

@@ -414,3 +414,31 @@ def test_a_complete_request_whose_client_went_away_stops_decoding() -> None:
         stopped_after = time.monotonic() - closed_at
     assert not serving.busy and stopped_after < 1.5, f"still decoding {stopped_after:.1f} s after the client left"
     assert len(client.streams[0].token_ids) < 200
+
+
+def test_the_ledger_summary_carries_the_epsilon_the_generation_spent() -> None:
+    """Every response's and the last chunk's ``coveil`` field: epsilon spent, delta, accountant, events (hand: 3
+    DP-Fusion tokens at eps = 1 per token, order 2, delta 1e-5 spend 3 + log(1e5)); a heuristic's is non-private."""
+    from edge_sdk.accountant import PrivacyAccountant
+    from edge_sdk.policies import CoVeil, DPFusion
+    from edge_sdk.server.serving import ledger_summary
+
+    def summary(policy, mode: str, **budget) -> dict:
+        accountant = PrivacyAccountant(policy.release_event(mode), **budget)
+        for step in range(3):
+            if not accountant.withholds(step):
+                accountant.record(step, steered=True)
+        ledger = PrivacyLedger(mode=mode, policy=policy.name, entries=[entry(s) for s in range(3)],
+                               accountant=accountant)
+        return json.loads(ledger_summary(ledger, cloud_prompt_tokens=4, queue_ms=0.0).model_dump_json())["privacy"]
+
+    dp = summary(DPFusion(epsilon=1.0), "edge")
+    assert dp["guarantee"] == "dp" and dp["events"] == 3 and dp["delta"] == 1e-5
+    assert dp["epsilon_spent"] == pytest.approx(3.0 + 11.512925464970229)
+    budgeted = summary(DPFusion(epsilon=1.0), "edge", max_epsilon=14.0)  # a third token would spend 14.51
+    assert budgeted["events"] == 2 and budgeted["withheld_from"] == 2 and "max_epsilon 14" in budgeted["withheld_reason"]
+    heuristic = summary(CoVeil(), "cloud")
+    assert heuristic["guarantee"] == "non-private" and heuristic["epsilon_spent"] is None
+    with pytest.raises(ValueError, match="max_epsilon"):
+        ChatCompletionRequest.model_validate({"model": "coveil", "messages": [{"role": "user", "content": "q"}],
+                                              "coveil": {"max_epsilon": -1}})

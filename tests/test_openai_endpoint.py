@@ -116,6 +116,24 @@ def test_a_baseline_by_name_uploads_what_it_is_defined_to(endpoint: Endpoint, cl
     assert CANARY not in json.dumps(seen)
 
 
+def test_the_coveil_field_says_what_a_dp_generation_spent_and_when_its_budget_withheld(endpoint: Endpoint) -> None:
+    """Edge-side DP-Fusion at eps = 1 per token (order 2, delta 1e-5) spends 2 + 11.51 in two tokens and 14.51 in
+    three (hand): under max_epsilon 14 the third step is withheld, in the whole response and the last chunk."""
+    options = {"private_context": PRIVATE_CONTEXT, "mode": "edge", "policy": "dp_fusion", "params": {"epsilon": 1.0},
+               "max_epsilon": 14.0}
+    client = api(endpoint)
+    whole = client.chat.completions.create(model="coveil", messages=MESSAGES, max_tokens=4,
+                                           extra_body={"coveil": options})
+    stream = list(client.chat.completions.create(model="coveil", messages=MESSAGES, max_tokens=4, stream=True,
+                                                 extra_body={"coveil": options}))
+    last = [c for c in stream if c.choices and c.choices[0].finish_reason][-1].model_extra["coveil"]["ledger"]
+    for ledger in (whole.model_extra["coveil"], last):
+        privacy = ledger["privacy"]
+        assert privacy["guarantee"] == "dp" and privacy["events"] == 2 and privacy["withheld_from"] == 2
+        assert privacy["epsilon_spent"] == pytest.approx(2.0 + 11.512925464970229)
+        assert ledger["withheld_steps"] == ledger["steps"] - 2
+
+
 def test_text_completions_whole_and_streamed(endpoint: Endpoint, cloud: Cloud) -> None:
     client = api(endpoint)
     prompt = "The organ that makes bile is the"

@@ -270,3 +270,39 @@ def test_tables_and_figures_name_metrics_by_their_registered_labels() -> None:
     assert head.endswith("| accuracy | Token-ER@100 | AUC@100 |")
     assert metric_label("span_er@100:release") == "Span-ER@100:release"
     assert metric_label("rouge1_er") == "ROUGE1-ER" and metric_label("accuracy") == "accuracy"
+
+
+def with_privacy(row: dict, epsilon: float | None, guarantee: str = "dp", delta: float = 1e-5) -> dict:
+    return dict(row, privacy={"guarantee": guarantee, "epsilon_spent": epsilon, "delta": delta,
+                              "accountant": "rdp (dp-accounting)", "events": 3})
+
+
+def test_the_report_carries_the_epsilon_each_setting_spent() -> None:
+    rows = [with_privacy(row("a", "dp_logit", {"epsilon": 1}, True, 0.2, 0.1), 3.0),
+            with_privacy(row("b", "dp_logit", {"epsilon": 1}, False, 0.2, 0.1), 5.0),  # stopped earlier
+            with_privacy(ROWS[2], None, "non-private"), with_privacy(ROWS[3], 0.0, "non-private"),  # CoVeil
+            ROWS[0]]  # a row written before the ledger
+    cells = {c["policy"]: c["epsilon_spent"] for c in table(rows, metrics=("token_er@100",))}
+    # hand: (3 + 5) / 2 = 4 at delta 1e-5; one CoVeil item released nothing, the other did: the line is non-private
+    assert cells == {"dp_logit": "4 (delta 1e-05)", "coveil": "non-private", "undefended": "-"}
+
+
+def test_the_epsilon_axis_draws_only_the_dp_baselines_at_their_spent_epsilon(tmp_path: Path) -> None:
+    from eval_harness.report.plots import privacy_utility_epsilon_figure
+
+    rows = [with_privacy(r, None, "non-private") for r in tradeoff_rows() if r["policy"] != "dp_logit"]
+    for eps, spent in ((1, 6.5), (8, 70.7)):  # hand: two settings, the 24-token spend of each, four items
+        rows += [with_privacy(scored(f"i{i}", "cloud", "dp_logit", {"epsilon": eps}, i < 1 + eps // 4,
+                                     {"token_er@100": 0.1}, (0.2, 0.1)), spent) for i in range(4)]
+    ax = privacy_utility_epsilon_figure(rows, "medpriv", "cloud").axes[0]
+    (curve,) = ax.get_lines()  # CoVeil and undefended have no epsilon
+    assert curve.get_label() == "dp_logit" and ax.get_xscale() == "log"
+    assert list(curve.get_xdata()) == pytest.approx([6.5, 70.7])
+    assert list(curve.get_ydata()) == pytest.approx([25.0, 75.0])  # 1 of 4, then 3 of 4 correct
+    assert privacy_utility_epsilon_figure(tradeoff_rows(), "medpriv", "cloud") is None  # no row has a ledger
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    from eval_harness.cli.decodeleak import main
+
+    assert main(["plot", str(results), "--out", str(tmp_path / "plots"), "--epsilon-axis"]) == 0
+    assert (tmp_path / "plots" / "privacy_utility_epsilon_cloud.png").stat().st_size > 10_000

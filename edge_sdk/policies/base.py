@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
+from edge_sdk.accountant import ReleaseEvent
 from edge_sdk.fusion import FusionSpace, certify_fused_top_k, fuse_upload, top_k_ids
 
 if TYPE_CHECKING:
@@ -129,6 +130,22 @@ class Policy(ABC):
         embedding neighbours) overrides this, so no caller special-cases a name.
         """
         return cls(**params)
+
+    def release_event(self, mode: FusionMode) -> ReleaseEvent:
+        """What one step's signal costs in privacy (the event :class:`~edge_sdk.accountant.PrivacyAccountant`
+        records per releasing step).  The default: none of it is DP (``eps = inf``)."""
+        return ReleaseEvent.non_private(
+            f"{self.name} is a heuristic with no DP guarantee: DecodeLeak measures its protection empirically"
+        )
+
+    def for_generation(self, max_new_tokens: int) -> Policy:
+        """This policy calibrated for a generation of ``max_new_tokens`` tokens.
+
+        The decoder calls it with the generation's length; a policy whose
+        calibration spreads a budget over the tokens returns a recalibrated
+        copy, the others themselves.
+        """
+        return self
 
     def llm_support(self, mode: FusionMode) -> int | None:
         """How much of ``p_llm`` the decision reads, so a sparse cloud distribution can be certified.

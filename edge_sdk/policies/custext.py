@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
+from edge_sdk.accountant import ReleaseEvent
 from edge_sdk.fusion import check_alpha, fuse, sample_from, top_k_ids
 from edge_sdk.policies.base import FusionMode, Policy, SyncedToken, require_rng
 from edge_sdk.privacy_accounting import EpsilonUnit, check_epsilon, check_positive_int
@@ -320,6 +321,13 @@ class CusText(Policy):
         check_positive_int(self.n_neighbours, "CusText neighbour count n_neighbours")
         if self.mapping not in CUSTEXT_MAPPINGS:
             raise ValueError(f"CusText mapping must be one of {CUSTEXT_MAPPINGS}, got {self.mapping!r}")
+
+    def release_event(self, mode: FusionMode) -> ReleaseEvent:
+        """Not DP in the private context: ``epsilon`` bounds swapping the fused token within its output set, and
+        tokens of different output sets (what two contexts steer the fusion to) have disjoint outputs."""
+        return ReleaseEvent.non_private(
+            "CusText's epsilon covers a token swapped within its output set, not the private context"
+        )
 
     @classmethod
     def from_backend(cls, backend: SLMBackend, **params: Any) -> CusText:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import numpy as np
 
+from edge_sdk.accountant import ReleaseEvent
 from edge_sdk.fusion import check_alpha, fuse, top_k_ids
-from edge_sdk.policies.base import CloudUpload, Policy, SyncedToken, require_rng
+from edge_sdk.policies.base import CloudUpload, FusionMode, Policy, SyncedToken, require_rng
 from edge_sdk.policies.ldp_sampler import sample_index
 from edge_sdk.privacy_accounting import (
     RENYI_PROBABILITY_FLOOR,
@@ -27,6 +28,7 @@ from edge_sdk.privacy_accounting import (
     check_order,
     check_positive_int,
     dp_fusion_divergence_bound,
+    dp_fusion_step_epsilon,
     dp_fusion_token_beta,
     rdp_epsilon,
 )
@@ -268,7 +270,8 @@ class DPFusion(Policy):
             ``beta = 0.5``).
         order: Renyi order ``a``.
         delta: delta of :meth:`generation_epsilon` (accounting only).
-        max_new_tokens: generation length ``T`` of :meth:`generation_epsilon` (accounting only).
+        max_new_tokens: generation length ``T`` of :meth:`generation_epsilon` (accounting only; the decoder sets
+            it to the generation's own length, :meth:`for_generation`).
         upload_k: cloud-side upload size.
     """
 
@@ -298,6 +301,25 @@ class DPFusion(Policy):
     def generation_epsilon(self) -> float:
         """The ``(eps, delta)`` of ``max_new_tokens`` edge-side tokens: ``T * eps + log(1/delta)/(a-1)``."""
         return rdp_epsilon(self.max_new_tokens * self.epsilon, self.order, self.delta)
+
+    def for_generation(self, max_new_tokens: int) -> DPFusion:
+        """This policy with ``max_new_tokens`` set to the generation's length (:meth:`generation_epsilon`)."""
+        return self if max_new_tokens == self.max_new_tokens else replace(self, max_new_tokens=max_new_tokens)
+
+    def release_event(self, mode: FusionMode) -> ReleaseEvent:
+        """Edge-side each token is ``(a, eps_step(b / a))``-Renyi-DP at the order ``a`` alone; cloud-side the
+        uploaded probabilities carry no DP guarantee (``epsilon`` only calibrates ``b`` there), except at
+        ``epsilon = 0``, where every upload is the public distribution's and nothing is spent."""
+        if mode == "cloud" and self._bound == 0.0:  # lambda = 0: the upload is the public distribution's
+            return ReleaseEvent("pure_dp", 0.0, note="epsilon 0: every upload is the public distribution's")
+        if mode == "cloud":
+            return ReleaseEvent.non_private(
+                "cloud-side DP-Fusion uploads probabilities: epsilon calibrates the bound, the release is not DP"
+            )
+        return ReleaseEvent(
+            "renyi", dp_fusion_step_epsilon(self._bound / self.order, self.order), delta=self.delta,
+            order=self.order, note="each token: one draw from the bounded mixture, any two private contexts",
+        )
 
     def weight(self, p_slm: np.ndarray, p_llm: np.ndarray) -> float:
         """This step's mixing weight ``lambda``."""

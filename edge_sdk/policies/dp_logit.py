@@ -14,6 +14,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from edge_sdk.accountant import ReleaseEvent
 from edge_sdk.fusion import top_k_ids
 from edge_sdk.policies.base import CloudUpload, FusionMode, Policy, require_rng
 from edge_sdk.privacy_accounting import (
@@ -138,6 +139,13 @@ class DPLogit(Policy):
     def sigma(self) -> float:
         """The Gaussian noise scale calibrated from ``(epsilon, delta)``."""
         return self._sigma
+
+    def release_event(self, mode: FusionMode) -> ReleaseEvent:
+        """Each upload is the Gaussian mechanism at noise multiplier ``sigma / sqrt 2`` (any two contexts)."""
+        return ReleaseEvent(
+            "gaussian", self._sigma / PROBABILITY_L2_SENSITIVITY, delta=self.delta,
+            note="each upload: the Gaussian mechanism on the whole SLM vector, any two private contexts",
+        )
 
     def llm_support(self, mode: FusionMode) -> int | None:
         return 0  # the noised upload ignores p_llm

@@ -9,13 +9,14 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import numpy as np
 
+from edge_sdk.accountant import ReleaseEvent
 from edge_sdk.fusion import top_k_ids
-from edge_sdk.policies.base import Policy, SyncedToken, require_rng
+from edge_sdk.policies.base import FusionMode, Policy, SyncedToken, require_rng
 from edge_sdk.policies.ldp_sampler import sample_index
 from edge_sdk.privacy_accounting import EpsilonUnit, check_epsilon, check_positive_int, invisible_ink_clip
 
@@ -119,8 +120,9 @@ class InvisibleInk(Policy):
     code the temperature is 1.1 and the top-k+ set is the whole vocabulary
     (``top_k=None``; the top-k+ expansion costs no privacy, so a positive
     ``top_k`` only trades diversity for utility).  The original generates
-    ``T = 500`` tokens; 256 is this project's generation length.  The fusion
-    weight ``alpha`` plays no part.
+    ``T = 500`` tokens; the decoder sets ``max_new_tokens`` to the
+    generation's own length (:meth:`for_generation`).  The fusion weight
+    ``alpha`` plays no part.
 
     Args:
         epsilon: total budget over ``max_new_tokens`` (the swept parameter).
@@ -154,6 +156,17 @@ class InvisibleInk(Policy):
     def clip(self) -> float:
         """The logit-difference clip bound ``C`` calibrated from ``epsilon``."""
         return self._clip
+
+    def for_generation(self, max_new_tokens: int) -> InvisibleInk:
+        """The budget spread over ``max_new_tokens`` tokens (a larger clip for a shorter generation)."""
+        return self if max_new_tokens == self.max_new_tokens else replace(self, max_new_tokens=max_new_tokens)
+
+    def release_event(self, mode: FusionMode) -> ReleaseEvent:
+        """Each token: ``rho = (C / tau)^2 / 2``-zCDP (one private reference), as the source composes it."""
+        return ReleaseEvent(
+            "zcdp", 0.5 * (self._clip / self.temperature) ** 2, delta=self.delta, horizon=self.max_new_tokens,
+            note="each token: one draw from the clipped-logit softmax, any two private contexts",
+        )
 
     def edge_token(
         self, p_slm: np.ndarray, p_llm: np.ndarray, *, alpha: float, rng: np.random.Generator | None = None

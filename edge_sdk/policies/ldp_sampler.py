@@ -16,8 +16,9 @@ from typing import ClassVar
 
 import numpy as np
 
+from edge_sdk.accountant import ReleaseEvent
 from edge_sdk.fusion import sample_from
-from edge_sdk.policies.base import Policy, SyncedToken, require_rng
+from edge_sdk.policies.base import FusionMode, Policy, SyncedToken, require_rng
 from edge_sdk.privacy_accounting import EpsilonUnit, check_epsilon
 
 #: ids per block of :func:`sample_index`'s two-level inverse CDF
@@ -447,6 +448,11 @@ class LDPSampler(Policy):
 
     def __post_init__(self) -> None:
         ldp_sampler_ratio_bounds(self.epsilon, self.gamma)
+
+    def release_event(self, mode: FusionMode) -> ReleaseEvent:
+        """Each token: pure ``epsilon``-LDP (stated at delta 0 unless the ledger is asked for another)."""
+        return ReleaseEvent("pure_dp", check_epsilon(self.epsilon),
+                            note="each token: one draw of the eps-LDP sampler, any two private contexts")
 
     def edge_token(
         self, p_slm: np.ndarray, p_llm: np.ndarray, *, alpha: float, rng: np.random.Generator | None = None

@@ -15,7 +15,7 @@ DESCRIPTION = (
     "Serve the OpenAI API on this device (POST /v1/chat/completions and /v1/completions, streaming or not; "
     "GET /v1/models, /health) and a live page at GET /. The edge SLM reads the private context, the cloud adapter "
     "(--cloud) only the public messages; apps pass the private part as extra_body={'coveil': {'private_context': "
-    "..., 'mode': 'edge'|'cloud', 'policy': ..., 'params': {...}, 'exposure_budget': ..., 'never_upload': [...]}} "
+    "..., 'mode': 'edge'|'cloud', 'policy': ..., 'params': {...}, 'exposure_budget': ..., 'max_epsilon': ..., 'never_upload': [...]}} "
     "or mark a message with 'coveil_private': true. Listens on loopback unless --host is given, and then only "
     "with an API key. Unmarked requests: see 'defaults for requests' below."
 )

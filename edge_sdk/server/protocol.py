@@ -42,6 +42,8 @@ class CoveilOptions(BaseModel):
     policy: str | None = None
     params: dict[str, StrictBool | StrictInt | StrictFloat | str] = Field(default_factory=dict)
     exposure_budget: float | None = Field(default=None, ge=0.0, le=1.0)
+    max_epsilon: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
+    epsilon_delta: float | None = Field(default=None, ge=0.0, lt=1.0)
     never_upload: list[str] = Field(default_factory=list)
     alpha: float | None = Field(default=None, ge=0.0, le=1.0)
 
@@ -223,6 +225,22 @@ class StepReport(BaseModel):
     leakage_meter: float
 
 
+class EpsilonLedger(BaseModel):
+    """What the generation spent (:meth:`edge_sdk.session.PrivacyLedger.privacy`): ``epsilon_spent`` at ``delta``
+    over ``events`` releases, null with ``guarantee`` "non-private" for a policy with no DP guarantee."""
+
+    guarantee: Literal["dp", "non-private"]
+    epsilon_spent: float | None
+    delta: float
+    accountant: str
+    event: str
+    events: int
+    max_epsilon: float | None
+    withheld_from: int | None
+    withheld_reason: str | None
+    note: str
+
+
 class LedgerSummary(BaseModel):
     """The privacy ledger of one generation, summed (``summary`` is the SDK's one-line form)."""
 
@@ -242,6 +260,7 @@ class LedgerSummary(BaseModel):
     cloud_prompt_tokens: int
     queue_ms: float
     summary: str
+    privacy: EpsilonLedger | None = None
 
 
 class ChunkExtension(BaseModel):

@@ -78,7 +78,7 @@ def ledger_summary(ledger: PrivacyLedger, *, cloud_prompt_tokens: int, queue_ms:
         leakage_meter=ledger.leak_share, steered_steps=sum(entry.steered for entry in ledger.entries),
         withheld_steps=withheld, exposure_budget_spent=withheld > 0, reconnects=ledger.reconnects,
         exposure_k=ledger.exposure_k, cloud_prompt_tokens=cloud_prompt_tokens, queue_ms=round(queue_ms, 2),
-        summary=ledger.summary(),
+        summary=ledger.summary(), privacy=ledger.privacy(),
     )
 
 
@@ -305,7 +305,8 @@ class EdgeServing:
         stops = request.stop_strings()
         settings: dict[str, Any] = {"mode": mode, "policy": policy, "max_new_tokens": max_new_tokens,
                                     "temperature": temperature, "seed": seed, "never_upload": options.never_upload,
-                                    "exposure_budget": options.exposure_budget,
+                                    "exposure_budget": options.exposure_budget, "max_epsilon": options.max_epsilon,
+                                    "epsilon_delta": options.epsilon_delta,
                                     "stopping": StopStrings(stops) if stops else None}
         if options.alpha is not None:
             settings["alpha"] = options.alpha

@@ -31,6 +31,9 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     plot.add_argument("--match-token-er", type=float, metavar="PERCENT",
                       help="leakage_vs_k_methods: draw each method at its setting nearest this Token-ER@100 "
                            "(default: the median over --policy's settings)")
+    plot.add_argument("--epsilon-axis", action="store_true",
+                      help="also privacy_utility_epsilon: accuracy against the epsilon each DP baseline's "
+                           "generations spent (rows' privacy ledger; the heuristics have none)")
     plot.add_argument("-v", "--verbose", action="store_true", help="show the full traceback of an error")
     return plot
 
@@ -45,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
     suffix = "" if args.rules == "paper" else ":release"
     target = None if args.match_token_er is None else args.match_token_er / 100
     paths = plots.privacy_utility(rows, args.out, suffix=suffix)
+    if args.epsilon_axis:
+        paths += plots.privacy_utility_epsilon(rows, args.out)
     paths += plots.leakage_vs_k(rows, args.out, policy=args.policy, suffix=suffix)
     paths += plots.leakage_vs_k_methods(rows, args.out, target=target, reference=args.policy, suffix=suffix)
     paths += plots.mechanism_cloud(rows, args.out, policy=args.policy)

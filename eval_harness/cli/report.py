@@ -12,7 +12,8 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``report`` on the ``decodeleak`` subcommand table."""
     report = commands.add_parser("report", help="the paper's tables from result files",
                                  description="The undefended DecodeLeak table (the paper's Table 1) and tables "
-                                             "per fusion mode and setting (item counts, accuracy, "
+                                             "per fusion mode and setting (item counts, accuracy, the epsilon "
+                                             "each generation spent (mean; 'non-private' for the heuristics), "
                                              "Token/ROUGE1/Span-ER@100 and AUC@100, and the inversion's ROUGE-1 "
                                              "recall/F1 where rows have it, with 95% bootstrap intervals), by the "
                                              "paper's rules and by the release's, as Markdown and CSV.")

@@ -95,6 +95,58 @@ def privacy_utility(rows: Iterable[Mapping[str, Any]], out_dir: str | Path, *, m
     return written
 
 
+def epsilon_spent(line: Any) -> float | None:
+    """The mean epsilon a line's generations spent (its rows' ``privacy``), ``None`` unless every row recorded
+    one with a DP guarantee."""
+    if len(line.privacy) != line.items or any(p["guarantee"] != "dp" for p in line.privacy):
+        return None
+    return float(np.mean([p["epsilon_spent"] for p in line.privacy]))
+
+
+def privacy_utility_epsilon_figure(rows: Iterable[Mapping[str, Any]], task: str, mode: str) -> Any | None:
+    """Accuracy (%) against the epsilon each DP baseline's generations spent (mean per setting, log scale), one
+    curve per DP method of the mode; the heuristics have no epsilon and are left out (``None`` when no line has
+    one).  Epsilon 0 (nothing private used) is drawn at the axis' left end."""
+    grouped = [line for line in lines(rows) if line.task == task and line.mode == mode]
+    points = [(line, epsilon_spent(line)) for line in grouped]
+    points = [(line, eps) for line, eps in points if eps is not None]
+    if not points:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    positive = [eps for _, eps in points if eps > 0]
+    floor = min(positive) / 2 if positive else 1e-3
+    for policy in dict.fromkeys(line.policy for line, _ in points):
+        mine = sorted(((max(eps, floor), 100 * sum(line.correct) / len(line.correct)) for line, eps in points
+                       if line.policy == policy))
+        ax.plot([x for x, _ in mine], [y for _, y in mine], marker="o", markersize=4, label=policy)
+    ax.set_xscale("log")
+    deltas = sorted({float(p["delta"]) for line, _ in points for p in line.privacy})
+    ax.set_xlabel(f"epsilon spent per generation (mean; delta {', '.join(f'{d:g}' for d in deltas)}; log scale)")
+    ax.set_ylabel("accuracy (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
+    fig.suptitle(f"{task}, {mode}-side fusion: accuracy against epsilon spent (DP baselines only)")
+    fig.tight_layout()
+    return fig
+
+
+def privacy_utility_epsilon(rows: Iterable[Mapping[str, Any]], out_dir: str | Path) -> list[Path]:
+    """Write ``privacy_utility_epsilon_<mode>`` (:func:`privacy_utility_epsilon_figure`) for each (task, mode)
+    with a DP baseline whose rows recorded their epsilon; return the paths."""
+    rows = list(rows)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    groups = _by_figure(rows)
+    tasks = len({task for task, _ in groups})
+    written: list[Path] = []
+    for task, mode in groups:
+        fig = privacy_utility_epsilon_figure(groups[task, mode], task, mode)
+        if fig is not None:
+            written += save_figure(fig, out, _stem("privacy_utility_epsilon", task, mode, tasks))
+    return written
+
+
 # -- leakage against K, and CoVeil's per-step mechanism ------------------------------------------------------
 
 #: the recall metrics recorded at every K (row keys ``"<name>@<K>"``), in the order figures draw them

@@ -60,6 +60,8 @@ class Line:
     items: int = 0
     correct: list[bool] = field(default_factory=list)
     values: dict[str, list[float]] = field(default_factory=dict)
+    #: each item's epsilon ledger (``row["privacy"]``; rows written before it have none)
+    privacy: list[Mapping[str, Any]] = field(default_factory=list)
 
     def count(self, metric: str) -> int:
         """How many of the line's items recorded ``metric`` (inversion may run on a subset)."""
@@ -84,6 +86,8 @@ def lines(rows: Iterable[Mapping[str, Any]], metrics: Sequence[str] = LEAKAGE_ME
         line = grouped.setdefault(key, Line(*key))
         line.items += 1
         line.correct.append(bool(row["correct"]))
+        if row.get("privacy"):
+            line.privacy.append(row["privacy"])
         for metric in metrics:
             if metric in INVERSION_METRICS:
                 value = (row.get("inversion") or {}).get(metric.removeprefix("inversion_"))
@@ -109,6 +113,19 @@ def _cell(line: Line, metric: str, seed: int) -> str:
     return f"{100 * line.mean(metric):.1f} [{100 * low:.1f}, {100 * high:.1f}]{count}"
 
 
+def _epsilon(line: Line) -> str:
+    """The epsilon the line's generations spent: the mean over its items, at the ledger's delta; "non-private"
+    for a policy with no DP guarantee; ``-`` when no row recorded it."""
+    if not line.privacy:
+        return "-"
+    if any(p["guarantee"] != "dp" for p in line.privacy):
+        return "non-private"
+    spent = [float(p["epsilon_spent"]) for p in line.privacy]
+    deltas = sorted({float(p["delta"]) for p in line.privacy})
+    count = "" if len(spent) == line.items else f" n={len(spent)}"
+    return f"{np.mean(spent):.4g} (delta {', '.join(f'{d:g}' for d in deltas)}){count}"
+
+
 def _alpha(line: Line) -> str:
     return "" if line.alpha is None else f"{line.alpha:g}"
 
@@ -121,7 +138,8 @@ def table(rows: Iterable[Mapping[str, Any]], *, metrics: Sequence[str] = LEAKAGE
     for line in lines(rows, metrics, suffix=suffix):
         cells = {"task": line.task, "mode": line.mode, "policy": line.policy,
                  "params": ", ".join(f"{k}={v}" for k, v in json.loads(line.params).items()),
-                 "alpha": _alpha(line), "items": str(line.items), "accuracy": f"{100 * np.mean(line.correct):.1f}"}
+                 "alpha": _alpha(line), "items": str(line.items), "accuracy": f"{100 * np.mean(line.correct):.1f}",
+                 "epsilon_spent": _epsilon(line)}
         cells.update({metric: _cell(line, metric, seed) for metric in metrics})
         out.append(cells)
     return out

@@ -171,6 +171,7 @@ def result_row(
         "full_requests": result.ledger.full_requests,
         "bytes_up": result.ledger.bytes_up,
         "bytes_down": result.ledger.bytes_down,
+        "privacy": result.ledger.privacy(),  # the epsilon ledger: spent, delta, accountant, events, guarantee
         **extra,
         "mechanism": dict(mechanism) if mechanism is not None else None,
         "inversion": None if inversion is None else dict(inversion),

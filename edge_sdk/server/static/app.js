@@ -98,7 +98,17 @@ function resetOutput() {
   $("answer").replaceChildren();
   document.querySelector("#ledger tbody").replaceChildren();
   document.querySelector("#ledger tfoot").replaceChildren();
+  $("epsilon-line").textContent = "";
   showMeter(0);
+}
+
+// the line under the meter: the epsilon the generation spent, or that its policy has no DP guarantee
+function epsilonLine(privacy) {
+  if (!privacy) return "";
+  const withheld = privacy.withheld_reason ? "; " + privacy.withheld_reason : "";
+  if (privacy.guarantee !== "dp") return `ε: non-private (${privacy.note})${withheld}`;
+  return `ε spent: ${privacy.epsilon_spent.toPrecision(4)} at δ = ${privacy.delta} over ${privacy.events} ` +
+    `releases (${privacy.accountant})${withheld}`;
 }
 
 function showMeter(share) {
@@ -148,6 +158,7 @@ function addSummary(ledger, finishReason) {
     ledger.bytes_up, ledger.bytes_down, percent(ledger.leakage_meter)]);
   document.querySelector("#ledger tfoot").replaceChildren(row);
   showMeter(ledger.leakage_meter);
+  $("epsilon-line").textContent = epsilonLine(ledger.privacy);
 }
 
 // Server-sent events: "data: {json}" blocks separated by a blank line, ending with "data: [DONE]".
