@@ -267,7 +267,7 @@ def test_tables_and_figures_name_metrics_by_their_registered_labels() -> None:
     from eval_harness.metrics import metric_label
 
     head = markdown(table(ROWS, metrics=("token_er@100", "auc@100"))).splitlines()[0]
-    assert head.endswith("| accuracy | Token-ER@100 | AUC@100 |")
+    assert head.endswith("| accuracy | epsilon_spent | Token-ER@100 | AUC@100 |")
     assert metric_label("span_er@100:release") == "Span-ER@100:release"
     assert metric_label("rouge1_er") == "ROUGE1-ER" and metric_label("accuracy") == "accuracy"
 
