@@ -98,7 +98,7 @@ def test_parameters_the_endpoint_cannot_honour_are_named() -> None:
     message = ChatCompletionRequest(model="coveil", messages=[
         {"role": "developer", "content": [{"type": "text", "text": "be "}, {"type": "text", "text": "brief"}]}
     ]).messages[0]
-    assert message.text() == "be brief" and message.template_role() == "system"
+    assert message.public_text() == "be brief" and message.template_role() == "system"
 
 
 @pytest.mark.parametrize("body", [

@@ -38,6 +38,11 @@ from edge_sdk.server.settings import ServerSettings
 
 log = logging.getLogger("coveil.edge.server")
 
+#: why a field the endpoint does not know is refused (the allowlist of :mod:`edge_sdk.server.protocol`)
+UNKNOWN_FIELD = ("unknown field, refused rather than ignored (an ignored privacy marker would send text to the "
+                 "cloud): the private part goes in 'coveil', a private message or text part is marked "
+                 "'coveil_private': true")
+
 #: paths that need the API key when one is configured
 _KEYED_PREFIXES = ("/v1/", "/coveil/")
 
@@ -48,7 +53,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     for error in exc.errors():
         where = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
         first = first or where or None
-        problems.append(f"{where or 'body'}: {error.get('msg', 'invalid')}")
+        what = UNKNOWN_FIELD if error.get("type") == "extra_forbidden" else error.get("msg", "invalid")
+        problems.append(f"{where or 'body'}: {what}")
     return "; ".join(problems) or "invalid request", first
 
 

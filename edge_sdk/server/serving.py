@@ -245,9 +245,9 @@ class EdgeServing:
         if self.chat_template is None:
             raise bad_request("this model has no chat template: use /v1/completions", param="messages")
         options = request.coveil or CoveilOptions()
-        private_parts = [m.text() for m in request.messages if m.coveil_private]
+        private_parts = [m.private_text() for m in request.messages]
         private_context = "\n\n".join(part for part in [*private_parts, options.private_context] if part)
-        public = [{"role": m.template_role(), "content": m.text()} for m in request.messages if not m.coveil_private]
+        public = [{"role": m.template_role(), "content": m.public_text()} for m in request.messages if m.is_public()]
         try:
             prompts = chat_prompts(self.chat_template, public, private_context)
         except ValueError as exc:
