@@ -127,3 +127,200 @@ def test_the_fields_openai_clients_send_are_known() -> None:
                                  modalities=["audio"]).unsupported()[0] == "modalities"
     with pytest.raises(ValidationError):
         ChatCompletionRequest(model="coveil", messages=[{"role": "user", "content": "q", "coveil_private": "yes"}])
+
+
+# -- N4, N6, N13, N16: the HTTP guards ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def served(request: pytest.FixtureRequest):  # noqa: ANN201
+    """The endpoint over a :class:`RecordingClient` on loopback (``indirect`` param: the API key, or ``None``)."""
+    from edge_sdk.server.app import create_app, running
+
+    key = getattr(request, "param", None)
+    client = RecordingClient()
+    app = create_app(ServerSettings(cloud="c:1"), client=client, chat_template=RecordingRenderer(),  # type: ignore[arg-type]
+                     n_ctx=512, api_key=key)
+    with running(app) as base_url:
+        yield base_url, client
+
+
+def call(base_url: str, method: str, path: str, body: bytes | None = None,
+         headers: dict[str, str] | None = None, chunked: bool = False) -> tuple[int, dict[str, str], bytes]:
+    """One raw HTTP request; ``(status, headers lower-cased, body)``."""
+    parsed = urllib.parse.urlsplit(base_url)
+    connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=60)
+    try:
+        if chunked:
+            connection.putrequest(method, path)
+            for name, value in (headers or {}).items():
+                connection.putheader(name, value)
+            connection.putheader("Transfer-Encoding", "chunked")
+            connection.endheaders()
+            for start in range(0, len(body or b""), 65536):
+                piece = body[start : start + 65536]
+                try:
+                    connection.send(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+                except (BrokenPipeError, ConnectionResetError):  # refused mid-body
+                    break
+            else:
+                connection.send(b"0\r\n\r\n")
+        else:
+            connection.request(method, path, body=body, headers=headers or {})
+        response = connection.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        connection.close()
+
+
+def chat_body(**fields: object) -> bytes:
+    return json.dumps({"model": "coveil", "messages": [{"role": "user", "content": "Which organ?"}],
+                       "max_tokens": 1, "coveil": {"private_context": SECRET}, **fields}).encode()
+
+
+JSON = {"Content-Type": "application/json"}
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
+                                          "multipart/form-data; boundary=x", "application/jsonp"])
+def test_a_post_that_is_not_declared_json_is_refused_before_it_is_read(served, content_type: str | None) -> None:  # noqa: ANN001
+    """The three kinds of body a page on another site may POST without a CORS preflight (none, text/plain, a
+    form) are 415 whatever the installed FastAPI does with them; nothing reaches the SLM."""
+    base_url, client = served
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    status, _, body = call(base_url, "POST", "/v1/chat/completions", chat_body(), headers)
+    assert status == 415 and json.loads(body)["error"]["code"] == "unsupported_media_type"
+    assert client.prompts == []
+    status, _, _ = call(base_url, "POST", "/v1/chat/completions", chat_body(),
+                        {"Content-Type": "Application/JSON; charset=utf-8"})
+    assert status != 415 and len(client.prompts) == 1
+
+
+@pytest.mark.parametrize(("origin", "allowed"), [
+    ("http://evil.example", False), ("https://evil.example:443", False), ("null", False),
+    ("http://127.0.0.1:5173", True), ("http://localhost:3000", True), ("http://[::1]:8080", True),
+])
+def test_a_request_from_a_page_on_another_site_is_refused(served, origin: str, allowed: bool) -> None:  # noqa: ANN001
+    base_url, client = served
+    status, headers, body = call(base_url, "POST", "/v1/chat/completions", chat_body(), {**JSON, "Origin": origin})
+    if allowed:
+        assert status != 403 and len(client.prompts) == 1
+    else:
+        assert status == 403 and json.loads(body)["error"]["code"] == "origin_not_allowed" and client.prompts == []
+    assert "access-control-allow-origin" not in headers
+
+
+@pytest.mark.parametrize("origin", ["http://evil.example", "http://localhost:3000"])
+def test_no_origin_is_ever_allowed_to_read_an_answer(served, origin: str) -> None:  # noqa: ANN001
+    """No CORS: a preflight is not granted and no answer names an origin (``allow_origins=["*"]`` added to the app
+    passed every test before this one)."""
+    base_url, _ = served
+    preflight = {"Origin": origin, "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "content-type,authorization"}
+    for method, path, headers in [("OPTIONS", "/v1/chat/completions", preflight),
+                                  ("GET", "/v1/models", {"Origin": origin}), ("GET", "/coveil/info", {"Origin": origin})]:
+        _, answer, _ = call(base_url, method, path, headers=headers)
+        assert not [name for name in answer if name.startswith("access-control-")], (method, path, answer)
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_a_body_over_the_cap_is_413_before_it_is_parsed(served, chunked: bool) -> None:  # noqa: ANN001
+    """A 4 MiB private context was tokenised (3.2 s) before its 400; now it is refused unread."""
+    import time
+
+    base_url, client = served
+    huge = chat_body(coveil={"private_context": "word " * (4 * 1024 * 1024 // 5)})
+    started = time.perf_counter()
+    status, _, body = call(base_url, "POST", "/v1/chat/completions", huge, JSON, chunked=chunked)
+    assert status == 413 and json.loads(body)["error"]["code"] == "request_too_large"
+    assert client.prompts == [] and time.perf_counter() - started < 2.0
+    assert ServerSettings(cloud="c:1").max_request_bytes == 256 * 1024 < len(huge)
+
+
+@pytest.mark.parametrize("served", ["k3y"], indirect=True)
+def test_with_a_key_every_path_needs_it_and_the_page_takes_it_from_its_address(served) -> None:  # noqa: ANN001
+    base_url, _ = served
+    for path in ("/health", "/openapi.json", "/", "/static/app.js", "/coveil/info", "/v1/models"):
+        status, _, body = call(base_url, "GET", path)
+        assert status == 401 and json.loads(body)["error"]["code"] == "invalid_api_key", path
+        assert call(base_url, "GET", path, headers={"Authorization": "Bearer wrong"})[0] == 401
+        assert call(base_url, "GET", path, headers={"Authorization": "Bearer k3y"})[0] == 200, path
+    # the page's address carries the key; it comes back as an HttpOnly, same-site cookie for the page's files
+    assert call(base_url, "GET", "/?key=wrong")[0] == 401
+    status, headers, _ = call(base_url, "GET", "/?key=k3y")
+    assert status == 200 and headers["set-cookie"] == "coveil_key=k3y; Path=/; HttpOnly; SameSite=Strict"
+    assert call(base_url, "GET", "/static/app.js", headers={"Cookie": "coveil_key=k3y"})[0] == 200
+    assert call(base_url, "GET", "/static/app.js", headers={"Cookie": "coveil_key=nope"})[0] == 401
+    # the API never takes the cookie: a request another site makes carries no key
+    for method, path, body in [("GET", "/coveil/info", None), ("POST", "/v1/chat/completions", chat_body())]:
+        assert call(base_url, method, path, body, {**JSON, "Cookie": "coveil_key=k3y"})[0] == 401
+
+
+def test_the_page_cannot_be_framed_and_runs_only_its_own_scripts(served) -> None:  # noqa: ANN001
+    base_url, _ = served
+    for path in ("/", "/static/app.js", "/v1/models"):
+        status, headers, _ = call(base_url, "GET", path)
+        assert status == 200
+        policy = dict(part.strip().split(" ", 1) for part in headers["content-security-policy"].split(";"))
+        assert policy["frame-ancestors"] == "'none'" and policy["script-src"] == "'self'"
+        assert policy["default-src"] == "'self'" and policy["connect-src"] == "'self'"
+        assert headers["x-frame-options"] == "DENY" and headers["x-content-type-options"] == "nosniff"
+
+
+ATTACK_PAGE = """<!doctype html><title>waiting</title><script>
+fetch("%(target)s/v1/chat/completions", {method: "POST", mode: "no-cors", body: new Blob([%(body)s])})
+  .then(() => { document.title = "sent"; }, (error) => { document.title = "failed " + error; });
+</script>"""
+
+
+@pytest.mark.parametrize("site", ["127.0.0.1", "evil.example"])
+def test_a_cross_origin_post_without_content_type_from_chromium_reaches_nothing(site: str, tmp_path) -> None:  # noqa: ANN001
+    """A real browser on a page of another origin (another loopback port: only the content-type check stands;
+    a public name mapped to loopback: the Origin check too) POSTs a JSON body with no Content-Type, which needs
+    no CORS preflight. The endpoint answers 415 or 403 and the SLM never sees the request."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from edge_sdk.server.app import create_app, running
+    from tests.browser import headless_chromium
+
+    client = RecordingClient()
+    app = create_app(ServerSettings(cloud="c:1"), client=client, chat_template=RecordingRenderer(),  # type: ignore[arg-type]
+                     n_ctx=512)
+    answered: list[tuple[str, str, int]] = []
+
+    async def recording(scope, receive, send):  # noqa: ANN001, ANN202
+        async def sending(message):  # noqa: ANN001, ANN202
+            if message["type"] == "http.response.start":
+                answered.append((scope["method"], scope["path"], message["status"]))
+            await send(message)
+        await app(scope, receive, sending if scope["type"] == "http" else send)
+
+    with running(recording) as base_url:  # type: ignore[arg-type]
+        page = (ATTACK_PAGE % {"target": base_url, "body": json.dumps(chat_body().decode())}).encode()
+
+        class Attacker(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.end_headers()
+                self.wfile.write(page)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        attacker = ThreadingHTTPServer(("127.0.0.1", 0), Attacker)
+        threading.Thread(target=attacker.serve_forever, daemon=True).start()
+        try:
+            rules = "--host-resolver-rules=MAP evil.example 127.0.0.1"
+            with headless_chromium(tmp_path / "profile", arguments=(rules,)) as browser:
+                browser.get(f"http://{site}:{attacker.server_address[1]}/")
+                from selenium.webdriver.support.ui import WebDriverWait
+
+                WebDriverWait(browser, 30).until(lambda b: b.title != "waiting")
+                assert browser.title == "sent"  # no-cors: the page learns nothing, but the request went out
+        finally:
+            attacker.shutdown()
+    posts = [status for method, path, status in answered if method == "POST"]
+    assert posts == [415 if site == "127.0.0.1" else 403]
+    assert client.prompts == []

@@ -221,7 +221,9 @@ def test_the_api_key_and_the_loopback_host_guard(cloud: Cloud, slm, tmp_path: Pa
             api(endpoint, key="wrong").models.list()
         assert caught.value.body["code"] == "invalid_api_key"
         assert [m.id for m in api(endpoint, key="s3cret").models.list()] == ["coveil"]
-        assert raw_request(endpoint.base_url, "GET", "/health")[0] == 200  # no key needed: it says nothing
+        # every path needs the key, /health included: it tells when the device is busy and whether the cloud is up
+        assert raw_request(endpoint.base_url, "GET", "/health")[0] == 401
+        assert raw_request(endpoint.base_url, "GET", "/health", headers={"Authorization": "Bearer s3cret"})[0] == 200
         # a page elsewhere reaching 127.0.0.1 through DNS rebinding names its own host
         status, body = raw_request(endpoint.base_url, "GET", "/v1/models",
                                    headers={"Host": "attacker.example", "Authorization": "Bearer s3cret"})
