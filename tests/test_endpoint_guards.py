@@ -324,3 +324,198 @@ def test_a_cross_origin_post_without_content_type_from_chromium_reaches_nothing(
     posts = [status for method, path, status in answered if method == "POST"]
     assert posts == [415 if site == "127.0.0.1" else 403]
     assert client.prompts == []
+
+
+# -- N7: stop strings in linear time, and a queue that forgets who left ------------------------------------------
+
+
+def test_stop_strings_longer_than_the_cap_or_more_than_four_are_refused() -> None:
+    """Four 320,000-character stops cost 4.2 s per token before the cap."""
+    base = {"model": "coveil", "messages": [{"role": "user", "content": "q"}]}
+    assert ChatCompletionRequest(**base, stop=["x" * 256] * 4).unsupported() is None
+    assert ChatCompletionRequest(**base, stop=["x" * 320_000] * 4).unsupported()[0] == "stop"
+    assert ChatCompletionRequest(**base, stop="x" * 257).unsupported()[0] == "stop"
+    assert CompletionRequest(model="coveil", prompt="q", stop=["a"] * 5).unsupported()[0] == "stop"
+
+
+class CountingText(str):
+    """A text that records where each ``find`` starts."""
+
+    starts: list[int]
+
+    def find(self, sub: str, start: int = 0, *args: int) -> int:  # type: ignore[override]
+        type(self).starts.append(start)
+        return super().find(sub, start, *args)
+
+
+def test_each_stop_search_reads_only_the_new_end_of_the_text() -> None:
+    """Called with the whole text after every token, the stopping rule searched all of it each time (O(n²))."""
+    from edge_sdk.server.serving import StopStrings
+
+    rule = StopStrings(["END!"])
+    text = ""
+    CountingText.starts = []
+    for step in range(2000):
+        text += "word "
+        assert not rule.is_done(CountingText(text))
+        assert CountingText.starts[-1] >= len(text) - 5 - len("END!") - 16, step
+    assert rule.is_done(CountingText(text + "EN")) is False and rule.is_done(CountingText(text + "END!")) is True
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_letters = st.text(alphabet="ab\n", max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(stops=st.lists(_letters.filter(bool), min_size=1, max_size=4), pieces=st.lists(_letters, max_size=30))
+def test_incremental_stop_matching_agrees_with_searching_the_whole_text(stops: list[str], pieces: list[str]) -> None:
+    """The reference: search everything fed so far from its start, and hold back any suffix a stop begins with."""
+    from edge_sdk.server.serving import StopStrings, StopText
+
+    shown, rule = StopText(stops), StopStrings(stops)
+    text, out = "", ""
+    for piece in pieces:
+        text += piece
+        out += shown.feed(piece)
+        first = min((at for at in (text.find(stop) for stop in stops) if at >= 0), default=None)
+        assert rule.is_done(text) == (first is not None)
+        if first is not None:
+            assert out == text[:first] and shown.stopped
+            break
+        held = max((n for stop in stops for n in range(1, len(stop)) if text.endswith(stop[:n])), default=0)
+        assert out == text[: len(text) - held]
+
+
+class HeldStream:
+    """A generation that waits for ``release``, then decides one token."""
+
+    def __init__(self, release) -> None:  # noqa: ANN001
+        from edge_sdk.session import PrivacyLedger
+
+        self.release = release
+        self.ledger = PrivacyLedger(mode="cloud", policy="coveil")
+        self.token_ids: list[int] = []
+        self.finish_reason = "max_new_tokens"
+
+    def __enter__(self) -> HeldStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def steps(self):  # noqa: ANN201
+        from edge_sdk.client import StreamStep
+
+        self.release.wait(timeout=30)
+        self.ledger.entries.append(ledger_entry(0))
+        self.token_ids.append(7)
+        yield StreamStep("x", self.ledger.entries[-1])
+
+
+def ledger_entry(step: int, values: int = 3):  # noqa: ANN201
+    from edge_sdk.session import LedgerEntry
+
+    return LedgerEntry(step=step, token_id=7, policy="coveil", signal="upload", values_uploaded=values,
+                       full_requested=False, withheld=False, steered=False, bytes_up=10, bytes_down=20,
+                       leak_share=0.0, edge_ms=1.0, wait_ms=1.0, cloud_forward_ms=1.0)
+
+
+def test_clients_that_queued_and_left_free_their_places_at_once() -> None:
+    """Before, a queued job counted against --max-queue until the worker reached it: 16 clients that queued and
+    left locked everyone out with 429 for as long as the running generation took."""
+    import asyncio
+    import threading
+
+    from edge_sdk.server.errors import EndpointError
+    from edge_sdk.server.serving import Generation
+
+    release = threading.Event()
+
+    class Client:
+        slm = None
+
+        def run(self, decoder: object) -> HeldStream:
+            return HeldStream(release)
+
+    serving = EdgeServing(Client(), None, ServerSettings(cloud="c:1", max_queue=2), n_ctx=64)  # type: ignore[arg-type]
+
+    def generation(i: int) -> Generation:
+        return Generation(f"r{i}", decoder=None, prompts=Prompts((1, 2), (2,)), stops=())  # type: ignore[arg-type]
+
+    async def scenario() -> list[str]:
+        running = serving.submit(generation(0))
+        while not serving.busy:
+            await asyncio.sleep(0.01)
+        for job in [serving.submit(generation(1)), serving.submit(generation(2))]:
+            job.cancel()  # their clients went away while they waited
+        assert serving.waiting == 0
+        kept = [serving.submit(generation(3)), serving.submit(generation(4))]  # 429 before
+        with pytest.raises(EndpointError) as caught:
+            serving.submit(generation(5))
+        assert caught.value.status == 429 and caught.value.headers == {"Retry-After": "1"}
+        release.set()
+        served = []
+        for job in (running, *kept):
+            await job.next()
+            served.append(job.generation.request_id if (await job.next()).finish_reason else "")
+        return served
+
+    try:
+        assert asyncio.run(scenario()) == ["r0", "r3", "r4"]
+    finally:
+        serving.close()
+
+
+# -- N12: errors that quote nothing private, and a failure that says what had left ------------------------------
+
+
+def test_a_missing_never_upload_span_is_named_by_position_not_quoted(recording) -> None:  # noqa: ANN001
+    from edge_sdk.server.errors import EndpointError
+
+    serving, _, _ = recording
+    request = ChatCompletionRequest(model="coveil", messages=[{"role": "user", "content": "Which organ?"}],
+                                    coveil={"private_context": "Ann has jaundice.",
+                                            "never_upload": ["Ann", "Zorblat Quexley"]})
+    with pytest.raises(EndpointError) as caught:
+        serving.prepare_chat(request)
+    assert caught.value.status == 400 and caught.value.param == "coveil.never_upload"
+    assert "never_upload[1]" in caught.value.message and "Zorblat" not in caught.value.message
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_generation_that_fails_after_steps_were_sent_returns_the_ledger_of_what_left(stream: bool) -> None:
+    """Before, a request that failed after two uploads answered a bare 503: the app could not tell what the cloud
+    had already seen."""
+    from edge_sdk.server.app import create_app, running
+    from edge_sdk.transport import CloudError
+
+    class FailingStream(HeldStream):
+        def steps(self):  # noqa: ANN201
+            from edge_sdk.client import StreamStep
+
+            for step in range(2):
+                self.ledger.entries.append(ledger_entry(step, values=5))
+                self.token_ids.append(7)
+                yield StreamStep("x", self.ledger.entries[-1])
+            raise CloudError("UNAVAILABLE", "the adapter went away")
+
+    class Client(RecordingClient):
+        def run(self, decoder: object) -> FailingStream:
+            return FailingStream(None)
+
+    app = create_app(ServerSettings(cloud="c:1"), client=Client(), chat_template=RecordingRenderer(),  # type: ignore[arg-type]
+                     n_ctx=512)
+    with running(app) as base_url:
+        status, _, body = call(base_url, "POST", "/v1/chat/completions", chat_body(stream=stream), JSON)
+    if stream:  # the stream had begun: its last event is the error, with the ledger
+        assert status == 200
+        events = [json.loads(line[6:]) for line in body.decode().splitlines() if line.startswith("data: {")]
+        reply = events[-1]
+    else:
+        assert status == 503
+        reply = json.loads(body)
+    assert reply["error"]["code"] == "cloud_unavailable" and "went away" not in reply["error"]["message"]
+    assert reply["coveil"]["steps"] == 2 and reply["coveil"]["values_uploaded"] == 10
+    assert reply["coveil"]["bytes_up"] == 20

@@ -164,7 +164,7 @@ def test_bad_requests_get_openai_errors(endpoint: Endpoint) -> None:
                                                                   "private_context": PRIVATE_CONTEXT}})["param"] \
         == "coveil.mode"
     assert refused(openai.BadRequestError, extra_body={"coveil": {"params": {"lamb": 1}}})["param"] == "coveil.params"
-    assert "does not occur" in refused(openai.BadRequestError, extra_body={
+    assert "never_upload[0] is empty or does not occur" in refused(openai.BadRequestError, extra_body={
         "coveil": {"private_context": PRIVATE_CONTEXT, "never_upload": ["Dr. Wu"]}})["message"]
     assert refused(openai.BadRequestError, temperature=7,
                    extra_body={"coveil": {"private_context": PRIVATE_CONTEXT}})["param"] == "temperature"

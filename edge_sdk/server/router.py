@@ -55,7 +55,12 @@ def serving_of(request: Request) -> EdgeServing:
 
 
 def error_response(error: EndpointError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status)
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+def failure_response(failed: Failed) -> JSONResponse:
+    """A failed generation's error, with the ledger of what had left the device by then."""
+    return JSONResponse(failed.body(), status_code=failed.error.status, headers=failed.error.headers)
 
 
 def sse(payload: BaseModel) -> str:
@@ -221,7 +226,7 @@ async def _answer(
     if first is None:
         return Response(status_code=CLIENT_GONE)
     if isinstance(first, Failed):
-        return error_response(first.error)
+        return failure_response(first)
     if request.stream:
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         events = _stream(job, first, shapes, generation.request_id, created, include_usage)
@@ -232,7 +237,7 @@ async def _answer(
         event = first
         while not isinstance(event, Done):
             if isinstance(event, Failed):
-                return error_response(event.error)
+                return failure_response(event)
             pieces.append(event.text)
             event = await next_unless_gone(job, gone)
             if event is None:
@@ -262,7 +267,7 @@ async def _stream(
                 yield "data: [DONE]\n\n"
                 return
             else:
-                yield f"data: {json.dumps(event.error.body())}\n\n"  # the openai client raises it
+                yield f"data: {json.dumps(event.body())}\n\n"  # the openai client raises it
                 return
             event = await job.next()
     finally:
