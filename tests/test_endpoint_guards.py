@@ -519,3 +519,89 @@ def test_a_generation_that_fails_after_steps_were_sent_returns_the_ledger_of_wha
     assert reply["error"]["code"] == "cloud_unavailable" and "went away" not in reply["error"]["message"]
     assert reply["coveil"]["steps"] == 2 and reply["coveil"]["values_uploaded"] == 10
     assert reply["coveil"]["bytes_up"] == 20
+
+
+# -- /health reports the cloud; the channel retries the adapter every 2 s at most --------------------------------
+
+
+def health_server(port: int):  # noqa: ANN201
+    """A gRPC server on ``port`` answering health checks only, the decoder's service SERVING."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    from edge_sdk.client import CLOUD_SERVICE
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=2))
+    servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    servicer.set(CLOUD_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    return server
+
+
+def test_health_reports_the_cloud_down_then_back() -> None:
+    """It said "ok" while the cloud adapter was down."""
+    import time
+
+    from cloud_adapter.local import free_loopback_port
+    from edge_sdk.client import EdgeClient
+    from edge_sdk.server.app import create_app, running
+
+    port = free_loopback_port()
+    settings = ServerSettings(cloud=f"127.0.0.1:{port}", plaintext=True)
+    client = EdgeClient(settings.cloud, slm=WordSLM(), credentials=settings.credentials())  # type: ignore[arg-type]
+    app = create_app(settings, client=client, chat_template=None, n_ctx=64)
+    server = health_server(port)
+    try:
+        with running(app) as base_url:
+            status, _, body = call(base_url, "GET", "/health")
+            assert status == 503 and json.loads(body) == {"status": "cloud_unavailable", "cloud": "unreachable",
+                                                          "busy": False, "waiting": 0}
+            server.start()
+            deadline = time.monotonic() + 5
+            while (reply := call(base_url, "GET", "/health"))[0] != 200:
+                assert time.monotonic() < deadline, reply
+                time.sleep(0.2)
+            assert json.loads(reply[2])["status"] == "ok" and json.loads(reply[2])["cloud"] == "serving"
+    finally:
+        server.stop(None)
+        client.close()
+
+
+def test_the_channel_retries_a_down_adapter_at_most_2_5_s_apart() -> None:
+    """gRPC's default backoff spaces connection attempts up to 120 s apart, and a session fails at once until the
+    next attempt: after a 90 s outage the endpoint answered 503 for ~24 s after the adapter was back.  A listener
+    that closes every connection counts the attempts over 12 s: the default backoff's gaps reach 4 s there."""
+    import socket
+    import threading
+    import time
+
+    from edge_sdk.client import Credentials, EdgeClient
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    attempts: list[float] = []
+
+    def refuse() -> None:
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            attempts.append(time.monotonic())
+            connection.close()
+
+    threading.Thread(target=refuse, daemon=True).start()
+    client = EdgeClient(f"127.0.0.1:{listener.getsockname()[1]}", slm=WordSLM(),  # type: ignore[arg-type]
+                        credentials=Credentials(plaintext=True))
+    started = time.monotonic()
+    try:
+        while time.monotonic() - started < 12:
+            assert client.cloud_status(0.2) != "serving"
+            time.sleep(0.2)
+    finally:
+        client.close()
+        listener.close()
+    gaps = [later - earlier for earlier, later in zip([started, *attempts], attempts + [started + 12])]
+    assert len(attempts) >= 5 and max(gaps) < 2.5 * 1.25, [round(gap, 2) for gap in gaps]

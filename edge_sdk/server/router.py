@@ -75,11 +75,21 @@ async def page() -> FileResponse:
     return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
 
 
+#: how long ``/health`` waits for the cloud adapter's health check
+CLOUD_CHECK_TIMEOUT_S = 1.0
+
+
 @router.get("/health")
 async def health(request: Request) -> JSONResponse:
+    """200 when a request could be served now: the SLM's worker runs and the cloud adapter reports SERVING to a
+    gRPC health check; else 503 with ``status`` ``"stopped"`` or ``"cloud_unavailable"`` and ``cloud`` (the
+    adapter's state: ``serving``, ``not_serving``, ``unreachable``, ``unknown``).  It needs the API key when one
+    is set (``busy``/``waiting`` tell when this device's user is generating)."""
     serving = serving_of(request)
-    body = {"status": "ok" if serving.alive else "stopped", "busy": serving.busy, "waiting": serving.waiting}
-    return JSONResponse(body, status_code=200 if serving.alive else 503)
+    cloud = await anyio.to_thread.run_sync(serving.client.cloud_status, CLOUD_CHECK_TIMEOUT_S)
+    status = "stopped" if not serving.alive else "ok" if cloud == "serving" else "cloud_unavailable"
+    body = {"status": status, "cloud": cloud, "busy": serving.busy, "waiting": serving.waiting}
+    return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
 
 @router.get("/coveil/info")
