@@ -35,6 +35,8 @@ class WordSLM:
 class RecordingRenderer:
     """A chat template that records each conversation it renders (the cloud's is rendered first)."""
 
+    stops: tuple[str, ...] = ()
+
     def __init__(self) -> None:
         self.rendered: list[list[dict[str, str]]] = []
 
@@ -55,6 +57,9 @@ class RecordingClient:
         self.prompts.append(prompts)
         self.settings.append(settings)
         return "decoder"
+
+    def cloud_status(self, timeout_s: float) -> str:
+        return "serving"
 
 
 @pytest.fixture
@@ -605,3 +610,49 @@ def test_the_channel_retries_a_down_adapter_at_most_2_5_s_apart() -> None:
         listener.close()
     gaps = [later - earlier for earlier, later in zip([started, *attempts], attempts + [started + 12])]
     assert len(attempts) >= 5 and max(gaps) < 2.5 * 1.25, [round(gap, 2) for gap in gaps]
+
+
+# -- the embedded model's first impression: a base model gets a question-and-answer prompt ------------------------
+
+
+class TextSLM(WordSLM):
+    """Records the text each tokenisation was asked for."""
+
+    def __init__(self) -> None:
+        self.texts: list[tuple[str, bool]] = []
+
+    def tokenize(self, text: str, *, add_bos: bool, special: bool = False) -> list[int]:
+        self.texts.append((text, special))
+        return super().tokenize(text, add_bos=add_bos)
+
+
+def test_a_model_without_a_chat_template_reads_questions_and_answers() -> None:
+    from edge_sdk.prompts import QuestionAnswerPrompt, chat_prompts
+
+    slm = TextSLM()
+    prompt = QuestionAnswerPrompt(slm)  # type: ignore[arg-type]
+    conversation = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a fruit."},
+                    {"role": "assistant", "content": "Apple."}, {"role": "user", "content": "Which organ?"}]
+    prompts = chat_prompts(prompt, conversation, "Ann has jaundice.")
+    cloud_text, slm_text = slm.texts[0][0], slm.texts[1][0]
+    assert cloud_text == "Be brief.\n\nQuestion: Name a fruit.\nAnswer: Apple.\nQuestion: Which organ?\nAnswer:"
+    assert slm_text == ("Be brief.\n\nQuestion: Name a fruit.\nAnswer: Apple.\n"
+                        "Question: Ann has jaundice.\n\nWhich organ?\nAnswer:")
+    assert not any(special for _, special in slm.texts)  # "<start_of_turn>" in a message stays text
+    assert prompts.private_text == "Ann has jaundice." and prompt.stops == ("\nQuestion:",)
+
+
+def test_the_endpoint_ends_a_completion_style_reply_at_the_next_question() -> None:
+    from edge_sdk.prompts import QuestionAnswerPrompt
+
+    client = RecordingClient()
+    serving = EdgeServing(client, QuestionAnswerPrompt(client.slm), ServerSettings(cloud="c:1"),  # type: ignore[arg-type]
+                          n_ctx=512)
+    try:
+        serving.prepare_chat(ChatCompletionRequest(model="coveil", messages=[{"role": "user", "content": "q"}],
+                                                   stop=["END"]))
+        assert client.settings[-1]["stopping"].stops == ("END", "\nQuestion:")
+        serving.prepare_completion(CompletionRequest(model="coveil", prompt="raw text"))  # the app's own format
+        assert client.settings[-1]["stopping"] is None
+    finally:
+        serving.close()
