@@ -24,6 +24,7 @@ from tests.endpoint_stack import (  # noqa: F401  (fixtures)
     Cloud,
     Endpoint,
     cloud,
+    generate_as_the_endpoint,
     endpoint,
     server_logs,
     start_endpoint,
@@ -63,11 +64,12 @@ def test_the_page_colours_each_token_by_what_the_cloud_saw(endpoint: Endpoint, b
 
     # the same generation through the SDK
     prompts = chat_prompts(endpoint.template, [{"role": "user", "content": QUESTION}], PRIVATE_CONTEXT)
-    expected = endpoint.client.generate(prompts, mode="cloud", policy=CoVeil(lam=1.0), max_new_tokens=TOKENS)
+    expected, shown = generate_as_the_endpoint(endpoint, prompts, mode="cloud", policy=CoVeil(lam=1.0),
+                                               max_new_tokens=TOKENS)
     entries = expected.ledger.entries
 
     spans = browser.find_elements(By.CSS_SELECTOR, "#answer span.tok")
-    assert "".join(span.get_attribute("textContent") for span in spans) == expected.text
+    assert "".join(span.get_attribute("textContent") for span in spans) == shown
     assert [int(span.get_attribute("data-step")) for span in spans] == list(range(len(entries)))
     # cloud-side fusion: a step the cloud saw uploaded values is orange, one with an empty upload green
     colours = [span.get_attribute("class").split()[-1] for span in spans]

@@ -28,6 +28,7 @@ from tests.endpoint_stack import (  # noqa: F401  (fixtures)
     Cloud,
     Endpoint,
     LogCapture,
+    generate_as_the_endpoint,
     cloud,
     endpoint,
     server_logs,
@@ -72,9 +73,10 @@ def test_chat_completions_whole_and_streamed_in_both_fusion_modes(endpoint: Endp
                                            extra_body={"coveil": options})
     # the endpoint returns what the SDK decodes from the chat-templated prompts
     prompts = chat_prompts(endpoint.template, MESSAGES, PRIVATE_CONTEXT)
-    direct = endpoint.client.generate(prompts, mode=mode, policy=CoVeil(lam=1.0), max_new_tokens=TOKENS)
-    assert whole.choices[0].message.content == direct.text
-    assert whole.choices[0].finish_reason == ("stop" if direct.finish_reason == "eos" else "length")
+    direct, shown = generate_as_the_endpoint(endpoint, prompts, mode=mode, policy=CoVeil(lam=1.0),
+                                             max_new_tokens=TOKENS)
+    assert whole.choices[0].message.content == shown
+    assert whole.choices[0].finish_reason == ("length" if direct.finish_reason == "max_new_tokens" else "stop")
     ledger = whole.model_extra["coveil"]
     assert ledger["mode"] == mode and ledger["policy"] == "coveil(lam=1.0, k=50)"
     assert ledger["steps"] == whole.usage.completion_tokens == len(direct.token_ids)
@@ -92,7 +94,7 @@ def test_chat_completions_whole_and_streamed_in_both_fusion_modes(endpoint: Endp
     chunks = list(stream)
     steps = [c.model_extra["coveil"]["step"] for c in chunks if (c.model_extra.get("coveil") or {}).get("step")]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text == direct.text and len(steps) == len(direct.token_ids)
+    assert text == shown and len(steps) == len(direct.token_ids)
     assert [s["token_id"] for s in steps] == direct.token_ids
     # edge-side the cloud sees each synchronised token; cloud-side an upload (or nothing), never a token
     allowed = {"token", "full"} if mode == "edge" else {"upload", "nothing", "full"}
@@ -100,6 +102,20 @@ def test_chat_completions_whole_and_streamed_in_both_fusion_modes(endpoint: Endp
     last = [c for c in chunks if c.choices and c.choices[0].finish_reason][-1]
     assert last.model_extra["coveil"]["ledger"]["steps"] == len(steps)
     assert chunks[-1].usage.completion_tokens == len(steps) and chunks[-1].choices == []
+
+
+def test_the_embedded_base_model_answers_the_question_instead_of_repeating_it(endpoint: Endpoint) -> None:
+    """In Gemma's chat template (the embedded GGUF has none) the base model repeated the private context and the
+    question; asked in the question-and-answer form it answers in a few words ("The heart." in cloud-side
+    CoVeil, whose cloud never reads the context; the SLM alone says "liver"), and the reply ends at the next
+    question."""
+    reply = api(endpoint).chat.completions.create(
+        model="coveil", messages=MESSAGES, max_tokens=24,
+        extra_body={"coveil": {"private_context": PRIVATE_CONTEXT, "mode": "cloud"}})
+    text = reply.choices[0].message.content
+    assert reply.choices[0].finish_reason == "stop" and 0 < len(text.strip()) < 40, text
+    for repeated in ("Question", "organ is affected", "jaundice", CANARY, "<start_of_turn>"):
+        assert repeated not in text, text
 
 
 def test_a_baseline_by_name_uploads_what_it_is_defined_to(endpoint: Endpoint, cloud: Cloud) -> None:

@@ -284,7 +284,8 @@ class EdgeServing:
             prompts = chat_prompts(self.chat_template, public, private_context)
         except ValueError as exc:
             raise bad_request(str(exc), param="messages") from None
-        return self._generation("chatcmpl", request, options, prompts, "messages", request.reply_limit())
+        return self._generation("chatcmpl", request, options, prompts, "messages", request.reply_limit(),
+                                format_stops=self.chat_template.stops)
 
     def prepare_completion(self, request: CompletionRequest) -> Generation:
         """Check a completion request and build its plain-text prompts and decoder."""
@@ -307,9 +308,11 @@ class EdgeServing:
 
     def _generation(
         self, prefix: str, request: GenerationRequest, options: CoveilOptions, prompts: Prompts, prompt_param: str,
-        reply_limit: int | None,
+        reply_limit: int | None, format_stops: tuple[str, ...] = (),
     ) -> Generation:
-        """The decoder for ``prompts`` under the request's options and the server's defaults."""
+        """The decoder for ``prompts`` under the request's options and the server's defaults; the reply ends at
+        the request's stop strings and at the prompt format's own (``format_stops``: the next question of a
+        completion-style prompt)."""
         prompt_tokens = len(prompts.slm_ids)
         room = self.n_ctx - prompt_tokens
         max_new_tokens = reply_limit if reply_limit is not None else min(self.settings.default_max_tokens, room)
@@ -334,7 +337,7 @@ class EdgeServing:
         # the cloud samples only in cloud-side fusion; edge-side the policy picks every token
         temperature = (request.temperature or 0.0) if mode == "cloud" else 0.0
         seed = request.seed if request.seed is not None else (secrets.randbits(63) if temperature > 0 else 0)
-        stops = request.stop_strings()
+        stops = tuple(dict.fromkeys((*request.stop_strings(), *format_stops)))
         settings: dict[str, Any] = {"mode": mode, "policy": policy, "max_new_tokens": max_new_tokens,
                                     "temperature": temperature, "seed": seed, "never_upload": options.never_upload,
                                     "exposure_budget": options.exposure_budget,
