@@ -41,8 +41,8 @@ def test_the_embedded_base_model_gets_the_question_and_answer_prompt(slm) -> Non
     assert "tokenizer.chat_template" not in slm.metadata
     prompt = LlamaCppChatTemplate.for_model(slm)
     assert isinstance(prompt, QuestionAnswerPrompt) and prompt.stops == ("\nQuestion:",)
-    assert prompt.render([{"role": "user", "content": "Which organ?"}]) == slm.tokenize("Question: Which organ?\nAnswer:",
-                                                                                        add_bos=True)
+    expected = slm.tokenize("Question: Which organ?\nAnswer:", add_bos=True)
+    assert prompt.render([{"role": "user", "content": "Which organ?"}]) == expected
 
 
 def test_the_private_context_opens_the_last_user_turn_of_the_slms_prompt_only(slm) -> None:

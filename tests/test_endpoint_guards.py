@@ -10,6 +10,8 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from edge_sdk.prompts import Prompts
@@ -222,8 +224,9 @@ def test_no_origin_is_ever_allowed_to_read_an_answer(served, origin: str) -> Non
     base_url, _ = served
     preflight = {"Origin": origin, "Access-Control-Request-Method": "POST",
                  "Access-Control-Request-Headers": "content-type,authorization"}
-    for method, path, headers in [("OPTIONS", "/v1/chat/completions", preflight),
-                                  ("GET", "/v1/models", {"Origin": origin}), ("GET", "/coveil/info", {"Origin": origin})]:
+    asked = [("OPTIONS", "/v1/chat/completions", preflight), ("GET", "/v1/models", {"Origin": origin}),
+             ("GET", "/coveil/info", {"Origin": origin})]
+    for method, path, headers in asked:
         _, answer, _ = call(base_url, method, path, headers=headers)
         assert not [name for name in answer if name.startswith("access-control-")], (method, path, answer)
 
@@ -366,9 +369,6 @@ def test_each_stop_search_reads_only_the_new_end_of_the_text() -> None:
         assert CountingText.starts[-1] >= len(text) - 5 - len("END!") - 16, step
     assert rule.is_done(CountingText(text + "EN")) is False and rule.is_done(CountingText(text + "END!")) is True
 
-
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 _letters = st.text(alphabet="ab\n", max_size=6)
 
