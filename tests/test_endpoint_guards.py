@@ -656,3 +656,34 @@ def test_the_endpoint_ends_a_completion_style_reply_at_the_next_question() -> No
         assert client.settings[-1]["stopping"] is None
     finally:
         serving.close()
+
+
+@pytest.mark.parametrize("served", ["k3y; x=1,\"y\" z"], indirect=True)
+def test_the_key_in_the_page_address_reaches_no_log_line_and_any_key_makes_a_cookie(served) -> None:  # noqa: ANN001
+    """uvicorn logs each request's path with its query string: ``/?key=KEY`` is taken out of it first. A key
+    with characters a cookie cannot hold is quoted in it."""
+    import logging
+
+    base_url, _ = served
+    key = "k3y; x=1,\"y\" z"
+    lines: list[str] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    access, handler = logging.getLogger("uvicorn.access"), Capture()
+    access.addHandler(handler)
+    saved = access.level
+    access.setLevel(logging.INFO)
+    try:
+        status, headers, _ = call(base_url, "GET", "/?" + urllib.parse.urlencode({"key": key, "lang": "en"}))
+        assert call(base_url, "GET", "/?key=wrong-guess")[0] == 401
+    finally:
+        access.removeHandler(handler)
+        access.setLevel(saved)
+    assert status == 200 and any('"GET /?lang=en HTTP/1.1" 200' in line for line in lines), lines
+    assert not [line for line in lines if "k3y" in line or "key=" in line or "wrong-guess" in line]
+    cookie = headers["set-cookie"].split(";", 1)[0]
+    assert cookie == "coveil_key=" + urllib.parse.quote(key, safe="")
+    assert call(base_url, "GET", "/static/app.js", headers={"Cookie": cookie})[0] == 200

@@ -67,6 +67,19 @@ def is_page_path(path: str) -> bool:
     return path == "/" or path.startswith("/static/")
 
 
+def take_page_key(scope: Scope) -> str | None:
+    """The key given in the page's address (``GET /?key=KEY``), taken out of the request's query string, so no
+    access log line carries it (uvicorn logs the path with its query); ``None`` when none is given."""
+    if scope["path"] != "/" or scope["method"] != "GET" or not scope.get("query_string"):
+        return None
+    pairs = urllib.parse.parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True)
+    keys = [value for name, value in pairs if name == "key"]
+    if not keys:
+        return None
+    scope["query_string"] = urllib.parse.urlencode([(n, v) for n, v in pairs if n != "key"]).encode("latin-1")
+    return keys[0]
+
+
 class RequestGuard:
     """The ASGI middleware that applies the checks of the module docstring to every HTTP request.
 
@@ -89,8 +102,11 @@ class RequestGuard:
             await self.app(scope, receive, send)
             return
         headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
+        given = take_page_key(scope)
+        page_key = given if given and self.api_key and hmac.compare_digest(given.encode(), self.api_key.encode()) \
+            else None
         try:
-            self.check(scope, headers)
+            self.check(scope, headers, page_key)
         except EndpointError as error:
             await _answer(send, error)
             return
@@ -100,22 +116,22 @@ class RequestGuard:
             except EndpointError as error:
                 await _answer(send, error)
                 return
-        page_key = self.page_key(scope)
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
                 if page_key:  # /?key=KEY: the page's files take the key from this cookie from now on
-                    cookie = f"{KEY_COOKIE}={page_key}; Path=/; HttpOnly; SameSite=Strict"
+                    value = urllib.parse.quote(page_key, safe="")
+                    cookie = f"{KEY_COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict"
                     message["headers"].append((b"set-cookie", cookie.encode("latin-1")))
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
 
     # -- the checks --------------------------------------------------------------------------------------
-    def check(self, scope: Scope, headers: dict[str, str]) -> None:
+    def check(self, scope: Scope, headers: dict[str, str], page_key: str | None) -> None:
         """Raise the error of the first check the request fails (size by ``Content-Length`` here; a chunked body
-        is counted as it is read)."""
+        is counted as it is read); ``page_key``: the right key given in the page's address."""
         if self.loopback and not is_loopback(host_name(headers.get("host", ""))):
             raise EndpointError(403, "this endpoint answers requests addressed to a loopback host only",
                                 type="permission_error", code="host_not_allowed")
@@ -124,7 +140,7 @@ class RequestGuard:
             raise EndpointError(403, "requests from pages on other sites are refused (Origin is neither this "
                                 "endpoint, a loopback page nor a page on its --host)", type="permission_error",
                                 code="origin_not_allowed")
-        if self.api_key is not None and not self.authorised(scope, headers):
+        if self.api_key is not None and page_key is None and not self.authorised(scope, headers):
             raise EndpointError(401, "missing or wrong API key (send Authorization: Bearer KEY; open the page as "
                                 "/?key=KEY)", type="invalid_request_error", code="invalid_api_key")
         if scope["method"] == "POST":
@@ -150,6 +166,8 @@ class RequestGuard:
         return is_loopback(hostname) or (hostname == self.host and self.host not in ("0.0.0.0", "::"))
 
     def authorised(self, scope: Scope, headers: dict[str, str]) -> bool:
+        """Whether the request presents the key: as ``Authorization: Bearer KEY``, or, for the page and its
+        files only, as the cookie ``/?key=KEY`` set."""
         assert self.api_key is not None
         expected = self.api_key.encode()
         presented = headers.get("authorization", "")
@@ -162,19 +180,9 @@ class RequestGuard:
             cookie.load(headers.get("cookie", ""))
         except Exception:  # noqa: BLE001  (a malformed cookie header authorises nothing)
             return False
-        if KEY_COOKIE in cookie and hmac.compare_digest(cookie[KEY_COOKIE].value.encode(), expected):
-            return True
-        return self.page_key(scope) is not None
-
-    def page_key(self, scope: Scope) -> str | None:
-        """The right key given as ``/?key=KEY`` (the page's address), else ``None``."""
-        if self.api_key is None or scope["path"] != "/" or scope["method"] != "GET":
-            return None
-        query = urllib.parse.parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        given = (query.get("key") or [""])[0]
-        if given and hmac.compare_digest(given.encode(), self.api_key.encode()):
-            return given
-        return None
+        if KEY_COOKIE not in cookie:
+            return False
+        return hmac.compare_digest(urllib.parse.unquote(cookie[KEY_COOKIE].value).encode(), expected)
 
     def too_large(self) -> EndpointError:
         return EndpointError(413, f"the request body is over {self.max_request_bytes} bytes (--max-request-bytes)",
