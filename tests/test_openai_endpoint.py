@@ -161,6 +161,16 @@ def test_a_message_marked_private_conditions_only_the_slm(endpoint: Endpoint, cl
     assert by_message.choices[0].message.content == by_field.choices[0].message.content
     assert by_message.usage.prompt_tokens == by_field.usage.prompt_tokens
     assert seen["prompt_ids"] == endpoint.template.render(MESSAGES) and CANARY not in json.dumps(seen)
+    # one text part of the question marked private: the same, and the cloud's prompt is the question alone
+    parts = [{"role": "user", "content": [{"type": "text", "text": PRIVATE_CONTEXT, "coveil_private": True},
+                                          {"type": "text", "text": QUESTION}]}]
+    by_part = client.chat.completions.create(model="coveil", messages=parts, max_tokens=3,
+                                             extra_body={"coveil": {"mode": "edge"}})
+    seen = transcripts(cloud)[-1]
+    assert by_part.choices[0].message.content == by_field.choices[0].message.content
+    assert by_part.usage.prompt_tokens == by_field.usage.prompt_tokens
+    assert seen["prompt_ids"] == endpoint.template.render(MESSAGES) and CANARY not in json.dumps(seen)
+    assert CANARY not in endpoint.client.slm.detokenize(seen["prompt_ids"])
 
 
 def test_bad_requests_get_openai_errors(endpoint: Endpoint) -> None:
