@@ -71,6 +71,7 @@ def main() -> None:
     from edge_sdk.policies import CoVeil
     from edge_sdk.prompts import chat_prompts
     from edge_sdk.server.app import create_app, running
+    from edge_sdk.server.serving import StopStrings, StopText
     from edge_sdk.server.settings import ServerSettings
     from eval_harness.datasets import load_task
 
@@ -88,12 +89,17 @@ def main() -> None:
         def direct(item) -> Timing:  # noqa: ANN001
             start = time.perf_counter()
             prompts = chat_prompts(template, [{"role": "user", "content": item.public_prompt}], item.private_context)
-            stream = client.stream(prompts, mode=args.mode, policy=CoVeil(lam=1.0), max_new_tokens=args.tokens)
-            first, pieces = None, []
-            for piece in stream:
+            # ending where the endpoint ends it: at the prompt format's stop (a completion-style prompt's next
+            # question), the text before it shown
+            stops = StopStrings(template.stops) if template.stops else None
+            stream = client.stream(prompts, mode=args.mode, policy=CoVeil(lam=1.0), max_new_tokens=args.tokens,
+                                   stopping=stops)
+            first, pieces, shown = None, [], StopText(template.stops)
+            for piece in map(shown.feed, stream):
                 if piece:  # as the endpoint's clock below: the first piece with text
                     first = first or time.perf_counter()
                 pieces.append(piece)
+            pieces.append(shown.flush())
             end = time.perf_counter()
             return Timing((first or end) - start, end - start, len(stream.token_ids), "".join(pieces))
 

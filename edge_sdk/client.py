@@ -42,6 +42,10 @@ __all__ = ["CONTEXT_SEPARATOR", "Credentials", "EdgeClient", "GenerationResult",
 _INCOMPLETE = "\ufffd"
 #: the default deadline of one session's stream (a generation of 1024 tokens at 2 tokens/s fits)
 DEFAULT_SESSION_TIMEOUT_S = 900.0
+#: gRPC's reconnect backoff on the adapter's channel, first and longest (ms): see ``_open_grpc_channel``
+RECONNECT_BACKOFF_MS = (500, 2000)
+#: the service the adapter reports to gRPC health checks (``proto/coveil.proto``'s package and service)
+CLOUD_SERVICE = "coveil.v1.CollaborativeDecoding"
 
 
 def grpc_target(cloud: str | Sequence[str]) -> str:
@@ -288,11 +292,39 @@ class EdgeClient:
             ("grpc.keepalive_timeout_ms", 10_000),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.lb_policy_name", "round_robin"),  # one session per replica in turn, skipping dead ones
+            # after an outage a session fails at once (UNAVAILABLE) until the channel's next connection attempt;
+            # gRPC spaces those attempts up to 120 s apart (an endpoint answered 503 for ~24 s after a 90 s outage
+            # had ended), here at most RECONNECT_BACKOFF_MS: one TCP connect every 2 s while the adapter is down
+            ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
+            ("grpc.min_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
+            ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[1]),
         ]
         tls = self.credentials.channel_credentials(target)
         if tls is None:
             return grpc.insecure_channel(target, options=options)
         return grpc.secure_channel(target, tls, options=options)
+
+    def cloud_status(self, timeout_s: float = 1.0) -> str:
+        """The adapter's state by gRPC health checking (its service :data:`CLOUD_SERVICE`): ``"serving"``,
+        ``"not_serving"`` (up, its model not ready or dead), ``"unreachable"`` (no answer within ``timeout_s``),
+        or ``"unknown"`` (it does not answer health checks); an in-process cloud is ``"serving"``.  Needs
+        ``grpcio-health-checking`` (the ``server`` extra)."""
+        if callable(self._cloud):
+            return "serving"
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        if self._grpc_channel is None:
+            self._grpc_channel = self._open_grpc_channel(self._cloud)
+        stub = health_pb2_grpc.HealthStub(self._grpc_channel)
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=CLOUD_SERVICE), timeout=timeout_s,
+                               metadata=self.credentials.metadata)
+        except grpc.RpcError as exc:
+            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                return "unreachable"
+            return "not_serving" if exc.code() == grpc.StatusCode.NOT_FOUND else "unknown"
+        return "serving" if reply.status == health_pb2.HealthCheckResponse.SERVING else "not_serving"
 
     def close(self) -> None:
         """Close the gRPC channel (sessions close themselves)."""

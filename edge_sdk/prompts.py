@@ -49,9 +49,47 @@ class Prompts:
 
 
 class ChatRenderer(Protocol):
-    """Renders a conversation with a model's chat template into the ids of the prompt that asks for its reply."""
+    """Renders a conversation with a model's chat template into the ids of the prompt that asks for its reply.
+
+    ``stops``: text that ends the reply in this format (a chat template ends it with a special token, so none;
+    :class:`QuestionAnswerPrompt` with the next question)."""
+
+    stops: tuple[str, ...]
 
     def render(self, messages: Sequence[Mapping[str, str]]) -> list[int]: ...
+
+
+class QuestionAnswerPrompt:
+    """A conversation as a base model reads it, for a model without a chat template (the embedded Gemma-3 270M):
+    system text first, then each turn as ``Question: {user}\nAnswer: {assistant}\n``, ending ``Answer:``; the
+    reply ends at the next ``\nQuestion:`` (:attr:`stops`).
+
+    A chat template such a model was never trained on makes it repeat the question; in this form it answers
+    (the embedded model: "Liver" to the endpoint's example).  Tokenised with BOS, user text never read as
+    control tokens.  With :func:`chat_prompts` the private context opens the last question:
+    ``Question: {private_context}\n\n{question}\nAnswer:``.
+    """
+
+    stops = ("\nQuestion:",)
+    source = "completion-style 'Question: ...\\nAnswer:' (the model has no chat template)"
+
+    def __init__(self, slm: SLMBackend) -> None:
+        self.slm = slm
+
+    def text(self, messages: Sequence[Mapping[str, str]]) -> str:
+        parts = []
+        for message in messages:
+            role, content = message["role"], message["content"]
+            if role == "system":
+                parts.append(f"{content}\n\n")
+            elif role == "user":
+                parts.append(f"Question: {content}\nAnswer:")
+            else:  # an earlier answer, after its "Answer:"
+                parts.append(f" {content}\n")
+        return "".join(parts)
+
+    def render(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        return self.slm.tokenize(self.text(messages), add_bos=True)
 
 
 def plain_prompts(slm: SLMBackend, public_query: str, private_context: str = "") -> Prompts:

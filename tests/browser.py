@@ -18,8 +18,9 @@ BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 
 
 @contextmanager
-def headless_chromium(profile: Path, window: str = "1200,1500") -> Iterator[object]:
-    """A Selenium Chrome driver over the system's Chromium, its profile in ``profile``, quit on exit."""
+def headless_chromium(profile: Path, window: str = "1200,1500", arguments: tuple[str, ...] = ()) -> Iterator[object]:
+    """A Selenium Chrome driver over the system's Chromium, its profile in ``profile``, with ``arguments``
+    added to its command line, quit on exit."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -33,7 +34,7 @@ def headless_chromium(profile: Path, window: str = "1200,1500") -> Iterator[obje
     options = webdriver.ChromeOptions()
     options.binary_location = binary
     for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                     f"--window-size={window}", f"--user-data-dir={profile}"):
+                     f"--window-size={window}", f"--user-data-dir={profile}", *arguments):
         options.add_argument(argument)
     driver = webdriver.Chrome(service=Service(driver_path), options=options)
     try:

@@ -67,6 +67,18 @@ class Endpoint:
     settings: ServerSettings
 
 
+def generate_as_the_endpoint(endpoint: Endpoint, prompts, **kwargs):
+    """The generation the endpoint makes from a conversation, through the SDK: ``(result, the text shown)``. It
+    ends where the endpoint ends it, at the prompt format's stop (the next question of a completion-style
+    prompt), and the text shown stops before it."""
+    from edge_sdk.server.serving import StopStrings
+
+    stops = endpoint.template.stops
+    result = endpoint.client.generate(prompts, stopping=StopStrings(stops) if stops else None, **kwargs)
+    ends = [at for at in (result.text.find(stop) for stop in stops) if at >= 0]
+    return result, result.text[: min(ends)] if ends else result.text
+
+
 @contextlib.contextmanager
 def capture_server_logs() -> Iterator[LogCapture]:
     capture = LogCapture()

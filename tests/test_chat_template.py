@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from edge_sdk.backends.chat_template import LlamaCppChatTemplate
-from edge_sdk.prompts import chat_prompts
+from edge_sdk.prompts import QuestionAnswerPrompt, chat_prompts
 
 pytestmark = pytest.mark.model
 
@@ -22,11 +22,10 @@ CONVERSATIONS = [
 ]
 
 
-def test_the_embedded_gguf_gets_llama_cpps_gemma_template_which_matches_the_published_one(slm, gemma_llm) -> None:
-    """The embedded GGUF carries no template: llama.cpp's built-in 'gemma' renders it, and gives the ids that
-    transformers' apply_chat_template gives with Gemma 3's published Jinja template, for every conversation."""
-    builtin = LlamaCppChatTemplate.for_model(slm)
-    assert "tokenizer.chat_template" not in slm.metadata and builtin.builtin == "gemma"
+def test_llama_cpps_gemma_template_matches_the_published_one(slm, gemma_llm) -> None:
+    """llama.cpp's built-in 'gemma' (``--chat-template gemma``) gives the ids that transformers'
+    apply_chat_template gives with Gemma 3's published Jinja template, for every conversation."""
+    builtin = LlamaCppChatTemplate.for_model(slm, "gemma")
     jinja = LlamaCppChatTemplate.for_model(slm, GEMMA3_TEMPLATE)  # the Jinja path: llama-cpp-python's formatter
     published = GEMMA3_TEMPLATE.read_text()
     for conversation in CONVERSATIONS:
@@ -36,8 +35,18 @@ def test_the_embedded_gguf_gets_llama_cpps_gemma_template_which_matches_the_publ
         assert builtin.render(conversation) == jinja.render(conversation) == list(reference)
 
 
+def test_the_embedded_base_model_gets_the_question_and_answer_prompt(slm) -> None:
+    """The embedded GGUF carries no chat template (a base model): Gemma's turn format made it repeat the
+    question; it gets ``Question: ...\nAnswer:``."""
+    assert "tokenizer.chat_template" not in slm.metadata
+    prompt = LlamaCppChatTemplate.for_model(slm)
+    assert isinstance(prompt, QuestionAnswerPrompt) and prompt.stops == ("\nQuestion:",)
+    expected = slm.tokenize("Question: Which organ?\nAnswer:", add_bos=True)
+    assert prompt.render([{"role": "user", "content": "Which organ?"}]) == expected
+
+
 def test_the_private_context_opens_the_last_user_turn_of_the_slms_prompt_only(slm) -> None:
-    template = LlamaCppChatTemplate.for_model(slm)
+    template = LlamaCppChatTemplate.for_model(slm, "gemma")
     conversation = CONVERSATIONS[2]
     prompts = chat_prompts(template, conversation, "Private: I am allergic to apples.")
     # written out by hand in Gemma's turn format

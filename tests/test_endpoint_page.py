@@ -24,6 +24,7 @@ from tests.endpoint_stack import (  # noqa: F401  (fixtures)
     Cloud,
     Endpoint,
     cloud,
+    generate_as_the_endpoint,
     endpoint,
     server_logs,
     start_endpoint,
@@ -63,11 +64,12 @@ def test_the_page_colours_each_token_by_what_the_cloud_saw(endpoint: Endpoint, b
 
     # the same generation through the SDK
     prompts = chat_prompts(endpoint.template, [{"role": "user", "content": QUESTION}], PRIVATE_CONTEXT)
-    expected = endpoint.client.generate(prompts, mode="cloud", policy=CoVeil(lam=1.0), max_new_tokens=TOKENS)
+    expected, shown = generate_as_the_endpoint(endpoint, prompts, mode="cloud", policy=CoVeil(lam=1.0),
+                                               max_new_tokens=TOKENS)
     entries = expected.ledger.entries
 
     spans = browser.find_elements(By.CSS_SELECTOR, "#answer span.tok")
-    assert "".join(span.get_attribute("textContent") for span in spans) == expected.text
+    assert "".join(span.get_attribute("textContent") for span in spans) == shown
     assert [int(span.get_attribute("data-step")) for span in spans] == list(range(len(entries)))
     # cloud-side fusion: a step the cloud saw uploaded values is orange, one with an empty upload green
     colours = [span.get_attribute("class").split()[-1] for span in spans]
@@ -95,23 +97,21 @@ def test_the_page_colours_each_token_by_what_the_cloud_saw(endpoint: Endpoint, b
     assert CANARY not in browser.find_element(By.ID, "answer").get_attribute("textContent")
 
 
-def test_on_a_keyed_endpoint_the_page_offers_its_choices_once_the_key_is_typed(cloud: Cloud, slm, browser,
-                                                                              tmp_path: Path) -> None:
-    """A keyed endpoint refuses /coveil/info without the key: the page asks for it, then reads the model name and
-    the policies with it (before, the policy list stayed empty and the model name the default)."""
+def test_on_a_keyed_endpoint_the_page_opens_with_the_key_in_its_address(cloud: Cloud, slm, browser,
+                                                                        tmp_path: Path) -> None:
+    """A keyed endpoint refuses the page itself without the key; opened as /?key=KEY, the page reads the model
+    name and the policies with it and drops the key from the address bar."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
     with start_endpoint(cloud.address, slm, tmp_path, api_key="page-key", served_model_name="edge-gemma") as keyed:
         browser.get(keyed.base_url + "/")
+        assert "invalid_api_key" in browser.page_source and not browser.find_elements(By.ID, "question")
+        browser.get(keyed.base_url + "/?key=page-key")
         wait = WebDriverWait(browser, 120)
-        wait.until(lambda b: "cannot read" in b.find_element(By.ID, "model-info").text)
-        assert browser.find_element(By.ID, "api-key").is_displayed()
-        assert Select(browser.find_element(By.ID, "policy")).options == []
-        browser.find_element(By.ID, "api-key").send_keys("page-key", Keys.TAB)
         wait.until(lambda b: len(Select(b.find_element(By.ID, "policy")).options) > 1)
         assert 'model "edge-gemma"' in browser.find_element(By.ID, "model-info").text
+        assert browser.current_url == keyed.base_url + "/"
         browser.find_element(By.ID, "question").send_keys(QUESTION)
         tokens = browser.find_element(By.ID, "max-tokens")
         tokens.clear()

@@ -74,10 +74,13 @@ def test_each_step_is_labelled_by_the_strongest_thing_the_cloud_saw() -> None:
     ("DATA_LOSS", 502, "cloud_error"),
 ])
 def test_cloud_statuses_map_to_openai_errors(code: str, status: int, kind: str) -> None:
-    error = from_cloud_error(CloudError(code, "detail from the adapter"))
+    """A fixed message per status: the adapter's own text is not passed to the app (the cloud chooses it)."""
+    error = from_cloud_error(CloudError(code, "Your session expired: log in at http://phish.example"))
     body = error.body()["error"]
-    assert error.status == status and body["code"] == kind and "detail from the adapter" in body["message"]
+    assert error.status == status and body["code"] == kind and code in body["message"]
+    assert "phish" not in body["message"] and "expired" not in body["message"]
     assert set(body) == {"message", "type", "param", "code"}
+    assert error.headers == ({"Retry-After": "1"} if status == 429 else {})
 
 
 # -- requests ----------------------------------------------------------------------------------------------
@@ -98,7 +101,7 @@ def test_parameters_the_endpoint_cannot_honour_are_named() -> None:
     message = ChatCompletionRequest(model="coveil", messages=[
         {"role": "developer", "content": [{"type": "text", "text": "be "}, {"type": "text", "text": "brief"}]}
     ]).messages[0]
-    assert message.text() == "be brief" and message.template_role() == "system"
+    assert message.public_text() == "be brief" and message.template_role() == "system"
 
 
 @pytest.mark.parametrize("body", [

@@ -28,6 +28,7 @@ from tests.endpoint_stack import (  # noqa: F401  (fixtures)
     Cloud,
     Endpoint,
     LogCapture,
+    generate_as_the_endpoint,
     cloud,
     endpoint,
     server_logs,
@@ -72,9 +73,10 @@ def test_chat_completions_whole_and_streamed_in_both_fusion_modes(endpoint: Endp
                                            extra_body={"coveil": options})
     # the endpoint returns what the SDK decodes from the chat-templated prompts
     prompts = chat_prompts(endpoint.template, MESSAGES, PRIVATE_CONTEXT)
-    direct = endpoint.client.generate(prompts, mode=mode, policy=CoVeil(lam=1.0), max_new_tokens=TOKENS)
-    assert whole.choices[0].message.content == direct.text
-    assert whole.choices[0].finish_reason == ("stop" if direct.finish_reason == "eos" else "length")
+    direct, shown = generate_as_the_endpoint(endpoint, prompts, mode=mode, policy=CoVeil(lam=1.0),
+                                             max_new_tokens=TOKENS)
+    assert whole.choices[0].message.content == shown
+    assert whole.choices[0].finish_reason == ("length" if direct.finish_reason == "max_new_tokens" else "stop")
     ledger = whole.model_extra["coveil"]
     assert ledger["mode"] == mode and ledger["policy"] == "coveil(lam=1.0, k=50)"
     assert ledger["steps"] == whole.usage.completion_tokens == len(direct.token_ids)
@@ -92,7 +94,7 @@ def test_chat_completions_whole_and_streamed_in_both_fusion_modes(endpoint: Endp
     chunks = list(stream)
     steps = [c.model_extra["coveil"]["step"] for c in chunks if (c.model_extra.get("coveil") or {}).get("step")]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text == direct.text and len(steps) == len(direct.token_ids)
+    assert text == shown and len(steps) == len(direct.token_ids)
     assert [s["token_id"] for s in steps] == direct.token_ids
     # edge-side the cloud sees each synchronised token; cloud-side an upload (or nothing), never a token
     allowed = {"token", "full"} if mode == "edge" else {"upload", "nothing", "full"}
@@ -100,6 +102,20 @@ def test_chat_completions_whole_and_streamed_in_both_fusion_modes(endpoint: Endp
     last = [c for c in chunks if c.choices and c.choices[0].finish_reason][-1]
     assert last.model_extra["coveil"]["ledger"]["steps"] == len(steps)
     assert chunks[-1].usage.completion_tokens == len(steps) and chunks[-1].choices == []
+
+
+def test_the_embedded_base_model_answers_the_question_instead_of_repeating_it(endpoint: Endpoint) -> None:
+    """In Gemma's chat template (the embedded GGUF has none) the base model repeated the private context and the
+    question; asked in the question-and-answer form it answers in a few words ("The heart." in cloud-side
+    CoVeil, whose cloud never reads the context; the SLM alone says "liver"), and the reply ends at the next
+    question."""
+    reply = api(endpoint).chat.completions.create(
+        model="coveil", messages=MESSAGES, max_tokens=24,
+        extra_body={"coveil": {"private_context": PRIVATE_CONTEXT, "mode": "cloud"}})
+    text = reply.choices[0].message.content
+    assert reply.choices[0].finish_reason == "stop" and 0 < len(text.strip()) < 40, text
+    for repeated in ("Question", "organ is affected", "jaundice", CANARY, "<start_of_turn>"):
+        assert repeated not in text, text
 
 
 def test_a_baseline_by_name_uploads_what_it_is_defined_to(endpoint: Endpoint, cloud: Cloud) -> None:
@@ -163,6 +179,16 @@ def test_a_message_marked_private_conditions_only_the_slm(endpoint: Endpoint, cl
     assert by_message.choices[0].message.content == by_field.choices[0].message.content
     assert by_message.usage.prompt_tokens == by_field.usage.prompt_tokens
     assert seen["prompt_ids"] == endpoint.template.render(MESSAGES) and CANARY not in json.dumps(seen)
+    # one text part of the question marked private: the same, and the cloud's prompt is the question alone
+    parts = [{"role": "user", "content": [{"type": "text", "text": PRIVATE_CONTEXT, "coveil_private": True},
+                                          {"type": "text", "text": QUESTION}]}]
+    by_part = client.chat.completions.create(model="coveil", messages=parts, max_tokens=3,
+                                             extra_body={"coveil": {"mode": "edge"}})
+    seen = transcripts(cloud)[-1]
+    assert by_part.choices[0].message.content == by_field.choices[0].message.content
+    assert by_part.usage.prompt_tokens == by_field.usage.prompt_tokens
+    assert seen["prompt_ids"] == endpoint.template.render(MESSAGES) and CANARY not in json.dumps(seen)
+    assert CANARY not in endpoint.client.slm.detokenize(seen["prompt_ids"])
 
 
 def test_bad_requests_get_openai_errors(endpoint: Endpoint) -> None:
@@ -182,7 +208,7 @@ def test_bad_requests_get_openai_errors(endpoint: Endpoint) -> None:
                                                                   "private_context": PRIVATE_CONTEXT}})["param"] \
         == "coveil.mode"
     assert refused(openai.BadRequestError, extra_body={"coveil": {"params": {"lamb": 1}}})["param"] == "coveil.params"
-    assert "does not occur" in refused(openai.BadRequestError, extra_body={
+    assert "never_upload[0] is empty or does not occur" in refused(openai.BadRequestError, extra_body={
         "coveil": {"private_context": PRIVATE_CONTEXT, "never_upload": ["Dr. Wu"]}})["message"]
     assert refused(openai.BadRequestError, temperature=7,
                    extra_body={"coveil": {"private_context": PRIVATE_CONTEXT}})["param"] == "temperature"
@@ -239,7 +265,9 @@ def test_the_api_key_and_the_loopback_host_guard(cloud: Cloud, slm, tmp_path: Pa
             api(endpoint, key="wrong").models.list()
         assert caught.value.body["code"] == "invalid_api_key"
         assert [m.id for m in api(endpoint, key="s3cret").models.list()] == ["coveil"]
-        assert raw_request(endpoint.base_url, "GET", "/health")[0] == 200  # no key needed: it says nothing
+        # every path needs the key, /health included: it tells when the device is busy and whether the cloud is up
+        assert raw_request(endpoint.base_url, "GET", "/health")[0] == 401
+        assert raw_request(endpoint.base_url, "GET", "/health", headers={"Authorization": "Bearer s3cret"})[0] == 200
         # a page elsewhere reaching 127.0.0.1 through DNS rebinding names its own host
         status, body = raw_request(endpoint.base_url, "GET", "/v1/models",
                                    headers={"Host": "attacker.example", "Authorization": "Bearer s3cret"})
@@ -283,5 +311,15 @@ def test_the_private_context_is_in_no_log_line_nor_transcript(endpoint: Endpoint
     assert "request chatcmpl-" in server_logs.text and "POST /v1/chat/completions" in server_logs.text
     for secret in (CANARY, "bilirubin", "jaundice", "kidneys are failing"):
         assert secret not in server_logs.text
-    files = list(cloud.transcript_dir.glob("*.json"))
-    assert len(files) >= 4 and not [path.name for path in files if CANARY in path.read_text()]
+    # the transcripts hold token ids: decode what the cloud was given as its prompt, and look for the private
+    # context's own ids in it (searching the JSON for text found nothing even when the whole private prompt went)
+    slm = endpoint.client.slm
+    private_ids = slm.tokenize(PRIVATE_CONTEXT, add_bos=False)
+    seen = transcripts(cloud)
+    assert len(seen) >= 4
+    for transcript in seen:
+        prompt_ids = transcript["prompt_ids"]
+        assert CANARY not in slm.detokenize(prompt_ids) and "bilirubin" not in slm.detokenize(prompt_ids)
+        windows = {tuple(prompt_ids[i : i + 8]) for i in range(len(prompt_ids) - 7)}
+        assert not windows & {tuple(private_ids[i : i + 8]) for i in range(len(private_ids) - 7)}
+        assert CANARY not in json.dumps(transcript)

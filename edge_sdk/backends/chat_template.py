@@ -7,14 +7,13 @@ Which template, in order:
 2. the GGUF's own ``tokenizer.chat_template`` (Jinja, as the model's tokenizer
    config carries it), rendered by llama-cpp-python's ``Jinja2ChatFormatter``
    (the sandboxed environment and helpers of transformers' ``apply_chat_template``);
-3. llama.cpp's built-in template for the GGUF's architecture: ``general.architecture``
-   itself or without its version digits (``gemma3`` → ``gemma``).  The embedded
-   Gemma-3 270M GGUF carries no template, so this is the one it gets; a test
-   checks it gives the same ids as Gemma 3's published Jinja template under
-   transformers.
-
-Anything else is an error naming the flag to set: a conversation is never
-flattened by string concatenation.
+3. none: a GGUF without a template is a base model (the embedded Gemma-3 270M is
+   one), and a chat template it was never trained on makes it repeat the question;
+   it gets :class:`edge_sdk.prompts.QuestionAnswerPrompt` (``Question: ...\nAnswer:``,
+   the reply ending at the next question).  An instruction-tuned GGUF whose
+   template was stripped takes its built-in one by name (``--chat-template gemma``;
+   a test checks llama.cpp's ``gemma`` gives the ids of Gemma 3's published Jinja
+   template under transformers).
 
 Tokenising follows each kind's convention.  A Jinja template writes BOS itself
 (``{{ bos_token }}``) and its output is tokenised without adding one, as
@@ -27,13 +26,13 @@ as those tokens.
 from __future__ import annotations
 
 import ctypes
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from edge_sdk.backends.llama_cpp import LlamaCppSLM
+from edge_sdk.prompts import QuestionAnswerPrompt
 
 
 def builtin_templates() -> list[str]:
@@ -79,10 +78,15 @@ class LlamaCppChatTemplate:
     builtin: str | None = None
     _formatter: Any = field(default=None, repr=False)
 
+    #: a chat template ends the reply with its end-of-turn token, not with text
+    stops: ClassVar[tuple[str, ...]] = ()
+
     @classmethod
-    def for_model(cls, slm: LlamaCppSLM, override: str | Path | None = None) -> LlamaCppChatTemplate:
-        """Resolve the template: ``override`` (a Jinja file or a built-in name), the GGUF's own, or the built-in
-        one of its architecture."""
+    def for_model(
+        cls, slm: LlamaCppSLM, override: str | Path | None = None
+    ) -> LlamaCppChatTemplate | QuestionAnswerPrompt:
+        """Resolve the template: ``override`` (a Jinja file or a built-in name), the GGUF's own, or (none) the
+        completion-style prompt of a base model."""
         builtins = builtin_templates()
         if override is not None:
             text = str(override)
@@ -96,15 +100,7 @@ class LlamaCppChatTemplate:
         own = slm.metadata.get("tokenizer.chat_template")
         if own:
             return cls(slm, "the GGUF's tokenizer.chat_template", jinja=own)
-        architecture = slm.metadata.get("general.architecture", "")
-        for name in (architecture, re.sub(r"[\d.]+$", "", architecture)):
-            if name in builtins:
-                return cls(slm, f"llama.cpp built-in {name!r} (the GGUF has none; architecture {architecture})",
-                           builtin=name)
-        raise ValueError(
-            f"model {slm.name!r} carries no chat template and llama.cpp has no built-in one for its architecture "
-            f"{architecture!r}: pass a Jinja file or a built-in name ({', '.join(builtins)}) as the chat template"
-        )
+        return QuestionAnswerPrompt(slm)
 
     def text(self, messages: Sequence[Mapping[str, str]]) -> str:
         """The rendered prompt text, ending with the opening of the assistant's reply."""

@@ -1,26 +1,18 @@
-"""The FastAPI app: the routes, two guards, OpenAI-style errors for every failure, and uvicorn.
+"""The FastAPI app: the routes, the request guard, OpenAI-style errors for every failure, and uvicorn.
 
-Guards (both before any route runs):
-
-* **API key.**  With a key configured (required beyond loopback), ``/v1/...``
-  and ``/coveil/...`` need ``Authorization: Bearer KEY`` (``401
-  invalid_api_key`` otherwise); the page's files and ``/health`` do not.
-* **Host header, on loopback.**  Bound to loopback, requests must name a
-  loopback host (``127.0.0.1``, ``localhost``, ``[::1]``): a web page elsewhere
-  cannot reach this endpoint through DNS rebinding.  No CORS headers are sent,
-  so other origins cannot read its answers either.
+Every request passes :class:`~edge_sdk.server.guards.RequestGuard` first (loopback host, Origin, the API key on
+every path, a JSON content type on POSTs, the body's size, the page's security headers); no CORS header is ever
+sent, so other origins cannot read the endpoint's answers.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -29,17 +21,20 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edge_sdk.backends.base import SLMBackend
-from edge_sdk.client import EdgeClient, is_loopback
+from edge_sdk.client import EdgeClient
 from edge_sdk.prompts import ChatRenderer
 from edge_sdk.server.errors import EndpointError
+from edge_sdk.server.guards import RequestGuard
 from edge_sdk.server.router import STATIC_DIR, router
 from edge_sdk.server.serving import EdgeServing
 from edge_sdk.server.settings import ServerSettings
 
 log = logging.getLogger("coveil.edge.server")
 
-#: paths that need the API key when one is configured
-_KEYED_PREFIXES = ("/v1/", "/coveil/")
+#: why a field the endpoint does not know is refused (the allowlist of :mod:`edge_sdk.server.protocol`)
+UNKNOWN_FIELD = ("unknown field, refused rather than ignored (an ignored privacy marker would send text to the "
+                 "cloud): the private part goes in 'coveil', a private message or text part is marked "
+                 "'coveil_private': true")
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -48,15 +43,9 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     for error in exc.errors():
         where = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
         first = first or where or None
-        problems.append(f"{where or 'body'}: {error.get('msg', 'invalid')}")
+        what = UNKNOWN_FIELD if error.get("type") == "extra_forbidden" else error.get("msg", "invalid")
+        problems.append(f"{where or 'body'}: {what}")
     return "; ".join(problems) or "invalid request", first
-
-
-def _host_name(host_header: str) -> str:
-    """The host of a ``Host`` header (``[::1]:8000`` → ``::1``, ``localhost:8000`` → ``localhost``)."""
-    if host_header.startswith("["):
-        return host_header[1 : host_header.find("]")]
-    return host_header.rsplit(":", 1)[0] if host_header.count(":") == 1 else host_header
 
 
 def create_app(
@@ -70,7 +59,6 @@ def create_app(
     """The endpoint over ``client`` (its SLM is then used by the endpoint's worker thread only)."""
     settings.check_exposure(api_key)
     serving = EdgeServing(client, chat_template, settings, n_ctx=n_ctx)
-    loopback = is_loopback(settings.host)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -82,21 +70,6 @@ def create_app(
     app.state.serving = serving
     app.state.api_key = api_key
     app.state.started = int(time.time())
-
-    @app.middleware("http")
-    async def guard(request: Request, call_next: Any) -> Any:
-        if loopback and not is_loopback(_host_name(request.headers.get("host", ""))):
-            error = EndpointError(403, "this endpoint answers requests addressed to a loopback host only",
-                                  type="permission_error", code="host_not_allowed")
-            return JSONResponse(error.body(), status_code=error.status)
-        if api_key is not None and request.url.path.startswith(_KEYED_PREFIXES):
-            presented = request.headers.get("authorization", "")
-            expected = f"Bearer {api_key}"
-            if not hmac.compare_digest(presented.encode(), expected.encode()):
-                error = EndpointError(401, "missing or wrong API key (send Authorization: Bearer KEY)",
-                                      type="invalid_request_error", code="invalid_api_key")
-                return JSONResponse(error.body(), status_code=error.status)
-        return await call_next(request)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -112,6 +85,8 @@ def create_app(
 
     app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    app.add_middleware(RequestGuard, host=settings.host, api_key=api_key,
+                       max_request_bytes=settings.max_request_bytes)
     return app
 
 

@@ -16,8 +16,9 @@ DESCRIPTION = (
     "GET /v1/models, /health) and a live page at GET /. The edge SLM reads the private context, the cloud adapter "
     "(--cloud) only the public messages; apps pass the private part as extra_body={'coveil': {'private_context': "
     "..., 'mode': 'edge'|'cloud', 'policy': ..., 'params': {...}, 'exposure_budget': ..., 'max_epsilon': ..., 'never_upload': [...]}} "
-    "or mark a message with 'coveil_private': true. Listens on loopback unless --host is given, and then only "
-    "with an API key. Unmarked requests: see 'defaults for requests' below."
+    "or mark a message or a text part with 'coveil_private': true (an unknown field is a 400, never ignored). "
+    "Listens on loopback unless --host is given, and then only with an API key, which then guards every path "
+    "(open the page as /?key=KEY). Unmarked requests: see 'defaults for requests' below."
 )
 
 EPILOG = """example:

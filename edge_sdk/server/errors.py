@@ -17,7 +17,8 @@ The endpoint's own: bad parameters 400 (``invalid_request_error``), a prompt
 longer than the context window 400 (``context_length_exceeded``), an unknown
 model 404 (``model_not_found``), a missing or wrong API key 401
 (``invalid_api_key``), a full queue 429 (``rate_limit_exceeded``).  Error
-messages name what is wrong, never the request's text.
+messages name what is wrong, never the request's text; a 429 carries
+``Retry-After``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class EndpointError(Exception):
         type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        retry_after_s: int | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -46,6 +48,12 @@ class EndpointError(Exception):
         self.type = type
         self.param = param
         self.code = code
+        self.retry_after_s = retry_after_s
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """``Retry-After`` where the request may be retried as it is (a 429)."""
+        return {} if self.retry_after_s is None else {"Retry-After": str(self.retry_after_s)}
 
     def body(self) -> dict[str, Any]:
         detail = ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code)
@@ -79,8 +87,14 @@ _CLOUD_HINTS = {
 }
 
 
+#: a 429's ``Retry-After``: the queue frees a place when a generation ends, the adapter a session when one closes
+#: (seconds, not minutes); the openai client waits this long before its retry
+RETRY_AFTER_S = 1
+
+
 def from_cloud_error(exc: CloudError) -> EndpointError:
-    """The OpenAI-style error for a failed cloud session (the adapter's message never holds private text: the
-    cloud never had any)."""
+    """The OpenAI-style error for a failed cloud session: a fixed message per status.  The adapter's own text
+    is not passed on: the cloud chooses it, and an app would show it to its user as the endpoint's word."""
     status, kind, code = _CLOUD_STATUSES.get(exc.code, (502, "api_error", "cloud_error"))
-    return EndpointError(status, f"{_CLOUD_HINTS[code]} ({exc.code}: {exc.message})", type=kind, code=code)
+    return EndpointError(status, f"{_CLOUD_HINTS[code]} ({exc.code})", type=kind, code=code,
+                         retry_after_s=RETRY_AFTER_S if status == 429 else None)

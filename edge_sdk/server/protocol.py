@@ -1,19 +1,18 @@
 """The OpenAI API's request and response schemas, as far as the endpoint serves them, and the ``coveil`` extension.
 
-Requests accept the fields the ``openai`` client sends; a field the endpoint
-cannot honour (``n > 1``, ``logprobs``, tools, ...) is refused by
-:meth:`GenerationRequest.unsupported` rather than ignored, and fields it does
-not know are accepted and ignored, as OpenAI-compatible servers do.
+Requests are read against an allowlist: every model here names the fields it
+knows (OpenAI's, and the ``coveil`` extension) and refuses any other with a
+400 naming it.  A field the endpoint knows but cannot honour (``n > 1``,
+``logprobs``, tools, ...) is refused by :meth:`GenerationRequest.unsupported`.
+Nothing unknown is ignored: an ignored privacy marker (``"private": true``,
+``"confidential": true``, a misspelt ``coveil_private``) would send text the
+app meant to keep on the device to the cloud.
 
 The private part travels as ``extra_body={"coveil": {...}}`` (the ``openai``
 client sends ``extra_body`` as top-level fields): :class:`CoveilOptions`.  A
-message may also be marked private (``{"role": "user", "content": ...,
-"coveil_private": true}``): its text joins the private context instead of
-going to the cloud.  Unknown fields are ignored, except those that look like a
-misplaced or misspelt privacy marker (a ``private`` or ``coveil...`` key on a
-message, ``private_context`` or another ``coveil`` option outside ``coveil``):
-ignoring them would send text the app meant to keep on the device to the
-cloud, so they are refused (:func:`misplaced_markers`).
+message, or one text part of a message's content, may be marked private
+(``"coveil_private": true``): its text joins the private context (in message
+order, before ``coveil.private_context``) instead of going to the cloud.
 
 Responses carry the privacy ledger's summary in a ``coveil`` field
 (:class:`LedgerSummary`); a stream's chunks carry each step's report
@@ -24,7 +23,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
+
+#: OpenAI's limit on stop strings per request
+MAX_STOPS = 4
+#: the longest stop string accepted, in characters (matching a stop of length L costs O(L) per token: four
+#: 320,000-character stops cost 4.2 s per token before this cap)
+MAX_STOP_CHARS = 256
 
 FusionModeName = Literal["cloud", "edge"]
 #: what the cloud saw at one step: nothing of the private side, the synchronised token, an upload of k values,
@@ -48,64 +53,75 @@ class CoveilOptions(BaseModel):
     alpha: float | None = Field(default=None, ge=0.0, le=1.0)
 
 
-def misplaced_markers(extra: dict[str, object] | None, markers: frozenset[str]) -> list[str]:
-    """The keys of ``extra`` (a model's unknown fields) that name a privacy marker the endpoint does not read:
-    one of ``markers``, or anything starting ``coveil``, compared lower-case with ``-`` read as ``_``."""
-    def normal(key: str) -> str:
-        return key.lower().replace("-", "_")
-
-    return [key for key in extra or {} if normal(key) in markers or normal(key).startswith("coveil")]
-
-
-#: message keys an app may reach for to mark a message private (the endpoint reads ``coveil_private`` only)
-_MESSAGE_MARKERS = frozenset({"private", "is_private", "coveil_private"})
-
-
 class TextPart(BaseModel):
-    """One text part of a message's content (images and audio are not served)."""
+    """One text part of a message's content (images and audio are not served); ``coveil_private`` moves this
+    part's text into the private context, the message's other parts stay public."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
 
     type: Literal["text"]
     text: str
+    coveil_private: StrictBool = False
 
 
 class ChatMessage(BaseModel):
-    """One message; ``developer`` reads as ``system``; ``coveil_private`` moves its text into the private context."""
+    """One message; ``developer`` reads as ``system``; ``coveil_private`` moves its text into the private context.
 
-    model_config = ConfigDict(extra="allow")
+    ``refusal``, ``annotations``, ``audio``, ``function_call`` and ``tool_calls`` are the fields of a reply the
+    ``openai`` client returns, so an app can append a reply to its conversation as it got it; a tool call or
+    audio in them is refused (:meth:`ChatCompletionRequest.unsupported`)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
-    coveil_private: bool = False
+    name: str | None = None
+    coveil_private: StrictBool = False
+    refusal: str | None = None
+    annotations: list[dict] | None = None
+    audio: dict | None = None
+    function_call: dict | None = None
+    tool_calls: list[dict] | None = None
 
-    def text(self) -> str:
+    def public_text(self) -> str:
+        """The text the cloud may read: nothing of a private message, else the parts not marked private."""
+        if self.coveil_private:
+            return ""
         if isinstance(self.content, list):
-            return "".join(part.text for part in self.content)
+            return "".join(part.text for part in self.content if not part.coveil_private)
         return self.content or ""
+
+    def private_text(self) -> str:
+        """The text that joins the private context: all of a private message, else its private parts."""
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content if self.coveil_private or part.coveil_private)
+        return (self.content or "") if self.coveil_private else ""
+
+    def is_public(self) -> bool:
+        """Whether the message goes to the cloud at all (a private message, or one whose every part is private,
+        does not)."""
+        if self.coveil_private:
+            return False
+        if isinstance(self.content, list) and self.content:
+            return not all(part.coveil_private for part in self.content)
+        return True
 
     def template_role(self) -> str:
         return "system" if self.role == "developer" else self.role
 
-    @model_validator(mode="after")
-    def _no_misplaced_marker(self) -> ChatMessage:
-        misplaced = misplaced_markers(self.model_extra, _MESSAGE_MARKERS)
-        if misplaced:
-            raise ValueError(f"unknown privacy marker {misplaced[0]!r}: mark a private message with "
-                             "'coveil_private': true (else its text would go to the cloud)")
-        return self
-
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
 
     include_usage: bool = False
+    include_obfuscation: bool | None = None  # OpenAI's padding of stream chunks; chunks here are not padded
 
 
 class GenerationRequest(BaseModel):
-    """What ``/v1/chat/completions`` and ``/v1/completions`` share."""
+    """What ``/v1/chat/completions`` and ``/v1/completions`` share (an unknown field is refused, see the module
+    docstring)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
 
     model: str
     stream: bool = False
@@ -121,14 +137,6 @@ class GenerationRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     coveil: CoveilOptions | None = None
-
-    @model_validator(mode="after")
-    def _no_misplaced_options(self) -> GenerationRequest:
-        misplaced = misplaced_markers(self.model_extra, frozenset(CoveilOptions.model_fields) | {"private"})
-        if misplaced:
-            raise ValueError(f"{misplaced[0]!r} belongs inside 'coveil' (extra_body={{'coveil': {{...}}}}); at the "
-                             "top level it would be ignored")
-        return self
 
     def stop_strings(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -147,8 +155,8 @@ class GenerationRequest(BaseModel):
         if self.logit_bias:
             return "logit_bias", "logit biases would change the fused distribution outside the policy"
         stops = self.stop_strings()
-        if len(stops) > 4 or any(not s for s in stops):
-            return "stop", "up to 4 non-empty stop strings"
+        if len(stops) > MAX_STOPS or any(not 0 < len(stop) <= MAX_STOP_CHARS for stop in stops):
+            return "stop", f"up to {MAX_STOPS} non-empty stop strings of at most {MAX_STOP_CHARS} characters"
         return None
 
 
@@ -160,12 +168,36 @@ class ChatCompletionRequest(GenerationRequest):
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None
     response_format: dict | None = None
+    # OpenAI's fields that change nothing here: accepted and not used
+    parallel_tool_calls: bool | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    # OpenAI's fields for what the endpoint does not serve: refused when set (``unsupported``)
+    functions: list[dict] | None = None
+    function_call: str | dict | None = None
+    modalities: list[str] | None = None
+    audio: dict | None = None
+    prediction: dict | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    web_search_options: dict | None = None
 
     def unsupported(self) -> tuple[str, str] | None:
         if self.logprobs or self.top_logprobs:
             return "logprobs", "log-probabilities are not returned (the fused distribution is the policy's)"
-        if self.tools:
+        if self.tools or self.functions or self.function_call:
             return "tools", "tool calls are not served"
+        for position, message in enumerate(self.messages):
+            if message.tool_calls or message.function_call or message.audio:
+                return f"messages.{position}", "tool calls and audio in a message are not served"
+        if self.modalities not in (None, ["text"]) or self.audio:
+            return "modalities", "only text replies are served"
+        for name in ("prediction", "reasoning_effort", "verbosity", "web_search_options"):
+            if getattr(self, name) is not None:
+                return name, "not served by the edge model"
         if self.response_format and self.response_format.get("type", "text") != "text":
             return "response_format", "only text replies are served"
         return super().unsupported()

@@ -55,7 +55,12 @@ def serving_of(request: Request) -> EdgeServing:
 
 
 def error_response(error: EndpointError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status)
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+def failure_response(failed: Failed) -> JSONResponse:
+    """A failed generation's error, with the ledger of what had left the device by then."""
+    return JSONResponse(failed.body(), status_code=failed.error.status, headers=failed.error.headers)
 
 
 def sse(payload: BaseModel) -> str:
@@ -70,11 +75,21 @@ async def page() -> FileResponse:
     return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
 
 
+#: how long ``/health`` waits for the cloud adapter's health check
+CLOUD_CHECK_TIMEOUT_S = 1.0
+
+
 @router.get("/health")
 async def health(request: Request) -> JSONResponse:
+    """200 when a request could be served now: the SLM's worker runs and the cloud adapter reports SERVING to a
+    gRPC health check; else 503 with ``status`` ``"stopped"`` or ``"cloud_unavailable"`` and ``cloud`` (the
+    adapter's state: ``serving``, ``not_serving``, ``unreachable``, ``unknown``).  It needs the API key when one
+    is set (``busy``/``waiting`` tell when this device's user is generating)."""
     serving = serving_of(request)
-    body = {"status": "ok" if serving.alive else "stopped", "busy": serving.busy, "waiting": serving.waiting}
-    return JSONResponse(body, status_code=200 if serving.alive else 503)
+    cloud = await anyio.to_thread.run_sync(serving.client.cloud_status, CLOUD_CHECK_TIMEOUT_S)
+    status = "stopped" if not serving.alive else "ok" if cloud == "serving" else "cloud_unavailable"
+    body = {"status": status, "cloud": cloud, "busy": serving.busy, "waiting": serving.waiting}
+    return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
 
 @router.get("/coveil/info")
@@ -221,7 +236,7 @@ async def _answer(
     if first is None:
         return Response(status_code=CLIENT_GONE)
     if isinstance(first, Failed):
-        return error_response(first.error)
+        return failure_response(first)
     if request.stream:
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         events = _stream(job, first, shapes, generation.request_id, created, include_usage)
@@ -232,7 +247,7 @@ async def _answer(
         event = first
         while not isinstance(event, Done):
             if isinstance(event, Failed):
-                return error_response(event.error)
+                return failure_response(event)
             pieces.append(event.text)
             event = await next_unless_gone(job, gone)
             if event is None:
@@ -262,7 +277,7 @@ async def _stream(
                 yield "data: [DONE]\n\n"
                 return
             else:
-                yield f"data: {json.dumps(event.error.body())}\n\n"  # the openai client raises it
+                yield f"data: {json.dumps(event.body())}\n\n"  # the openai client raises it
                 return
             event = await job.next()
     finally:

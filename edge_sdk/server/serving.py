@@ -25,14 +25,14 @@ import secrets
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from edge_sdk.client import EdgeClient
+from edge_sdk.client import EdgeClient, GenerationStream
 from edge_sdk.policies import available_policies, make_policy
 from edge_sdk.prompts import ChatRenderer, Prompts, chat_prompts, plain_prompts
-from edge_sdk.server.errors import EndpointError, bad_request, from_cloud_error
+from edge_sdk.server.errors import RETRY_AFTER_S, EndpointError, bad_request, from_cloud_error
 from edge_sdk.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -82,18 +82,31 @@ def ledger_summary(ledger: PrivacyLedger, *, cloud_prompt_tokens: int, queue_ms:
     )
 
 
-@dataclass(frozen=True)
+#: characters before the last search point searched again: a detokenised text may still rewrite its last
+#: characters (a character split over byte tokens shows as U+FFFD until its last byte)
+_REWRITTEN_TAIL = 16
+
+
 class StopStrings:
     """OpenAI's ``stop``: the generation is complete once its text holds one of ``stops``
-    (an :class:`edge_sdk.session.StoppingRule`; ending early is always allowed)."""
+    (an :class:`edge_sdk.session.StoppingRule`; ending early is always allowed).
 
-    stops: tuple[str, ...]
+    Called with the whole text after each token, it searches only what could hold a new occurrence: from
+    ``longest stop + a rewritten tail`` characters before the end of the text it searched last, so a generation
+    of n characters costs O(n · |stops|) in all, not O(n²)."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = tuple(stops)
+        self._window = max(map(len, self.stops), default=0) + _REWRITTEN_TAIL
+        self._searched = 0
 
     def allows_end(self, text: str) -> bool:
         return True
 
     def is_done(self, text: str) -> bool:
-        return any(stop in text for stop in self.stops)
+        start = max(0, min(self._searched, len(text)) - self._window)
+        self._searched = len(text)
+        return any(text.find(stop, start) >= 0 for stop in self.stops)
 
 
 class StopText:
@@ -102,10 +115,13 @@ class StopText:
     Shown so far is everything up to the first stop string, or, while none has
     appeared, up to the longest suffix that could still become one (held back
     until the next piece decides).  With no stops every piece shows at once.
+    Each piece costs O(|piece| + |stops| · longest stop²) (only the new text and
+    the stops' length behind it are searched), whatever has been fed before.
     """
 
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = tuple(stops)
+        self.longest = max(map(len, self.stops), default=0)
         self.text = ""
         self.shown = 0
         self.stopped = False
@@ -114,14 +130,16 @@ class StopText:
         """Add ``piece``; return the text that became showable."""
         if self.stopped:
             return ""
+        start = max(0, len(self.text) - self.longest + 1)  # an occurrence that ends in the new piece
         self.text += piece
-        found = [at for at in (self.text.find(stop) for stop in self.stops) if at >= 0]
+        found = [at for at in (self.text.find(stop, start) for stop in self.stops) if at >= 0]
         if found:
             self.stopped = True
             visible = min(found)
         else:
-            held = max((n for stop in self.stops for n in range(1, len(stop)) if self.text.endswith(stop[:n])),
-                       default=0)
+            tail = self.text[-self.longest :] if self.longest else ""
+            held = max((n for stop in self.stops for n in range(1, min(len(stop), len(tail) + 1))
+                        if tail.endswith(stop[:n])), default=0)
             visible = len(self.text) - held
         out = self.text[self.shown : visible]
         self.shown = max(self.shown, visible)
@@ -169,7 +187,17 @@ class Done:
 
 @dataclass(frozen=True)
 class Failed:
+    """The generation failed; ``ledger`` is what had left the device by then (``None``: it never started)."""
+
     error: EndpointError
+    ledger: LedgerSummary | None = None
+
+    def body(self) -> dict[str, Any]:
+        """OpenAI's error body, with the ledger of what left beside it (``coveil``) once steps were sent."""
+        body = self.error.body()
+        if self.ledger is not None:
+            body["coveil"] = self.ledger.model_dump()
+        return body
 
 
 Event = StepOut | Done | Failed
@@ -184,6 +212,7 @@ class Job:
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     enqueued_at: float = field(default_factory=time.perf_counter)
+    withdraw: Callable[[Job], None] | None = None  # takes it out of the queue's count of waiting requests
 
     def put(self, event: Event) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
@@ -192,8 +221,11 @@ class Job:
         return await self.events.get()
 
     def cancel(self) -> None:
-        """The client went away: drop the job, or stop it at its next step."""
+        """The client went away: drop the job (it no longer counts against ``max_queue``), or stop it at its
+        next step."""
         self.cancelled.set()
+        if self.withdraw is not None:
+            self.withdraw(self)
 
 
 class EdgeServing:
@@ -215,7 +247,7 @@ class EdgeServing:
         self.n_ctx = n_ctx
         self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._waiting = 0
+        self._queued: set[Job] = set()  # submitted, not yet taken by the worker nor withdrawn
         self._running: Job | None = None
         self._worker = threading.Thread(target=self._work, name="coveil-slm", daemon=True)
         self._worker.start()
@@ -223,7 +255,7 @@ class EdgeServing:
     # -- state ---------------------------------------------------------------------------------------
     @property
     def waiting(self) -> int:
-        return self._waiting
+        return len(self._queued)
 
     @property
     def busy(self) -> bool:
@@ -245,14 +277,15 @@ class EdgeServing:
         if self.chat_template is None:
             raise bad_request("this model has no chat template: use /v1/completions", param="messages")
         options = request.coveil or CoveilOptions()
-        private_parts = [m.text() for m in request.messages if m.coveil_private]
+        private_parts = [m.private_text() for m in request.messages]
         private_context = "\n\n".join(part for part in [*private_parts, options.private_context] if part)
-        public = [{"role": m.template_role(), "content": m.text()} for m in request.messages if not m.coveil_private]
+        public = [{"role": m.template_role(), "content": m.public_text()} for m in request.messages if m.is_public()]
         try:
             prompts = chat_prompts(self.chat_template, public, private_context)
         except ValueError as exc:
             raise bad_request(str(exc), param="messages") from None
-        return self._generation("chatcmpl", request, options, prompts, "messages", request.reply_limit())
+        return self._generation("chatcmpl", request, options, prompts, "messages", request.reply_limit(),
+                                format_stops=self.chat_template.stops)
 
     def prepare_completion(self, request: CompletionRequest) -> Generation:
         """Check a completion request and build its plain-text prompts and decoder."""
@@ -275,9 +308,11 @@ class EdgeServing:
 
     def _generation(
         self, prefix: str, request: GenerationRequest, options: CoveilOptions, prompts: Prompts, prompt_param: str,
-        reply_limit: int | None,
+        reply_limit: int | None, format_stops: tuple[str, ...] = (),
     ) -> Generation:
-        """The decoder for ``prompts`` under the request's options and the server's defaults."""
+        """The decoder for ``prompts`` under the request's options and the server's defaults; the reply ends at
+        the request's stop strings and at the prompt format's own (``format_stops``: the next question of a
+        completion-style prompt)."""
         prompt_tokens = len(prompts.slm_ids)
         room = self.n_ctx - prompt_tokens
         max_new_tokens = reply_limit if reply_limit is not None else min(self.settings.default_max_tokens, room)
@@ -302,7 +337,7 @@ class EdgeServing:
         # the cloud samples only in cloud-side fusion; edge-side the policy picks every token
         temperature = (request.temperature or 0.0) if mode == "cloud" else 0.0
         seed = request.seed if request.seed is not None else (secrets.randbits(63) if temperature > 0 else 0)
-        stops = request.stop_strings()
+        stops = tuple(dict.fromkeys((*request.stop_strings(), *format_stops)))
         settings: dict[str, Any] = {"mode": mode, "policy": policy, "max_new_tokens": max_new_tokens,
                                     "temperature": temperature, "seed": seed, "never_upload": options.never_upload,
                                     "exposure_budget": options.exposure_budget, "max_epsilon": options.max_epsilon,
@@ -310,23 +345,36 @@ class EdgeServing:
                                     "stopping": StopStrings(stops) if stops else None}
         if options.alpha is not None:
             settings["alpha"] = options.alpha
+        for position, span in enumerate(options.never_upload):  # named by position: a span is private text
+            if not span or span not in prompts.private_text:
+                raise bad_request(f"coveil.never_upload[{position}] is empty or does not occur in the private "
+                                  "context", param="coveil.never_upload")
         try:
             decoder = self.client.decoder(prompts, **settings)
         except ValueError as exc:
+            if options.never_upload and "never_upload" in str(exc):  # the SDK's message quotes the span
+                raise bad_request("a coveil.never_upload span has no token that could be masked (only "
+                                  "punctuation)", param="coveil.never_upload") from None
             raise bad_request(str(exc), param="coveil") from None
         return Generation(f"{prefix}-{secrets.token_hex(12)}", decoder, prompts, stops)
 
     # -- the queue -----------------------------------------------------------------------------------
     def submit(self, generation: Generation) -> Job:
         """Queue ``generation``; its events arrive on the returned job (call from the event loop)."""
-        job = Job(generation, asyncio.get_running_loop())
+        job = Job(generation, asyncio.get_running_loop(), withdraw=self._withdraw)
         with self._lock:
-            if self._waiting >= self.settings.max_queue:
-                raise EndpointError(429, f"the device is busy: {self._waiting} requests are waiting for its model; "
-                                    "retry later", type="rate_limit_exceeded", code="rate_limit_exceeded")
-            self._waiting += 1
+            if len(self._queued) >= self.settings.max_queue:
+                raise EndpointError(429, f"the device is busy: {len(self._queued)} requests are waiting for its "
+                                    "model; retry later", type="rate_limit_exceeded", code="rate_limit_exceeded",
+                                    retry_after_s=RETRY_AFTER_S)
+            self._queued.add(job)
         self._queue.put(job)
         return job
+
+    def _withdraw(self, job: Job) -> None:
+        """A queued job's client went away: it stops counting as waiting at once (the worker skips it)."""
+        with self._lock:
+            self._queued.discard(job)
 
     def _work(self) -> None:
         while True:
@@ -334,8 +382,9 @@ class EdgeServing:
             if job is None:
                 break
             with self._lock:
-                self._waiting -= 1
-            if job.cancelled.is_set():
+                withdrawn = job not in self._queued
+                self._queued.discard(job)
+            if withdrawn or job.cancelled.is_set():
                 continue
             self._running = job
             try:
@@ -356,8 +405,17 @@ class EdgeServing:
         started = time.perf_counter()
         queue_ms = (started - job.enqueued_at) * 1e3
         shown = StopText(generation.stops)
+        stream: GenerationStream | None = None
+
+        def what_left() -> LedgerSummary | None:
+            if stream is None:
+                return None
+            return ledger_summary(stream.ledger, cloud_prompt_tokens=len(generation.prompts.cloud_ids),
+                                  queue_ms=queue_ms)
+
         try:
-            with self.client.run(generation.decoder) as stream:
+            stream = self.client.run(generation.decoder)
+            with stream:
                 for step in stream.steps():
                     job.put(StepOut(shown.feed(step.text), step_report(step.entry)))
                     if job.cancelled.is_set():
@@ -371,12 +429,13 @@ class EdgeServing:
         except CloudError as exc:
             error = from_cloud_error(exc)
             log.warning("request %s: %s (HTTP %d)", generation.request_id, exc.code, error.status)
-            job.put(Failed(error))
+            job.put(Failed(error, what_left()))
             return
         except Exception as exc:  # noqa: BLE001 - a bug: the traceback's frames, never the message (may quote input)
             log.error("request %s failed with %s:\n%s", generation.request_id, type(exc).__name__,
                       "".join(traceback.format_tb(exc.__traceback__)))
-            job.put(Failed(EndpointError(500, f"internal error ({type(exc).__name__})", type="server_error")))
+            job.put(Failed(EndpointError(500, f"internal error ({type(exc).__name__})", type="server_error"),
+                           what_left()))
             return
         prompt_tokens = len(generation.prompts.slm_ids)
         usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,

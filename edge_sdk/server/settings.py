@@ -64,6 +64,9 @@ class ServerSettings:
     ssl_certfile: Path | None = _option(None, "serve HTTPS with this certificate chain (PEM)", metavar="PEM",
                                         type=Path)
     ssl_keyfile: Path | None = _option(None, "the private key of --ssl-certfile (PEM)", metavar="PEM", type=Path)
+    max_request_bytes: int = _option(
+        256 * 1024, "largest request body read, in bytes (413 beyond; a context window's text is far smaller, and "
+        "a body is refused before it is parsed or tokenised)", metavar="BYTES", type=int)
     served_model_name: str = _option("coveil", "the model id apps name in requests and /v1/models lists",
                                      metavar="NAME")
     # -- what a request gets unless it says otherwise
@@ -80,7 +83,7 @@ class ServerSettings:
     def __post_init__(self) -> None:
         if not self.cloud:
             raise ValueError("give the cloud adapter's address (--cloud HOST:PORT)")
-        for name in ("n_ctx", "default_max_tokens", "max_queue"):
+        for name in ("n_ctx", "default_max_tokens", "max_queue", "max_request_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if not 0 <= self.port <= 65535:

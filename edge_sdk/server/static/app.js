@@ -247,5 +247,11 @@ $("policy").addEventListener("change", () => {
 });
 $("ask").addEventListener("submit", ask);
 $("api-key").addEventListener("change", loadInfo);
+// opened as /?key=KEY (a keyed endpoint): the key fills its field and leaves the address bar and the history
+const pageKey = new URLSearchParams(location.search).get("key");
+if (pageKey) {
+  $("api-key").value = pageKey;
+  history.replaceState(null, "", "/");
+}
 addSamples();
 loadInfo();
