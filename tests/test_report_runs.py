@@ -58,6 +58,7 @@ def test_two_attackers_scores_of_the_same_items_are_refused_not_the_first_files(
     theirs = write(tmp_path / "api.jsonl", [attacked("1", "endpoint:gpt", 0.9), attacked("2", "endpoint:gpt", 0.8)])
     with pytest.raises(ValueError, match=r'inversion.attacker "endpoint:gpt" in .*api.jsonl:1, "local:gemma"'):
         check_one_run([mine, theirs])
+    assert main(["report", str(mine), str(theirs), "--out", str(tmp_path / "report")]) == 1
     # the attack run on a subset only, by one attacker: one run
     partial = write(tmp_path / "partial.jsonl", [row("1"), attacked("2", "local:gemma", 0.2)])
     assert len(check_one_run([partial, mine])) == 2
