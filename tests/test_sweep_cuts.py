@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -148,7 +148,7 @@ def test_recompute_agrees_with_every_row_of_a_run(alone: Path, capsys: pytest.Ca
     assert table["evidence.evidence_tokens"] == table["correct"] == (18, 0.0, 0)
 
 
-def rewritten(source: Path, target: Path, change) -> Path:  # noqa: ANN001
+def rewritten(source: Path, target: Path, change: Callable[[dict], dict]) -> Path:
     """``source`` with its first row passed through ``change``."""
     rows = list(read_rows([source]))
     rows[0] = change(json.loads(json.dumps(rows[0])))

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 
-def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:  # noqa: SLF001
+def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``recompute`` on the ``decodeleak`` subcommand table."""
     parser = commands.add_parser(
         "recompute", help="re-score result rows from the file alone (no model) and report agreement",
@@ -53,7 +53,7 @@ class Agreement:
                 stored, bool) and not isinstance(recomputed, bool):
             diff = abs(float(stored) - float(recomputed))
             self.max_abs_diff = max(self.max_abs_diff, diff)
-            if diff > tolerance or diff != diff:  # NaN disagrees
+            if not diff <= tolerance:  # a NaN on either side disagrees
                 self.disagreeing.append(key)
         elif stored != recomputed:
             self.max_abs_diff = float("inf")

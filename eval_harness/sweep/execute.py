@@ -30,8 +30,7 @@ import numpy as np
 
 from edge_sdk.client import GenerationResult
 from edge_sdk.leakage import ExposureTrace
-from edge_sdk.models import ModelSource
-from edge_sdk.models import tokenizer_vocab_size, vocab_fingerprint
+from edge_sdk.models import ModelSource, tokenizer_vocab_size, vocab_fingerprint
 from edge_sdk.policies import Policy, make_policy, policy_class
 from eval_harness.attacks.inversion import CloudObservation, InversionAttack, inversion_cell
 from eval_harness.datasets import DecodeLeakItem
