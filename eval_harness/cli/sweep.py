@@ -284,7 +284,7 @@ def _deployed(args: argparse.Namespace, protocol):  # noqa: ANN001, ANN202
     from edge_sdk.models import resolve_model
     from eval_harness.metrics import Vocabulary
     from eval_harness.runners.deployed import DeployedRunner
-    from eval_harness.sweep.execute import SEED_POLICY, model_digest, package_version
+    from eval_harness.sweep.execute import SEED_POLICY, model_digest, package_version, source_digest
 
     slm_source = resolve_model(args.slm)
     if slm_source.gguf_path is None or slm_source.hf_name_or_dir is not None:
@@ -343,6 +343,7 @@ def _deployed(args: argparse.Namespace, protocol):  # noqa: ANN001, ANN202
         "seed": args.seed,
         "seed_policy": SEED_POLICY,
         "version": package_version(),
+        "code": {"sha256": source_digest()},
     }
     return runner, vocab, metadata
 
