@@ -132,14 +132,20 @@ def logits_through(batcher: LockstepBatcher, prompts: list[list[int]], steps: in
     return rows
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("per_sequence", [True, False])
-def test_per_sequence_forwards_give_each_client_the_logits_it_gets_alone(per_sequence: bool) -> None:
+def test_per_sequence_forwards_give_each_client_the_logits_it_gets_alone(per_sequence: bool, dtype: str) -> None:
     """A row must not depend on which items shared its batch: with per-sequence forwards every logit of a client
-    stepped among others equals, bit for bit, what it gets alone; one padded forward of several rows does not
-    (on torch's CPU kernels a batched row rounds differently, about 1e-7 in float32), which this checks too."""
+    stepped among others equals, bit for bit, what it gets alone, in float32 and in bf16; one padded forward of
+    several rows does not (on torch's CPU kernels a batched row rounds differently, about 1e-7 in float32), which
+    this checks too."""
+    import torch
+
+    from cloud_adapter.llm import TransformersLLM
     from tests.tiny_models import tiny_pair
 
-    llm, _ = tiny_pair()
+    tiny, _ = tiny_pair()
+    llm = TransformersLLM.from_loaded(tiny.model.to(getattr(torch, dtype)), tiny.tokenizer, "tiny")
     prompts = [[5 + i for i in range(n)] for n in (7, 12, 30, 5)]  # ragged: padding in the batched prefill
     alone = []
     for prompt in prompts:
