@@ -8,8 +8,8 @@ order; JSON lists would cost about 7 bytes an id.  The encoding here:
 * ``int32`` little-endian: ``n`` step lengths, then every step's ids in order (``4 (n + Σ len_t)`` bytes);
 * compressed with xz (``lzma``, preset 6) and written as base64.
 
-On the embedded pair's MedPriv traces at ``k = 1000`` that is about 2.1
-bytes an id before base64 (2.8 in the row): a ranked list of 1,000 of
+On the embedded pair's MedPriv traces at ``k = 1000`` that is 1.8-2.1
+bytes an id before base64 (2.4-2.8 in the row): a ranked list of 1,000 of
 262,144 ids carries about 2.2 bytes an id of information (the set,
 ``log2 C(262144, 1000)``, plus the order, ``log2 1000!``), so a cleverer
 transform would gain little; xz and base64 are in every standard library.
