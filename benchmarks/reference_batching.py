@@ -42,8 +42,11 @@ protocol on this model pair.  There the answers are ragged (most a few dozen tok
 prefill, which batching does not shorten, weighs as much as its decoding, so the ratio is lower; with answers
 of the 256 tokens a larger model reasons for it would be higher.
 
+The runner's batches run as one forward per item unless ``--padded-batches`` (then one padded forward each,
+the batching the ideal (b) measures): see ``cloud_adapter.runners.LockstepBatcher`` for why per item is the default.
+
 Usage: python benchmarks/reference_batching.py [--tokens N] [--items N] [--rounds R] [--dtype auto|bf16|fp32]
-       [--threads N] [--protocol-items N] [--release-items N] [--release-samples N]
+       [--padded-batches] [--threads N] [--protocol-items N] [--release-items N] [--release-samples N]
 The last three lines are batch8_speedup, batch8_vs_ideal and vs_release_loop.
 """
 
@@ -78,9 +81,9 @@ def off_main_thread(measure: Callable[..., T], *args: object) -> T:
 
 
 def runner_tokens_per_s(slm: TransformersLLM, llm: TransformersLLM, runs: list[ItemRun], concurrency: int,
-                        tokens: int) -> tuple[float, float, list[list[int]]]:
+                        tokens: int, padded_batches: bool) -> tuple[float, float, list[list[int]]]:
     """(decode tokens/s with prefill time taken out, end-to-end tokens/s, every item's tokens)."""
-    with ReferenceRunner(slm, llm, concurrency=concurrency) as runner:
+    with ReferenceRunner(slm, llm, concurrency=concurrency, padded_batches=padded_batches) as runner:
         runner.run(runs[:concurrency], mode="edge", alpha=ALPHA, max_new_tokens=2)  # warm-up
         prefill_before = sum(stats.prefill_seconds for stats in runner.stats)
         start = time.perf_counter()
@@ -133,6 +136,9 @@ def main() -> None:
     parser.add_argument("--release-samples", type=int, default=5,
                         help="release steps timed per item (at evenly spaced lengths)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
+    parser.add_argument("--padded-batches", action="store_true",
+                        help="the runner's padded batched forwards (decodeleak --padded-batches) instead of its "
+                             "default of one forward per item, which keeps rows independent of their batch")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     args = parser.parse_args()
     if args.threads is not None:
@@ -148,8 +154,9 @@ def main() -> None:
 
     speedups, vs_ideal, rows = [], [], []
     for _ in range(args.rounds):
-        one, one_e2e, _ = runner_tokens_per_s(slm, llm, runs, 1, args.tokens)
-        eight, eight_e2e, fixed_continuations = runner_tokens_per_s(slm, llm, runs, 8, args.tokens)
+        one, one_e2e, _ = runner_tokens_per_s(slm, llm, runs, 1, args.tokens, args.padded_batches)
+        eight, eight_e2e, fixed_continuations = runner_tokens_per_s(slm, llm, runs, 8, args.tokens,
+                                                                    args.padded_batches)
         ideal_one, ideal_eight = (off_main_thread(ideal_tokens_per_s, llm, batch, args.tokens) for batch in (1, 8))
         speedups.append(eight / one)
         vs_ideal.append(speedups[-1] / (ideal_eight / ideal_one))
@@ -177,7 +184,8 @@ def main() -> None:
           f"{len(spread)} of them ...")
     protocol_runs = [ItemRun(item.item_id, protocol.public_prompt(item), item.private_context, CoVeil(lam=1.0),
                              stopping=protocol.stopping(item)) for item in protocol_items]
-    _, runner_e2e, continuations = runner_tokens_per_s(slm, llm, protocol_runs, 8, protocol.max_new_tokens)
+    _, runner_e2e, continuations = runner_tokens_per_s(slm, llm, protocol_runs, 8, protocol.max_new_tokens,
+                                                       args.padded_batches)
     timed = [(protocol_runs[i], continuations[i]) for i in spread]
     release = release_tokens_per_s(timed)
     lengths = [len(c) for c in continuations]

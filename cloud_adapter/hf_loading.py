@@ -110,6 +110,24 @@ def _convert_gguf(source: ModelSource, target: Path) -> None:
         raise
 
 
+def _transformers_location(source: ModelSource) -> str:
+    """Where transformers loads ``source`` from: its directory or hub name, or a GGUF's dequantised cache (made
+    on first use)."""
+    if source.gguf_path is not None and source.hf_name_or_dir is None:
+        location = gguf_cache_dir(source.gguf_path)
+        if not (location / "config.json").is_file():
+            _convert_gguf(source, location)
+        return str(location)
+    return source.hf_location
+
+
+def load_tokenizer(source: ModelSource) -> Any:
+    """``source``'s transformers tokenizer alone (no weights are loaded, unless a GGUF's cache must be made)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(_transformers_location(source))
+
+
 def load_causal_lm(
     source: ModelSource,
     *,
@@ -127,13 +145,7 @@ def load_causal_lm(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch_dtype = resolve_dtype(dtype, dtype_device(device, device_map))
-    if source.gguf_path is not None and source.hf_name_or_dir is None:
-        location = gguf_cache_dir(source.gguf_path)
-        if not (location / "config.json").is_file():
-            _convert_gguf(source, location)
-        location_str = str(location)
-    else:
-        location_str = source.hf_location
+    location_str = _transformers_location(source)
     tokenizer = AutoTokenizer.from_pretrained(location_str)
     kwargs: dict[str, Any] = {"dtype": torch_dtype}
     if device_map is not None:

@@ -5,7 +5,7 @@
   concurrent sessions into one forward, waiting only for the sessions whose edges are quick to come back.
 * :class:`LockstepBatcher`: the reference runner's.  One worker thread owns several models (edge and cloud)
   for a known set of item threads, and runs a batch once every item is waiting: each forward holds every
-  item waiting on that model.
+  item waiting on that model, or (``per_sequence``) the batch's items step one forward each, back to back.
 """
 
 from __future__ import annotations
@@ -92,10 +92,16 @@ class _ModelQueue:
     """One model's waiting forwards, how to run them as batches, and what ran (``stats``).
 
     Only the owning batcher's worker thread runs them; the batcher's lock guards ``steps`` and ``prefills``.
+    With ``per_sequence`` a batch runs as one forward per sequence (an unpadded batch of one each), so every
+    sequence's logits are bit for bit those of a run alone.  A batched forward changes each row's floating-point
+    reductions (measured with torch's CPU kernels: a linear layer's row differs between a batch of one and of
+    several, and rows differ between batches of 2 and 4 without any padding): about 1e-7 in float32, far more in
+    bf16, enough to reorder near-ties in a top-1000 or flip a greedy token.
     """
 
-    def __init__(self, llm: TransformersLLM) -> None:
+    def __init__(self, llm: TransformersLLM, *, per_sequence: bool = False) -> None:
         self.llm = llm
+        self.per_sequence = per_sequence
         self.steps: list[_StepRequest] = []
         self.prefills: deque[_PrefillRequest] = deque()
         self.stats = BatchStats()
@@ -133,10 +139,15 @@ class _ModelQueue:
         return waiting
 
     def run_steps(self, steps: list[_StepRequest], delivered: Delivered | None = None) -> None:
-        """One ``llm.step`` for ``steps``; a failure is delivered to every one of them."""
+        """One ``llm.step`` for ``steps`` (one per step with ``per_sequence``); a failure is delivered to every one
+        of them."""
         start = time.perf_counter_ns()
         try:
-            self.llm.step([(request.seq, request.token_id) for request in steps])
+            if self.per_sequence:
+                for request in steps:
+                    self.llm.step([(request.seq, request.token_id)])
+            else:
+                self.llm.step([(request.seq, request.token_id) for request in steps])
         except BaseException as exc:  # delivered to every session of the batch
             for request in steps:
                 request.result.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
@@ -152,10 +163,14 @@ class _ModelQueue:
             request.result.set_result(elapsed)
 
     def run_prefills(self, requests: list[_PrefillRequest], delivered: Delivered | None = None) -> None:
-        """One padded prefill for ``requests``; if it fails, each alone, so one bad prompt fails only its session."""
+        """One padded prefill for ``requests`` (one prefill each with ``per_sequence``); if it fails, each alone, so
+        one bad prompt fails only its session."""
         start = time.perf_counter_ns()
         try:
-            seqs = self.llm.open_many([request.prompt_ids for request in requests])
+            if self.per_sequence:
+                seqs = [self.llm.open(request.prompt_ids) for request in requests]
+            else:
+                seqs = self.llm.open_many([request.prompt_ids for request in requests])
         except BaseException as exc:
             if not isinstance(exc, Exception):
                 for request in requests:
@@ -422,12 +437,17 @@ class LockstepBatcher(_ModelWorker):
 
     A request from a thread that is not a registered client is served as
     soon as everyone registered is waiting too (with none registered: at once).
+
+    With ``per_sequence`` a batch's clients still step together, but each in a forward of its own
+    (:class:`_ModelQueue`): a client's logits are then the same whichever clients shared its batch.  The
+    ``stats`` count batches (the clients that stepped together) either way.
     """
 
-    def __init__(self, llms: Sequence[TransformersLLM], *, max_wait_ms: float = 500.0) -> None:
+    def __init__(self, llms: Sequence[TransformersLLM], *, max_wait_ms: float = 500.0,
+                 per_sequence: bool = False) -> None:
         if max_wait_ms < 0:
             raise ValueError(f"max_wait_ms must be non-negative, got {max_wait_ms}")
-        queues = [_ModelQueue(llm) for llm in llms]
+        queues = [_ModelQueue(llm, per_sequence=per_sequence) for llm in llms]
         super().__init__(queues)
         self.lanes = [ModelLane(self, queue) for queue in queues]
         self._max_wait_s = max_wait_ms / 1000.0

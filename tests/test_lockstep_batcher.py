@@ -6,6 +6,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 from cloud_adapter.llm import CloudSequence
 from cloud_adapter.runners import LockstepBatcher, ModelLane
@@ -106,3 +107,53 @@ def test_a_client_busy_elsewhere_is_waited_for_at_most_max_wait() -> None:
         threads[0].join()
     assert 0.2 <= waited < 2.0
     assert log == [("m", "prefill", 1), ("m", "step", 1)] and seq.ids == [1, 7]
+
+
+def logits_through(batcher: LockstepBatcher, prompts: list[list[int]], steps: int) -> list[list[np.ndarray]]:
+    """Each prompt as a client of ``batcher`` on its one lane, greedy for ``steps`` tokens: every row it saw."""
+    (lane,) = batcher.lanes
+    registered = threading.Barrier(len(prompts))
+    rows: list[list[np.ndarray]] = [[] for _ in prompts]
+
+    def client(i: int) -> None:
+        with batcher.participant():
+            registered.wait()
+            seq, _ = lane.prefill(prompts[i])
+            rows[i].append(seq.next_logits.copy())
+            for _ in range(steps):
+                lane.forward(seq, int(np.argmax(seq.next_logits)))
+                rows[i].append(seq.next_logits.copy())
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return rows
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("per_sequence", [True, False])
+def test_per_sequence_forwards_give_each_client_the_logits_it_gets_alone(per_sequence: bool, dtype: str) -> None:
+    """A row must not depend on which items shared its batch: with per-sequence forwards every logit of a client
+    stepped among others equals, bit for bit, what it gets alone, in float32 and in bf16; one padded forward of
+    several rows does not (on torch's CPU kernels a batched row rounds differently, about 1e-7 in float32), which
+    this checks too."""
+    import torch
+
+    from cloud_adapter.llm import TransformersLLM
+    from tests.tiny_models import tiny_pair
+
+    tiny, _ = tiny_pair()
+    llm = TransformersLLM.from_loaded(tiny.model.to(getattr(torch, dtype)), tiny.tokenizer, "tiny")
+    prompts = [[5 + i for i in range(n)] for n in (7, 12, 30, 5)]  # ragged: padding in the batched prefill
+    alone = []
+    for prompt in prompts:
+        with LockstepBatcher([llm], per_sequence=per_sequence) as batcher:
+            alone += logits_through(batcher, [prompt], steps=4)
+    with LockstepBatcher([llm], max_wait_ms=10_000, per_sequence=per_sequence) as batcher:
+        together = logits_through(batcher, prompts, steps=4)
+        assert batcher.lanes[0].stats.batch_sizes == {4: 4}  # the four stepped together (counted as batches)
+    same = all(np.array_equal(a, b) for rows_alone, rows_together in zip(alone, together)
+               for a, b in zip(rows_alone, rows_together, strict=True))
+    assert same == per_sequence

@@ -61,8 +61,9 @@ def grid_file(tmp_path: Path, grid: dict) -> str:
 
 
 def without_wire_timing(row: dict) -> dict:
-    """A row less ``bytes_down``: the cloud's replies carry its forward time (``forward_ns``, a varint)."""
-    return {key: value for key, value in row.items() if key != "bytes_down"}
+    """A row less ``bytes_down`` (the cloud's replies carry its forward time, ``forward_ns``, a varint) and
+    ``batching`` (a Ray task runs torch on its own CPUs: ``torch_threads``)."""
+    return {key: value for key, value in row.items() if key not in ("bytes_down", "batching")}
 
 
 def test_ray_rows_are_a_plain_sweeps_and_a_rerun_does_only_what_is_missing(

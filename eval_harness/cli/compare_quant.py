@@ -51,7 +51,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     parser.add_argument("--slm", default="embedded",
                         help="the edge model: 'embedded' or a GGUF file (the variants are derived from it)")
     parser.add_argument("--llm", default="embedded", help="the cloud model, in transformers (same family)")
-    parser.add_argument("--dtype", default="fp32", choices=["auto", "bf16", "fp16", "fp32"],
+    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"],
                         help="the transformers models' dtype (default: fp32, a full-precision reference)")
     parser.add_argument("--concurrency", type=int, default=8, help="items decoded at once (default: 8)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the per-item generators (row format)")

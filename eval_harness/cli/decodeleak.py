@@ -12,7 +12,8 @@ a remote one (``--cloud HOST:PORT``), the exposure read from the adapter's
 transcripts (``--transcripts DIR``) and checked against the edge's ledger.
 
 ``decodeleak report`` makes the paper's tables (Markdown, CSV) from result
-files, ``decodeleak plot`` its figures (PNG, PDF).  ``decodeleak
+files, ``decodeleak plot`` its figures (PNG, PDF), ``decodeleak recompute``
+re-scores every row from the file without a model.  ``decodeleak
 compare-quant`` checks a quantised edge model against its full-precision
 reference.  ``decodeleak build-benchmark``, ``review`` and ``finalize`` make
 a benchmark of this kind from your own QA data with an LLM judge and a person
@@ -26,12 +27,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from eval_harness.cli import build_benchmark, compare_quant, finalize, plot, report, review, sweep
+from eval_harness.cli import build_benchmark, compare_quant, finalize, plot, recompute, report, review, sweep
 
 #: each command's module: ``add_parser(commands)`` registers it (``sweep``'s registers both ``sweep`` and ``run``),
 #: ``run(args)`` executes it
-COMMANDS = {"sweep": sweep, "run": sweep, "report": report, "plot": plot, "build-benchmark": build_benchmark,
-            "review": review, "finalize": finalize, "compare-quant": compare_quant}
+COMMANDS = {"sweep": sweep, "run": sweep, "report": report, "plot": plot, "recompute": recompute,
+            "build-benchmark": build_benchmark, "review": review, "finalize": finalize,
+            "compare-quant": compare_quant}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,7 +21,8 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
                                            "against the inversion's ROUGE-1 recall, per task, where rows carry "
                                            "the attack).  A figure "
                                            "whose rows are missing is skipped.")
-    plot.add_argument("results", nargs="+", type=Path, help="JSONL result files (shards are merged)")
+    plot.add_argument("results", nargs="+", type=Path,
+                      help="JSONL result files of one run (shards are merged; files of different runs are refused)")
     plot.add_argument("--out", type=Path, default=Path("runs/decodeleak/plots"), help="where the figures go")
     plot.add_argument("--rules", choices=["paper", "release"], default="paper", help="which metric rules to plot")
     plot.add_argument("--policy", default="coveil",
@@ -41,10 +42,10 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """``decodeleak plot``: reads rows only."""
     from eval_harness.report import plots
+    from eval_harness.report.runs import check_one_run
     from eval_harness.report.tables import result_rows
-    from eval_harness.sweep.store import read_rows
 
-    rows = result_rows(read_rows(args.results))
+    rows = result_rows(check_one_run(args.results))
     suffix = "" if args.rules == "paper" else ":release"
     target = None if args.match_token_er is None else args.match_token_er / 100
     paths = plots.privacy_utility(rows, args.out, suffix=suffix)

@@ -17,7 +17,9 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
                                              "Token/ROUGE1/Span-ER@100 and AUC@100, and the inversion's ROUGE-1 "
                                              "recall/F1 where rows have it, with 95% bootstrap intervals), by the "
                                              "paper's rules and by the release's, as Markdown and CSV.")
-    report.add_argument("results", nargs="+", type=Path, help="JSONL result files (shards are merged)")
+    report.add_argument("results", nargs="+", type=Path,
+                        help="JSONL result files of one run (shards are merged; files of different runs, e.g. fp32 "
+                             "and bf16 or two inversion attackers, are refused)")
     report.add_argument("--out", type=Path, default=Path("runs/decodeleak/report"),
                         help="where tables.md, tables.csv and undefended.csv are written")
     report.add_argument("-v", "--verbose", action="store_true", help="show the full traceback of an error")
@@ -26,10 +28,10 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """``decodeleak report``: reads rows only (no model library is imported)."""
+    from eval_harness.report.runs import check_one_run, label
     from eval_harness.report.tables import csv_text, markdown, metrics_recorded, result_rows, table, undefended_table
-    from eval_harness.sweep.store import read_rows
 
-    rows = result_rows(read_rows(args.results))
+    rows = result_rows(check_one_run(args.results))
     metrics = metrics_recorded(rows)
     sections, csv_parts, undefended_csv = [], [], []
     for rules, suffix in (("paper", ""), ("release", ":release")):
@@ -46,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
                                                 "(mean [95% bootstrap interval], %)"))
                 csv_parts.append(csv_text([{"rules": rules, **c} for c in cells]))
     args.out.mkdir(parents=True, exist_ok=True)
-    text = f"# DecodeLeak report: {len(rows)} rows from {len(args.results)} file(s)\n\n" + "\n".join(sections)
+    text = (f"# DecodeLeak report: {len(rows)} rows from {len(args.results)} file(s) of one run; {label(rows)}\n\n"
+            + "\n".join(sections))
     (args.out / "tables.md").write_text(text)
     (args.out / "tables.csv").write_text(_join_csv(csv_parts))
     (args.out / "undefended.csv").write_text(_join_csv(undefended_csv))

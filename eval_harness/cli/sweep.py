@@ -131,8 +131,13 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=_positive, default=256, help="tokens per answer (the paper: 256)")
     parser.add_argument("--slm", default="embedded", help="the edge model: 'embedded', a GGUF or a transformers dir")
     parser.add_argument("--llm", default="embedded", help="the cloud model (same family as --slm)")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
-                        help="both models' dtype (auto: bf16 where the hardware has native kernels)")
+    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"],
+                        help="both models' dtype (default: fp32, a full-precision reference; bf16 or fp16 only when "
+                             "asked for, and every row and report says which)")
+    parser.add_argument("--padded-batches", action="store_true",
+                        help="reference: run each lockstep batch as one padded forward (faster) instead of one "
+                             "forward per item; a row then depends on which items shared its batches (rows say "
+                             "batching.batch_invariant = false)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N for both models (ignored with "
                                                          "--device-map)")
     parser.add_argument("--device-map", metavar="MAP",
@@ -248,7 +253,8 @@ def _spec(args: argparse.Namespace):  # noqa: ANN202
     from eval_harness.sweep.execute import ReferenceSpec
 
     return ReferenceSpec(slm=args.slm, llm=args.llm, dtype=args.dtype, device=args.device,
-                         device_map=args.device_map, concurrency=args.concurrency)
+                         device_map=args.device_map, concurrency=args.concurrency,
+                         padded_batches=args.padded_batches)
 
 
 def _attacker(args: argparse.Namespace, runner):  # noqa: ANN001, ANN202
@@ -291,7 +297,7 @@ def _deployed(args: argparse.Namespace, protocol):  # noqa: ANN001, ANN202
     from edge_sdk.models import resolve_model
     from eval_harness.metrics import Vocabulary
     from eval_harness.runners.deployed import DeployedRunner
-    from eval_harness.sweep.execute import SEED_POLICY, model_digest, package_version
+    from eval_harness.sweep.execute import SEED_POLICY, model_digest, package_version, source_digest
 
     slm_source = resolve_model(args.slm)
     if slm_source.gguf_path is None or slm_source.hf_name_or_dir is not None:
@@ -299,6 +305,9 @@ def _deployed(args: argparse.Namespace, protocol):  # noqa: ANN001, ANN202
                          f"file, got {args.slm!r}")
     if args.transcript_wait < 0:
         raise ValueError(f"--transcript-wait must be non-negative, got {args.transcript_wait}")
+    if args.padded_batches:
+        raise ValueError("--padded-batches: only for the reference runner (the deployed edge decodes each item in "
+                         "an llama.cpp instance of its own)")
     remote_flags = [flag for flag, value in (("--token-file", args.token_file), ("--tls-ca", args.tls_ca),
                                              ("--plaintext", args.plaintext)) if value]
     common = {"edge_model": slm_source, "concurrency": args.concurrency, "transcript_wait_s": args.transcript_wait}
@@ -347,6 +356,7 @@ def _deployed(args: argparse.Namespace, protocol):  # noqa: ANN001, ANN202
         "seed": args.seed,
         "seed_policy": SEED_POLICY,
         "version": package_version(),
+        "code": {"sha256": source_digest()},
     }
     return runner, vocab, metadata
 

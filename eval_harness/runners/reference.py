@@ -5,9 +5,14 @@ the in-process transport, so the same bytes and checks as the wire) in a
 thread of its own.  Both models sit behind one
 :class:`~cloud_adapter.runners.LockstepBatcher`: the cloud LLM through the
 cloud engine, the SLM through :class:`BatchedSLM`.  Once every item in flight
-waits on a forward, the items waiting on one model run as one padded forward
-with their KV caches, then go on to the other model together: the items step
-in lockstep, not one at a time without a cache as the authors' release does.
+waits on a forward, the items waiting on one model step together, each in a
+forward of its own over its own KV cache, then go on to the other model
+together: the items step in lockstep, not one at a time without a cache as
+the authors' release does.  A forward of one sequence makes a row the same
+whichever items shared its batch (a padded forward of several rows changes
+every row's rounding: :class:`~cloud_adapter.runners.LockstepBatcher`);
+``padded_batches=True`` runs each batch as one padded forward instead,
+faster, and its rows say ``batch_invariant: false``.
 
 :meth:`ReferenceRunner.mechanism` measures a finished item's per-step
 decisions against full fusion (:mod:`eval_harness.runners.mechanism`).
@@ -157,13 +162,16 @@ class ReferenceRunner(ItemRunner):
         llm: the cloud model.
         concurrency: items decoded at once (the batch each model's forwards gather).
         max_wait_ms: how long a batch waits for an item still busy with its own work before it runs without it.
+        padded_batches: run each batch as one padded forward (faster; a row then depends on which items shared
+            its batches) instead of one forward per item (the default: a row is what the item gives alone).
     """
 
     def __init__(self, slm: TransformersLLM, llm: TransformersLLM, *, concurrency: int = 8,
-                 max_wait_ms: float = 500.0) -> None:
+                 max_wait_ms: float = 500.0, padded_batches: bool = False) -> None:
         self.slm_model, self.llm = slm, llm
         self.concurrency = concurrency
-        self._batcher = LockstepBatcher([slm, llm], max_wait_ms=max_wait_ms)
+        self.padded_batches = padded_batches
+        self._batcher = LockstepBatcher([slm, llm], max_wait_ms=max_wait_ms, per_sequence=not padded_batches)
         self._slm_lane, self._llm_lane = self._batcher.lanes
         limits = Limits(max_sessions=concurrency, max_sessions_per_client=concurrency)
         self.engine = CloudEngine(llm, limits, runner=self._llm_lane, exposure_k=1000)
@@ -177,6 +185,15 @@ class ReferenceRunner(ItemRunner):
     def policy_backend(self) -> BatchedSLM:
         """The edge model as a backend, for policies that build themselves from it (CusText's clusters)."""
         return BatchedSLM(self.slm_model, self._slm_lane, self._tokenizer_lock)
+
+    @property
+    def batching(self) -> dict[str, Any]:
+        """How items were batched, for each result row: ``concurrency``, ``lockstep``, ``forwards``
+        (``"per-sequence"`` or ``"padded"``) and ``batch_invariant`` (whether a row is independent of which
+        items shared its batches)."""
+        return {"concurrency": self.concurrency, "lockstep": True,
+                "forwards": "padded" if self.padded_batches else "per-sequence",
+                "batch_invariant": not self.padded_batches}
 
     @property
     def batch_sizes(self) -> tuple[dict[int, int], dict[int, int]]:

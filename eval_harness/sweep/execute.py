@@ -3,13 +3,19 @@
 Rows are written as they finish (:class:`~eval_harness.sweep.store.ResultStore`),
 pairs already in the store are skipped, and a shard takes only its share of
 the pairs.  Each row carries what makes it reproducible: the models and
-their file digests, the dtype, the backend, the policy and its parameters
-(with what its epsilon means), the protocol, the seed policy and the
-package version.
+their file digests, the dtype, the batching, the backend, the policy with
+every parameter (defaults filled in, with what its epsilon means), the
+protocol, the seed policy, the package version and a digest of its source
+code; and what makes it recomputable without a model (``decodeleak
+recompute``): the exposure trace at the recorded K
+(:mod:`~eval_harness.sweep.exposure_codec`), digests of the dataset and of
+the item, and the tokenizer's fingerprint.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -24,14 +30,15 @@ import numpy as np
 
 from edge_sdk.client import GenerationResult
 from edge_sdk.leakage import ExposureTrace
-from edge_sdk.models import ModelSource
-from edge_sdk.policies import make_policy, policy_class
+from edge_sdk.models import ModelSource, tokenizer_vocab_size, vocab_fingerprint
+from edge_sdk.policies import Policy, make_policy, policy_class
 from eval_harness.attacks.inversion import CloudObservation, InversionAttack, inversion_cell
 from eval_harness.datasets import DecodeLeakItem
 from eval_harness.metrics import Vocabulary, evidence_counts, evidence_recall
 from eval_harness.protocol import DecodingProtocol
 from eval_harness.runners.audit import AuditedResult
 from eval_harness.runners.reference import ItemRun, ReferenceRunner
+from eval_harness.sweep.exposure_codec import encode_trace
 from eval_harness.sweep.grid import Setting, row_key, shard, sweep_units
 from eval_harness.sweep.store import RowStore
 
@@ -114,6 +121,50 @@ def package_version() -> str:
         return "unknown"
 
 
+def item_digest(item: DecodeLeakItem) -> str:
+    """sha256 of one item's fields as canonical JSON (sorted keys, no spaces)."""
+    return hashlib.sha256(json.dumps(dataclasses.asdict(item), sort_keys=True, separators=(",", ":"),
+                                     ensure_ascii=False).encode()).hexdigest()
+
+
+def items_digest(items: Sequence[DecodeLeakItem]) -> str:
+    """sha256 over the items' :func:`item_digest` lines ``"<digest>\\n"``, in dataset order: the dataset a run drew
+    its items from (with ``--limit N``, its first N)."""
+    return hashlib.sha256("".join(f"{item_digest(item)}\n" for item in items).encode()).hexdigest()
+
+
+def policy_parameters(policy: Policy) -> dict[str, Any]:
+    """Every parameter the policy ran with, defaults filled in (CoVeil's ``k = 50`` too): its dataclass fields
+    that its constructor takes and that are plain JSON values (CusText's embedding neighbours are built from the
+    edge model, which the row's digests name)."""
+    values = {f.name: getattr(policy, f.name) for f in dataclasses.fields(policy) if f.init}
+    return {name: value for name, value in values.items() if value is None or isinstance(value, (bool, int, float, str))}
+
+
+def reference_vocabulary(tokenizer: Any) -> Vocabulary:
+    """The vocabulary the metrics read for a transformers tokenizer: its ids without BOS, and its pieces.
+
+    The sweep and ``decodeleak recompute`` both build it here, so a recomputed row reads the same vocabulary."""
+    from edge_sdk.leakage import piece_reader
+
+    return Vocabulary(lambda text: list(tokenizer(text, add_special_tokens=False).input_ids), piece_reader(tokenizer))
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """The tokenizer's :func:`~edge_sdk.models.vocab_fingerprint` as hex: its own entries, output padding aside."""
+    tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    return vocab_fingerprint(tokens[: tokenizer_vocab_size(tokens)]).hex()
+
+
+@functools.cache
+def source_digest() -> str:
+    """sha256 of the harness's source (:func:`eval_harness.sweep.ray.code_digest`: every ``.py`` file of
+    ``edge_sdk``, ``cloud_adapter`` and ``eval_harness``), once per process."""
+    from eval_harness.sweep.ray import code_digest
+
+    return code_digest()
+
+
 def item_rng(seed: int, setting: Setting, item_id: str) -> np.random.Generator:
     words = [seed, int(setting.key, 16), int(hashlib.sha256(item_id.encode()).hexdigest()[:15], 16)]
     return np.random.default_rng(np.random.SeedSequence(words))
@@ -129,11 +180,16 @@ def result_row(
     metadata: Mapping[str, Any],
     mechanism: Mapping[str, Any] | None = None,
     inversion: Mapping[str, Any] | None = None,
+    policy: Policy | None = None,
+    dataset_sha256: str | None = None,
 ) -> dict[str, Any]:
     """One JSONL row: the setting, the item, accuracy, DecodeLeak metrics in both rule sets at every
     :data:`METRIC_KS` cutoff the trace recorded, the per-step ``mechanism`` statistics
     (:meth:`ReferenceRunner.mechanism`; ``None`` when not measured), the inversion attack's result (``None``
-    when it was not run), and the metadata.
+    when it was not run), and the metadata.  With them what ``decodeleak recompute`` re-scores the metrics
+    from: ``exposure`` (the trace the metrics read, :func:`~eval_harness.sweep.exposure_codec.encode_trace`),
+    ``dataset`` (``dataset_sha256``: :func:`items_digest` of the task's items; ``item_sha256``), and
+    ``policy_params`` (``policy``'s :func:`policy_parameters`).
 
     The metrics read the edge's ledger, or for an audited result of the deployed stack the cloud's own
     transcript (the row's ``audit`` says which, and whether the two agree; where they do not, the
@@ -156,6 +212,7 @@ def result_row(
         "mode": setting.mode,
         "policy": setting.policy,
         "params": dict(setting.params),
+        "policy_params": policy_parameters(policy) if policy is not None else None,
         "epsilon_unit": policy_class(setting.policy).epsilon_units.get(setting.mode, "none"),
         "alpha": setting.alpha,
         "predicted": predicted,
@@ -166,6 +223,8 @@ def result_row(
         "text": result.text,
         "token_ids": list(result.token_ids),  # the generation exactly (text does not always re-tokenise to it)
         "metrics": metrics,
+        "exposure": encode_trace(trace),
+        "dataset": {"sha256": dataset_sha256, "item_sha256": item_digest(item)},
         "evidence": evidence_counts(item.evidence_spans, vocab, public_query=item.public_query),
         "uploaded_values": result.ledger.values_uploaded,
         "full_requests": result.ledger.full_requests,
@@ -211,43 +270,62 @@ class ReferenceSpec:
     Attributes:
         slm: the edge model (``"embedded"``, a GGUF file or a transformers directory / hub name).
         llm: the cloud model (same tokenizer family as ``slm``).
-        dtype: both models' dtype (``"auto"``, ``"bf16"``, ``"fp16"``, ``"fp32"``).
+        dtype: both models' dtype: ``"fp32"`` (the default: a full-precision reference), or ``"bf16"``/``"fp16"``
+            asked for by name (every row records it).
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (ignored with ``device_map``).
         device_map: an accelerate device map for both models, e.g. ``"auto"`` to spread them over the GPUs.
         concurrency: items decoded at once.
+        padded_batches: one padded forward per batch instead of one per item (:class:`ReferenceRunner`).
     """
 
     slm: str = "embedded"
     llm: str = "embedded"
-    dtype: str = "auto"
+    dtype: str = "fp32"
     device: str = "cpu"
     device_map: str | None = None
     concurrency: int = 8
+    padded_batches: bool = False
 
     def build(self, protocol: DecodingProtocol, *, seed: int) -> tuple[ReferenceRunner, Vocabulary, dict[str, Any]]:
         """Load both models: the runner, the vocabulary the metrics read, and the metadata every row carries."""
+        import torch
+
         from cloud_adapter.llm import TransformersLLM
-        from edge_sdk.leakage import piece_reader
         from edge_sdk.models import resolve_model
 
+        if self.dtype == "auto":
+            raise ValueError("the reference runner takes its dtype by name: fp32 (a full-precision reference), or "
+                             "bf16/fp16 asked for explicitly")
         slm_source, llm_source = resolve_model(self.slm), resolve_model(self.llm)
         slm = TransformersLLM(slm_source, dtype=self.dtype, device=self.device, device_map=self.device_map)
         llm = TransformersLLM(llm_source, dtype=self.dtype, device=self.device, device_map=self.device_map)
-        vocab = Vocabulary(lambda text: slm.tokenize(text, add_bos=False), piece_reader(slm.tokenizer))
+        vocab = reference_vocabulary(slm.tokenizer)
+        runner = ReferenceRunner(slm, llm, concurrency=self.concurrency, padded_batches=self.padded_batches)
+        dtype = str(llm.dtype).removeprefix("torch.")
         metadata = {
             "models": {
                 "slm": {"name": slm.name, "sha256": model_digest(slm_source)},
                 "llm": {"name": llm.name, "sha256": model_digest(llm_source)},
             },
-            "dtype": str(llm.dtype).removeprefix("torch."),
+            "dtype": dtype,
             "device": f"device_map={self.device_map}" if self.device_map else str(llm.device),
             "backend": "reference (transformers, both models)",
+            "batching": {**runner.batching, "dtype": dtype, "torch_threads": torch.get_num_threads()},
+            "vocabulary": {"model": _model_spec(self.slm), "sha256": tokenizer_fingerprint(slm.tokenizer)},
             "protocol": protocol.describe(),
             "seed": seed,
             "seed_policy": SEED_POLICY,
             "version": package_version(),
+            "code": {"sha256": source_digest()},
         }
-        return ReferenceRunner(slm, llm, concurrency=self.concurrency), vocab, metadata
+        return runner, vocab, metadata
+
+
+def _model_spec(spec: str) -> str:
+    """A model option as another process on this machine can resolve it: ``embedded``, or an absolute path (a
+    hub name as it is)."""
+    path = Path(spec).expanduser()
+    return str(path.resolve()) if spec != "embedded" and path.exists() else spec
 
 
 @dataclass
@@ -296,6 +374,7 @@ def run_sweep(
     row is written as soon as it is scored.  An interrupted wave leaves its unwritten items to the re-run.
     """
     by_id = {task: {item.item_id: item for item in task_items} for task, task_items in items.items()}
+    dataset_sha256 = {task: items_digest(task_items) for task, task_items in items.items()}
     mine = list(shard(sweep_units(settings, items) if units is None else units, *shard_of))
     pending = [(s, i) for s, i in mine if row_key(s, i) not in store]
     lock = threading.Lock()
@@ -325,7 +404,8 @@ def run_sweep(
                    scored: Mapping[str, Any] | None = None) -> dict[str, Any]:
             mechanism = runner.mechanism(run, result, mode=setting.mode, alpha=setting.alpha)
             return result_row(setting, by_id[setting.task][run.item_id], result, protocol=protocol, vocab=vocab,
-                              metadata=metadata, mechanism=mechanism, inversion=scored)
+                              metadata=metadata, mechanism=mechanism, inversion=scored, policy=run.policy,
+                              dataset_sha256=dataset_sha256[setting.task])
 
         decode = dict(mode=setting.mode, alpha=setting.alpha, max_new_tokens=protocol.max_new_tokens,
                       exposure_k=exposure_k)
