@@ -171,7 +171,7 @@ def test_a_registered_metric_reads_the_case(monkeypatch: pytest.MonkeyPatch) -> 
 
     @METRICS.register("exposed_evidence_ids")
     def exposed_evidence_ids(case: RecallCase, k: int) -> float:
-        return float(sum(1 for i in case.evidence.tokens if case.token_ranks.get(i, k + 1) <= k))
+        return float(sum(1 for i in case.evidence.tokens if case.token_ranks(k).get(i, k + 1) <= k))
 
     assert evidence_recall(SPANS, trace(), 2, vocab, names=("exposed_evidence_ids",), public_query=QUERY) == {
         "exposed_evidence_ids@2": 3.0}  # bin, biliru, Ġjaundice

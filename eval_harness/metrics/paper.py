@@ -51,6 +51,11 @@ def evidence(spans: Sequence[str], public_query: str, vocab: Vocabulary) -> Evid
     )
 
 
+def depth(trace: ExposureTrace, k: int) -> int:
+    """Every recorded id: an id's rank is its raw rank, whatever the cutoff asked for."""
+    return trace.k
+
+
 def token_ranks(trace: ExposureTrace, vocab: Vocabulary) -> dict[int, int]:
     return first_ranks(trace.steps)
 
