@@ -244,15 +244,26 @@ def test_box_muller_draws_are_standard_normal_by_scipy() -> None:
     assert standard_normal_float32(5, np.random.default_rng(0)).shape == (5,)
 
 
-def test_dp_logit_upload_hand_worked() -> None:
-    # the mechanism adds sigma * z with z the generator's next five standard normals,
-    # keeps the top two noisy entries and clamps them into [0, 1]
+def test_dp_logit_upload_hand_worked(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the mechanism adds sigma * z (z: one standard normal per entry, fixed here; the Box-Muller draws are
+    # tested above), keeps the top noisy entries and clamps them into [0, 1]
+    calls = []
+
+    def fixed_normals(n: int, rng: np.random.Generator) -> np.ndarray:
+        calls.append(n)
+        return np.array([1.0, -3.0, 3.0, 0.5, 12.0], dtype=np.float32)
+
+    monkeypatch.setattr("edge_sdk.policies.dp_logit.standard_normal_float32", fixed_normals)
     p = np.array([0.5, 0.2, 0.2, 0.1, 0.0], dtype=np.float32)
-    noisy = p + np.float32(0.1) * standard_normal_float32(5, np.random.default_rng(3))
-    expected_ids = np.argsort(-noisy, kind="stable")[:2]
+    # noisy = p + 0.1 z = [0.6, -0.1, 0.5, 0.15, 1.2]: top two ids 4 (1.2 -> clamped to 1) and 0 (0.6)
     ids, values = dp_logit_upload(p, sigma=0.1, upload_k=2, rng=np.random.default_rng(3))
-    np.testing.assert_array_equal(ids, expected_ids)
-    np.testing.assert_allclose(values, np.clip(noisy[expected_ids], 0.0, 1.0), rtol=1e-6)
+    assert calls == [5]  # the whole vector is noised, not only what is uploaded
+    np.testing.assert_array_equal(ids, [4, 0])
+    np.testing.assert_allclose(values, [1.0, 0.6], rtol=1e-6)
+    # all five, by decreasing noisy value: 1.2, 0.6, 0.5, 0.15, -0.1 -> clamped to 1, 0.6, 0.5, 0.15, 0
+    ids, values = dp_logit_upload(p, sigma=0.1, upload_k=5, rng=np.random.default_rng(3))
+    np.testing.assert_array_equal(ids, [4, 0, 2, 3, 1])
+    np.testing.assert_allclose(values, [1.0, 0.6, 0.5, 0.15, 0.0], rtol=1e-6, atol=1e-7)
 
 
 def test_dp_logit_sigma_at_epsilon_one_hand_worked() -> None:
