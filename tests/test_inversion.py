@@ -306,7 +306,9 @@ def test_a_sweep_hands_the_attacker_only_what_the_cloud_observed(tiny_reference,
     assert outcome.written == 3
     (handed,) = attacker.handed  # the three items in one wave
     assert [type(o) for o in handed] == [CloudObservation] * 3
-    assert sorted(o.public_query for o in handed) == sorted(protocol.public_prompt(i) for i in sweep_items())
+    # the item's public prompt, not the protocol's worked example before it
+    assert sorted(o.public_query for o in handed) == sorted(protocol.question_prompt(i) for i in sweep_items())
+    assert not any(protocol.preamble.strip() and protocol.preamble.strip() in o.public_query for o in handed)
     assert all(type(o.exposures) is ExposureTrace and o.exposures.k == attacker.k and len(o.exposures) == 3
                for o in handed)
     for obj in reachable(handed):  # nothing private anywhere in what reached the attacker

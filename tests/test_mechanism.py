@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 
 from cloud_adapter.llm import TransformersLLM, TransformersSLM
 from edge_sdk.client import GenerationResult
-from edge_sdk.prompts import plain_prompts
 from edge_sdk.policies import CoVeil, Undefended
 from edge_sdk.session import LedgerEntry, PrivacyLedger
 from eval_harness.datasets import DecodeLeakItem
@@ -151,7 +150,7 @@ def test_cloud_side_coveil_keeps_the_fused_top_whenever_it_uploads(pair) -> None
         sizes = {entry.values_uploaded for result in results for entry in result.ledger.entries}
         assert sizes == {0, 1}  # both kinds of step occur: the property below is not vacuous
         for item, result in zip(items, results):
-            prompts = plain_prompts(slm, item.public_prompt, item.private_context)
+            prompts = item.prompts(slm)
             slm_prompt, cloud_prompt = list(prompts.slm_ids), list(prompts.cloud_ids)
             tokens = result.token_ids
             top = full_fusion_top_by_hand(slm, llm, slm_prompt, cloud_prompt, tokens, alpha=0.3)
