@@ -96,6 +96,21 @@ def test_the_exposure_sequence_can_be_shown_compactly() -> None:
         exposure_lines(OBSERVATION, PIECES, k=4)
 
 
+def test_a_local_attacker_refuses_a_prompt_its_context_cannot_hold() -> None:
+    from types import SimpleNamespace
+
+    attack = TransformersInversion.__new__(TransformersInversion)
+    attack.piece, attack.k, attack.max_new_tokens, attack.sequence = PIECES, 3, 16, "full"
+    attack.llm = SimpleNamespace(  # one token per character, a 2,000-position model
+        tokenizer=SimpleNamespace(chat_template=None), tokenize=lambda text, add_bos=True: [0] * len(text),
+        model=SimpleNamespace(config=SimpleNamespace(max_position_embeddings=2000)))
+    fits = len(attack.prompt_ids(OBSERVATION))
+    assert fits + 16 <= 2000
+    attack.llm.model.config.max_position_embeddings = fits + 15
+    with pytest.raises(ValueError, match=f"holds {fits} tokens .* more than the attacker's context of {fits + 15}"):
+        attack.prompt_ids(OBSERVATION)
+
+
 def test_batches_hold_similar_lengths_within_both_limits() -> None:
     attack = TransformersInversion.__new__(TransformersInversion)
     attack.batch_size, attack.max_batch_tokens = 3, 1000
