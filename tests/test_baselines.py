@@ -614,6 +614,41 @@ def test_custext_builds_itself_from_the_backend_gguf_once(tmp_path: Path) -> Non
     assert make_policy("custext", backend=backend, neighbours=explicit).neighbours is explicit
 
 
+def test_custext_builds_itself_from_a_transformers_slm_s_own_embeddings() -> None:
+    """Fails on the old from_backend, which could only read a GGUF file (a transformers SLM has none)."""
+    from cloud_adapter.llm import TransformersLLM, TransformersSLM
+
+    from tests.tiny_models import bpe_tokenizer, random_qwen
+
+    tokenizer = bpe_tokenizer()
+    model = random_qwen(tokenizer, output_rows=448, seed=3)
+    slm = TransformersSLM(TransformersLLM.from_loaded(model, tokenizer, "tiny-edge"))
+    assert getattr(slm.llm.source, "gguf_path", None) is None
+    policy = make_policy("custext", backend=slm, epsilon=2.0, n_neighbours=4, mapping="aggressive")
+    again = make_policy("custext", backend=TransformersSLM(slm.llm))  # another wrapper of the same model
+    assert again.neighbours is policy.neighbours  # built once per matrix
+    assert policy.neighbours.vocab_size == slm.vocab_size
+    # the neighbours are the cosine-nearest rows of the model's own input embeddings, computed here directly
+    weight = model.get_input_embeddings().weight.detach().double().numpy()[: slm.vocab_size]
+    unit = weight / np.linalg.norm(weight, axis=1, keepdims=True)
+    for token in (0, 17, slm.vocab_size - 1):
+        similarities = unit @ unit[token]
+        expected = np.argsort(-similarities, kind="stable")[:4]
+        ids, values = policy.neighbours.of(token, 4)
+        np.testing.assert_array_equal(ids, expected)
+        np.testing.assert_allclose(values, similarities[expected], atol=1e-6)
+    drawn = policy.edge_token(peaked_at_five(slm.vocab_size), peaked_at_five(slm.vocab_size), alpha=0.5,
+                              rng=np.random.default_rng(0)).token_id
+    assert drawn in policy.neighbours.of(5, 4)[0]  # y* = 5, replaced within its output set
+
+
+def peaked_at_five(vocab: int) -> np.ndarray:
+    """A distribution over ``vocab`` ids whose argmax is id 5."""
+    p = np.full(vocab, 0.5 / (vocab - 1), dtype=np.float32)
+    p[5] = 0.5
+    return p
+
+
 def test_custext_from_a_backend_without_a_gguf_file_says_what_to_pass() -> None:
     with pytest.raises(ValueError, match="neighbours="):
         make_policy("custext", backend=SimpleNamespace())
