@@ -17,10 +17,10 @@ run's text (edge punctuation stripped, as :func:`edge_sdk.leakage.words`
 reads text), or the start or end of the whole trace; a step boundary is not
 one, so " A 70-year-old man" (``▁A ▁ 7 0 - year - old ▁man``) reads
 "70-year-old" and "man", never "year" or "old".  At ``k = 1`` this reads the
-words of the decoded text (a control token read as a space).  The authors' release reads one run per rank ``r``
-(the ``r``-th id of every step, decoded and split on whitespace); this reads
-every run, so a word counts as soon as its pieces are exposed one after
-another, at whatever ranks.
+words of the decoded text (a control token read as a space).  The authors'
+release reads one run per rank ``r`` (the ``r``-th id of every step, decoded
+and split on whitespace); this reads every run, so a word counts as soon as
+its pieces are exposed one after another, at whatever ranks.
 """
 
 from __future__ import annotations
@@ -84,8 +84,8 @@ def token_ranks(trace: ExposureTrace, vocab: Vocabulary) -> dict[int, int]:
 # comes back whole; undecodable bytes are carried as surrogates ("surrogateescape") and count as letters.
 
 _Key = dict[bytes, int]  # text → the best (smallest) rank of a piece with that text in the step
-_BOUNDARY, _CLOSING = "boundary", "closing"
-_State = int | str  # _BOUNDARY, _CLOSING or the number of the word's bytes read
+_BOUNDARY, _CLOSING, _DONE = "boundary", "closing", "done"
+_State = int | str  # _BOUNDARY, _CLOSING, _DONE or the number of the word's bytes read
 
 
 def _lower_bytes(data: bytes) -> bytes:
@@ -189,14 +189,14 @@ def _cutoff(word: bytes, index: list[_Step]) -> int | None:
             nonlocal best
             if not better(cost):
                 return
-            if state is None:  # the word completed
+            if state == _DONE:
                 best = cost
             elif cost < reached.get(state, cost + 1):
                 reached[state] = cost
 
         # pieces holding whitespace: a chunk inside them, a head that ends the run's word, a tail that starts one
         if (rank := step.chunk.get(word)) is not None:
-            reach(None, rank)
+            reach(_DONE, rank)
         for state, cost in costs.items():
             if state == _BOUNDARY:
                 rank = step.head_stripped.get(word)
@@ -205,7 +205,7 @@ def _cutoff(word: bytes, index: list[_Step]) -> int | None:
             else:
                 rank = step.head_rstripped.get(word[state:])
             if rank is not None:
-                reach(None, max(cost, rank))
+                reach(_DONE, max(cost, rank))
         if (rank := step.tail_lstripped.get(b"")) is not None:
             reach(_BOUNDARY, rank)
         for j in range(1, n):
