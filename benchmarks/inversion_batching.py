@@ -58,7 +58,7 @@ def main() -> None:
     slm, llm = TransformersLLM(dtype=args.dtype), TransformersLLM(dtype=args.dtype)
     protocol = DecodingProtocol(max_new_tokens=args.steps, stop_at_answer=False)
     items = load_task("medpriv", args.items)
-    runs = [ItemRun(item.item_id, protocol.public_prompt(item), item.private_context, Undefended()) for item in items]
+    runs = [ItemRun.of(protocol, item, Undefended()) for item in items]
     with ReferenceRunner(slm, llm, concurrency=min(8, args.items)) as runner:
         results = runner.run(runs, mode="cloud", alpha=0.3, max_new_tokens=args.steps, exposure_k=args.k)
     observations = [CloudObservation(run.public_prompt, result.ledger.exposure_trace())

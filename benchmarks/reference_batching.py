@@ -63,7 +63,6 @@ import torch
 from cloud_batching import ideal_tokens_per_s
 
 from cloud_adapter.llm import TransformersLLM
-from edge_sdk.client import CONTEXT_SEPARATOR
 from edge_sdk.policies import CoVeil
 from edge_sdk.policies.coveil import coveil_select
 from eval_harness.datasets import load_task
@@ -147,8 +146,8 @@ def main() -> None:
     slm, llm = TransformersLLM(dtype=args.dtype), TransformersLLM(dtype=args.dtype)
     protocol = DecodingProtocol()
     items = load_task("medpriv", args.items)
-    runs = [ItemRun(item.item_id, protocol.public_prompt(item), item.private_context, CoVeil(lam=1.0))
-            for item in items]
+    runs = [ItemRun(item.item_id, protocol.question_prompt(item), item.private_context, CoVeil(lam=1.0),
+                    public_preamble=protocol.preamble) for item in items]  # no stopping rule: a fixed length
     print(f"model {llm.name}, dtype {llm.dtype}, torch threads {torch.get_num_threads()}, {args.items} MedPriv "
           f"items x {args.tokens} tokens, edge-side CoVeil, {args.rounds} rounds")
 
@@ -168,8 +167,8 @@ def main() -> None:
     def release_tokens_per_s(timed: Sequence[tuple[ItemRun, Sequence[int]]]) -> float:
         seconds = 0.0
         for run, continuation in timed:
-            slm_ids = slm.tokenize(run.private_context + CONTEXT_SEPARATOR + run.public_prompt)
-            seconds += off_main_thread(release_seconds, slm, llm, slm_ids, llm.tokenize(run.public_prompt),
+            prompts = run.prompts(slm)
+            seconds += off_main_thread(release_seconds, slm, llm, list(prompts.slm_ids), list(prompts.cloud_ids),
                                        continuation, args.release_samples)
         return sum(len(continuation) for _, continuation in timed) / seconds
 
@@ -182,8 +181,7 @@ def main() -> None:
     spread = np.unique(np.linspace(0, len(protocol_items) - 1, num=timed_count).round().astype(int))
     print(f"  the paper's protocol: the runner on {len(protocol_items)} items, then the release loop on "
           f"{len(spread)} of them ...")
-    protocol_runs = [ItemRun(item.item_id, protocol.public_prompt(item), item.private_context, CoVeil(lam=1.0),
-                             stopping=protocol.stopping(item)) for item in protocol_items]
+    protocol_runs = [ItemRun.of(protocol, item, CoVeil(lam=1.0)) for item in protocol_items]
     _, runner_e2e, continuations = runner_tokens_per_s(slm, llm, protocol_runs, 8, protocol.max_new_tokens,
                                                        args.padded_batches)
     timed = [(protocol_runs[i], continuations[i]) for i in spread]

@@ -221,6 +221,11 @@ class TransformersLLM:
         """Every tokenizer entry's raw string ("▁the", "Ġthe"), in id order."""
         return [str(token).encode("utf-8") for token in self._token_strings]
 
+    def token_embeddings(self) -> np.ndarray:
+        """The input-embedding matrix's first ``vocab_size`` rows ``[vocab_size, d]``, as float32 on the CPU."""
+        weight = self.model.get_input_embeddings().weight
+        return weight[: self.vocab_size].detach().to("cpu", torch.float32).numpy()
+
     def vocab_fingerprint(self) -> bytes:
         if self._fingerprint is None:
             self._fingerprint = vocab_fingerprint(self._token_strings)
@@ -466,6 +471,10 @@ class TransformersSLM:
 
     def token_strings(self) -> list[bytes]:
         return self.llm.token_strings()
+
+    def token_embeddings(self) -> np.ndarray:
+        """The model's input-embedding matrix ``[vocab_size, d]`` (float32): CusText's neighbours read it."""
+        return self.llm.token_embeddings()
 
     def vocab_fingerprint(self) -> bytes:
         return self.llm.vocab_fingerprint()

@@ -4,8 +4,10 @@ The SLM conditions on the private context and the public query; the cloud only
 ever receives the public query (as token ids, in the session's ``OpenSession``).
 
 * Plain text (:func:`plain_prompts`): the SLM reads
-  ``private_context + "\\n\\n" + public_query`` and the cloud ``public_query``,
-  each tokenised with BOS.
+  ``public_preamble + private_context + "\\n\\n" + public_query`` and the
+  cloud ``public_preamble + public_query``, each tokenised with BOS.  The
+  private context sits right before the question it informs, as in the
+  authors' release; a public preamble (a worked example) comes before both.
 * A conversation (:func:`chat_prompts`): both prompts are rendered with the
   model's own chat template (a :class:`ChatRenderer`, e.g.
   :class:`edge_sdk.backends.chat_template.LlamaCppChatTemplate`), never by
@@ -92,12 +94,20 @@ class QuestionAnswerPrompt:
         return self.slm.tokenize(self.text(messages), add_bos=True)
 
 
-def plain_prompts(slm: SLMBackend, public_query: str, private_context: str = "") -> Prompts:
-    """The plain-text pair: ``private_context + CONTEXT_SEPARATOR + public_query`` for the SLM, ``public_query``
-    for the cloud, both with BOS."""
-    cloud_ids = slm.tokenize(public_query, add_bos=True)
+def plain_prompts(slm: SLMBackend, public_query: str, private_context: str = "", *,
+                  public_preamble: str = "") -> Prompts:
+    """The plain-text pair, both with BOS:
+
+    * SLM:   ``public_preamble + private_context + CONTEXT_SEPARATOR + public_query``
+    * cloud: ``public_preamble + public_query``
+
+    ``public_preamble`` is public text both sides read first (a worked example of the answer format), so the
+    private context goes right before the question it informs rather than before the example.
+    """
+    cloud_ids = slm.tokenize(public_preamble + public_query, add_bos=True)
     slm_ids = (
-        slm.tokenize(private_context + CONTEXT_SEPARATOR + public_query, add_bos=True) if private_context else cloud_ids
+        slm.tokenize(public_preamble + private_context + CONTEXT_SEPARATOR + public_query, add_bos=True)
+        if private_context else cloud_ids
     )
     return Prompts(tuple(slm_ids), tuple(cloud_ids), private_context)
 

@@ -15,16 +15,19 @@ from dataclasses import asdict, dataclass
 
 from eval_harness.datasets import LETTERS, DecodeLeakItem
 
-#: One worked example, then the item, the prompt ending in ``Reason:`` so that the model writes its reason
-#: first.  Small base models (the embedded Gemma-3 270M has no chat template) follow a demonstrated format far
-#: more reliably than a described one: on 8 MedPriv items (SLM input, greedy, 80 tokens) a described format
-#: was copied back as literal text, while the example gave ``Answer: (X)`` in 7.  The example is invented and
-#: public; the cloud sees it as part of the public prompt.
-REASON_THEN_ANSWER = (
+#: One worked example, read before the item by both models.  Small base models (the embedded Gemma-3 270M has no
+#: chat template) follow a demonstrated format far more reliably than a described one: on 8 MedPriv items (SLM
+#: input, greedy, 80 tokens) a described format was copied back as literal text, while the example gave
+#: ``Answer: (X)`` in 7.  The example is invented and public; the cloud sees it as part of the public prompt.
+WORKED_EXAMPLE = (
     "Question: Which organ produces insulin?\n"
     "Options:\n(A) Liver\n(B) Pancreas\n(C) Kidney\n(D) Spleen\n"
     "Reason: Insulin is made by the beta cells of the pancreatic islets.\n"
     "Answer: (B)\n\n"
+)
+#: The item, ending in ``Reason:`` so that the model writes its reason first.  The SLM's private context goes
+#: right before it (after the worked example), where the authors' release puts it: before the question.
+REASON_THEN_ANSWER = (
     "Question: {question}\n"
     "Options:\n{options}\n"
     "Reason:"
@@ -65,21 +68,28 @@ class DecodingProtocol:
 
     Attributes:
         name: a short label for tables.
-        template: the public prompt, formatted with ``{question}`` and ``{options}``.
+        preamble: public text before the item (a worked example); the SLM reads its private context after it.
+        template: the item's public prompt, formatted with ``{question}`` and ``{options}``.
         max_new_tokens: the most tokens generated.
         alpha: the cloud LLM's fusion weight.
         stop_at_answer: mask end-of-generation until ``Answer: X`` and stop there.
     """
 
     name: str = "paper"
+    preamble: str = WORKED_EXAMPLE
     template: str = REASON_THEN_ANSWER
     max_new_tokens: int = 256
     alpha: float = 0.3
     stop_at_answer: bool = True
 
-    def public_prompt(self, item: DecodeLeakItem) -> str:
+    def question_prompt(self, item: DecodeLeakItem) -> str:
+        """The item's part of the public prompt (its question and options): the SLM's private context precedes it."""
         options = "\n".join(f"({letter}) {item.options[letter].strip()}" for letter in LETTERS if letter in item.options)
         return self.template.format(question=item.public_query.strip(), options=options)
+
+    def public_prompt(self, item: DecodeLeakItem) -> str:
+        """The whole public prompt the cloud reads: the preamble, then the item."""
+        return self.preamble + self.question_prompt(item)
 
     def stopping(self, item: DecodeLeakItem) -> AnswerLetterRule | None:
         return AnswerLetterRule("".join(sorted(item.options))) if self.stop_at_answer else None

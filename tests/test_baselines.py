@@ -244,15 +244,26 @@ def test_box_muller_draws_are_standard_normal_by_scipy() -> None:
     assert standard_normal_float32(5, np.random.default_rng(0)).shape == (5,)
 
 
-def test_dp_logit_upload_hand_worked() -> None:
-    # the mechanism adds sigma * z with z the generator's next five standard normals,
-    # keeps the top two noisy entries and clamps them into [0, 1]
+def test_dp_logit_upload_hand_worked(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the mechanism adds sigma * z (z: one standard normal per entry, fixed here; the Box-Muller draws are
+    # tested above), keeps the top noisy entries and clamps them into [0, 1]
+    calls = []
+
+    def fixed_normals(n: int, rng: np.random.Generator) -> np.ndarray:
+        calls.append(n)
+        return np.array([1.0, -3.0, 3.0, 0.5, 12.0], dtype=np.float32)
+
+    monkeypatch.setattr("edge_sdk.policies.dp_logit.standard_normal_float32", fixed_normals)
     p = np.array([0.5, 0.2, 0.2, 0.1, 0.0], dtype=np.float32)
-    noisy = p + np.float32(0.1) * standard_normal_float32(5, np.random.default_rng(3))
-    expected_ids = np.argsort(-noisy, kind="stable")[:2]
+    # noisy = p + 0.1 z = [0.6, -0.1, 0.5, 0.15, 1.2]: top two ids 4 (1.2 -> clamped to 1) and 0 (0.6)
     ids, values = dp_logit_upload(p, sigma=0.1, upload_k=2, rng=np.random.default_rng(3))
-    np.testing.assert_array_equal(ids, expected_ids)
-    np.testing.assert_allclose(values, np.clip(noisy[expected_ids], 0.0, 1.0), rtol=1e-6)
+    assert calls == [5]  # the whole vector is noised, not only what is uploaded
+    np.testing.assert_array_equal(ids, [4, 0])
+    np.testing.assert_allclose(values, [1.0, 0.6], rtol=1e-6)
+    # all five, by decreasing noisy value: 1.2, 0.6, 0.5, 0.15, -0.1 -> clamped to 1, 0.6, 0.5, 0.15, 0
+    ids, values = dp_logit_upload(p, sigma=0.1, upload_k=5, rng=np.random.default_rng(3))
+    np.testing.assert_array_equal(ids, [4, 0, 2, 3, 1])
+    np.testing.assert_allclose(values, [1.0, 0.6, 0.5, 0.15, 0.0], rtol=1e-6, atol=1e-7)
 
 
 def test_dp_logit_sigma_at_epsilon_one_hand_worked() -> None:
@@ -361,6 +372,7 @@ def test_dp_fusion_lambda_matches_a_bisection_reference(
     private = private.copy()
     private[[i for i in zeroed if i < private.size - 1]] = 0.0  # the reverse direction then often binds
     weight = dp_fusion_lambda(private, public, bound, order=order)
+    private /= private.sum()  # what it calibrates: the rows renormalised (the zeroed one sums to less than 1)
     reference = slow_lambda(private, public, bound, order)
     assert weight == pytest.approx(reference, rel=1e-9, abs=1e-12)
     floored_p = np.maximum(private, RENYI_PROBABILITY_FLOOR)
@@ -600,6 +612,41 @@ def test_custext_builds_itself_from_the_backend_gguf_once(tmp_path: Path) -> Non
     np.testing.assert_array_equal(first.neighbours.of(0, 2)[0], [0, 1])
     explicit = EmbeddingNeighbours(CIRCLE_EMBEDDINGS)
     assert make_policy("custext", backend=backend, neighbours=explicit).neighbours is explicit
+
+
+def test_custext_builds_itself_from_a_transformers_slm_s_own_embeddings() -> None:
+    """Fails on the old from_backend, which could only read a GGUF file (a transformers SLM has none)."""
+    from cloud_adapter.llm import TransformersLLM, TransformersSLM
+
+    from tests.tiny_models import bpe_tokenizer, random_qwen
+
+    tokenizer = bpe_tokenizer()
+    model = random_qwen(tokenizer, output_rows=448, seed=3)
+    slm = TransformersSLM(TransformersLLM.from_loaded(model, tokenizer, "tiny-edge"))
+    assert getattr(slm.llm.source, "gguf_path", None) is None
+    policy = make_policy("custext", backend=slm, epsilon=2.0, n_neighbours=4, mapping="aggressive")
+    again = make_policy("custext", backend=TransformersSLM(slm.llm))  # another wrapper of the same model
+    assert again.neighbours is policy.neighbours  # built once per matrix
+    assert policy.neighbours.vocab_size == slm.vocab_size
+    # the neighbours are the cosine-nearest rows of the model's own input embeddings, computed here directly
+    weight = model.get_input_embeddings().weight.detach().double().numpy()[: slm.vocab_size]
+    unit = weight / np.linalg.norm(weight, axis=1, keepdims=True)
+    for token in (0, 17, slm.vocab_size - 1):
+        similarities = unit @ unit[token]
+        expected = np.argsort(-similarities, kind="stable")[:4]
+        ids, values = policy.neighbours.of(token, 4)
+        np.testing.assert_array_equal(ids, expected)
+        np.testing.assert_allclose(values, similarities[expected], atol=1e-6)
+    drawn = policy.edge_token(peaked_at_five(slm.vocab_size), peaked_at_five(slm.vocab_size), alpha=0.5,
+                              rng=np.random.default_rng(0)).token_id
+    assert drawn in policy.neighbours.of(5, 4)[0]  # y* = 5, replaced within its output set
+
+
+def peaked_at_five(vocab: int) -> np.ndarray:
+    """A distribution over ``vocab`` ids whose argmax is id 5."""
+    p = np.full(vocab, 0.5 / (vocab - 1), dtype=np.float32)
+    p[5] = 0.5
+    return p
 
 
 def test_custext_from_a_backend_without_a_gguf_file_says_what_to_pass() -> None:
@@ -896,3 +943,62 @@ def test_every_baseline_runs_on_a_262144_token_vocabulary() -> None:
             else:
                 assert 0 <= observation.token_id < vocab
     assert 0.0 < dp_fusion_lambda(p_slm, p_llm, DPFusion(epsilon=16.0).bound) < 1.0
+
+
+# -- end-of-generation ids masked: the session zeroes them in both rows and does not renormalise ---------------
+
+
+def masked_eos_pair(eos_mass: float) -> tuple[np.ndarray, np.ndarray]:
+    """Rows as the session hands an edge-side policy while ending is not allowed: id 4 (EOS) zeroed in both."""
+    p_slm = np.array([0.55, 0.25, 0.1, 0.1, 0.0]) * (1 - eos_mass)
+    p_llm = np.array([0.1, 0.2, 0.3, 0.4, 0.0]) * (1 - eos_mass)
+    return p_slm.astype(np.float32), p_llm.astype(np.float32)  # each sums to 1 - eos_mass
+
+
+@pytest.mark.parametrize("eos_mass", [0.01, 0.5])
+def test_dp_fusion_edge_stays_within_its_bound_with_eos_masked(eos_mass: float) -> None:
+    """Fails on the calibration of the masked (unnormalised) rows: its weight let the drawn distribution reach a
+    divergence of 0.056 (1% EOS mass) and beyond (50%) against b = 0.05."""
+    p_slm, p_llm = masked_eos_pair(eos_mass)
+    policy = DPFusion(epsilon=0.1)  # b = 2 * 0.1 / 4 = 0.05
+    assert policy.bound == pytest.approx(0.05)
+    # what an edge draw (alpha = 0) comes from: lambda * p_slm + (1 - lambda) * p_llm, each renormalised
+    private, public = (row.astype(np.float64) / row.sum(dtype=np.float64) for row in (p_slm, p_llm))
+    weight = policy.weight(p_slm, p_llm)
+    floored_p = np.maximum(private, RENYI_PROBABILITY_FLOOR)
+    floored_q = np.maximum(public, RENYI_PROBABILITY_FLOOR)
+    assert slow_divergence(floored_q + weight * (floored_p - floored_q), floored_q, 2.0) <= 0.05 + 1e-12
+    assert weight == pytest.approx(slow_lambda(private, public, 0.05, 2.0), rel=1e-9)  # and it is the largest
+    # the draws themselves follow that mixture, never EOS
+    counts = draw_counts(lambda g: policy.edge_token(p_slm, p_llm, alpha=0.0, rng=g).token_id, 8000, 5)
+    assert counts[4] == 0
+    assert_follows(counts[:4], (weight * private + (1 - weight) * public)[:4])
+
+
+def test_invisible_ink_clips_the_renormalised_log_probabilities_with_eos_masked() -> None:
+    """Fails on the masked rows' own logs: their sums (0.95 and 0.7) shift the clipped difference by log(0.95/0.7)."""
+    p_slm = np.array([0.1, 0.45, 0.4, 0.0], dtype=np.float32)  # 0.05 EOS mass zeroed
+    p_llm = np.array([0.4, 0.2, 0.1, 0.0], dtype=np.float32)  # 0.3 EOS mass zeroed
+    # renormalised: p_slm = [2/19, 9/19, 8/19], p_llm = [4/7, 2/7, 1/7]; log ratios -1.6917, 0.5056, 1.0809 clip
+    # at C = 1 to -1, 0.5056, 1: weights [4/7 e^-1, 9/19, 1/7 e] = [0.210217, 0.473684, 0.388326] / 1.072227
+    ids, probabilities = invisible_ink_distribution(p_slm, p_llm, clip=1.0, top_k=None, temperature=1.0)
+    np.testing.assert_array_equal(ids, np.arange(4))
+    np.testing.assert_allclose(probabilities, [0.196056, 0.441776, 0.362168, 0.0], atol=2e-6)
+    # the policy draws from it (C = 1 at its own calibration is not needed: the draw reads the same weights)
+    policy = InvisibleInk(epsilon=10.0, temperature=1.0)
+    counts = draw_counts(lambda g: policy.edge_token(p_slm, p_llm, alpha=0.5, rng=g).token_id, 8000, 4)
+    assert counts[3] == 0
+    expected = invisible_ink_distribution(p_slm, p_llm, clip=policy.clip, top_k=None, temperature=1.0)[1]
+    assert_follows(counts[:3], expected[:3] / expected[:3].sum())
+
+
+@pytest.mark.parametrize("eos_mass", [0.01, 0.5])
+def test_ldp_sampler_ratio_band_holds_against_the_renormalised_anchor_with_eos_masked(eos_mass: float) -> None:
+    """The LDP sampler renormalises its anchor and absorbs P's scale already: its band holds on masked rows."""
+    p_slm, p_llm = masked_eos_pair(eos_mass)
+    q = ldp_sampler_distribution(p_slm, p_llm, epsilon=1.0, gamma=2.0)
+    anchor = p_llm.astype(np.float64) / p_llm.sum(dtype=np.float64)
+    low, high = (3 * math.exp(-1.0) / (1 + 2 * math.exp(-1.0)), 3 / (1 + 2 * math.exp(-1.0)))  # m, e^eps m
+    assert q[4] == 0.0 and q.sum() == pytest.approx(1.0)
+    ratio = q[:4] / anchor[:4]
+    assert np.all(ratio >= low * (1 - 1e-9)) and np.all(ratio <= high * (1 + 1e-9))

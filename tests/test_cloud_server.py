@@ -29,7 +29,7 @@ from cloud_adapter.llm import CloudSequence, TransformersLLM
 from cloud_adapter.server import SERVICE_NAME, TlsConfig, build_server
 from edge_sdk import wire
 from edge_sdk._wire import coveil_pb2, coveil_pb2_grpc
-from edge_sdk.fusion import fuse_upload, softmax, top_k_ids
+from edge_sdk.fusion import softmax, top_k_ids
 from edge_sdk.policies.base import CloudUpload
 
 from tests.tls_material import pem_pair
@@ -230,7 +230,11 @@ def test_cloud_fusion_picks_argmax_of_the_masked_fusion(cloud: Cloud) -> None:
         uploads.append(upload)
         stream.send(wire.encode_upload(step, upload))
         chosen = stream.recv("token")
-        expected = int(np.argmax(fuse_upload(p_llm, upload.ids, upload.values, 0.3)))
+        # step 0: the forced token.  Later: top[4] carries 0.6, top[j] 0.05 + 0.1375 j; top[4] scores
+        # 0.7 * 0.6 + 0.3 p_4 and beats top[j] iff 0.7 (0.6 - v_j) > 0.3 (p_j - p_4), which holds because the
+        # (j+1)-th largest probability is at most 1/(j+1) (0.385 > 0.3, 0.289 > 0.15, 0.193 > 0.1, 0.096 > 0.075);
+        # an id not uploaded scores at most 0.3 p_4 < 0.42
+        expected = forced if step == 0 else int(top[4])
         assert chosen.step == step and chosen.token_id == expected
         tokens.append(chosen.token_id)
         if chosen.finished:

@@ -63,8 +63,7 @@ def test_a_local_adapter_audit_reads_what_the_cloud_recorded_and_the_ledger_agre
 ) -> None:
     protocol = DecodingProtocol(max_new_tokens=NEW_TOKENS)
     items = load_task("medpriv", 2)
-    runs = [ItemRun(item.item_id, protocol.public_prompt(item), item.private_context, CoVeil(lam=1.0),
-                    stopping=protocol.stopping(item)) for item in items]
+    runs = [ItemRun.of(protocol, item, CoVeil(lam=1.0)) for item in items]
     transcripts = tmp_path / "transcripts"
     with DeployedRunner.with_local_adapter(gemma_llm, transcripts, concurrency=2, edge_threads=1) as runner:
         results = runner.run(runs, mode=mode, alpha=0.3, max_new_tokens=NEW_TOKENS, exposure_k=100)

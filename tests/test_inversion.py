@@ -21,6 +21,7 @@ from eval_harness.attacks.inversion import (
     exposure_lines,
     inversion_messages,
     parse_reconstruction,
+    prompt_version,
     rouge1,
 )
 from eval_harness.llm.client import ChatClient
@@ -61,20 +62,53 @@ def test_the_attack_sees_only_what_the_cloud_observed() -> None:
     assert parse_reconstruction("The patient drinks.") == "The patient drinks."
 
 
-def test_the_exposure_sequence_is_shown_compactly() -> None:
-    pieces = Pieces({1: "<eos>", 5: " liver", 6: " jaundice", 7: "\n", 8: " yes", 9: "liver", 10: " bile"})
-    observation = CloudObservation("Which organ is affected?", ExposureTrace(3, ((5, 6, 7), (8, 6, 9), (1, 10, 5))))
+PIECES = Pieces({1: "<eos>", 5: " liver", 6: " jaundice", 7: "\n", 8: " yes", 9: "liver", 10: " bile"})
+OBSERVATION = CloudObservation("Which organ is affected?", ExposureTrace(3, ((5, 6, 7), (8, 6, 9), (1, 10, 5))))
+
+
+def test_the_attacker_sees_every_steps_exposure_set_by_default() -> None:
+    """Fails on the old prompt, which showed each step's top token and only tokens no earlier step showed."""
+    # every step's top 3, best first (the newline's text is empty once stripped; <eos> is written as its text),
+    # then each distinct token once in the order first seen
+    assert exposure_lines(OBSERVATION, PIECES, k=3) == [
+        "1: liver | jaundice", "2: yes | jaundice | liver", "3: <eos> | bile | liver",
+        "Every distinct token seen:", "liver | jaundice | yes | <eos> | bile"]
+    assert exposure_lines(OBSERVATION, PIECES, k=1) == [
+        "1: liver", "2: yes", "3: <eos>", "Every distinct token seen:", "liver | yes | <eos>"]
+    user = inversion_messages(OBSERVATION, PIECES, k=3)[-1]["content"]
+    assert "2: yes | jaundice | liver\n" in user and "top 3 tokens" in user
+    assert prompt_version() == prompt_version("full") != prompt_version("compact")
+    with pytest.raises(ValueError, match="full, compact"):
+        exposure_lines(OBSERVATION, PIECES, k=3, sequence="short")
+
+
+def test_the_exposure_sequence_can_be_shown_compactly() -> None:
     # step 1: top "liver", new "jaundice" (the newline is whitespace only); step 2: top "yes", "jaundice" and
     # "liver" were shown at step 1; step 3: <eos> is special, so "bile" is its top token and "liver" is old
-    assert exposure_lines(observation, pieces, k=3) == ["1 liver | jaundice", "2 yes", "3 bile"]
+    assert exposure_lines(OBSERVATION, PIECES, k=3, sequence="compact") == ["1 liver | jaundice", "2 yes", "3 bile"]
     # top-2 only: step 1 (5, 6), step 2 (8, 6), step 3 (1, 10)
-    assert exposure_lines(observation, pieces, k=2) == ["1 liver | jaundice", "2 yes", "3 bile"]
-    assert exposure_lines(observation, pieces, k=1) == ["1 liver", "2 yes", "3"]
-    user = inversion_messages(observation, pieces, k=3)[-1]["content"]
+    assert exposure_lines(OBSERVATION, PIECES, k=2, sequence="compact") == ["1 liver | jaundice", "2 yes", "3 bile"]
+    assert exposure_lines(OBSERVATION, PIECES, k=1, sequence="compact") == ["1 liver", "2 yes", "3"]
+    user = inversion_messages(OBSERVATION, PIECES, k=3, sequence="compact")[-1]["content"]
     assert "Which organ is affected?" in user and "1 liver | jaundice\n2 yes\n3 bile\n" in user
     assert "top 3 " in user
     with pytest.raises(ValueError, match="larger than the cutoff"):
-        exposure_lines(observation, pieces, k=4)
+        exposure_lines(OBSERVATION, PIECES, k=4)
+
+
+def test_a_local_attacker_refuses_a_prompt_its_context_cannot_hold() -> None:
+    from types import SimpleNamespace
+
+    attack = TransformersInversion.__new__(TransformersInversion)
+    attack.piece, attack.k, attack.max_new_tokens, attack.sequence = PIECES, 3, 16, "full"
+    attack.llm = SimpleNamespace(  # one token per character, a 2,000-position model
+        tokenizer=SimpleNamespace(chat_template=None), tokenize=lambda text, add_bos=True: [0] * len(text),
+        model=SimpleNamespace(config=SimpleNamespace(max_position_embeddings=2000)))
+    fits = len(attack.prompt_ids(OBSERVATION))
+    assert fits + 16 <= 2000
+    attack.llm.model.config.max_position_embeddings = fits + 15
+    with pytest.raises(ValueError, match=f"holds {fits} tokens .* more than the attacker's context of {fits + 15}"):
+        attack.prompt_ids(OBSERVATION)
 
 
 def test_batches_hold_similar_lengths_within_both_limits() -> None:
@@ -226,7 +260,7 @@ class RecordingAttacker:
     """An attacker that keeps everything it is handed and answers with a fixed text (optionally, the user
     presses Ctrl-C after ``interrupt_after`` answers)."""
 
-    name, k, max_new_tokens = "recorder", 4, 8
+    name, k, max_new_tokens, sequence = "recorder", 4, 8, "compact"
 
     def __init__(self, reply: str, interrupt_after: int | None = None) -> None:
         self.reply, self.interrupt_after = reply, interrupt_after
@@ -306,7 +340,9 @@ def test_a_sweep_hands_the_attacker_only_what_the_cloud_observed(tiny_reference,
     assert outcome.written == 3
     (handed,) = attacker.handed  # the three items in one wave
     assert [type(o) for o in handed] == [CloudObservation] * 3
-    assert sorted(o.public_query for o in handed) == sorted(protocol.public_prompt(i) for i in sweep_items())
+    # the item's public prompt, not the protocol's worked example before it
+    assert sorted(o.public_query for o in handed) == sorted(protocol.question_prompt(i) for i in sweep_items())
+    assert not any(protocol.preamble.strip() and protocol.preamble.strip() in o.public_query for o in handed)
     assert all(type(o.exposures) is ExposureTrace and o.exposures.k == attacker.k and len(o.exposures) == 3
                for o in handed)
     for obj in reachable(handed):  # nothing private anywhere in what reached the attacker
@@ -319,6 +355,7 @@ def test_a_sweep_hands_the_attacker_only_what_the_cloud_observed(tiny_reference,
         cell = row["inversion"]
         assert (cell["attacker"], cell["k"], cell["reconstruction"]) == ("recorder", 4, "the liver is swollen")
         assert cell["recall"] == pytest.approx(4 / 11) and cell["f1"] == pytest.approx(8 / 15)
+        assert (cell["sequence"], cell["prompt"]) == ("compact", prompt_version("compact"))  # the prompt's format
 
 
 def test_an_interrupted_attack_leaves_its_unwritten_items_to_the_rerun(tiny_reference, tmp_path: Path) -> None:

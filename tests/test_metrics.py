@@ -8,14 +8,17 @@ pieces ``test_trained_tokenizer_pieces`` pins.
 from __future__ import annotations
 
 import functools
+import itertools
+import re
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge_sdk.leakage import ExposureTrace
+from edge_sdk.leakage import ExposureTrace, PieceDecoder, words
 from edge_sdk.registry import UnknownNameError
 from eval_harness.datasets import item_from_row, predicted_letter
+from eval_harness.metrics import paper
 from eval_harness.metrics import (
     METRICS,
     RecallCase,
@@ -171,7 +174,7 @@ def test_a_registered_metric_reads_the_case(monkeypatch: pytest.MonkeyPatch) -> 
 
     @METRICS.register("exposed_evidence_ids")
     def exposed_evidence_ids(case: RecallCase, k: int) -> float:
-        return float(sum(1 for i in case.evidence.tokens if case.token_ranks.get(i, k + 1) <= k))
+        return float(sum(1 for i in case.evidence.tokens if case.token_ranks(k).get(i, k + 1) <= k))
 
     assert evidence_recall(SPANS, trace(), 2, vocab, names=("exposed_evidence_ids",), public_query=QUERY) == {
         "exposed_evidence_ids@2": 3.0}  # bin, biliru, Ġjaundice
@@ -196,9 +199,106 @@ def test_hand_worked_on_gemma_pieces(slm) -> None:
     assert got["auc@2"] == pytest.approx((3 / 6 + 5 / 6) / 2)
     # spans: {7, 0, year, old} 3/4 then 4/4; {▁no, ▁fever} 0 then 1/2
     assert got["span_er@1"] == pytest.approx((3 / 4 + 0) / 2) and got["span_er@2"] == pytest.approx((1 + 1 / 2) / 2)
-    # W = {70-year-old, no, fever}: "70-year-old" is spelled by 7 (rank 2) 0 - year - old (rank 1), and
-    # "fever" is rank 2; at k = 1 the text is " 0 the-year-old" ("▁" gives the run no word start)
-    assert got["rouge1_er@1"] == 0.0 and got["rouge1_er@2"] == pytest.approx(2 / 3)
+    # W = {70-year-old, no, fever}: "70-year-old" is spelled by ▁ (rank 1) 7 (rank 2) 0 - year - old (rank 1)
+    # up to the trace's end; "▁fever" (rank 2) is followed by "-" "old" only, so "fever" is never written whole.
+    # At k = 1 the text is " 0-year-old": no word of W
+    assert got["rouge1_er@1"] == 0.0 and got["rouge1_er@2"] == pytest.approx(1 / 3)
+    # the issue's two texts written one Gemma piece a step: no word is read that the text does not hold
+    for text, absent, present in ((" A 70-year-old man", ["year", "old"], ["70-year-old", "man"]),
+                                  (" 130/85 mmHg", ["13", "30", "85"], ["130/85", "mmhg"])):
+        written = ExposureTrace(1, tuple((i,) for i in tokenize(text)))
+        assert paper.word_cutoffs(frozenset(absent + present), written, vocab) == dict.fromkeys(present, 1), text
+
+
+# -- words need real word boundaries ---------------------------------------------------------------------
+
+
+def _plain(pieces: list[str]) -> tuple[Vocabulary, dict[str, int]]:
+    """A vocabulary whose pieces are the given texts (id = position), and piece → id; it tokenises no text
+    (ROUGE1-ER reads the evidence's words, not its ids)."""
+    index = {piece: i for i, piece in enumerate(pieces)}
+    return Vocabulary(lambda text: [], PieceDecoder(pieces, "plain")), index
+
+
+def _text_trace(vocab_index: dict[str, int], *pieces: str) -> ExposureTrace:
+    """The trace of a text written one piece a step (k = 1)."""
+    return ExposureTrace(1, tuple((vocab_index[p],) for p in pieces))
+
+
+def test_a_step_boundary_is_not_a_word_boundary() -> None:
+    """Fails on the old reader, which took every step boundary as a word boundary at a run's two ends."""
+    vocab, at = _plain([" A", " ", "7", "0", "-", "year", "old", " man", "1", "3", "5", "/", "8", " mmHg", ".", "(", ")"])
+    # " A 70-year-old man" at k = 1: its words are A, 70-year-old, man; "year" and "old" were never written
+    man = _text_trace(at, " A", " ", "7", "0", "-", "year", "-", "old", " man")
+    cutoffs = paper.word_cutoffs(frozenset({"year", "old", "70-year-old", "man", "70"}), man, vocab)
+    assert cutoffs == {"70-year-old": 1, "man": 1}
+    assert rouge1_er_at_k(["year old"], man, 1, vocab) == 0.0
+    assert rouge1_er_at_k(["70-year-old man"], man, 1, vocab) == 1.0
+    # " 135/85 mmHg." at k = 1: "13", "35" and "85" are not words of it, "135/85" and "mmhg" are
+    pressure = _text_trace(at, " ", "1", "3", "5", "/", "8", "5", " mmHg", ".")
+    cutoffs = paper.word_cutoffs(frozenset({"13", "35", "85", "135", "135/85", "mmhg"}), pressure, vocab)
+    assert cutoffs == {"135/85": 1, "mmhg": 1}
+    # edge punctuation across steps still bounds a word: " (" "year" ")" " man" reads "year"
+    bracket = _text_trace(at, " ", "(", "year", ")", " man")
+    assert paper.word_cutoffs(frozenset({"year"}), bracket, vocab) == {"year": 1}
+    # the trace's start and end are boundaries: "year" alone, and "old" ending the text
+    assert paper.word_cutoffs(frozenset({"year", "old"}), _text_trace(at, "year", "-", "old"), vocab) == {}
+    assert paper.word_cutoffs(frozenset({"year", "old"}), _text_trace(at, "year"), vocab) == {"year": 1}
+
+
+def test_a_word_is_bounded_by_the_ranks_that_close_it() -> None:
+    """The boundary after a word is part of its run: its rank counts."""
+    vocab, at = _plain([" year", "-", "old", " man", "."])
+    # step 0: " year"; step 1: "-" (rank 1) or " man" (rank 3); step 2: "old"
+    exposed = ExposureTrace(3, ((at[" year"],), (at["-"], at["."], at[" man"]), (at["old"],)))
+    # k = 1: " year-old" (no word "year"); k = 2: " year.old" (still none); k = 3: " year man..." reads it
+    assert paper.word_cutoffs(frozenset({"year", "old"}), exposed, vocab) == {"year": 3}
+    assert [rouge1_er_at_k(["year"], exposed, k, vocab) for k in (1, 2, 3)] == [0.0, 0.0, 1.0]
+
+
+PLAIN_PIECES = [" ", "x", "q", "xq", "-", "(", ")", " x", "q ", "x-q", ".", " xq.", "x q", "\n"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(PLAIN_PIECES), max_size=10))
+def test_at_k1_the_words_read_are_the_words_of_the_decoded_text(pieces: list[str]) -> None:
+    """At k = 1 the one run is the decoded text: the words read are exactly its words (edge_sdk.leakage.words)."""
+    vocab, at = _plain(PLAIN_PIECES)
+    text = "".join(pieces)
+    candidates = frozenset({"x", "q", "xq", "qx", "x-q", "xqx", "qq", "xx"})
+    got = paper.word_cutoffs(candidates, _text_trace(at, *pieces), vocab)
+    assert set(got) == candidates & set(words(text)), text
+    assert set(got.values()) <= {1}
+
+
+def _written_by_brute_force(word: str, exposed: ExposureTrace, vocab: Vocabulary) -> int | None:
+    """The least max-rank over every run of consecutive steps (every choice of one id a step) whose text holds
+    ``word`` as a whitespace-separated chunk, edge punctuation stripped, that does not touch a run end the
+    trace goes on past (a reference that enumerates the runs instead of following an automaton)."""
+    best = None
+    steps = exposed.steps
+    for first in range(len(steps)):
+        for last in range(first, len(steps)):
+            for choice in itertools.product(*(list(enumerate(s, 1)) for s in steps[first:last + 1])):
+                text = vocab.decode([i for _, i in choice], skip_special=True).lower()
+                chunks = re.split(r"\s", text)
+                for n, chunk in enumerate(chunks):
+                    open_left = n == 0 and first > 0
+                    open_right = n == len(chunks) - 1 and last < len(steps) - 1
+                    if not open_left and not open_right and words(chunk) == [word]:
+                        cost = max(rank for rank, _ in choice)
+                        best = cost if best is None else min(best, cost)
+    return best
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(PLAIN_PIECES), min_size=1, max_size=3, unique=True), max_size=5))
+def test_word_cutoffs_agree_with_enumerating_every_run(chosen: list[list[str]]) -> None:
+    vocab, at = _plain(PLAIN_PIECES)
+    exposed = ExposureTrace(3, tuple(tuple(at[p] for p in step) for step in chosen))
+    candidates = ["x", "q", "xq", "qx", "x-q", "xqx", "qq", "xx"]
+    expected = {w: c for w in candidates if (c := _written_by_brute_force(w, exposed, vocab)) is not None}
+    assert paper.word_cutoffs(frozenset(candidates), exposed, vocab) == expected
 
 
 # -- properties ----------------------------------------------------------------------------------------
@@ -236,21 +336,20 @@ def test_paper_metrics_do_not_depend_on_ids_past_k(exposed: ExposureTrace, span:
 
 
 @settings(max_examples=40, deadline=None)
-@given(traces(), st.integers(0, 7), st.integers(1, 6), st.integers(1, 6))
-def test_pieces_on_consecutive_steps_spell_the_word(exposed: ExposureTrace, at: int, rank_a: int,
-                                                    rank_b: int) -> None:
-    """biliru at rank a then bin at rank b on the next step: "bilirubin" is read by k = max(a, b)."""
+@given(traces(), st.integers(0, 7), st.lists(st.integers(1, 6), min_size=4, max_size=4))
+def test_pieces_on_consecutive_steps_spell_the_word(exposed: ExposureTrace, at: int, ranks: list[int]) -> None:
+    """Ġ, biliru, bin, Ġ at ranks a, b, c, d on four consecutive steps: "bilirubin" is read by k = max(a, b, c, d)."""
     _, vocab = bpe()
-    k = max(exposed.k, rank_a, rank_b)
-    steps = [list(s) for s in exposed.steps] + [[] for _ in range(at + 2 - len(exposed.steps))]
-    for step, piece, rank in ((at, "biliru", rank_a), (at + 1, "bin", rank_b)):
+    k = max(exposed.k, *ranks)
+    steps = [list(s) for s in exposed.steps] + [[] for _ in range(at + 4 - len(exposed.steps))]
+    planted_ranks = []
+    for offset, (piece, rank) in enumerate(zip(("Ġ", "biliru", "bin", "Ġ"), ranks)):
         (token,) = ids(piece)
-        rest = [i for i in steps[step] if i != token]
-        steps[step] = (rest[:rank - 1] + [token] + rest[rank - 1:])[:k]
-        rank = steps[step].index(token) + 1  # the step may have held fewer ids than rank - 1
-        rank_a, rank_b = (rank, rank_b) if piece == "biliru" else (rank_a, rank)
+        rest = [i for i in steps[at + offset] if i != token]
+        steps[at + offset] = (rest[:rank - 1] + [token] + rest[rank - 1:])[:k]
+        planted_ranks.append(steps[at + offset].index(token) + 1)  # the step may have held fewer than rank - 1 ids
     planted = ExposureTrace(k, tuple(tuple(s) for s in steps))
-    assert rouge1_er_at_k(["bilirubin"], planted, max(rank_a, rank_b), vocab) == 1.0
+    assert rouge1_er_at_k(["bilirubin"], planted, max(planted_ranks), vocab) == 1.0
 
 
 # -- the benchmark rows ----------------------------------------------------------------------------------

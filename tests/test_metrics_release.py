@@ -11,7 +11,7 @@ import functools
 
 import pytest
 
-from edge_sdk.leakage import ExposureTrace
+from edge_sdk.leakage import ExposureTrace, PieceDecoder
 from eval_harness.metrics import Vocabulary, evidence, evidence_recall, token_er_at_k
 from eval_harness.metrics.release import RELEASE_STOP_WORDS, is_filtered, normalised_phrase
 from tests.test_metrics import QUERY, SPANS, bpe, ids, trace
@@ -112,3 +112,33 @@ def test_release_hand_worked_on_gemma_pieces(slm) -> None:
     assert paper == {"token_er@1": 0.0, "rouge1_er@1": 0.0, "token_er@2": pytest.approx(2 / 3),
                      "rouge1_er@2": pytest.approx(2 / 3)}
     assert no not in found.tokens
+
+
+def _plain_vocab(words: list[str], fillers: int) -> Vocabulary:
+    """Ids 0..fillers-1 are two-character pieces the release filters ("f0", "f1", ...); then " word" per word."""
+    pieces = [chr(0x61 + n // 26) + chr(0x61 + n % 26) for n in range(fillers)] + [" " + w for w in words]
+    index = {piece: i for i, piece in enumerate(pieces)}
+    return Vocabulary(lambda text: [index[" " + w] for w in text.split()], PieceDecoder(pieces, "plain"))
+
+
+def test_release_reads_each_step_cut_to_max_k_then_its_content_ids() -> None:
+    vocab = _plain_vocab(["swollen", "liver"], fillers=199)
+    swollen, liver = 199, 200
+    assert [is_filtered(vocab.piece(i)) for i in (0, 198, swollen, liver)] == [True, True, False, False]
+    fill = iter(range(199))
+    # one step recorded 200 deep: raw ranks 1-60 filler, 61 " liver", 62-150 filler, 151 " swollen", 152-200 filler
+    step = [next(fill) for _ in range(60)] + [liver] + [next(fill) for _ in range(89)] + [swollen]
+    step += [next(fill) for _ in range(49)]
+    assert len(step) == 200 and step.index(liver) + 1 == 61 and step.index(swollen) + 1 == 151
+    deep = ExposureTrace(200, (tuple(step),))
+    # T = {swollen, liver}.  The release (ks 10,50,100, auc_k 100) cuts the step to its first 100 ids, whose only
+    # content id is " liver" (its 1st content id): Token-ER = Span-ER = 1/2 at K = 10 and 100, AUC@100 = 1/2.
+    # ROUGE1-ER reads raw rank paths: the rank-61 path is " liver", so 1/2 from K = 61 on.
+    got = evidence_recall(["swollen liver"], deep, [10, 100], vocab, compat="release")
+    assert got == {"token_er@10": 0.5, "span_er@10": 0.5, "rouge1_er@10": 0.0, "auc@10": 0.5,
+                   "token_er@100": 0.5, "span_er@100": 0.5, "rouge1_er@100": 0.5, "auc@100": 0.5}
+    # the same ids recorded 100 deep score the same: the recorded depth does not move a release number
+    assert evidence_recall(["swollen liver"], deep.truncated(100), [10, 100], vocab, compat="release") == got
+    # at K = 200 the release (ks including 200) cuts to 200: " swollen" is the 2nd content id
+    at_200 = evidence_recall(["swollen liver"], deep, 200, vocab, names=("token_er", "auc"), compat="release")
+    assert at_200 == {"token_er@200": 1.0, "auc@200": pytest.approx((0.5 + 199 * 1.0) / 200)}

@@ -11,7 +11,9 @@ from cloud_adapter.engine import CloudEngine
 from cloud_adapter.llm import TransformersLLM, TransformersSLM
 from edge_sdk.client import EdgeClient
 from eval_harness.datasets import load_task
-from eval_harness.protocol import AnswerLetterRule, DecodingProtocol
+from edge_sdk.policies import Undefended
+from eval_harness.protocol import WORKED_EXAMPLE, AnswerLetterRule, DecodingProtocol
+from eval_harness.runners.reference import ItemRun
 
 from tests.tiny_models import END, bpe_tokenizer, random_qwen
 
@@ -37,6 +39,33 @@ def test_the_paper_protocol_builds_the_prompt_from_public_fields_only() -> None:
     assert item.private_context not in prompt
     assert all(f"({letter}) {item.options[letter].strip()}" in prompt for letter in item.options)
     assert protocol.describe()["max_new_tokens"] == 256 and protocol.describe()["alpha"] == 0.3
+
+
+class TextTokenizer:
+    """Tokenises text into one id per character (BOS = -1), so the ids spell back the text each side reads."""
+
+    def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
+        return ([-1] if add_bos else []) + [ord(ch) for ch in text]
+
+
+def spelled(ids: tuple[int, ...]) -> str:
+    assert ids[0] == -1
+    return "".join(chr(i) for i in ids[1:])
+
+
+def test_the_slm_reads_its_private_context_right_before_the_question_after_the_worked_example() -> None:
+    """Fails on the old prompt, which put the context before the worked example (the release: before the question)."""
+    item = load_task("medpriv", 1)[0]
+    protocol = DecodingProtocol()
+    run = ItemRun.of(protocol, item, Undefended())
+    prompts = run.prompts(TextTokenizer())  # type: ignore[arg-type]
+    question = f"Question: {item.public_query.strip()}\nOptions:\n(A) "
+    assert spelled(prompts.cloud_ids) == WORKED_EXAMPLE + protocol.question_prompt(item)
+    assert spelled(prompts.cloud_ids) == protocol.public_prompt(item) and protocol.question_prompt(item).startswith(question)
+    assert spelled(prompts.slm_ids) == WORKED_EXAMPLE + item.private_context + "\n\n" + protocol.question_prompt(item)
+    # the item's public part, which the inversion attacker is given, holds no worked example
+    assert "insulin" not in run.public_prompt and run.public_prompt == protocol.question_prompt(item)
+    assert run.stopping == protocol.stopping(item) and protocol.describe()["preamble"] == WORKED_EXAMPLE
 
 
 @dataclass(frozen=True)

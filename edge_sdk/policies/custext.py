@@ -8,8 +8,9 @@ set; optionally its *aggressive* mapping, one nearest-neighbour set per token.
 
 from __future__ import annotations
 
+import hashlib
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
@@ -201,10 +202,22 @@ def load_token_embeddings(gguf_path: str | PathLike[str], dtype: type[np.floatin
     return np.asarray(values).reshape(n_vocab, dim).astype(dtype)
 
 
-#: neighbour sources by GGUF file (path, modification time, size); the two most recent are kept
-_NEIGHBOURS_BY_FILE: dict[tuple[str, int, int], EmbeddingNeighbours] = {}
+#: neighbour sources by GGUF file (path, modification time, size) or by embedding matrix (its digest); the two
+#: most recent are kept
+_NEIGHBOURS_CACHE: dict[tuple[str | int, ...], EmbeddingNeighbours] = {}
 _NEIGHBOURS_LOCK = threading.Lock()
 _NEIGHBOURS_KEPT = 2
+
+
+def _cached_neighbours(key: tuple[str | int, ...], build: Callable[[], np.ndarray]) -> EmbeddingNeighbours:
+    with _NEIGHBOURS_LOCK:
+        neighbours = _NEIGHBOURS_CACHE.get(key)
+        if neighbours is None:
+            neighbours = EmbeddingNeighbours(build())
+            while len(_NEIGHBOURS_CACHE) >= _NEIGHBOURS_KEPT:
+                del _NEIGHBOURS_CACHE[next(iter(_NEIGHBOURS_CACHE))]
+            _NEIGHBOURS_CACHE[key] = neighbours
+        return neighbours
 
 
 def embedding_neighbours_for(gguf_path: str | PathLike[str]) -> EmbeddingNeighbours:
@@ -217,15 +230,31 @@ def embedding_neighbours_for(gguf_path: str | PathLike[str]) -> EmbeddingNeighbo
     """
     path = Path(gguf_path).resolve()
     stat = path.stat()
-    key = (str(path), stat.st_mtime_ns, stat.st_size)
-    with _NEIGHBOURS_LOCK:
-        neighbours = _NEIGHBOURS_BY_FILE.get(key)
-        if neighbours is None:
-            neighbours = EmbeddingNeighbours(load_token_embeddings(path))
-            while len(_NEIGHBOURS_BY_FILE) >= _NEIGHBOURS_KEPT:
-                del _NEIGHBOURS_BY_FILE[next(iter(_NEIGHBOURS_BY_FILE))]
-            _NEIGHBOURS_BY_FILE[key] = neighbours
-        return neighbours
+    return _cached_neighbours(("file", str(path), stat.st_mtime_ns, stat.st_size), lambda: load_token_embeddings(path))
+
+
+def embedding_neighbours_of_matrix(embeddings: np.ndarray) -> EmbeddingNeighbours:
+    """:class:`EmbeddingNeighbours` of a ``[V, d]`` embedding matrix, built once per matrix content (keyed by
+    its SHA-256, ~0.5 s for 262k x 640 float32, so every setting of a sweep shares the clusters)."""
+    matrix = np.ascontiguousarray(embeddings)
+    digest = hashlib.sha256(memoryview(matrix).cast("B")).hexdigest()
+    return _cached_neighbours(("matrix", digest, *matrix.shape, str(matrix.dtype)), lambda: matrix)
+
+
+def embedding_neighbours_of(backend: object) -> EmbeddingNeighbours:
+    """The neighbour source of an edge backend: its own embedding matrix when it has one
+    (``backend.token_embeddings()``, e.g. a transformers SLM), else its GGUF file's (``backend.source.gguf_path``,
+    e.g. llama.cpp)."""
+    token_embeddings = getattr(backend, "token_embeddings", None)
+    if token_embeddings is not None:
+        return embedding_neighbours_of_matrix(token_embeddings())
+    gguf_path = getattr(getattr(backend, "source", None), "gguf_path", None)
+    if gguf_path is None:
+        raise ValueError(
+            f"CusText needs token embeddings, and backend {type(backend).__name__} has neither token_embeddings() "
+            "nor source.gguf_path: pass neighbours=EmbeddingNeighbours(embeddings) explicitly"
+        )
+    return embedding_neighbours_for(gguf_path)
 
 
 def custext_probabilities(similarities: np.ndarray, epsilon: float) -> np.ndarray:
@@ -292,8 +321,9 @@ class CusText(Policy):
     ``epsilon`` is the exponential mechanism's budget for **one token**, used
     as is (every grid point a distinct mechanism).
 
-    :meth:`from_backend` loads the embeddings of the backend's GGUF file
-    (``backend.source.gguf_path``), once per file.
+    :meth:`from_backend` reads the backend's own embedding matrix
+    (``backend.token_embeddings()``, a transformers SLM) or its GGUF file's
+    (``backend.source.gguf_path``, llama.cpp), once per matrix or file.
 
     Args:
         neighbours: the token-embedding neighbour source (required unless built by :meth:`from_backend`).
@@ -315,7 +345,7 @@ class CusText(Policy):
         if not isinstance(self.neighbours, EmbeddingNeighbours):
             raise ValueError(
                 "CusText needs neighbours=EmbeddingNeighbours(embeddings), e.g. from load_token_embeddings(gguf_path), "
-                "or CusText.from_backend(slm) for a backend with a GGUF file"
+                "or CusText.from_backend(slm) for a backend with token_embeddings() or a GGUF file"
             )
         check_epsilon(self.epsilon)
         check_positive_int(self.n_neighbours, "CusText neighbour count n_neighbours")
@@ -331,19 +361,13 @@ class CusText(Policy):
 
     @classmethod
     def from_backend(cls, backend: SLMBackend, **params: Any) -> CusText:
-        """CusText over the token embeddings of ``backend``'s GGUF file (loaded once per file).
+        """CusText over ``backend``'s token embeddings (:func:`embedding_neighbours_of`: its own matrix, or its
+        GGUF file's; built once per matrix or file).
 
-        ``neighbours=`` in ``params`` takes precedence; a backend without
-        ``source.gguf_path`` needs it.
+        ``neighbours=`` in ``params`` takes precedence; a backend with neither needs it.
         """
         if params.get("neighbours") is None:
-            gguf_path = getattr(getattr(backend, "source", None), "gguf_path", None)
-            if gguf_path is None:
-                raise ValueError(
-                    f"CusText needs token embeddings, and backend {type(backend).__name__} has no source.gguf_path: "
-                    "pass neighbours=EmbeddingNeighbours(embeddings) explicitly"
-                )
-            params["neighbours"] = embedding_neighbours_for(gguf_path)
+            params["neighbours"] = embedding_neighbours_of(backend)
         return cls(**params)
 
     def llm_support(self, mode: FusionMode) -> int | None:

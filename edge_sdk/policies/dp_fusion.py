@@ -71,7 +71,8 @@ def dp_fusion_lambda(p_private: np.ndarray, p_public: np.ndarray, bound: float, 
                = max{l in [0, 1] : D(l*p_priv + (1-l)*p_pub, p_pub) <= b}   otherwise
 
     with ``D`` the symmetric Renyi divergence of order ``a``, both inputs
-    floored at 1e-10 (:data:`~edge_sdk.privacy_accounting.RENYI_PROBABILITY_FLOOR`)
+    renormalised to sum 1 (a row with ids masked out is the distribution it
+    is drawn from once renormalised), then floored at 1e-10 (:data:`~edge_sdk.privacy_accounting.RENYI_PROBABILITY_FLOOR`)
     *before* mixing; the source floors the mixture after mixing, which moves
     each entry by at most 1e-10.  Flooring first makes the mixture
     ``m = q + l*d`` (``q`` the floored public, ``d = p - q``) positive and
@@ -112,6 +113,13 @@ class _Mixing:
         self.direction, self.floored, self.work = _scratch(private.shape[0])
         np.copyto(self.direction, private)
         np.copyto(self.floored, public)
+        # a row with ids masked out (end-of-generation ids while the answer is unfinished) sums to less than 1 and
+        # is drawn from renormalised: calibrate what is drawn (a smaller sum would loosen both constraints)
+        for row, what in ((self.direction, "private"), (self.floored, "public")):
+            total = float(row.sum())
+            if not (total > 0 and math.isfinite(total)):
+                raise ValueError(f"the {what} distribution needs a positive finite mass, got {total}")
+            row /= total
         np.clip(self.direction, RENYI_PROBABILITY_FLOOR, np.inf, out=self.direction)
         np.clip(self.floored, RENYI_PROBABILITY_FLOOR, np.inf, out=self.floored)
         self.direction -= self.floored

@@ -57,11 +57,15 @@ def _invisible_ink_weights(
     if not (temperature > 0 and math.isfinite(temperature)):
         raise ValueError(f"sampling temperature must be finite and > 0, got {temperature}")
     top_k = _check_top_k(top_k)
-    # log p with zeros mapped to the log of float32's smallest normal, as edge_sdk.fusion.log_probs
-    np.maximum(p_llm, _TINY, out=public)
-    np.log(public, out=public)
-    np.maximum(p_slm, _TINY, out=private)
-    np.log(private, out=private)
+    # log p of the renormalised rows (a row with ids masked out, e.g. end-of-generation ids while the answer is
+    # unfinished, sums to less than 1), zeros mapped to the log of float32's smallest normal, as fusion.log_probs
+    for row, out in ((p_llm, public), (p_slm, private)):
+        total = float(np.sum(row, dtype=np.float64))
+        if not (total > 0 and math.isfinite(total)):
+            raise ValueError(f"InvisibleInk needs distributions with a positive finite mass, got a sum of {total}")
+        np.multiply(row, np.float32(1.0 / total), out=out)
+        np.maximum(out, _TINY, out=out)
+        np.log(out, out=out)
     ids = None
     if top_k is not None:
         kth_public = float(public[top_k_ids(public, top_k)[-1]])
@@ -87,7 +91,7 @@ def invisible_ink_distribution(
 ) -> tuple[np.ndarray, np.ndarray]:
     """InvisibleInk's sampling distribution for one private reference::
 
-        z_pub = log p_llm,   z_priv = log p_slm
+        z_pub = log p_llm,   z_priv = log p_slm        (each row renormalised to sum 1 first)
         z_bar = z_pub + clip(z_priv - z_pub, -C, C)
         V_k+  = {y : z_pub(y) >= z_pub^(k) - 2C}        (z_pub^(k): k-th largest; every y when top_k is None)
         Pr[y] = softmax(z_bar / tau) restricted to V_k+

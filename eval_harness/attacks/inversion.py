@@ -11,18 +11,25 @@ one (or a sequence of them).  No attacker signature accepts an item or its
 private fields; only :func:`inversion_cell`, the scorer, reads the truth.
 
 The prompt (``pi``, this project's own wording) shows the exposure sequence
-compactly, so that ``K = 100`` over ``T = 256`` steps stays affordable: one
-line per step holding the step number, the step's top-ranked token, and only
-the tokens of its top ``K`` that no earlier line showed.  Listing every id of
-every step costs at least ``K`` prompt tokens per step; this form costs about
-3 per step plus one per token seen for the first time, so the whole sequence
-costs about ``3 T + |E^K|`` tokens (``E^K`` the union of the steps' sets):
-the union's tokens, each once, in the order the generation first exposed
-them.  Measured with the embedded Gemma-3 270M on MedPriv, 256 steps at
-K = 100: about 2,400 prompt tokens (8.5 per step), against about 54,000 for
-every id of every step with separators; the early steps carry most of it
-(35 per step over the first 32).  ``benchmarks/inversion_batching.py``
-prints the lengths.
+in one of two forms, recorded with every result (:func:`inversion_cell`):
+
+* ``"full"`` (the default): the sequence as the paper and the authors' release
+  give it to their attacker: one line per step listing that step's whole
+  ``E_t^K`` (each id's text, best first), then every distinct token once, in
+  the order the generation first exposed it.  A token shown at 40 of 60 steps
+  is on 40 lines.  It costs at least ``K`` prompt tokens per step: about
+  54,000 for ``T = 256`` steps at ``K = 100`` with the embedded Gemma-3 270M
+  on MedPriv, so a long generation at ``K = 100`` needs an attacker with a
+  long context (:class:`TransformersInversion` refuses a prompt its model
+  cannot hold).
+* ``"compact"``: one line per step holding the step number, the step's
+  top-ranked token, and only the tokens of its top ``K`` that no earlier line
+  showed; about ``3 T + |E^K|`` tokens (``E^K`` the union of the steps' sets),
+  about 2,400 in the same measurement.  It drops how often a token recurs.
+  ``benchmarks/inversion_batching.py`` prints the lengths.
+
+The attacker's public query is the item's own prompt (its question and
+options), not the protocol's worked example before it.
 """
 
 from __future__ import annotations
@@ -59,29 +66,59 @@ SYSTEM_PROMPT = (
     "confidential note you cannot see. At every step of its answer you saw the tokens it ranked highest; those "
     "rankings were shaped by the note. Reconstruct the confidential note as faithfully as you can."
 )
-SEQUENCE_LEGEND = (
-    "What the model ranked highest while answering, one line per step: the step number, that step's top-ranked "
-    "token, then after '|' the tokens among its top {k} that no earlier line showed (best first). Tokens are "
-    "written without their surrounding spaces."
-)
+#: how the exposure sequence is written into the prompt (see the module docstring)
+SEQUENCE_FORMS = ("full", "compact")
+SEQUENCE_LEGENDS = {
+    "full": (
+        "What the model ranked highest while answering, one line per step: the step number, then that step's top "
+        "{k} tokens, best first, separated by '|'. After the steps, every distinct token seen, in the order it "
+        "first appeared. Tokens are written without their surrounding spaces."
+    ),
+    "compact": (
+        "What the model ranked highest while answering, one line per step: the step number, that step's top-ranked "
+        "token, then after '|' the tokens among its top {k} that no earlier line showed (best first). Tokens are "
+        "written without their surrounding spaces."
+    ),
+}
+DISTINCT_HEADER = "Every distinct token seen:"
 REQUEST = "Write the confidential note itself: plain sentences, no commentary. Start with 'Note:'."
 
 
-def prompt_version() -> str:
-    """A digest of the prompt's fixed wording, recorded with every inversion result."""
-    return hashlib.sha256("\n".join((SYSTEM_PROMPT, SEQUENCE_LEGEND, REQUEST)).encode()).hexdigest()[:12]
+def check_sequence_form(sequence: str) -> str:
+    if sequence not in SEQUENCE_FORMS:
+        raise ValueError(f"the exposure sequence form must be one of {', '.join(SEQUENCE_FORMS)}, got {sequence!r}")
+    return sequence
 
 
-def exposure_lines(observation: CloudObservation, piece: Callable[[int], str], k: int = DEFAULT_K) -> list[str]:
-    """The compact exposure sequence: per step ``"t top"`` plus ``" | new ..."`` for tokens not shown before.
+def prompt_version(sequence: str = "full") -> str:
+    """A digest of the prompt's fixed wording in one sequence form, recorded with every inversion result."""
+    parts = (SYSTEM_PROMPT, SEQUENCE_LEGENDS[check_sequence_form(sequence)], REQUEST)
+    parts += (DISTINCT_HEADER,) if sequence == "full" else ()
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
-    Tokens are compared by their text without surrounding whitespace; whitespace-only and special tokens
-    (``piece.special_ids``) are left out.
+
+def exposure_lines(observation: CloudObservation, piece: Callable[[int], str], k: int = DEFAULT_K,
+                   sequence: str = "full") -> list[str]:
+    """The exposure sequence as prompt lines, in the ``sequence`` form (see the module docstring).
+
+    ``"full"``: per step ``"t: tok | tok | ..."`` (each of its top ``k`` ids' text, stripped; empty texts
+    left out, control tokens written as their text), then :data:`DISTINCT_HEADER` and every distinct text
+    once, in the order first seen.  ``"compact"``: per step ``"t top"`` plus ``" | new ..."`` for tokens not
+    shown before, compared by their stripped text; whitespace-only and special tokens (``piece.special_ids``)
+    left out.
     """
+    steps = observation.exposures.top(k)
+    if check_sequence_form(sequence) == "full":
+        lines, distinct = [], {}
+        for t, ids in enumerate(steps, 1):
+            tokens = [text for text in (piece(i).strip() for i in ids) if text]
+            distinct.update(dict.fromkeys(tokens))
+            lines.append(f"{t}: " + " | ".join(tokens) if tokens else f"{t}:")
+        return [*lines, DISTINCT_HEADER, " | ".join(distinct)]
     special = getattr(piece, "special_ids", frozenset())
     shown: set[str] = set()
     lines = []
-    for t, ids in enumerate(observation.exposures.top(k), 1):
+    for t, ids in enumerate(steps, 1):
         tokens = [piece(i).strip() for i in ids if i not in special]
         tokens = [tok for tok in tokens if tok]
         top = tokens[0] if tokens else ""
@@ -92,11 +129,13 @@ def exposure_lines(observation: CloudObservation, piece: Callable[[int], str], k
 
 
 def inversion_messages(observation: CloudObservation, piece: Callable[[int], str],
-                       k: int = DEFAULT_K) -> list[dict[str, str]]:
-    """The chat messages of the attack: the public query, the compact exposure sequence, the request."""
+                       k: int = DEFAULT_K, sequence: str = "full") -> list[dict[str, str]]:
+    """The chat messages of the attack: the public query, the exposure sequence (in ``sequence`` form), the
+    request."""
+    lines = exposure_lines(observation, piece, k, sequence)
     user = (
         f"Question the model answered:\n{observation.public_query.strip()}\n\n"
-        f"{SEQUENCE_LEGEND.format(k=k)}\n" + "\n".join(exposure_lines(observation, piece, k)) + f"\n\n{REQUEST}"
+        f"{SEQUENCE_LEGENDS[sequence].format(k=k)}\n" + "\n".join(lines) + f"\n\n{REQUEST}"
     )
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
@@ -115,11 +154,13 @@ class InversionAttack(Protocol):
         name: what the attacker is (model, endpoint), recorded with every result.
         k: how many of each step's ids it is shown.
         max_new_tokens: the most tokens it writes per reconstruction.
+        sequence: the form its prompt writes the exposure sequence in (:data:`SEQUENCE_FORMS`).
     """
 
     name: str
     k: int
     max_new_tokens: int
+    sequence: str
 
     def reconstruct(self, observation: CloudObservation) -> str: ...
 
@@ -135,17 +176,19 @@ class EndpointInversion:
         k: how many of each step's ids the attacker is shown.
         max_new_tokens: the reply's ``max_tokens``.
         parallel: requests in flight at once in :meth:`reconstruct_each`.
+        sequence: the exposure sequence's form in the prompt, ``"full"`` (the paper's) or ``"compact"``.
     """
 
     def __init__(self, client: Any, piece: Callable[[int], str], *, k: int = DEFAULT_K,
-                 max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, parallel: int = 4) -> None:
+                 max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, parallel: int = 4, sequence: str = "full") -> None:
         if k < 1 or max_new_tokens < 1 or parallel < 1:
             raise ValueError(f"k, max_new_tokens and parallel must be >= 1, got {k}, {max_new_tokens}, {parallel}")
         self.client, self.piece, self.k, self.max_new_tokens, self.parallel = client, piece, k, max_new_tokens, parallel
+        self.sequence = check_sequence_form(sequence)
         self.name = f"{client.model} @ {client.base_url}"
 
     def reconstruct(self, observation: CloudObservation) -> str:
-        messages = inversion_messages(observation, self.piece, self.k)
+        messages = inversion_messages(observation, self.piece, self.k, self.sequence)
         reply = self.client.complete(messages, temperature=0.0, max_tokens=self.max_new_tokens)
         return parse_reconstruction(reply)
 
@@ -172,26 +215,35 @@ class TransformersInversion:
         max_new_tokens: the most tokens written per reconstruction.
         batch_size: the most observations in one ``generate`` call.
         max_batch_tokens: the most padded prompt tokens (batch x longest prompt) in one call.
+        sequence: the exposure sequence's form in the prompt, ``"full"`` (the paper's) or ``"compact"``.
     """
 
     def __init__(self, llm: Any, piece: Callable[[int], str], *, k: int = DEFAULT_K,
                  max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, batch_size: int = 8,
-                 max_batch_tokens: int = 1 << 16) -> None:
+                 max_batch_tokens: int = 1 << 16, sequence: str = "full") -> None:
         if min(k, max_new_tokens, batch_size, max_batch_tokens) < 1:
             raise ValueError("k, max_new_tokens, batch_size and max_batch_tokens must be >= 1")
         self.llm, self.piece, self.k, self.max_new_tokens = llm, piece, k, max_new_tokens
+        self.sequence = check_sequence_form(sequence)
         self.batch_size, self.max_batch_tokens = batch_size, max_batch_tokens
         self.name = f"local:{llm.name}"
         self.generated_tokens = 0  # tokens written so far (up to each end-of-sequence), for throughput figures
 
     def prompt_ids(self, observation: CloudObservation) -> list[int]:
-        """The attack's prompt as token ids."""
-        messages = inversion_messages(observation, self.piece, self.k)
+        """The attack's prompt as token ids (``ValueError`` when it and the reply exceed the model's context)."""
+        messages = inversion_messages(observation, self.piece, self.k, self.sequence)
         tokenizer = self.llm.tokenizer
         if getattr(tokenizer, "chat_template", None):
-            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            return self.llm.tokenize(ids, add_bos=False)
-        return self.llm.tokenize("\n\n".join(m["content"] for m in messages) + "\n\nNote:")
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            ids = self.llm.tokenize(text, add_bos=False)
+        else:
+            ids = self.llm.tokenize("\n\n".join(m["content"] for m in messages) + "\n\nNote:")
+        context = getattr(getattr(self.llm.model, "config", None), "max_position_embeddings", None)
+        if isinstance(context, int) and len(ids) + self.max_new_tokens > context:
+            raise ValueError(f"the inversion prompt holds {len(ids)} tokens ({len(observation.exposures)} steps, "
+                             f"{self.sequence} sequence at K={self.k}) + {self.max_new_tokens} to write, more than "
+                             f"the attacker's context of {context}: use the compact sequence or a smaller K")
+        return ids
 
     def reconstruct(self, observation: CloudObservation) -> str:
         return self.complete([self.prompt_ids(observation)])[0]
@@ -255,4 +307,5 @@ def inversion_cell(attack: InversionAttack, reconstruction: str, private_context
     """A result row's ``inversion`` field: who attacked with what, the scores, and the reconstruction."""
     score = rouge1(reconstruction, private_context)
     return {"attacker": attack.name, "k": attack.k, "recall": score["rouge1_recall"], "f1": score["rouge1_f1"],
-            "reconstruction": reconstruction, "max_new_tokens": attack.max_new_tokens, "prompt": prompt_version()}
+            "reconstruction": reconstruction, "max_new_tokens": attack.max_new_tokens, "sequence": attack.sequence,
+            "prompt": prompt_version(attack.sequence)}

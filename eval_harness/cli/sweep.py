@@ -101,6 +101,11 @@ def _inversion_options(parser: argparse.ArgumentParser) -> None:
                        help="the environment variable holding the endpoint's key (default: OPENAI_API_KEY)")
     group.add_argument("--inversion-k", type=_positive, default=100, metavar="K",
                        help="top-K ids of each step shown to the attacker (default: 100, the paper's)")
+    group.add_argument("--inversion-sequence", choices=("full", "compact"), default="full",
+                       help="how the exposure sequence is written into the attack's prompt: full (every step's "
+                            "top-K, then the distinct tokens, as the paper and the authors' release give it) or "
+                            "compact (each step's top token and only tokens no earlier step showed; ~20x shorter) "
+                            "(default: full)")
     group.add_argument("--inversion-max-tokens", type=_positive, default=256, metavar="N",
                        help="the most tokens one reconstruction may take (default: 256)")
     group.add_argument("--inversion-batch", type=_positive, default=8, metavar="N",
@@ -271,7 +276,7 @@ def _attacker(args: argparse.Namespace, runner):  # noqa: ANN001, ANN202
     piece = piece_reader(runner.llm.tokenizer if args.runner == "reference" else runner.policy_backend)
     if args.inversion == "local":
         return TransformersInversion(runner.llm, piece, k=args.inversion_k, max_new_tokens=args.inversion_max_tokens,
-                                     batch_size=args.inversion_batch)
+                                     batch_size=args.inversion_batch, sequence=args.inversion_sequence)
     from eval_harness.llm.client import ChatClient
 
     if args.no_inversion_cache and args.inversion_cache is not None:
@@ -281,7 +286,7 @@ def _attacker(args: argparse.Namespace, runner):  # noqa: ANN001, ANN202
                         if args.inversion_cache is not None else "default",
                         allow_insecure_http=args.allow_insecure_http)
     return EndpointInversion(client, piece, k=args.inversion_k, max_new_tokens=args.inversion_max_tokens,
-                             parallel=args.inversion_batch)
+                             parallel=args.inversion_batch, sequence=args.inversion_sequence)
 
 
 def _reference(args: argparse.Namespace, protocol):  # noqa: ANN001, ANN202

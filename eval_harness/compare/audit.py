@@ -165,7 +165,7 @@ class QuantComparison:
     def run_steps(self, on_row: Callable[[], None]) -> int:
         """Pass 2 (needs pass 1's CoVeil rows); returns how many rows were already there."""
         from edge_sdk.backends.llama_cpp import LlamaCppSLM
-        from edge_sdk.client import CONTEXT_SEPARATOR
+        from edge_sdk.prompts import plain_prompts
         from edge_sdk.policies import make_policy
         from eval_harness.compare.teacher import drift_along
 
@@ -190,9 +190,10 @@ class QuantComparison:
             models = {v.name: LlamaCppSLM(v.path, n_ctx=2048) for v in self.variants} if pending else {}
             try:
                 for setting, item, todo, tokens in pending:
-                    public = self.protocol.public_prompt(item)  # the prompts as EdgeClient builds them
-                    slm_prompt = reference.tokenize(item.private_context + CONTEXT_SEPARATOR + public, add_bos=True)
-                    cloud_prompt = cloud.tokenize(public, add_bos=True)
+                    # the prompts as the sweep builds them: the private context after the preamble, before the item
+                    slm_prompt = list(plain_prompts(reference, self.protocol.question_prompt(item), item.private_context,
+                                                    public_preamble=self.protocol.preamble).slm_ids)
+                    cloud_prompt = cloud.tokenize(self.protocol.public_prompt(item), add_bos=True)
                     mode: FusionMode = setting.mode  # type: ignore[assignment]
                     drift = drift_along(
                         tokens, slm_prompt=slm_prompt, cloud_prompt=cloud_prompt, reference=reference, cloud=cloud,

@@ -80,7 +80,15 @@ class RecallCase:
         self.trace = _trace(trace)
         self.vocab = vocab
         self.evidence = self.rules.evidence(tuple(spans), public_query, vocab)
-        self.token_ranks = self.rules.token_ranks(self.trace, vocab)
+        self._ranks: dict[int, dict[int, int]] = {}  # depth → token ranks on the trace cut to that depth
+
+    def token_ranks(self, k: int) -> dict[int, int]:
+        """Each exposed id → its rank as a metric at cutoff ``k`` reads it (on the trace cut to the rules' depth)."""
+        depth = self.rules.depth(self.trace, self.trace.check(k))
+        if (ranks := self._ranks.get(depth)) is None:
+            cut = self.trace if depth == self.trace.k else self.trace.truncated(depth)
+            ranks = self._ranks[depth] = self.rules.token_ranks(cut, self.vocab)
+        return ranks
 
     @functools.cached_property
     def word_cutoffs(self) -> dict[str, int]:
@@ -90,10 +98,10 @@ class RecallCase:
     def recall(self, ids: Iterable[int], k: int) -> float:
         """``|ids ∩ E^k| / |ids|`` (0 for no ids)."""
         ids = list(ids)
-        k = self.trace.check(k)
+        ranks = self.token_ranks(k)
         if not ids:
             return 0.0
-        return sum(1 for i in ids if self.token_ranks.get(i, k + 1) <= k) / len(ids)
+        return sum(1 for i in ids if ranks.get(i, k + 1) <= k) / len(ids)
 
 
 MetricFn = Callable[[RecallCase, int], float]
@@ -152,7 +160,8 @@ def auc(case: RecallCase, k: int) -> float:
     if not tokens:
         return 0.0
     # Σ_{c=1..k} |T ∩ E^c| counts each id once for every cutoff c >= its rank
-    hits = sum(k - case.token_ranks[i] + 1 for i in tokens if case.token_ranks.get(i, k + 1) <= k)
+    ranks = case.token_ranks(k)
+    hits = sum(k - ranks[i] + 1 for i in tokens if ranks.get(i, k + 1) <= k)
     return hits / (len(tokens) * k)
 
 

@@ -10,18 +10,24 @@ Exposure.  ``E^k`` is the union of every step's first ``k`` ids, so an id's
 cutoff is its best rank over the steps.
 
 Words read off the exposure.  A word split into several tokens is never one
-exposed id, so ``W(E^k)`` decodes across steps: it holds every word of the
-text of any run of consecutive steps that takes one id from each step's first
-``k`` (a step boundary counts as a word boundary at the run's two ends).  The
-authors' release reads one such run per rank ``r`` (the ``r``-th id of every
-step); this reads every run, so a word counts as soon as its pieces are
-exposed one after another, at whatever ranks.  At ``k = 1`` both read the
-decoded text itself.
+exposed id, so ``W(E^k)`` decodes across steps: it holds every word written,
+between real word boundaries, by some run of consecutive steps that takes one
+id from each step's first ``k``.  A word boundary is whitespace inside the
+run's text (edge punctuation stripped, as :func:`edge_sdk.leakage.words`
+reads text), or the start or end of the whole trace; a step boundary is not
+one, so " A 70-year-old man" (``▁A ▁ 7 0 - year - old ▁man``) reads
+"70-year-old" and "man", never "year" or "old".  At ``k = 1`` this reads the
+words of the decoded text (a control token read as a space).  The authors'
+release reads one run per rank ``r`` (the ``r``-th id of every step, decoded
+and split on whitespace); this reads every run, so a word counts as soon as
+its pieces are exposed one after another, at whatever ranks.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from edge_sdk.leakage import ExposureTrace, content_token_ids, fold, is_content_word, words
 from eval_harness.metrics.rules import Evidence, first_ranks
@@ -51,15 +57,35 @@ def evidence(spans: Sequence[str], public_query: str, vocab: Vocabulary) -> Evid
     )
 
 
+def depth(trace: ExposureTrace, k: int) -> int:
+    """Every recorded id: an id's rank is its raw rank, whatever the cutoff asked for."""
+    return trace.k
+
+
 def token_ranks(trace: ExposureTrace, vocab: Vocabulary) -> dict[int, int]:
     return first_ranks(trace.steps)
 
 
 # -- reading words across steps ------------------------------------------------------------------
 #
-# Everything below works on bytes so that a character split over two byte-level
-# tokens comes back whole; text is lower-cased piece by piece, with undecodable
-# bytes carried through as surrogates ("surrogateescape") and counted as letters.
+# A word is read as :func:`edge_sdk.leakage.words` reads text: a whitespace-separated chunk with its edge
+# punctuation stripped.  Reading one chunk of the text a run of steps spells is a small automaton:
+#
+#   BOUNDARY   after whitespace (or at the trace's start), edge punctuation only so far: a word may begin
+#   j          the word's first j bytes read, nothing else in this chunk (0 < j < len(word))
+#   CLOSING    the whole word read, then edge punctuation only: whitespace or the trace's end completes it
+#   (dead)     inside some other chunk: only whitespace leads out
+#
+# A run may start at any step, in the dead state (what came before it is unknown), or at the trace's start in
+# BOUNDARY.  So a step boundary is never a word boundary: " A 70-year-old man" never reads "year" or "old",
+# and "130/85" never reads "13".  Each step offers its pieces at their ranks; a run's cutoff is the largest
+# rank it takes, and a word's cutoff the smallest over the runs that complete it (a min-max path, computed
+# step by step).  Text is compared as lower-cased bytes so that a character split over two byte-level tokens
+# comes back whole; undecodable bytes are carried as surrogates ("surrogateescape") and count as letters.
+
+_Key = dict[bytes, int]  # text → the best (smallest) rank of a piece with that text in the step
+_BOUNDARY, _CLOSING, _DONE = "boundary", "closing", "done"
+_State = int | str  # _BOUNDARY, _CLOSING, _DONE or the number of the word's bytes read
 
 
 def _lower_bytes(data: bytes) -> bytes:
@@ -71,93 +97,144 @@ def _wordish(ch: str) -> bool:
     return ch.isalnum() or "\udc80" <= ch <= "\udcff"
 
 
-def _word_starts(data: bytes) -> set[bytes]:
-    """The tails of ``data`` where a word can begin: at its start or after whitespace, edge punctuation skipped."""
-    text = data.decode("utf-8", "surrogateescape")
-    starts = set()
-    for boundary in [0, *(i + 1 for i, ch in enumerate(text) if ch.isspace())]:
-        i = boundary
-        while i < len(text) and not text[i].isspace() and not _wordish(text[i]):
-            i += 1
-        if i < len(text) and _wordish(text[i]):
-            starts.add(text[i:].encode("utf-8", "surrogateescape"))
-    return starts
+def _lstrip(text: str) -> str:
+    """``text`` without leading edge punctuation (``text`` holds no whitespace)."""
+    i = 0
+    while i < len(text) and not _wordish(text[i]):
+        i += 1
+    return text[i:]
 
 
-def _closes_word(rest: bytes) -> bool:
-    """Whether a word that ends just before ``rest`` stays a whole word (only punctuation up to whitespace)."""
-    for ch in rest.decode("utf-8", "surrogateescape"):
-        if ch.isspace():
-            return True
-        if _wordish(ch):
-            return False
-    return True
+def _rstrip(text: str) -> str:
+    """``text`` without trailing edge punctuation (``text`` holds no whitespace)."""
+    end = len(text)
+    while end and not _wordish(text[end - 1]):
+        end -= 1
+    return text[:end]
 
 
-_DONE = -1
+def _encode(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
 
 
-def _advance(word: bytes, at: int, piece: bytes) -> int | None:
-    """Read ``piece`` at byte ``at`` of ``word``: the next position, ``_DONE`` when the word ends whole, or None."""
-    rest = word[at:]
-    if len(piece) < len(rest):
-        return at + len(piece) if rest.startswith(piece) else None
-    if piece.startswith(rest) and _closes_word(piece[len(rest):]):
-        return _DONE
-    return None
+@dataclass
+class _Step:
+    """One step's pieces, keyed every way the automaton looks them up, each text → its best rank.
+
+    A piece holding whitespace splits into a head (before its first whitespace), whole chunks, and a tail
+    (after its last whitespace); one without is read whole.
+    """
+
+    head_stripped: _Key = field(default_factory=dict)  # BOUNDARY + head completes the word: strip(head) == word
+    head_rstripped: _Key = field(default_factory=dict)  # j + head completes it: rstrip(head) == word[j:]
+    chunk: _Key = field(default_factory=dict)  # a whole chunk: strip(chunk) == word
+    tail_lstripped: _Key = field(default_factory=dict)  # any state + piece → the state of lstrip(tail) from BOUNDARY
+    tail_stripped: _Key = field(default_factory=dict)  # ... CLOSING when strip(tail) == word
+    lstripped: _Key = field(default_factory=dict)  # no whitespace: BOUNDARY → the state of lstrip(piece)
+    stripped: _Key = field(default_factory=dict)  # BOUNDARY → CLOSING when strip(piece) == word
+    exact: _Key = field(default_factory=dict)  # j → j + len(piece) when piece == word[j:...]
+    rstripped: _Key = field(default_factory=dict)  # j → CLOSING when rstrip(piece) == word[j:]
+
+    def add(self, text: str, rank: int) -> None:
+        segments = re.split(r"\s", text)
+        if len(segments) == 1:  # no whitespace
+            core = _lstrip(text)
+            self.lstripped.setdefault(_encode(core), rank)
+            if core:
+                self.stripped.setdefault(_encode(_rstrip(core)), rank)
+            self.exact.setdefault(_encode(text), rank)
+            self.rstripped.setdefault(_encode(_rstrip(text)), rank)
+            return
+        head, *middle, tail = segments
+        self.head_stripped.setdefault(_encode(_rstrip(_lstrip(head))), rank)
+        self.head_rstripped.setdefault(_encode(_rstrip(head)), rank)
+        for chunk in middle:
+            self.chunk.setdefault(_encode(_rstrip(_lstrip(chunk))), rank)
+        core = _lstrip(tail)
+        self.tail_lstripped.setdefault(_encode(core), rank)
+        if core:
+            self.tail_stripped.setdefault(_encode(_rstrip(core)), rank)
 
 
-_Bucket = dict[int, dict[bytes, int]]  # first byte → {text: best rank}
-
-
-def _index(trace: ExposureTrace, vocab: Vocabulary) -> list[tuple[_Bucket, _Bucket]]:
-    """Per step: (word starts by first byte, whole pieces by first byte), each text → its best rank."""
+def _index(trace: ExposureTrace, vocab: Vocabulary) -> list[_Step]:
+    """Each step's pieces; a control token (``<eos>``, ``<start_of_turn>``) stands for no text but ends any word,
+    so it reads as a space (read as nothing, a run could skip a step through the control ids every step holds)."""
+    specials = vocab.specials
+    text: dict[int, str] = {}  # id → its lower-cased text, read once per id
     index = []
-    specials = vocab.specials  # control tokens stand for no text
-    read: dict[int, tuple[bytes, set[bytes]]] = {}  # id → (its lower-cased bytes, their word starts), once per id
-    for step in trace.steps:
-        starts: _Bucket = {}
-        pieces: _Bucket = {}
-        for rank, token_id in enumerate(step, 1):
-            if token_id in specials:
-                continue
-            if (known := read.get(token_id)) is None:
-                data = _lower_bytes(vocab.piece_bytes(token_id))
-                known = read[token_id] = (data, _word_starts(data))
-            data, word_starts = known
-            if data:
-                bucket = pieces.setdefault(data[0], {})
-                bucket.setdefault(data, rank)
-            for start in word_starts:
-                bucket = starts.setdefault(start[0], {})
-                bucket.setdefault(start, rank)
-        index.append((starts, pieces))
+    for ids in trace.steps:
+        step = _Step()
+        for rank, token_id in enumerate(ids, 1):
+            if (piece := text.get(token_id)) is None:
+                data = b" " if token_id in specials else _lower_bytes(vocab.piece_bytes(token_id))
+                piece = text[token_id] = data.decode("utf-8", "surrogateescape")
+            step.add(piece, rank)
+        index.append(step)
     return index
 
 
-def _cutoff(word: bytes, index: list[tuple[_Bucket, _Bucket]]) -> int | None:
-    """The smallest ``k`` at which some run of consecutive steps spells ``word`` (min over runs of the max rank)."""
+def _cutoff(word: bytes, index: list[_Step]) -> int | None:
+    """The smallest ``k`` at which a run of consecutive steps writes ``word`` between real word boundaries."""
+    n = len(word)
     best: int | None = None
-    active: dict[int, int] = {}  # position in the word → smallest max-rank of a run that reached it
-    for starts, pieces in index:
-        reached: dict[int, int] = {}
+    costs: dict[_State, int] = {_BOUNDARY: 0}  # the trace's start is a word boundary
 
-        def offer(at: int, piece: bytes, cost: int) -> None:
+    def better(cost: int) -> bool:
+        return best is None or cost < best
+
+    for step in index:
+        reached: dict[_State, int] = {}
+
+        def reach(state: _State, cost: int) -> None:
             nonlocal best
-            if best is not None and cost >= best:
+            if not better(cost):
                 return
-            step_to = _advance(word, at, piece)
-            if step_to == _DONE:
+            if state == _DONE:
                 best = cost
-            elif step_to is not None and cost < reached.get(step_to, cost + 1):  # noqa: B023 - called in this pass
-                reached[step_to] = cost  # noqa: B023
+            elif cost < reached.get(state, cost + 1):  # noqa: B023 - called only in this pass of the loop
+                reached[state] = cost  # noqa: B023
 
-        for at, cost in active.items():
-            for piece, rank in pieces.get(word[at], {}).items():
-                offer(at, piece, max(cost, rank))
-        for start, rank in starts.get(word[0], {}).items():
-            offer(0, start, rank)
-        active = reached
+        # pieces holding whitespace: a chunk inside them, a head that ends the run's word, a tail that starts one
+        if (rank := step.chunk.get(word)) is not None:
+            reach(_DONE, rank)
+        for state, cost in costs.items():
+            if state == _BOUNDARY:
+                rank = step.head_stripped.get(word)
+            elif state == _CLOSING:
+                rank = step.head_rstripped.get(b"")
+            else:
+                rank = step.head_rstripped.get(word[state:])
+            if rank is not None:
+                reach(_DONE, max(cost, rank))
+        if (rank := step.tail_lstripped.get(b"")) is not None:
+            reach(_BOUNDARY, rank)
+        for j in range(1, n):
+            if (rank := step.tail_lstripped.get(word[:j])) is not None:
+                reach(j, rank)
+        if (rank := step.tail_stripped.get(word)) is not None:
+            reach(_CLOSING, rank)
+        # pieces without whitespace continue the run's chunk
+        for state, cost in costs.items():
+            if state == _BOUNDARY:
+                if (rank := step.lstripped.get(b"")) is not None:
+                    reach(_BOUNDARY, max(cost, rank))
+                for j in range(1, n):
+                    if (rank := step.lstripped.get(word[:j])) is not None:
+                        reach(j, max(cost, rank))
+                if (rank := step.stripped.get(word)) is not None:
+                    reach(_CLOSING, max(cost, rank))
+            elif state == _CLOSING:
+                if (rank := step.rstripped.get(b"")) is not None:
+                    reach(_CLOSING, max(cost, rank))
+            else:
+                for end in range(state, n):
+                    if (rank := step.exact.get(word[state:end])) is not None:
+                        reach(end, max(cost, rank))
+                if (rank := step.rstripped.get(word[state:])) is not None:
+                    reach(_CLOSING, max(cost, rank))
+        costs = reached
+    if _CLOSING in costs and better(costs[_CLOSING]):  # the trace's end is a word boundary
+        best = costs[_CLOSING]
     return best
 
 

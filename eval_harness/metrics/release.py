@@ -11,11 +11,13 @@ What the release does differently from :mod:`eval_harness.metrics.paper`:
   token's text.  Spans are tokenised alone, as written, for Span-ER.
 * A span whose punctuation-free, lower-case form is a substring of the public
   query's is left out of Span-ER only (Token-ER, ROUGE1-ER and AUC keep it).
-* ``E^k`` takes each step's first ``k`` *content* ids: the filter runs over
-  the recorded ids first.  The release records and evaluates 100 ids per step
-  (``trace_topk`` = ``max(ks, auc_k)`` = 100); its truncation to ``max_k``
-  before filtering is this trace's ``k`` (use ``trace.truncated(max_k)`` to
-  reproduce a smaller ``max_k``).
+* ``E^k`` takes each step's first ``k`` *content* ids among its first
+  ``max_k`` recorded ids: the release cuts every step to ``max_k =
+  max(ks, auc_k)`` before filtering.  Its defaults (``ks`` = 10, 50, 100,
+  ``auc_k`` = 100) make ``max_k`` = 100, so a metric at ``K`` reads the trace
+  cut to :func:`depth` = ``max(K, 100)`` ids a step (the recorded ``k`` if
+  smaller), however deep the trace was recorded: a step's 100th content id can
+  sit at raw rank 150, which a 1,000-id trace would count at ``K`` = 100.
 * Words are compared case-sensitively, as ``str.split`` cuts them
   (punctuation attached); ``W(E^k)`` holds the words of the rank-``r`` paths
   for ``r <= k``: the ``r``-th id of every step holding one, decoded in order
@@ -36,6 +38,8 @@ from eval_harness.metrics.rules import Evidence, first_ranks
 from eval_harness.metrics.vocabulary import Vocabulary
 
 #: the release's whole stop-word list
+#: the release's default ``auc_k``: every run of its ``evaluate_leakage.py`` cuts the trace to at least this many ids
+RELEASE_AUC_K = 100
 RELEASE_STOP_WORDS = frozenset(
     {"answer", "the", "reason", "reasoning", "option", "options", "explanation", "step", "context", "solution"}
 )
@@ -79,8 +83,17 @@ def evidence(spans: Sequence[str], public_query: str, vocab: Vocabulary) -> Evid
     )
 
 
+def depth(trace: ExposureTrace, k: int) -> int:
+    """How many of each step's ids the release reads for a metric at ``k``: ``min(trace.k, max(k, 100))``.
+
+    The release's ``max_k = max(max(ks), auc_k)`` with its default ``auc_k`` = 100
+    and ``k`` among the ``ks``.
+    """
+    return min(trace.k, max(k, RELEASE_AUC_K))
+
+
 def token_ranks(trace: ExposureTrace, vocab: Vocabulary) -> dict[int, int]:
-    """Ranks among each step's *content* ids, as the release counts its first k."""
+    """Ranks among each step's *content* ids, as the release counts its first k (on a trace cut to :func:`depth`)."""
     filtered: dict[int, bool] = {}  # id → whether its text is filtered, read once per id
 
     def content(token_id: int) -> bool:

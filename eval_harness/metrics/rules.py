@@ -56,6 +56,10 @@ class Rules(Protocol):
 
     def evidence(self, spans: Sequence[str], public_query: str, vocab: Vocabulary) -> Evidence: ...
 
+    def depth(self, trace: ExposureTrace, k: int) -> int:
+        """How many of each step's recorded ids a metric at cutoff ``k`` reads (``k <= depth <= trace.k``)."""
+        ...
+
     def token_ranks(self, trace: ExposureTrace, vocab: Vocabulary) -> dict[int, int]:
         """Each exposed id → the smallest cutoff ``k`` at which it belongs to ``E^k``."""
         ...

@@ -37,8 +37,10 @@ from cloud_adapter.llm import TransformersLLM, TransformersSLM
 from cloud_adapter.runners import BatchStats, LockstepBatcher, ModelLane
 from edge_sdk.backends.base import SLMBackend
 from edge_sdk.client import EdgeClient, GenerationResult
-from edge_sdk.prompts import plain_prompts
+from edge_sdk.prompts import Prompts, plain_prompts
 from edge_sdk.policies import Policy
+from eval_harness.datasets import DecodeLeakItem
+from eval_harness.protocol import DecodingProtocol
 from eval_harness.runners import mechanism
 
 
@@ -83,7 +85,11 @@ class BatchedSLM(TransformersSLM):
 
 @dataclass(frozen=True)
 class ItemRun:
-    """What one item needs: the prompts, and a policy built for this item (randomised ones get their own rng)."""
+    """What one item needs: the prompts, and a policy built for this item (randomised ones get their own rng).
+
+    ``public_prompt`` is the item's public text (its question), which the SLM reads right after the private
+    context; ``public_preamble`` is public text both models read before them (the protocol's worked example).
+    """
 
     item_id: str
     public_prompt: str
@@ -91,11 +97,23 @@ class ItemRun:
     policy: Policy
     rng: np.random.Generator | None = None
     stopping: Any = None
+    public_preamble: str = ""
+
+    @classmethod
+    def of(cls, protocol: DecodingProtocol, item: DecodeLeakItem, policy: Policy, *,
+           rng: np.random.Generator | None = None) -> ItemRun:
+        """``item`` under ``protocol``: its question prompt, the protocol's preamble and stopping rule."""
+        return cls(item.item_id, protocol.question_prompt(item), item.private_context, policy, rng=rng,
+                   stopping=protocol.stopping(item), public_preamble=protocol.preamble)
+
+    def prompts(self, slm: SLMBackend) -> Prompts:
+        """Both prompts (:func:`edge_sdk.prompts.plain_prompts`): the private context right before the question."""
+        return plain_prompts(slm, self.public_prompt, self.private_context, public_preamble=self.public_preamble)
 
     def generate(self, client: EdgeClient, *, mode: str, alpha: float, max_new_tokens: int,
                  exposure_k: int) -> GenerationResult:
         """This item through ``client``'s decoding loop, with its own policy, generator and stopping rule."""
-        return client.generate(self.public_prompt, self.private_context, mode=mode, policy=self.policy, alpha=alpha,
+        return client.generate(self.prompts(client.slm), mode=mode, policy=self.policy, alpha=alpha,
                                max_new_tokens=max_new_tokens, rng=self.rng, stopping=self.stopping,
                                exposure_k=exposure_k)
 
@@ -240,7 +258,7 @@ class ReferenceRunner(ItemRunner):
         tokens = list(result.token_ids)
         slm, llm = self.slm_model, self.llm
         with self._tokenizer_lock:
-            prompts = plain_prompts(slm, item.public_prompt, item.private_context)
+            prompts = item.prompts(slm)
             slm_prompt, cloud_prompt = list(prompts.slm_ids), list(prompts.cloud_ids)
             # the loop asks its stopping rule before each step, about the text decoded so far
             end_allowed = [item.stopping is None or item.stopping.allows_end(slm.detokenize(tokens[:t]))

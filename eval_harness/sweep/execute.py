@@ -397,8 +397,7 @@ def run_sweep(
         policy = make_policy(setting.policy, backend=runner.policy_backend, **setting.params)  # stateless: shared
         for item_id in item_ids:
             item = by_id[setting.task][item_id]
-            runs.append(ItemRun(item_id, protocol.public_prompt(item), item.private_context, policy,
-                                rng=item_rng(seed, setting, item_id), stopping=protocol.stopping(item)))
+            runs.append(ItemRun.of(protocol, item, policy, rng=item_rng(seed, setting, item_id)))
 
         def row_of(run: ItemRun, result: GenerationResult, setting: Setting = setting,
                    scored: Mapping[str, Any] | None = None) -> dict[str, Any]:
