@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 from eval_harness.datasets import DecodeLeakItem
 from eval_harness.protocol import DecodingProtocol
-from eval_harness.sweep.grid import Setting, row_key, shard, sweep_units
+from eval_harness.sweep.grid import Setting, pending_pairs, row_key
 from eval_harness.sweep.store import ResultStore
 
 if TYPE_CHECKING:  # the driver and the inbox import no model library; a shard task does (run_shard)
@@ -150,11 +150,10 @@ def plan_shards(
     """
     if count < 1:
         raise ValueError(f"a Ray sweep needs at least one shard, got {count}")
-    mine = list(shard(sweep_units(settings, items), *shard_of))
-    pending = [(s, item_id) for s, item_id in mine if row_key(s, item_id) not in store]
+    pending, skipped = pending_pairs(settings, items, store, shard_of)
     n = min(count, len(pending))
     shards = [pending[j * len(pending) // n : (j + 1) * len(pending) // n] for j in range(n)]
-    return ShardPlan(pending=pending, shards=shards, skipped=len(mine) - len(pending))
+    return ShardPlan(pending=pending, shards=shards, skipped=skipped)
 
 
 class RowInbox:
