@@ -172,3 +172,30 @@ def test_a_ray_rerun_with_nothing_left_starts_no_ray(tmp_path: Path, capsys, mon
     _done_rows(out, [Setting("medpriv", "cloud", "coveil", {"lam": 0})])
     assert main(["sweep", str(grid), "--modes", "cloud", "--limit", "2", "--ray", "--out", str(out)]) == 0
     assert capsys.readouterr().out.startswith(f"0 rows written to {out}; 2 already there")
+
+
+def test_a_resumed_runs_progress_total_is_the_pairs_left(tmp_path: Path, capsys, monkeypatch) -> None:
+    """The bar's total (hence its ETA) counts what this invocation decodes, not the pairs already written."""
+    import contextlib
+
+    from eval_harness.cli import sweep
+    from eval_harness.sweep import execute
+
+    totals = []
+
+    class Bar:
+        def add_task(self, description: str, total: int) -> int:
+            totals.append(total)
+            return 0
+
+        def update(self, *args: object, **kwargs: object) -> None: ...
+
+    monkeypatch.setattr(sweep, "progress_bar", lambda: contextlib.nullcontext(Bar()))
+    monkeypatch.setattr(sweep, "_runner", lambda args, protocol: (contextlib.nullcontext(), None, {}))
+    monkeypatch.setattr(execute, "run_sweep", lambda *args, **kwargs: execute.SweepOutcome(3, 3, 1))
+    out = tmp_path / "r.jsonl"
+    items = load_task("medpriv", 4)
+    done = Setting("medpriv", "cloud", "coveil", {"lam": 1})
+    out.write_text(json.dumps({"key": row_key(done, items[0].item_id)}) + "\n")  # 1 of the 4 pairs written
+    assert main([*RUN[:-1], "4", "--param", "lam=1", "--out", str(out)]) == 0
+    assert totals == [3]
