@@ -15,7 +15,9 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
                                              "per fusion mode and setting (item counts, accuracy, "
                                              "Token/ROUGE1/Span-ER@100 and AUC@100, and the inversion's ROUGE-1 "
                                              "recall/F1 where rows have it, with 95% bootstrap intervals), by the "
-                                             "paper's rules and by the release's, as Markdown and CSV.")
+                                             "paper's rules and by the release's, as Markdown and CSV (numbers in %: "
+                                             "each metric's mean, its interval as METRIC_lo and METRIC_hi, and "
+                                             "METRIC_n, the items that recorded it).")
     report.add_argument("results", nargs="+", type=Path, help="JSONL result files (shards are merged)")
     report.add_argument("--out", type=Path, default=Path("runs/decodeleak/report"),
                         help="where tables.md, tables.csv and undefended.csv are written")
@@ -25,7 +27,8 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """``decodeleak report``: reads rows only (no model library is imported)."""
-    from eval_harness.report.tables import csv_text, markdown, metrics_recorded, result_rows, table, undefended_table
+    from eval_harness.report.tables import (csv_text, markdown, metrics_recorded, result_rows, table, table_numbers,
+                                            undefended_numbers, undefended_table)
     from eval_harness.sweep.store import read_rows
 
     rows = result_rows(read_rows(args.results))
@@ -37,13 +40,15 @@ def run(args: argparse.Namespace) -> int:
             sections.append(markdown(cells, f"## Undefended DecodeLeak (the paper's Table 1) by the {rules}'s rules "
                                             "(mean [95% bootstrap interval], %; inversion: ROUGE-1 of the "
                                             "reconstructed private context)"))
-            undefended_csv.append(csv_text([{"rules": rules, **c} for c in cells]))
+            undefended_csv.append(csv_text([{"rules": rules, **c} for c in undefended_numbers(rows, suffix=suffix)]))
         for mode in FUSION_MODES:
-            cells = table([r for r in rows if r["mode"] == mode], metrics=metrics, suffix=suffix)
+            mode_rows = [r for r in rows if r["mode"] == mode]
+            cells = table(mode_rows, metrics=metrics, suffix=suffix)
             if cells:
                 sections.append(markdown(cells, f"## {mode}-side fusion, DecodeLeak by the {rules}'s rules "
                                                 "(mean [95% bootstrap interval], %)"))
-                csv_parts.append(csv_text([{"rules": rules, **c} for c in cells]))
+                csv_parts.append(csv_text([{"rules": rules, **c}
+                                           for c in table_numbers(mode_rows, metrics=metrics, suffix=suffix)]))
     args.out.mkdir(parents=True, exist_ok=True)
     text = f"# DecodeLeak report: {len(rows)} rows from {len(args.results)} file(s)\n\n" + "\n".join(sections)
     (args.out / "tables.md").write_text(text)
