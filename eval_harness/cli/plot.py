@@ -30,7 +30,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
                       help="the method rank_bins_edge compares --policy with (default: invisible_ink)")
     plot.add_argument("--match-token-er", type=float, metavar="PERCENT",
                       help="leakage_vs_k_methods: draw each method at its setting nearest this Token-ER@100 "
-                           "(default: the median over --policy's settings)")
+                           "(default: the low median over --policy's settings, a leakage one of them has)")
     plot.add_argument("-v", "--verbose", action="store_true", help="show the full traceback of an error")
     return plot
 
