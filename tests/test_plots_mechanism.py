@@ -212,3 +212,21 @@ def test_a_constant_accuracy_has_an_axis_within_0_and_100(monkeypatch, tmp_path:
         # every point (0% or 100%) inside the frame, no tick below 0% or above 100%, a readable span of ticks
         assert -3 <= low < (0 if not correct else 100) and (0 if not correct else 100) < high <= 103
         assert min(ticks) >= 0 and max(ticks) <= 100 and max(ticks) - min(ticks) >= 10
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_mechanism_figure_of_reduced_precision_rows_says_why_undefended_is_below_100(
+        results: Path, tmp_path: Path, monkeypatch, dtype: str) -> None:
+    from eval_harness.report.plots import mechanism_cloud, mechanism_edge
+
+    rows = [dict(r, dtype=dtype) for r in read(results)]
+    figures = captured_figures(monkeypatch)
+    mechanism_cloud(rows, tmp_path)
+    mechanism_edge(rows, tmp_path)
+    notes = [[text.get_text() for text in fig.texts] for fig in figures]
+    assert len(notes) == 2
+    if dtype == "float32":
+        assert notes == [[], []]
+    else:
+        assert all(len(n) == 1 and n[0].startswith("Rows decoded in bfloat16: agreement and ranks are recomputed")
+                   for n in notes)
