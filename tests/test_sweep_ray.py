@@ -194,3 +194,27 @@ def test_ray_flags_fail_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert capsys.readouterr().err.strip() == ("decodeleak sweep: --ray needs Ray, an optional dependency: "
                                                "pip install 'coveil[ray]'")
     assert not out.exists()
+
+
+def test_connecting_keeps_rays_info_lines_and_the_workers_output_out_of_the_terminal(monkeypatch) -> None:
+    """Ray's INFO lines (instance started, each code package pushed) and every task's model-loading bars echoed
+    as '(run_shard pid=...)' lines cluttered the sweep's progress bar; a caller's own choice still wins."""
+    import logging
+
+    from eval_harness.sweep import ray as on_ray
+
+    calls: list[dict] = []
+
+    class FakeRay:
+        @staticmethod
+        def is_initialized() -> bool:
+            return False
+
+        @staticmethod
+        def init(**options: object) -> None:
+            calls.append(options)
+
+    monkeypatch.setattr(on_ray, "require_ray", lambda: FakeRay)
+    assert on_ray.connect("local") and on_ray.connect("auto", log_to_driver=True)
+    assert calls[0]["logging_level"] == logging.ERROR and calls[0]["log_to_driver"] is False
+    assert calls[1]["logging_level"] == logging.ERROR and calls[1]["log_to_driver"] is True

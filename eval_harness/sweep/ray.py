@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,12 +102,20 @@ def connect(address: str = "local", **init_options: Any) -> bool:
     ``init_options`` go to ``ray.init`` (e.g. ``num_cpus`` for a local
     instance).  Returns whether this call connected (and so should
     disconnect); an already initialised Ray is used as it is.
+
+    Ray's own log lines below ERROR (starting the instance, pushing each code
+    package) and the workers' output (each task's model-loading bars, echoed
+    under the sweep's progress bar) stay out of the terminal: a task's failure
+    still reaches the driver as its exception, and the workers' logs stay in
+    Ray's session directory.
     """
     ray = require_ray()
     if ray.is_initialized():
         return False
     if address == "local":
         init_options.setdefault("include_dashboard", False)
+    init_options.setdefault("logging_level", logging.ERROR)
+    init_options.setdefault("log_to_driver", False)
     ray.init(address=address, runtime_env={"py_modules": [str(d) for d in code_dirs()]}, **init_options)
     return True
 
