@@ -133,7 +133,10 @@ def test_a_config_syntax_error_names_line_and_column(tmp_path: Path, capsys) -> 
                                              (["--device", "gpu"], "--device is cpu, cuda or cuda:N"),
                                              (["--transcripts", "t"], "--transcripts: only for --runner deployed"),
                                              (["--runner", "deployed", "--transcript-wait", "-1"],
-                                              "--transcript-wait must be non-negative")])
+                                              "--transcript-wait must be non-negative"),
+                                             (["--runner", "deployed", "--cloud", "127.0.0.1:1", "--plaintext",
+                                               "--transcripts", "/no/such/dir"],
+                                              "the transcript directory /no/such/dir does not exist")])
 def test_bad_option_values_fail_before_loading(tmp_path: Path, capsys, flags: list[str], says: str) -> None:
     assert says in one_line_error(capsys, [*RUN, *flags, "--out", str(tmp_path / "r.jsonl")])
 

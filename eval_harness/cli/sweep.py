@@ -300,6 +300,8 @@ def _check_deployed(args: argparse.Namespace) -> None:
     if args.plaintext and not is_loopback(args.cloud):
         raise ValueError(f"refusing --plaintext to {args.cloud}: it is not a loopback address; give the "
                          "adapter's CA (--tls-ca) or rely on the system's trust roots")
+    if args.transcripts is not None and not args.transcripts.is_dir():
+        raise ValueError(f"the transcript directory {args.transcripts} does not exist (--transcripts)")
 
 
 def _run_identity(args: argparse.Namespace, protocol) -> dict:  # noqa: ANN001
