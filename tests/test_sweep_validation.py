@@ -194,7 +194,7 @@ def test_a_resumed_runs_progress_total_is_the_pairs_left(tmp_path: Path, capsys,
         def update(self, *args: object, **kwargs: object) -> None: ...
 
     monkeypatch.setattr(sweep, "progress_bar", lambda: contextlib.nullcontext(Bar()))
-    monkeypatch.setattr(sweep, "_runner", lambda args, protocol: (contextlib.nullcontext(), None, {}))
+    monkeypatch.setattr(sweep, "_runner", lambda args, protocol, *rest: (contextlib.nullcontext(), None, {}))
     monkeypatch.setattr(execute, "run_sweep", lambda *args, **kwargs: execute.SweepOutcome(3, 3, 1))
     out = tmp_path / "r.jsonl"
     items = load_task("medpriv", 4)

@@ -200,12 +200,13 @@ def run(args: argparse.Namespace) -> int:
             audits[audit["exposure_source"] if audit.get("ledger_agrees", True) else "disagreeing"] += 1
 
     with ResultStore(args.out) as store:
-        store.check_run(_run_identity(args, protocol))  # a file holds one run: refused before any model loads
+        identity = _run_identity(args, protocol)
+        store.check_run(identity)  # a file holds one run: refused before any model loads
         pending, skipped = pending_pairs(settings, items, store, shard_of)
         if not pending:
             print(_summary(args, settings, items, 0, skipped))
             return 0
-        runner, vocab, metadata = _runner(args, protocol)
+        runner, vocab, metadata = _runner(args, protocol, identity)
         with runner, progress_bar() as progress:
             store.check_run(metadata)
             # the bar counts this invocation's work: a resumed sweep's ETA is over what is left
@@ -339,11 +340,12 @@ def audit_summary(audits: Counter[str]) -> str:
     return line
 
 
-def _runner(args: argparse.Namespace, protocol):  # noqa: ANN001, ANN202
-    """The runner ``--runner`` names (its models loaded), the vocabulary the metrics read, and the rows' metadata."""
+def _runner(args: argparse.Namespace, protocol, identity: dict):  # noqa: ANN001, ANN202
+    """The runner ``--runner`` names (its models loaded), the vocabulary the metrics read, and the rows' metadata
+    (``identity``, :func:`_run_identity`, and the rest)."""
     if args.runner == "deployed":
-        return _deployed(args, protocol)
-    return _spec(args).build(protocol, seed=args.seed)
+        return _deployed(args, identity)
+    return _spec(args).build(protocol, seed=args.seed, identity=identity)
 
 
 def _spec(args: argparse.Namespace):  # noqa: ANN202
@@ -374,7 +376,7 @@ def _attacker(args: argparse.Namespace, runner):  # noqa: ANN001, ANN202
                              parallel=args.inversion_batch)
 
 
-def _deployed(args: argparse.Namespace, protocol):  # noqa: ANN001, ANN202
+def _deployed(args: argparse.Namespace, identity: dict):  # noqa: ANN202
     """The deployed runner (over a local adapter or ``--cloud``), the vocabulary and the rows' metadata (the
     options were checked by :func:`_check_deployed`)."""
     import threading
@@ -410,7 +412,7 @@ def _deployed(args: argparse.Namespace, protocol):  # noqa: ANN001, ANN202
 
     vocab = Vocabulary(tokenize, Vocabulary.from_slm(edge).piece)
     metadata = {
-        **_run_identity(args, protocol),
+        **identity,
         "edge": {"runtime": "llama.cpp", "instances": args.concurrency},
         "adapter": adapter,
         "seed_policy": SEED_POLICY,

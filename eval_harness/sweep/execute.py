@@ -246,14 +246,15 @@ class ReferenceSpec:
             "seed": seed,
         }
 
-    def build(self, protocol: DecodingProtocol, *, seed: int) -> tuple[ReferenceRunner, Vocabulary, dict[str, Any]]:
+    def build(self, protocol: DecodingProtocol, *, seed: int,
+              identity: Mapping[str, Any] | None = None) -> tuple[ReferenceRunner, Vocabulary, dict[str, Any]]:
         """Load both models: the runner, the vocabulary the metrics read, and the metadata every row carries
-        (:meth:`run_identity` and where the models run)."""
+        (``identity``, the :meth:`run_identity` a caller already has, else computed, and where the models run)."""
         from cloud_adapter.llm import TransformersLLM
         from edge_sdk.leakage import piece_reader
         from edge_sdk.models import resolve_model
 
-        identity = self.run_identity(protocol, seed=seed)
+        identity = identity if identity is not None else self.run_identity(protocol, seed=seed)
         dtype = self.torch_dtype()
         slm = TransformersLLM(resolve_model(self.slm), dtype=dtype, device=self.device, device_map=self.device_map)
         llm = TransformersLLM(resolve_model(self.llm), dtype=dtype, device=self.device, device_map=self.device_map)
