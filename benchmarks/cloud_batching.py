@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from cloud_adapter.engine import CloudEngine
+from cloud_adapter.hf_loading import forward_with_cache
 from cloud_adapter.limits import Limits
 from cloud_adapter.runners import StepBatcher
 from cloud_adapter.llm import TransformersLLM
@@ -55,14 +56,14 @@ def ideal_tokens_per_s(llm: TransformersLLM, batch: int, tokens: int) -> float:
     prompts = [text_ids[i : i + IDEAL_PROMPT_LENGTH] for i in range(batch)]
     model = llm.model
     cache = DynamicCache(config=model.config)
-    out = model(input_ids=torch.tensor(prompts, device=llm.device), past_key_values=cache, use_cache=True,
-                logits_to_keep=1)
-    rows = out.logits[:, -1, : llm.vocab_size].float().cpu().numpy()
+    logits, cache = forward_with_cache(model, cache, input_ids=torch.tensor(prompts, device=llm.device),
+                                       logits_to_keep=1)
+    rows = logits[:, -1, : llm.vocab_size].float().cpu().numpy()
     start = time.perf_counter()
     for _ in range(tokens):
         next_ids = torch.from_numpy(rows.argmax(axis=1)).to(llm.device)[:, None]
-        out = model(input_ids=next_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        rows = out.logits[:, -1, : llm.vocab_size].float().cpu().numpy()
+        logits, cache = forward_with_cache(model, cache, input_ids=next_ids, logits_to_keep=1)
+        rows = logits[:, -1, : llm.vocab_size].float().cpu().numpy()
     return batch * tokens / (time.perf_counter() - start)
 
 

@@ -9,7 +9,9 @@ later loads read that in a few seconds.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import logging
 import os
 import shutil
@@ -75,6 +77,23 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
         return DTYPES[dtype]
     except KeyError:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of auto, {', '.join(DTYPES)}") from None
+
+
+@functools.cache
+def _cache_argument(model_type: type) -> str:
+    return "cache" if "cache" in inspect.signature(model_type.forward).parameters else "past_key_values"
+
+
+def forward_with_cache(model: Any, cache: Any, **inputs: Any) -> tuple[torch.Tensor, Any]:
+    """``model(**inputs)`` reading and extending the KV ``cache``: its logits and the cache it returns.
+
+    The cache goes in under the name the installed transformers takes it by: ``cache`` where the model's
+    ``forward`` has it (there ``past_key_values`` is deprecated and warns), else ``past_key_values`` (the older
+    releases the package's requirement admits); the same tensors either way, so the same logits bit for bit.
+    """
+    name = _cache_argument(type(model))
+    out = model(**inputs, **{name: cache}, use_cache=True)
+    return out.logits, getattr(out, name)
 
 
 def gguf_cache_dir(gguf_path: Path) -> Path:

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from cloud_adapter.hf_loading import load_causal_lm
+from cloud_adapter.hf_loading import forward_with_cache, load_causal_lm
 from edge_sdk.models import ModelSource, embedded_model, tokenizer_vocab_size, vocab_fingerprint
 
 
@@ -278,15 +278,15 @@ class TransformersLLM:
         ids = [int(i) for i in prompt_ids]
         if not ids:
             raise ValueError("the prompt must hold at least one token")
-        out = self.model(
+        logits, cache = forward_with_cache(
+            self.model,
+            self._new_cache(),
             input_ids=torch.tensor([ids], device=self.device),  # [1, L]
-            past_key_values=self._new_cache(),
-            use_cache=True,
             logits_to_keep=1,
         )
-        self._check_batchable(out.past_key_values)
-        slot = self._solo(out.past_key_values, len(ids))
-        return CloudSequence(ids=ids, cache=slot, next_logits=self._logit_rows(out.logits)[0])
+        self._check_batchable(cache)
+        slot = self._solo(cache, len(ids))
+        return CloudSequence(ids=ids, cache=slot, next_logits=self._logit_rows(logits)[0])
 
     @torch.inference_mode()
     def open_many(self, prompts: Sequence[Sequence[int]]) -> list[CloudSequence]:
@@ -306,15 +306,14 @@ class TransformersLLM:
         input_ids = torch.tensor([[pad_id] * (total - n) + p for n, p in zip(lengths, prompt_ids)], device=self.device)
         pads = torch.tensor([total - n for n in lengths], device=self.device).unsqueeze(1)  # [B, 1]
         cols = torch.arange(total, device=self.device).unsqueeze(0)  # [1, T]
-        out = self.model(
+        logits, cache = forward_with_cache(
+            self.model,
+            self._new_cache(),
             input_ids=input_ids,  # [B, T]
             attention_mask=(cols >= pads).long(),  # [B, T], 0 on the left pads
             position_ids=(cols - pads).clamp(min=0),  # [B, T], true positions
-            past_key_values=self._new_cache(),
-            use_cache=True,
             logits_to_keep=1,
         )
-        cache = out.past_key_values
         if not self._check_batchable(cache):  # a cache we cannot re-pad: one prefill each
             return [self.open(p) for p in prompt_ids]
         # Pad queries attend to nothing, so their K/V may be NaN.  Zero them: a masked-out NaN would
@@ -328,7 +327,7 @@ class TransformersLLM:
         batch = KVBatch(cache, lengths, self.device)
         slots = [KVSlot(batch, r) for r in range(len(lengths))]
         batch.bind(slots)
-        rows = self._logit_rows(out.logits)  # [B, V]
+        rows = self._logit_rows(logits)  # [B, V]
         return [
             CloudSequence(ids=p, cache=slot, next_logits=rows[r])
             for r, (p, slot) in enumerate(zip(prompt_ids, slots))
@@ -417,35 +416,30 @@ class TransformersLLM:
         row_tokens = [0] * kv.size
         for slot, t in zip(slots, tokens):
             row_tokens[slot.row] = t
-        out = self.model(
+        logits, kv.cache = forward_with_cache(
+            self.model,
+            kv.cache,
             input_ids=torch.tensor(row_tokens, device=self.device).unsqueeze(1),  # [B, 1]
             attention_mask=kv.attention_mask(1),  # [B, T+1], or None without padding
             position_ids=(kv.length - kv.pads).unsqueeze(1),  # [B, 1]: each row's true length
-            past_key_values=kv.cache,
-            use_cache=True,
             logits_to_keep=1,
         )
-        kv.cache = out.past_key_values
         kv.advance(1)
-        logits = self._logit_rows(out.logits)  # [B, V]
+        rows = self._logit_rows(logits)  # [B, V]
         for seq, slot, t in zip(seqs, slots, tokens):
             seq.ids.append(t)
-            seq.next_logits = logits[slot.row]
+            seq.next_logits = rows[slot.row]
 
     def _step_each(self, seqs: list[CloudSequence], slots: list[KVSlot], tokens: list[int]) -> None:
         """Fallback for caches we cannot re-pad: one forward per sequence (each a batch of one)."""
         for seq, slot, t in zip(seqs, slots, tokens):
             kv = slot.batch
-            out = self.model(
-                input_ids=torch.tensor([[t]], device=self.device),
-                past_key_values=kv.cache,
-                use_cache=True,
-                logits_to_keep=1,
+            logits, kv.cache = forward_with_cache(
+                self.model, kv.cache, input_ids=torch.tensor([[t]], device=self.device), logits_to_keep=1
             )
-            kv.cache = out.past_key_values
             kv.advance(1)
             seq.ids.append(t)
-            seq.next_logits = self._logit_rows(out.logits)[0]
+            seq.next_logits = self._logit_rows(logits)[0]
 
 
 class TransformersSLM:

@@ -111,6 +111,10 @@ def load_task(name_or_path: str, limit: int | None = None) -> list[DecodeLeakIte
     path = Path(name_or_path)
     if path.suffix == ".jsonl" and path.is_file():
         return list(read_jsonl(path, limit))
+    if path.suffix == ".jsonl" or path.exists() or len(path.parts) > 1:  # meant as a file
+        problem = "is not a .jsonl file" if path.exists() else "no such file"
+        raise ValueError(f"task file {name_or_path}: {problem} (a task is {', '.join(TASKS.names())} or a .jsonl "
+                         "path of items in their format)")
     raise ValueError(f"unknown task {name_or_path!r}: choose one of {', '.join(TASKS.names())} or a .jsonl path")
 
 

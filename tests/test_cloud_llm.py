@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from cloud_adapter.hf_loading import forward_with_cache
 from cloud_adapter.llm import CloudSequence, KVSlot, TransformersLLM
 
 # Which sequences step at each step of a membership schedule; "+D" opens D before that step,
@@ -199,8 +200,50 @@ def test_tiny_standalone_cache_copy(tiny: TransformersLLM) -> None:
     cache = b.cache.to_dynamic_cache(tiny.model.config)
     tiny.step([(b, 12)])
     with torch.inference_mode():
-        out = tiny.model(input_ids=torch.tensor([[12]]), past_key_values=cache, use_cache=True)
-    assert np.abs(out.logits[0, -1, :90].numpy() - b.next_logits).max() < 1e-4
+        logits, _ = forward_with_cache(tiny.model, cache, input_ids=torch.tensor([[12]]))
+    assert np.abs(logits[0, -1, :90].numpy() - b.next_logits).max() < 1e-4
+
+
+def test_the_cache_goes_in_by_the_supported_name_without_a_warning(tiny: TransformersLLM) -> None:
+    """Prefill, batched prefill, a batched step and a lagging step warn nothing (``past_key_values`` is
+    deprecated in the installed transformers: each call warned)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        a, b = tiny.open_many([[2, 3, 4, 5], [2, 3]])
+        c = tiny.open([2, 7, 8])
+        tiny.step([(a, 10), (b, 11), (c, 12)])
+        tiny.step([(b, 13)])
+    assert [str(w.message) for w in caught] == []
+
+
+def test_decoding_through_the_cache_argument_gives_the_deprecated_arguments_logits_bit_for_bit(
+        tiny: TransformersLLM) -> None:
+    """The reference: the model called directly with ``past_key_values`` (what this class passed before), one
+    sequence, prefill then three steps; the class's rows must equal it exactly."""
+    import warnings
+
+    from transformers import DynamicCache
+
+    prompt, tokens = [2, 3, 4, 5, 6], [10, 11, 12]
+    seq = tiny.open(prompt)
+    rows = [seq.next_logits.copy()]
+    for token in tokens:
+        tiny.step([(seq, token)])
+        rows.append(seq.next_logits.copy())
+    reference = []
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        cache = DynamicCache(config=tiny.model.config)
+        out = tiny.model(input_ids=torch.tensor([prompt]), past_key_values=cache, use_cache=True, logits_to_keep=1)
+        reference.append(out.logits[0, -1, : tiny.vocab_size].float().numpy())
+        for position, token in enumerate(tokens, len(prompt)):
+            out = tiny.model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[position]]),
+                             past_key_values=cache, use_cache=True, logits_to_keep=1)
+            reference.append(out.logits[0, -1, : tiny.vocab_size].float().numpy())
+    for ours, theirs in zip(rows, reference, strict=True):
+        assert np.array_equal(ours, theirs)
 
 
 @pytest.mark.parametrize("gpu", [True, False])

@@ -209,7 +209,7 @@ def test_the_cli_starts_its_own_adapter_and_sweeps_both_modes(
     grid.write_text(json.dumps({"alpha": 0.3, "cloud": {"coveil": {"lam": [1]}}, "edge": {"coveil": {"lam": [1]}}}))
     out = tmp_path / "sweep.jsonl"
     assert main(["sweep", str(grid), "--runner", "deployed", "--limit", "1", "--max-new-tokens", "4",
-                 "--concurrency", "1", "--out", str(out)]) == 0
+                 "--concurrency", "1", "--dtype", "fp32", "--out", str(out)]) == 0  # the dtype of gemma_llm
     rows = list(read_rows([out]))
     assert sorted(row["mode"] for row in rows) == ["cloud", "edge"]
     transcripts = tmp_path / "sweep.transcripts"

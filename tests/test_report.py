@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -160,11 +161,19 @@ def test_the_report_command_writes_the_undefended_table(tmp_path: Path) -> None:
     text = (out / "tables.md").read_text()
     assert text.count("## Undefended DecodeLeak") == 2  # by the paper's rules and by the release's
     assert "| medpriv | edge-side |  | 3 | 66.7 |" in text and "40.0 [30.0, 50.0] n=2" in text
-    undefended = (out / "undefended.csv").read_text().splitlines()
-    assert undefended[0] == ("rules,task,fusion,alpha,items,accuracy,token_er@100,rouge1_er@100,span_er@100,auc@100,"
-                             "inversion_recall,inversion_f1")
-    assert len(undefended) == 1 + 2 * 2  # (cloud, edge) x (paper, release)
-    assert (out / "tables.csv").read_text().splitlines()[0].endswith("auc@100,inversion_recall,inversion_f1")
+    undefended = list(csv.DictReader((out / "undefended.csv").read_text().splitlines()))
+    metrics = ("token_er@100", "rouge1_er@100", "span_er@100", "auc@100", "inversion_recall", "inversion_f1")
+    assert list(undefended[0]) == ["rules", "task", "fusion", "alpha", "items", "accuracy",
+                                   *(f"{m}{part}" for m in metrics for part in ("", "_lo", "_hi", "_n"))]
+    assert len(undefended) == 2 * 2  # (cloud, edge) x (paper, release)
+    # numbers, not text: the edge-side attack ran on 2 of 3 items, recall (0.5 + 0.3) / 2 = 40% in [30, 50]
+    edge = next(r for r in undefended if r["rules"] == "paper" and r["fusion"] == "edge-side")
+    assert (edge["items"], float(edge["accuracy"])) == ("3", pytest.approx(200 / 3, abs=1e-4))
+    assert [float(edge[f"inversion_recall{part}"]) for part in ("", "_lo", "_hi")] == [40.0, 30.0, 50.0]
+    assert edge["inversion_recall_n"] == "2" and edge["rouge1_er@100"] == "" and edge["rouge1_er@100_n"] == "0"
+    assert (out / "tables.csv").read_text().splitlines()[0].endswith(
+        "inversion_recall,inversion_recall_lo,inversion_recall_hi,inversion_recall_n,"
+        "inversion_f1,inversion_f1_lo,inversion_f1_hi,inversion_f1_n")
 
 
 def tradeoff_rows() -> list[dict]:

@@ -86,7 +86,7 @@ def test_ray_rows_are_a_plain_sweeps_and_a_rerun_does_only_what_is_missing(
 
     before = on_ray.read_bytes()
     assert main(["sweep", grid, "--out", str(on_ray), "--ray", *tiny_models]) == 0
-    assert f"0 rows written to {on_ray} by 0 Ray tasks; 4 already there" in capsys.readouterr().out
+    assert f"0 rows written to {on_ray}; 4 already there" in capsys.readouterr().out  # without starting Ray
     assert on_ray.read_bytes() == before
 
     lines = before.decode().splitlines(keepends=True)
@@ -101,15 +101,22 @@ def test_ray_rows_are_a_plain_sweeps_and_a_rerun_does_only_what_is_missing(
 
 
 def test_a_failed_shard_is_named_and_the_other_shards_rows_are_kept(
-    tmp_path: Path, tiny_models: list[str], local_ray: None, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, tiny_models: list[str], local_ray: None, capsys: pytest.CaptureFixture[str], monkeypatch
 ) -> None:
-    # the edge setting's policy rejects its parameter on the worker: shard 2 of 2 (grid order: cloud first) fails
-    grid = grid_file(tmp_path, {"alpha": 0.3, "cloud": {"undefended": {}}, "edge": {"coveil": {"bogus": [1]}}})
+    # the edge setting's policy is registered in this process only (a driver checks every setting before it
+    # starts Ray): the workers do not know it, so shard 2 of 2 (grid order: cloud first) fails there
+    from edge_sdk.policies import POLICIES, CoVeil
+
+    class DriverOnly(CoVeil):
+        name = "driver_only"
+
+    monkeypatch.setitem(POLICIES._entries, DriverOnly.name, DriverOnly)
+    grid = grid_file(tmp_path, {"alpha": 0.3, "cloud": {"undefended": {}}, "edge": {"driver_only": {"lam": [1]}}})
     out = tmp_path / "results.jsonl"
     assert main(["sweep", grid, "--out", str(out), "--ray", "--ray-shards", "2", *tiny_models]) == 1
     error = capsys.readouterr().err.strip().splitlines()[-1]
-    assert error.startswith("decodeleak sweep: shard 2/2 failed: TypeError: ")
-    assert "unexpected keyword argument 'bogus'" in error and "2 rows written" in error
+    assert error.startswith("decodeleak sweep: shard 2/2 failed: UnknownNameError: ")
+    assert "unknown policy 'driver_only'" in error and "2 rows written" in error
     assert {(row["mode"], row["policy"]) for row in read_rows([out])} == {("cloud", "undefended")}
     assert len(list(read_rows([out]))) == 2
 
@@ -269,3 +276,27 @@ def test_each_task_is_sent_only_the_items_of_its_shard(tmp_path: Path, monkeypat
         assert given == sorted(set(named))  # exactly the items its units name, nothing else
         sent += given
     assert sorted(sent) == sorted({(task, item.item_id) for task in items for item in items[task]})
+
+
+def test_connecting_keeps_rays_info_lines_and_the_workers_output_out_of_the_terminal(monkeypatch) -> None:
+    """Ray's INFO lines (instance started, each code package pushed) and every task's model-loading bars echoed
+    as '(run_shard pid=...)' lines cluttered the sweep's progress bar; a caller's own choice still wins."""
+    import logging
+
+    from eval_harness.sweep import ray as on_ray
+
+    calls: list[dict] = []
+
+    class FakeRay:
+        @staticmethod
+        def is_initialized() -> bool:
+            return False
+
+        @staticmethod
+        def init(**options: object) -> None:
+            calls.append(options)
+
+    monkeypatch.setattr(on_ray, "require_ray", lambda: FakeRay)
+    assert on_ray.connect("local") and on_ray.connect("auto", log_to_driver=True)
+    assert calls[0]["logging_level"] == logging.ERROR and calls[0]["log_to_driver"] is False
+    assert calls[1]["logging_level"] == logging.ERROR and calls[1]["log_to_driver"] is True

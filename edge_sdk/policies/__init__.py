@@ -12,6 +12,8 @@ and the harness all share.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+from collections.abc import Mapping
 from typing import Any
 
 from edge_sdk.backends.base import SLMBackend
@@ -64,6 +66,25 @@ def make_policy(name: str, backend: SLMBackend | None = None, **params: Any) -> 
     return cls(**params) if backend is None else cls.from_backend(backend, **params)
 
 
+def check_params(name: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` for the policy ``name``, typed as :func:`make_policy` types them, checked without any model.
+
+    ``ValueError`` (one line) for the first parameter the policy would refuse: a name it has no parameter for
+    (with the nearest names it has), a value of the wrong type (:func:`_typed`) or one its constructor refuses
+    (:meth:`Policy.check_params`), so a sweep can check every grid setting before it loads a model.
+    """
+    cls = policy_class(name)
+    accepted = [field.name for field in dataclasses.fields(cls) if field.init] if dataclasses.is_dataclass(cls) else []
+    for key in params:
+        if key not in accepted:
+            near = difflib.get_close_matches(key, accepted, n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise ValueError(f"policy {name} has no parameter {key!r} ({hint}its parameters: {', '.join(accepted)})")
+    typed = {key: _typed(cls, key, value) for key, value in params.items()}
+    cls.check_params(**typed)
+    return typed
+
+
 def _typed(cls: type[Policy], name: str, value: Any) -> Any:
     """``value`` for the policy field ``name``, checked against its annotation (``ValueError`` otherwise).
 
@@ -112,6 +133,7 @@ __all__ = [
     "Undefended",
     "UnsupportedModeError",
     "available_policies",
+    "check_params",
     "coveil_select",
     "coveil_upload",
     "load_token_embeddings",

@@ -147,6 +147,15 @@ class Policy(ABC):
         """
         return self
 
+    @classmethod
+    def check_params(cls, **params: Any) -> None:
+        """Raise ``ValueError`` for parameters the policy would refuse, building nothing from a model.
+
+        The default builds the policy and drops it (every check sits in the constructor); a policy that
+        :meth:`from_backend` completes from the edge model checks its own parameters without it.
+        """
+        cls(**params)
+
     def llm_support(self, mode: FusionMode) -> int | None:
         """How much of ``p_llm`` the decision reads, so a sparse cloud distribution can be certified.
 

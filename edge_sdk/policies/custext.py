@@ -347,10 +347,17 @@ class CusText(Policy):
                 "CusText needs neighbours=EmbeddingNeighbours(embeddings), e.g. from load_token_embeddings(gguf_path), "
                 "or CusText.from_backend(slm) for a backend with token_embeddings() or a GGUF file"
             )
-        check_epsilon(self.epsilon)
-        check_positive_int(self.n_neighbours, "CusText neighbour count n_neighbours")
-        if self.mapping not in CUSTEXT_MAPPINGS:
-            raise ValueError(f"CusText mapping must be one of {CUSTEXT_MAPPINGS}, got {self.mapping!r}")
+        self.check_params(epsilon=self.epsilon, n_neighbours=self.n_neighbours, mapping=self.mapping)
+
+    @classmethod
+    def check_params(cls, **params: Any) -> None:
+        """The constructor's checks of ``epsilon``, ``n_neighbours`` and ``mapping``, without the embeddings
+        (:meth:`from_backend` loads those from the edge model)."""
+        check_epsilon(params.get("epsilon", cls.epsilon))
+        check_positive_int(params.get("n_neighbours", cls.n_neighbours), "CusText neighbour count n_neighbours")
+        mapping = params.get("mapping", cls.mapping)
+        if mapping not in CUSTEXT_MAPPINGS:
+            raise ValueError(f"CusText mapping must be one of {CUSTEXT_MAPPINGS}, got {mapping!r}")
 
     def release_event(self, mode: FusionMode) -> ReleaseEvent:
         """Not DP in the private context: ``epsilon`` bounds swapping the fused token within its output set, and

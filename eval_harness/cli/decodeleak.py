@@ -24,10 +24,13 @@ commands) gives option defaults as JSON; flags on the command line win.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from eval_harness.cli import build_benchmark, compare_quant, finalize, plot, recompute, report, review, sweep
+from eval_harness.cli.shared import csv_list
 
 #: each command's module: ``add_parser(commands)`` registers it (``sweep``'s registers both ``sweep`` and ``run``),
 #: ``run(args)`` executes it
@@ -55,12 +58,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         return args
     import json
 
+    def refuse(message: str) -> NoReturn:  # one line, before anything is loaded
+        parser.exit(2, f"decodeleak {args.command}: --config {config}: {message}\n")
+
     try:
         options = json.loads(Path(config).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        parser.error(f"cannot read --config {config}: {exc}")
+    except OSError as exc:
+        refuse(f"cannot read it ({exc.strerror or exc})")
+    except json.JSONDecodeError as exc:
+        refuse(f"line {exc.lineno} column {exc.colno}: not valid JSON: {exc.msg}")
     if not isinstance(options, dict):
-        parser.error(f"--config {config} must hold a JSON object of options")
+        refuse("must hold a JSON object of options")
     subparser = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr]  # noqa: SLF001
     known = {action.dest: action for action in subparser._actions}  # noqa: SLF001 - argparse keeps them private
     defaults = {}
@@ -68,11 +76,52 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         dest = name.replace("-", "_")
         action = known.get(dest)
         if action is None or dest in ("config", "help", "command"):
-            parser.error(f"--config {config}: {args.command} has no option {name!r}")
-        # through the option's own type, as if it had been typed
-        defaults[dest] = action.type(value) if action.type is not None and isinstance(value, str) else value
+            refuse(f"{args.command} has no option {name!r}")
+        try:
+            defaults[dest] = config_value(action, value)
+        except (argparse.ArgumentTypeError, ValueError, TypeError) as exc:
+            refuse(f"{name}: {exc}")
     subparser.set_defaults(**defaults)
     return parser.parse_args(argv)
+
+
+def config_value(action: argparse.Action, value: object) -> object:
+    """A ``--config`` file's ``value`` for ``action``'s option, checked as if it had been typed on the command line.
+
+    A flag (``--verbose``) takes ``true``/``false``; a repeatable option (``--param``) a list of what one
+    occurrence takes; a comma-separated list option a list of strings or one string; any other option a string
+    or a number, passed through the option's own type and choices (so ``"limit": 2.5`` or ``"dtype": "bf17"``
+    fails here, as it would on the command line).  ``null`` leaves the option unset.
+    """
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):  # noqa: SLF001
+        if not isinstance(value, bool):
+            raise ValueError(f"takes true or false, got {json.dumps(value)}")
+        return value
+    if value is None:
+        return None
+    if isinstance(action, argparse._AppendAction):  # noqa: SLF001
+        if not isinstance(value, list):
+            raise ValueError(f"takes a list (the option is repeatable), got {json.dumps(value)}")
+        return [_one_value(action, item) for item in value]
+    if action.type is csv_list and isinstance(value, list):
+        if not all(isinstance(item, str) for item in value):
+            raise ValueError(f"takes a list of names, got {json.dumps(value)}")
+        value = ",".join(value)
+    return _one_value(action, value)
+
+
+def _one_value(action: argparse.Action, value: object) -> object:
+    """One command-line value: a string, or a number written as the command line would write it."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError(f"takes a {'string' if action.type is None else 'value'}, got {json.dumps(value)}")
+    text = value if isinstance(value, str) else json.dumps(value)
+    try:
+        converted = action.type(text) if action.type is not None else text
+    except (argparse.ArgumentTypeError, ValueError, TypeError) as exc:
+        raise ValueError(f"invalid value {json.dumps(value)} ({exc})") from None
+    if action.choices is not None and converted not in action.choices:
+        raise ValueError(f"must be one of {', '.join(map(str, action.choices))}, got {json.dumps(value)}")
+    return converted
 
 
 def main(argv: list[str] | None = None) -> int:

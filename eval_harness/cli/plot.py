@@ -31,7 +31,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
                       help="the method rank_bins_edge compares --policy with (default: invisible_ink)")
     plot.add_argument("--match-token-er", type=float, metavar="PERCENT",
                       help="leakage_vs_k_methods: draw each method at its setting nearest this Token-ER@100 "
-                           "(default: the median over --policy's settings)")
+                           "(default: the low median over --policy's settings, a leakage one of them has)")
     plot.add_argument("--epsilon-axis", action="store_true",
                       help="also privacy_utility_epsilon: accuracy against the epsilon each DP baseline's "
                            "generations spent (rows' privacy ledger; the heuristics have none)")

@@ -16,7 +16,9 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
                                              "each generation spent (mean; 'non-private' for the heuristics), "
                                              "Token/ROUGE1/Span-ER@100 and AUC@100, and the inversion's ROUGE-1 "
                                              "recall/F1 where rows have it, with 95% bootstrap intervals), by the "
-                                             "paper's rules and by the release's, as Markdown and CSV.")
+                                             "paper's rules and by the release's, as Markdown and CSV (numbers in %: "
+                                             "each metric's mean, its interval as METRIC_lo and METRIC_hi, and "
+                                             "METRIC_n, the items that recorded it).")
     report.add_argument("results", nargs="+", type=Path,
                         help="JSONL result files of one run (shards are merged; files of different runs, e.g. fp32 "
                              "and bf16 or two inversion attackers, are refused)")
@@ -29,7 +31,8 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """``decodeleak report``: reads rows only (no model library is imported)."""
     from eval_harness.report.runs import check_one_run, label
-    from eval_harness.report.tables import csv_text, markdown, metrics_recorded, result_rows, table, undefended_table
+    from eval_harness.report.tables import (csv_text, markdown, metrics_recorded, result_rows, table, table_numbers,
+                                            undefended_numbers, undefended_table)
 
     rows = result_rows(check_one_run(args.results))
     metrics = metrics_recorded(rows)
@@ -40,13 +43,15 @@ def run(args: argparse.Namespace) -> int:
             sections.append(markdown(cells, f"## Undefended DecodeLeak (the paper's Table 1) by the {rules}'s rules "
                                             "(mean [95% bootstrap interval], %; inversion: ROUGE-1 of the "
                                             "reconstructed private context)"))
-            undefended_csv.append(csv_text([{"rules": rules, **c} for c in cells]))
+            undefended_csv.append(csv_text([{"rules": rules, **c} for c in undefended_numbers(rows, suffix=suffix)]))
         for mode in FUSION_MODES:
-            cells = table([r for r in rows if r["mode"] == mode], metrics=metrics, suffix=suffix)
+            mode_rows = [r for r in rows if r["mode"] == mode]
+            cells = table(mode_rows, metrics=metrics, suffix=suffix)
             if cells:
                 sections.append(markdown(cells, f"## {mode}-side fusion, DecodeLeak by the {rules}'s rules "
                                                 "(mean [95% bootstrap interval], %)"))
-                csv_parts.append(csv_text([{"rules": rules, **c} for c in cells]))
+                csv_parts.append(csv_text([{"rules": rules, **c}
+                                           for c in table_numbers(mode_rows, metrics=metrics, suffix=suffix)]))
     args.out.mkdir(parents=True, exist_ok=True)
     text = (f"# DecodeLeak report: {len(rows)} rows from {len(args.results)} file(s) of one run; {label(rows)}\n\n"
             + "\n".join(sections))

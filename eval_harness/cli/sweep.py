@@ -9,6 +9,7 @@ and, for ``sweep --ray``, Ray tasks (:func:`sweep_on_ray`).  A re-run skips the 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -30,11 +31,17 @@ def _ray_address(text: str) -> str:
                                      "(a grid file goes before --ray)")
 
 
-def _param(text: str) -> tuple[str, float | int]:
+def _param(text: str) -> tuple[str, float | int | str]:
+    """``NAME=VALUE``: an integer (``lam=1``), a real number (``lam=1.5``) or else the text
+    (``mapping=aggressive``); whether the policy has that parameter, of that type, is checked before any
+    model loads (:func:`edge_sdk.policies.check_params`)."""
     name, sep, value = text.partition("=")
-    if not sep or not name:
+    if not sep or not name or not value:
         raise argparse.ArgumentTypeError(f"a parameter is NAME=VALUE, got {text!r}")
-    number = float(value)
+    try:
+        number = float(value)
+    except ValueError:
+        return name, value
     return name, int(number) if number.is_integer() and "." not in value else number
 
 
@@ -45,7 +52,10 @@ def _inversion(text: str) -> str:
 
 
 def _positive(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
     return value
@@ -177,31 +187,25 @@ def _deployed_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``decodeleak sweep`` and ``decodeleak run``: decode the settings over the tasks' items into ``--out``."""
+    """``decodeleak sweep`` and ``decodeleak run``: decode the settings over the tasks' items into ``--out``.
+
+    Everything is checked before a model loads (:func:`_check_options`, every setting of the grid, the tasks'
+    files, the results file's run); with nothing left to do no model loads at all.
+    """
     from eval_harness.datasets import load_task
     from eval_harness.protocol import DecodingProtocol
-    from eval_harness.sweep.grid import Setting, expand, load_grids, parse_shard
+    from eval_harness.sweep.grid import pending_pairs, parse_shard
     from eval_harness.sweep.store import ResultStore
 
     shard_of = parse_shard(args.shard)
-    if args.inversion.startswith("http") and not args.inversion_model:
-        raise ValueError("--inversion URL needs --inversion-model NAME (the model the endpoint serves)")
-    if args.inversion.startswith("http"):  # before any model loads
-        from eval_harness.llm.client import check_transport
-
-        check_transport(args.inversion, allow_insecure_http=args.allow_insecure_http)
-    if args.command == "sweep":
-        settings = expand(load_grids(args.grid), args.tasks, modes=args.modes, policies=args.policies)
-    else:
-        settings = [Setting(task, args.mode, args.policy, dict(args.param), args.alpha) for task in args.tasks]
+    _check_options(args)
+    settings = _settings(args)
     items = {task: load_task(task, args.limit) for task in args.tasks}
     # the rows' protocol records the fusion weight the settings decode with (one per grid config or run)
     protocol = DecodingProtocol(max_new_tokens=args.max_new_tokens,
                                 alpha=settings[0].alpha if settings else DecodingProtocol.alpha)
     if getattr(args, "ray", None) is not None:
         return sweep_on_ray(args, settings, items, protocol, shard_of)
-    runner, vocab, metadata = _runner(args, protocol)
-    total = sum(len(items[s.task]) for s in settings)
     audits: Counter[str] = Counter()
 
     def finished(row: dict) -> None:
@@ -210,21 +214,139 @@ def run(args: argparse.Namespace) -> int:
         if audit is not None:
             audits[audit["exposure_source"] if audit.get("ledger_agrees", True) else "disagreeing"] += 1
 
-    with runner, ResultStore(args.out) as store, progress_bar() as progress:
-        store.check_run(metadata)  # before any decoding: a file holds one run
-        bar = progress.add_task(f"decodeleak {args.command} (shard {args.shard})", total=total)
-        from eval_harness.sweep.execute import run_sweep
+    with ResultStore(args.out) as store:
+        identity = _run_identity(args, protocol)
+        store.check_run(identity)  # a file holds one run: refused before any model loads
+        pending, skipped = pending_pairs(settings, items, store, shard_of)
+        if not pending:
+            print(_summary(args, settings, items, 0, skipped))
+            return 0
+        runner, vocab, metadata = _runner(args, protocol, identity)
+        with runner, progress_bar() as progress:
+            store.check_run(metadata)
+            # the bar counts this invocation's work: a resumed sweep's ETA is over what is left
+            bar = progress.add_task(f"decodeleak {args.command} (shard {args.shard})", total=len(pending))
+            from eval_harness.sweep.execute import run_sweep
 
-        outcome = run_sweep(settings, items, runner, store, protocol=protocol, vocab=vocab, metadata=metadata,
-                            seed=args.seed, shard_of=shard_of, on_row=finished,
-                            inversion=_attacker(args, runner))
-        progress.update(bar, total=outcome.pending, completed=outcome.written)
-    print(f"{outcome.written} rows written to {args.out}; {outcome.skipped} already there; "
-          f"{len(settings)} settings x {', '.join(f'{len(v)} {k}' for k, v in items.items())} items "
-          f"(shard {args.shard})" + ("" if args.inversion == "none" else f"; inversion by {args.inversion}"))
+            outcome = run_sweep(settings, items, runner, store, protocol=protocol, vocab=vocab, metadata=metadata,
+                                seed=args.seed, shard_of=shard_of, on_row=finished,
+                                inversion=_attacker(args, runner))
+            progress.update(bar, total=outcome.pending, completed=outcome.written)
+    print(_summary(args, settings, items, outcome.written, outcome.skipped))
     if audits:
         print(audit_summary(audits))
     return 0
+
+
+def _summary(args: argparse.Namespace, settings, items, written: int, skipped: int) -> str:  # noqa: ANN001
+    """The closing line: rows written now and already there, of how many settings and items."""
+    return (f"{written} rows written to {args.out}; {skipped} already there; "
+            f"{len(settings)} settings x {', '.join(f'{len(v)} {k}' for k, v in items.items())} items "
+            f"(shard {args.shard})" + ("" if args.inversion == "none" else f"; inversion by {args.inversion}"))
+
+
+def _settings(args: argparse.Namespace) -> list:
+    """Every setting the command decodes, each checked (policy, parameters, alpha) before any model loads."""
+    from eval_harness.sweep.grid import Setting, expand, load_grids
+
+    if args.command == "run":
+        return [Setting(task, args.mode, args.policy, dict(args.param), args.alpha) for task in args.tasks]
+    try:
+        return expand(load_grids(args.grid), args.tasks, modes=args.modes, policies=args.policies)
+    except ValueError as exc:
+        source = "the paper's grids" if args.grid is None else str(args.grid)
+        raise ValueError(str(exc) if str(exc).startswith(source) else f"{source}: {exc}") from None
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """The options' values and combinations, one ``ValueError`` line for the first wrong one (no model loaded)."""
+    if args.seed < 0:
+        raise ValueError(f"--seed must be a non-negative integer, got {args.seed}")
+    if not (args.device in ("cpu", "cuda", "mps") or re.fullmatch(r"cuda:\d+", args.device)):
+        raise ValueError(f"--device is cpu, cuda or cuda:N, got {args.device!r}")
+    if args.inversion.startswith("http") and not args.inversion_model:
+        raise ValueError("--inversion URL needs --inversion-model NAME (the model the endpoint serves)")
+    if args.inversion.startswith("http"):
+        from eval_harness.llm.client import check_transport
+
+        check_transport(args.inversion, allow_insecure_http=args.allow_insecure_http)
+    if args.inversion == "local" and args.runner != "reference":
+        raise ValueError("--inversion local asks the cloud model in this process: use --runner reference, or give "
+                         "an OpenAI-compatible endpoint URL serving the attacker")
+    if getattr(args, "ray", None) is not None:
+        if args.runner != "reference":
+            raise ValueError("--ray runs the reference runner on the cluster's workers; audit a deployment with "
+                             "--runner deployed without --ray (or --shard i/N by hand)")
+        if args.inversion != "none":
+            raise ValueError("--ray runs no inversion attack (its tasks decode only): attack in a plain sweep, or "
+                             "--shard i/N by hand, with --inversion")
+        if args.ray_gpus_per_task < 0:
+            raise ValueError(f"--ray-gpus-per-task must be non-negative, got {args.ray_gpus_per_task}")
+        if args.ray_gpus_per_task > 0 and args.device == "cpu" and args.device_map is None:
+            raise ValueError("--ray-gpus-per-task needs --device cuda or --device-map auto, or the models stay on "
+                             "the CPU")
+    if args.runner == "deployed":
+        _check_deployed(args)
+        return
+    deployed_only = [flag for flag, value in (("--cloud", args.cloud), ("--token-file", args.token_file),
+                                              ("--tls-ca", args.tls_ca), ("--plaintext", args.plaintext),
+                                              ("--transcripts", args.transcripts)) if value]
+    if deployed_only:
+        raise ValueError(f"{', '.join(deployed_only)}: only for --runner deployed (the reference runner keeps "
+                         "both models in this process)")
+
+
+def _check_deployed(args: argparse.Namespace) -> None:
+    """``--runner deployed``'s options: an edge GGUF, and the flags of a local or a remote adapter."""
+    from edge_sdk.client import is_loopback
+    from edge_sdk.models import resolve_model
+
+    slm_source = resolve_model(args.slm)
+    if slm_source.gguf_path is None or slm_source.hf_name_or_dir is not None:
+        raise ValueError(f"the deployed runner runs the edge in llama.cpp: --slm must be 'embedded' or a .gguf "
+                         f"file, got {args.slm!r}")
+    if args.transcript_wait < 0:
+        raise ValueError(f"--transcript-wait must be non-negative, got {args.transcript_wait}")
+    if args.padded_batches:
+        raise ValueError("--padded-batches: only for the reference runner (the deployed edge decodes each item in "
+                         "an llama.cpp instance of its own)")
+    remote_flags = [flag for flag, value in (("--token-file", args.token_file), ("--tls-ca", args.tls_ca),
+                                             ("--plaintext", args.plaintext)) if value]
+    if args.cloud is None:
+        if remote_flags:
+            raise ValueError(f"{', '.join(remote_flags)}: only for a remote adapter (--cloud); the local one "
+                             "brings its own token and listens on loopback")
+        return
+    if args.llm != "embedded":
+        raise ValueError("--llm names the model of a local adapter; a remote adapter (--cloud) serves its own "
+                         "(each row records the model it reported: audit.cloud_model)")
+    if args.plaintext and not is_loopback(args.cloud):
+        raise ValueError(f"refusing --plaintext to {args.cloud}: it is not a loopback address; give the "
+                         "adapter's CA (--tls-ca) or rely on the system's trust roots")
+    if args.transcripts is not None and not args.transcripts.is_dir():
+        raise ValueError(f"the transcript directory {args.transcripts} does not exist (--transcripts)")
+
+
+def _run_identity(args: argparse.Namespace, protocol) -> dict:  # noqa: ANN001
+    """The :data:`~eval_harness.sweep.store.RUN_FIELDS` the rows will carry, from the options and model files
+    alone (no model loaded): what a results file from another run is refused by."""
+    if args.runner == "reference":
+        return _spec(args).run_identity(protocol, seed=args.seed)
+    from cloud_adapter.hf_loading import resolve_dtype
+    from edge_sdk.models import resolve_model
+    from eval_harness.sweep.execute import model_digest
+
+    slm_source = resolve_model(args.slm)
+    if args.cloud is None:
+        llm_source = resolve_model(args.llm)
+        llm_model: dict = {"name": llm_source.name, "sha256": model_digest(llm_source)}
+        dtype = str(resolve_dtype(args.dtype, "cpu")).removeprefix("torch.")  # the local adapter's, on the CPU
+    else:
+        llm_model = {"name": None, "sha256": None,
+                     "note": "a remote adapter's model: each row's audit.cloud_model, as the adapter reported it"}
+        dtype = None
+    return {"models": {"slm": {"name": slm_source.name, "sha256": model_digest(slm_source)}, "llm": llm_model},
+            "dtype": dtype, "backend": "deployed", "protocol": protocol.describe(), "seed": args.seed}
 
 
 def audit_summary(audits: Counter[str]) -> str:
@@ -240,17 +362,12 @@ def audit_summary(audits: Counter[str]) -> str:
     return line
 
 
-def _runner(args: argparse.Namespace, protocol):  # noqa: ANN001, ANN202
-    """The runner ``--runner`` names, the vocabulary the metrics read, and the metadata every row carries."""
+def _runner(args: argparse.Namespace, protocol, identity: dict):  # noqa: ANN001, ANN202
+    """The runner ``--runner`` names (its models loaded), the vocabulary the metrics read, and the rows' metadata
+    (``identity``, :func:`_run_identity`, and the rest)."""
     if args.runner == "deployed":
-        return _deployed(args, protocol)
-    deployed_only = [flag for flag, value in (("--cloud", args.cloud), ("--token-file", args.token_file),
-                                              ("--tls-ca", args.tls_ca), ("--plaintext", args.plaintext),
-                                              ("--transcripts", args.transcripts)) if value]
-    if deployed_only:
-        raise ValueError(f"{', '.join(deployed_only)}: only for --runner deployed (the reference runner keeps "
-                         "both models in this process)")
-    return _reference(args, protocol)
+        return _deployed(args, identity)
+    return _spec(args).build(protocol, seed=args.seed, identity=identity)
 
 
 def _spec(args: argparse.Namespace):  # noqa: ANN202
@@ -269,9 +386,6 @@ def _attacker(args: argparse.Namespace, runner):  # noqa: ANN001, ANN202
 
     if args.inversion == "none":
         return None
-    if args.inversion == "local" and args.runner != "reference":
-        raise ValueError("--inversion local asks the cloud model in this process: use --runner reference, or give "
-                         "an OpenAI-compatible endpoint URL serving the attacker")
     # the shared vocabulary the exposure ids are in
     piece = piece_reader(runner.llm.tokenizer if args.runner == "reference" else runner.policy_backend)
     if args.inversion == "local":
@@ -289,59 +403,32 @@ def _attacker(args: argparse.Namespace, runner):  # noqa: ANN001, ANN202
                              parallel=args.inversion_batch, sequence=args.inversion_sequence)
 
 
-def _reference(args: argparse.Namespace, protocol):  # noqa: ANN001, ANN202
-    """The reference runner, the vocabulary the metrics read, and the metadata every row carries."""
-    return _spec(args).build(protocol, seed=args.seed)
-
-
-def _deployed(args: argparse.Namespace, protocol):  # noqa: ANN001, ANN202
-    """The deployed runner (over a local adapter or ``--cloud``), the vocabulary and the rows' metadata."""
+def _deployed(args: argparse.Namespace, identity: dict):  # noqa: ANN202
+    """The deployed runner (over a local adapter or ``--cloud``), the vocabulary and the rows' metadata (the
+    options were checked by :func:`_check_deployed`)."""
     import threading
 
-    from edge_sdk.client import Credentials, is_loopback
+    from edge_sdk.client import Credentials
     from edge_sdk.models import resolve_model
     from eval_harness.metrics import Vocabulary
     from eval_harness.runners.deployed import DeployedRunner
-    from eval_harness.sweep.execute import SEED_POLICY, model_digest, package_version, source_digest
+    from eval_harness.sweep.execute import SEED_POLICY, package_version, source_digest
 
     slm_source = resolve_model(args.slm)
-    if slm_source.gguf_path is None or slm_source.hf_name_or_dir is not None:
-        raise ValueError(f"the deployed runner runs the edge in llama.cpp: --slm must be 'embedded' or a .gguf "
-                         f"file, got {args.slm!r}")
-    if args.transcript_wait < 0:
-        raise ValueError(f"--transcript-wait must be non-negative, got {args.transcript_wait}")
-    if args.padded_batches:
-        raise ValueError("--padded-batches: only for the reference runner (the deployed edge decodes each item in "
-                         "an llama.cpp instance of its own)")
-    remote_flags = [flag for flag, value in (("--token-file", args.token_file), ("--tls-ca", args.tls_ca),
-                                             ("--plaintext", args.plaintext)) if value]
     common = {"edge_model": slm_source, "concurrency": args.concurrency, "transcript_wait_s": args.transcript_wait}
     if args.cloud is None:
-        if remote_flags:
-            raise ValueError(f"{', '.join(remote_flags)}: only for a remote adapter (--cloud); the local one "
-                             "brings its own token and listens on loopback")
-        runner, llm_model = _local_deployed(args, slm_source, common)
+        runner = _local_deployed(args, common)
         adapter = {"address": runner.address, "started_by": "decodeleak (in-process, loopback)",
                    "exposure_k": runner.local_adapter.engine.exposure_k}
-        dtype = str(runner.local_adapter.llm.dtype).removeprefix("torch.")
     else:
-        if args.llm != "embedded":
-            raise ValueError("--llm names the model of a local adapter; a remote adapter (--cloud) serves its own "
-                             "(each row records the model it reported: audit.cloud_model)")
-        if args.plaintext and not is_loopback(args.cloud):
-            raise ValueError(f"refusing --plaintext to {args.cloud}: it is not a loopback address; give the "
-                             "adapter's CA (--tls-ca) or rely on the system's trust roots")
         if args.transcripts is None:
             print(f"decodeleak {args.command}: no --transcripts for the adapter at {args.cloud}: the audit rests on "
                   "the edge's ledger alone (rows say audit.exposure_source = 'edge ledger')", file=sys.stderr)
         credentials = Credentials.from_files(token_file=args.token_file, root_cert=args.tls_ca,
                                              plaintext=args.plaintext)
         runner = DeployedRunner(args.cloud, credentials=credentials, transcripts=args.transcripts, **common)
-        llm_model = {"name": None, "sha256": None,
-                     "note": "a remote adapter's model: each row's audit.cloud_model, as the adapter reported it"}
         adapter = {"address": args.cloud, "started_by": "its operator", "tls": not args.plaintext,
                    "exposure_k": None}
-        dtype = None
     adapter["transcripts"] = str(runner.transcripts) if runner.transcripts is not None else None
     edge = runner.policy_backend
     tokenizer_lock = threading.Lock()  # result rows are built in several item threads at once
@@ -352,13 +439,9 @@ def _deployed(args: argparse.Namespace, protocol):  # noqa: ANN001, ANN202
 
     vocab = Vocabulary(tokenize, Vocabulary.from_slm(edge).piece)
     metadata = {
-        "models": {"slm": {"name": edge.name, "sha256": model_digest(slm_source)}, "llm": llm_model},
-        "dtype": dtype,
-        "backend": "deployed",
+        **identity,
         "edge": {"runtime": "llama.cpp", "instances": args.concurrency},
         "adapter": adapter,
-        "protocol": protocol.describe(),
-        "seed": args.seed,
         "seed_policy": SEED_POLICY,
         "version": package_version(),
         "code": {"sha256": source_digest()},
@@ -366,8 +449,8 @@ def _deployed(args: argparse.Namespace, protocol):  # noqa: ANN001, ANN202
     return runner, vocab, metadata
 
 
-def _local_deployed(args: argparse.Namespace, slm_source, common: dict):  # noqa: ANN001, ANN202
-    """A deployed runner over an adapter of its own on loopback, and the cloud model's row entry.
+def _local_deployed(args: argparse.Namespace, common: dict):  # noqa: ANN202
+    """A deployed runner over an adapter of its own on loopback, its cloud model in the run's dtype.
 
     Both halves share this machine's cores: the cloud's torch threads and the edge's llama.cpp threads
     each get their share (:func:`cloud_adapter.local.split_cores`), since oversubscribed cores make both
@@ -375,19 +458,17 @@ def _local_deployed(args: argparse.Namespace, slm_source, common: dict):  # noqa
     """
     import torch
 
+    from cloud_adapter.hf_loading import resolve_dtype
     from cloud_adapter.llm import TransformersLLM
     from cloud_adapter.local import split_cores
     from edge_sdk.models import resolve_model
     from eval_harness.runners.deployed import DeployedRunner
-    from eval_harness.sweep.execute import model_digest
 
     edge_threads, cloud_threads = split_cores()
     torch.set_num_threads(cloud_threads)
-    llm_source = resolve_model(args.llm)
-    llm = TransformersLLM(llm_source, dtype=args.dtype)
+    llm = TransformersLLM(resolve_model(args.llm), dtype=resolve_dtype(args.dtype, "cpu"))
     transcripts = args.transcripts or args.out.with_name(args.out.stem + ".transcripts")
-    runner = DeployedRunner.with_local_adapter(llm, transcripts, edge_threads=edge_threads, **common)
-    return runner, {"name": llm.name, "sha256": model_digest(llm_source)}
+    return DeployedRunner.with_local_adapter(llm, transcripts, edge_threads=edge_threads, **common)
 
 
 def sweep_on_ray(args: argparse.Namespace, settings, items, protocol, shard_of) -> int:  # noqa: ANN001
@@ -398,6 +479,7 @@ def sweep_on_ray(args: argparse.Namespace, settings, items, protocol, shard_of) 
     from rich.markup import escape
 
     from eval_harness.sweep import ray as on_ray
+    from eval_harness.sweep.grid import pending_pairs
     from eval_harness.sweep.store import ResultStore
 
     try:
@@ -405,14 +487,13 @@ def sweep_on_ray(args: argparse.Namespace, settings, items, protocol, shard_of) 
     except ImportError as exc:
         print(f"decodeleak sweep: {exc}", file=sys.stderr)
         return 1
-    if args.runner != "reference":
-        raise ValueError("--ray runs the reference runner on the cluster's workers; audit a deployment with "
-                         "--runner deployed without --ray (or --shard i/N by hand)")
-    if args.inversion != "none":
-        raise ValueError("--ray runs no inversion attack (its tasks decode only): attack in a plain sweep, or "
-                         "--shard i/N by hand, with --inversion")
-    if args.ray_gpus_per_task > 0 and args.device == "cpu" and args.device_map is None:
-        raise ValueError("--ray-gpus-per-task needs --device cuda or --device-map auto, or the models stay on the CPU")
+    with ResultStore(args.out) as store:
+        if args.dtype != "auto":  # with auto each worker's hardware picks the dtype; its rows are checked as they come
+            store.check_run(_spec(args).run_identity(protocol, seed=args.seed))
+        pending, skipped = pending_pairs(settings, items, store, shard_of)
+    if not pending:
+        print(_summary(args, settings, items, 0, skipped))
+        return 0
     started = on_ray.connect(args.ray)
     try:
         with ResultStore(args.out) as store:

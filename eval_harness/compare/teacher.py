@@ -35,17 +35,20 @@ def transformers_rows(model: TransformersLLM, prompt_ids: Sequence[int], tokens:
     import torch
     from transformers import DynamicCache
 
+    from cloud_adapter.hf_loading import forward_with_cache
+
     vocab = model.vocab_size
     with torch.inference_mode():
-        out = model.model(input_ids=torch.tensor([list(prompt_ids)], device=model.device),
-                          past_key_values=DynamicCache(config=model.model.config), use_cache=True, logits_to_keep=1)
-        yield out.logits[0, -1, :vocab].float().cpu().numpy()
+        logits, cache = forward_with_cache(model.model, DynamicCache(config=model.model.config),
+                                           input_ids=torch.tensor([list(prompt_ids)], device=model.device),
+                                           logits_to_keep=1)
+        yield logits[0, -1, :vocab].float().cpu().numpy()
         prefix = list(tokens[:-1])
         for start in range(0, len(prefix), chunk):
             piece = prefix[start : start + chunk]
-            out = model.model(input_ids=torch.tensor([piece], device=model.device),
-                              past_key_values=out.past_key_values, use_cache=True)
-            yield from out.logits[0, :, :vocab].float().cpu().numpy()
+            logits, cache = forward_with_cache(model.model, cache,
+                                               input_ids=torch.tensor([piece], device=model.device))
+            yield from logits[0, :, :vocab].float().cpu().numpy()
 
 
 def backend_rows(slm: SLMBackend, prompt_ids: Sequence[int], tokens: Sequence[int]) -> Iterator[np.ndarray]:

@@ -13,6 +13,7 @@ over steps) follow the paper's "Sensitivity Analysis".  Legends sit outside the 
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,68 @@ def _swept(params: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in params.items())
 
 
+#: each method's marker and line style in the trade-off figures, in order of first appearance: two methods whose
+#: points coincide still show both (hollow markers of different shapes, different dashes)
+METHOD_MARKERS = ("o", "s", "D", "^", "v", "P", "X", "<", ">")
+METHOD_LINESTYLES = ("-", "--", "-.", ":")
+#: the narrowest accuracy range (percentage points) an accuracy axis spans: a constant accuracy is a line
+#: in the middle of a 0-100 ruler, not a range of a hundredth of a point around it
+ACCURACY_SPAN = 20.0
+
+
+def _method_style(index: int) -> dict[str, Any]:
+    """The ``index``-th method's marker, line style and marker size (earlier methods' markers a little larger,
+    so a later one drawn on the same point sits inside it)."""
+    return {"marker": METHOD_MARKERS[index % len(METHOD_MARKERS)], "markersize": 7 - (index % 3),
+            "linestyle": METHOD_LINESTYLES[index % len(METHOD_LINESTYLES)], "markerfacecolor": "none",
+            "markeredgewidth": 1.4}
+
+
+def accuracy_limits(values: Sequence[float]) -> tuple[float, float]:
+    """The y-limits (%) of an accuracy axis over ``values``: at least :data:`ACCURACY_SPAN` points wide around
+    them, 12% of that as margin (room for end labels), never more than 3 points past 0 or 100 (what a marker
+    drawn at 0% or 100% needs); :func:`_accuracy_axis` draws no tick below 0% or above 100%."""
+    low, high = (min(values), max(values)) if values else (0.0, 100.0)
+    span = max(high - low, ACCURACY_SPAN)
+    centre = (low + high) / 2
+    low, high = min(low, centre - span / 2), max(high, centre + span / 2)
+    if low < 0:
+        low, high = 0.0, high - low
+    if high > 100:
+        low, high = max(0.0, low - (high - 100)), 100.0
+    margin = 0.12 * (high - low)
+    return max(low - margin, -3.0), min(high + margin, 103.0)
+
+
+def _accuracy_axis(ax: Any, values: Sequence[float]) -> None:
+    """Set ``ax``'s y-axis to :func:`accuracy_limits` of ``values``, ticks only within 0-100%."""
+    from matplotlib.ticker import MaxNLocator
+
+    low, high = accuracy_limits(values)
+    ax.set_ylim(low, high)
+    ax.yaxis.set_major_locator(MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]))
+    ax.set_yticks([t for t in ax.get_yticks() if 0 <= t <= 100 and low <= t <= high])
+
+
+def coinciding(curves: Mapping[str, Sequence[tuple[float, float]]]) -> dict[str, str]:
+    """For each curve whose points are exactly an earlier curve's (same points, rounded to 1e-6), that earlier
+    curve's name: ``{later: earlier}``.  Drawn on top of each other, the later would hide the earlier."""
+    seen: dict[tuple[tuple[float, float], ...], str] = {}
+    same: dict[str, str] = {}
+    for name, points in curves.items():
+        key = tuple(sorted((round(x, 6), round(y, 6)) for x, y in points))
+        if key and key in seen:
+            same[name] = seen[key]
+        else:
+            seen.setdefault(key, name)
+    return same
+
+
+def _coincide_note(name: str, same: Mapping[str, str]) -> str:
+    """``name``, and the earlier curve it hides (its label up to any parenthesis) when there is one."""
+    return f"{name} (coincides with {same[name].split(' (')[0]})" if name in same else name
+
+
 def privacy_utility_figure(rows: Iterable[Mapping[str, Any]], task: str, mode: str, *,
                            metrics: Sequence[str] = LEAKAGE_METRICS, suffix: str = "") -> Any:
     """The paper's privacy-utility panels for one task and fusion mode: accuracy (%) against each leakage metric
@@ -50,6 +113,9 @@ def privacy_utility_figure(rows: Iterable[Mapping[str, Any]], task: str, mode: s
     shown = [m for m in metrics if any(line.values.get(m) for line in grouped)]
     fig, axes = _panel_grid(len(shown), (5.6, 4.4))
     ends: dict[int, list[tuple[float, float, str, Any]]] = {}
+    methods = [policy for policy in dict.fromkeys(line.policy for line in grouped) if policy != "undefended"]
+    drawn: dict[str, list[tuple[float, float]]] = {policy: [] for policy in methods}  # every panel's points
+    accuracies = [100 * sum(line.correct) / len(line.correct) for line in grouped]
     for n, (ax, metric) in enumerate(zip(axes.flat, shown)):
         for policy in dict.fromkeys(line.policy for line in grouped):
             points = [line for line in grouped if line.policy == policy and line.values.get(metric)]
@@ -59,16 +125,20 @@ def privacy_utility_figure(rows: Iterable[Mapping[str, Any]], task: str, mode: s
                 ax.scatter(xs, ys, marker="*", s=160, color="black", zorder=3, label="undefended")
                 continue
             order = sorted(range(len(points)), key=lambda i: xs[i])
-            (line_art,) = ax.plot([xs[i] for i in order], [ys[i] for i in order], marker="o", markersize=4,
-                                  label=policy)
+            drawn[policy] += [(n * 1e3 + xs[i], ys[i]) for i in order]  # offset by panel: panels never meet
+            (line_art,) = ax.plot([xs[i] for i in order], [ys[i] for i in order], label=policy,
+                                  **_method_style(methods.index(policy)))
             for end in dict.fromkeys((order[0], order[-1])):
                 ends.setdefault(n, []).append((xs[end], ys[end], _swept(json.loads(points[end].params)),
                                                line_art.get_color()))
         ax.set_xlabel(f"{metric_label(metric)} (%), lower is more private")
         ax.set_ylabel("accuracy (%)")
-        ax.margins(0.15)  # room for the end labels inside the frame
+        ax.margins(x=0.15)  # room for the end labels inside the frame
+        _accuracy_axis(ax, accuracies)
         ax.grid(alpha=0.3)
+    same = coinciding(drawn)
     handles, labels = axes.flat[0].get_legend_handles_labels()
+    labels = [_coincide_note(label, same) for label in labels]
     fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
     items = max((line.items for line in grouped), default=0)
     fig.suptitle(f"{task}, {mode}-side fusion: privacy-utility trade-off ({items} items per point)")
@@ -223,11 +293,17 @@ def _k_curves(fig_title: str, curves: Sequence[tuple[str, Any, dict[str, Any]]],
     """
     shown = [m for m in K_METRICS if any(line.values.get(f"{m}@{k}") for _, line, _ in curves for k in ks)]
     fig, axes = _panel_grid(len(shown), (5.2, 3.9))
+    values = {label: [(n * 1e4 + k, 100 * line.mean(f"{metric}@{k}")) for n, metric in enumerate(shown) for k in ks
+                      if line.values.get(f"{metric}@{k}")] for label, line, _ in curves}
+    same = coinciding(values)  # a curve under another would vanish: the later is dashed, hollow, and says so
     for ax, metric in zip(axes.flat, shown):
         for label, line, style in curves:
             points = [(k, 100 * line.mean(f"{metric}@{k}")) for k in ks if line.values.get(f"{metric}@{k}")]
+            if label in same:
+                style = {**style, "linestyle": (0, (4, 3)), "markerfacecolor": "none", "markersize": 8,
+                         "markeredgewidth": 1.2}
             if points:
-                ax.plot([k for k, _ in points], [v for _, v in points], label=label, **style)
+                ax.plot([k for k, _ in points], [v for _, v in points], label=_coincide_note(label, same), **style)
         ax.set_xscale("log")
         ax.set_xticks(list(ks), [str(k) for k in ks])
         ax.minorticks_off()
@@ -288,14 +364,16 @@ def representatives(grouped: Sequence[Any], *, match: str = "token_er@100", targ
                     reference: str = "coveil") -> tuple[float, dict[str, Any]] | None:
     """Each defended method's :class:`~eval_harness.report.tables.Line` whose mean ``match`` lies nearest the goal.
 
-    The goal is ``target`` (a fraction), else the median of ``reference``'s lines (of every defended line
-    when ``reference`` has none).  Returns ``(goal, {policy: line})``, or ``None`` without defended lines.
+    The goal is ``target`` (a fraction), else the low median of ``reference``'s lines (of every defended line
+    when ``reference`` has none): a leakage one of its settings has, so that the reference is at the goal exactly
+    (the mean of the two middle settings of an even grid is a leakage none of them has, and put the reference
+    itself off its own target).  Returns ``(goal, {policy: line})``, or ``None`` without defended lines.
     """
     defended = [line for line in grouped if line.policy != "undefended" and line.values.get(match)]
     if not defended:
         return None
     pool = [line for line in defended if line.policy == reference] or defended
-    goal = target if target is not None else float(np.median([line.mean(match) for line in pool]))
+    goal = target if target is not None else statistics.median_low([line.mean(match) for line in pool])
     chosen: dict[str, Any] = {}
     for line in defended:
         best = chosen.get(line.policy)
@@ -304,13 +382,23 @@ def representatives(grouped: Sequence[Any], *, match: str = "token_er@100", targ
     return goal, chosen
 
 
+#: how far (a fraction, 0.05 = 5 percentage points) a method's nearest setting may lie from the matched leakage
+#: before :func:`leakage_vs_k_methods` marks it unmatched
+MATCH_TOLERANCE = 0.05
+
+
 def leakage_vs_k_methods(rows: Iterable[Mapping[str, Any]], out_dir: str | Path, *, match: str = "token_er@100",
                          target: float | None = None, reference: str = "coveil", suffix: str = "") -> list[Path]:
     """``leakage_vs_k_methods_<mode>``: every method at its setting nearest a matched leakage, against K.
 
     Each method is drawn at the setting whose mean ``match`` metric lies nearest ``target`` (a fraction;
-    default: the median of ``reference``'s settings, or of every defended setting without it), so the
+    default: the low median of ``reference``'s settings, or of every defended setting without it), so the
     curves meet near ``match``'s K and show how each method's leakage grows past it.  Undefended is marked.
+    A method whose grid has no setting within :data:`MATCH_TOLERANCE` of the goal is drawn dotted at its nearest
+    setting, its distance from the goal in the legend and under the figure: it is not at matched leakage.
+    Cloud-side DP-Fusion is one: it uploads its ``upload_k`` largest values at every step, at ε = 0 those of the
+    public distribution, whose top 100 already hold evidence tokens (measured, 6 MedPriv items, 48 tokens, fp32:
+    Token-ER@100 28.2% at ε = 0, 29.9% at ε = 64, undefended 29.9%, CoVeil λ = 1-8 0.0%).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -327,12 +415,24 @@ def leakage_vs_k_methods(rows: Iterable[Mapping[str, Any]], out_dir: str | Path,
         goal, chosen = picked
         title = metric_label(metric_name) + "@" + match_k
         curves = _undefended_curves(grouped)
-        curves += [(f"{_setting(policy, json.loads(line.params))} ({title} {100 * line.mean(match):.1f}%)", line,
-                    {"marker": marker, "markersize": 4, "linewidth": 1.4})  # markers tell overlapping curves apart
-                   for (policy, line), marker in zip(chosen.items(), "osD^vP<>" * len(chosen))]
+        unmatched = []
+        for (policy, line), marker in zip(chosen.items(), "osD^vP<>" * len(chosen)):
+            gap = 100 * (line.mean(match) - goal)
+            label = f"{_setting(policy, json.loads(line.params))} ({title} {100 * line.mean(match):.1f}%"
+            style = {"marker": marker, "markersize": 4, "linewidth": 1.4}  # markers tell overlapping curves apart
+            if abs(gap) > 100 * MATCH_TOLERANCE:  # its grid reaches no nearer: drawn dotted, and said so
+                label += f", {gap:+.1f} from the target: unmatched"
+                style["linestyle"] = ":"
+                unmatched.append(f"{policy} {gap:+.1f}")
+            curves.append((label + ")", line, style))
         items = max(line.items for _, line, _ in curves)
         fig = _k_curves(f"{mode}-side fusion ({task}): each method at the setting nearest {title} = {100 * goal:.1f}% "
                         f"(up to {items} items per point)", curves, ks)
+        if unmatched:
+            fig.text(0.5, -0.01, f"Dotted: not at matched leakage. No setting of its grid lies within "
+                                 f"{100 * MATCH_TOLERANCE:g} points of the target {title} = {100 * goal:.1f}%; drawn "
+                                 f"at its nearest ({'; '.join(unmatched)} points).",
+                     ha="center", va="top", fontsize=9, color="0.25", wrap=True)
         written += save_figure(fig, out, _stem("leakage_vs_k_methods", task, mode, tasks))
     return written
 
@@ -427,6 +527,23 @@ def _twin_axes_figure(points: Sequence[MechanismPoint], undefended: MechanismPoi
     return fig
 
 
+def _recomputation_note(fig: Any, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Under a mechanism figure of rows decoded in reduced precision: why undefended agrees with full fusion on
+    fewer than 100% of its steps.
+
+    The row's mechanism is recomputed after decoding by one teacher-forced forward over the whole sequence
+    (:mod:`eval_harness.runners.mechanism`); the decode ran token by token with a KV cache, in batches.  In
+    bfloat16 the two round differently and a near tie of the fused top two can flip (measured: 94 of 95
+    undefended steps agree in bfloat16, 95 of 95 in float32, the same 4 MedPriv items).
+    """
+    reduced = sorted({str(row["dtype"]) for row in rows if row.get("dtype") not in (None, "float32")})
+    if reduced:
+        fig.text(0.5, -0.11, f"Rows decoded in {', '.join(reduced)}: agreement and ranks are recomputed by a "
+                             "teacher-forced pass that rounds differently from the token-by-token decode, so near "
+                             "ties can flip (undefended below 100%); float32 rows agree.",
+                 ha="center", va="top", fontsize=8, color="0.25", wrap=True)
+
+
 def mechanism_cloud(rows: Iterable[Mapping[str, Any]], out_dir: str | Path, *, policy: str = "coveil") -> list[Path]:
     """``mechanism_cloud``: zero-upload ratio (left) and top-1 agreement with full fusion (right) against λ.
 
@@ -452,6 +569,7 @@ def mechanism_cloud(rows: Iterable[Mapping[str, Any]], out_dir: str | Path, *, p
             f"(up to {items} items per point)")
         for axis in fig.axes[:2]:
             axis.set_ylim(-3, 103)
+        _recomputation_note(fig, group)
         written += save_figure(fig, out, _stem("mechanism", task, mode, tasks))
     return written
 
@@ -483,6 +601,7 @@ def mechanism_edge(rows: Iterable[Mapping[str, Any]], out_dir: str | Path, *, po
             f"(up to {items} items per point)", log_left=log)
         fig.axes[0].set_ylim(bottom=0.9 if log else 0.95)
         fig.axes[1].set_ylim(-3, 103)
+        _recomputation_note(fig, group)
         written += save_figure(fig, out, _stem("mechanism", task, mode, tasks))
     return written
 
@@ -621,6 +740,8 @@ def inversion_tradeoff_figure(rows: Iterable[Mapping[str, Any]], task: str, mode
                if line.task == task and line.mode == mode and line.count(metric)]
     fig, ax = plt.subplots(figsize=(7.4, 4.8))
     ends = []
+    methods = [policy for policy in dict.fromkeys(line.policy for line in grouped) if policy != "undefended"]
+    drawn: dict[str, list[tuple[float, float]]] = {}
     for policy in dict.fromkeys(line.policy for line in grouped):
         points = sorted((line for line in grouped if line.policy == policy), key=_parameter_order)
         xs = [100 * p.mean(metric) for p in points]
@@ -628,14 +749,19 @@ def inversion_tradeoff_figure(rows: Iterable[Mapping[str, Any]], task: str, mode
         if policy == "undefended":
             ax.scatter(xs, ys, marker="*", s=220, color="black", zorder=3, label="undefended")
             continue
-        (art,) = ax.plot(xs, ys, marker="o", markersize=4, label=policy)
+        drawn[policy] = list(zip(xs, ys))
+        (art,) = ax.plot(xs, ys, label=policy, **_method_style(methods.index(policy)))
         for end in dict.fromkeys((0, len(points) - 1)):
             ends.append((xs[end], ys[end], _swept(json.loads(points[end].params)), art.get_color()))
     ax.set_xlabel("inversion ROUGE-1 recall (%), lower is more private")
     ax.set_ylabel("accuracy (%)")
-    ax.margins(0.18)  # room for the end labels inside the frame
+    ax.margins(x=0.18)  # room for the end labels inside the frame
+    _accuracy_axis(ax, [100 * sum(line.correct) / len(line.correct) for line in grouped])
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)  # outside: covers nothing
+    same = coinciding(drawn)
+    handles, labels = ax.get_legend_handles_labels()
+    ax.legend(handles, [_coincide_note(label, same) for label in labels], fontsize=8, loc="upper left",
+              bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)  # outside: covers nothing
     items = max((line.items for line in grouped), default=0)
     attacked = max((line.count(metric) for line in grouped), default=0)
     ax.set_title(f"{task}, {mode}-side fusion: private context inversion\n"

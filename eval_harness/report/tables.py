@@ -103,14 +103,37 @@ def metrics_recorded(rows: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:
     return LEAKAGE_METRICS + (INVERSION_METRICS if any(row.get("inversion") for row in rows) else ())
 
 
-def _cell(line: Line, metric: str, seed: int) -> str:
-    """``mean [low, high]`` in percent (95% bootstrap interval), ``n=`` when fewer items than the line's."""
+def _estimate(line: Line, metric: str, seed: int) -> tuple[float, float, float, int] | None:
+    """``(mean, low, high, n)`` of ``metric`` over the line's items that recorded it, in percent (95% bootstrap
+    interval); ``None`` when none did."""
     values = line.values.get(metric, [])
     if not values:
-        return "-"
+        return None
     low, high = bootstrap_interval(values, seed=seed)
-    count = "" if len(values) == line.items else f" n={len(values)}"
-    return f"{100 * line.mean(metric):.1f} [{100 * low:.1f}, {100 * high:.1f}]{count}"
+    return 100 * line.mean(metric), 100 * low, 100 * high, len(values)
+
+
+def _cell(line: Line, metric: str, seed: int) -> str:
+    """``mean [low, high]`` in percent (95% bootstrap interval), ``n=`` when fewer items than the line's."""
+    estimate = _estimate(line, metric, seed)
+    if estimate is None:
+        return "-"
+    mean, low, high, n = estimate
+    count = "" if n == line.items else f" n={n}"
+    return f"{mean:.1f} [{low:.1f}, {high:.1f}]{count}"
+
+
+#: decimals of a percentage in the CSV tables (what a bootstrap over ~100 items can resolve, and more)
+CSV_DECIMALS = 4
+
+
+def _numbers(line: Line, metric: str, seed: int) -> dict[str, float | int | None]:
+    """``metric``'s CSV columns: ``metric`` (the mean), ``metric_lo``/``metric_hi`` (its 95% bootstrap interval),
+    all in percent, and ``metric_n`` (items that recorded it); empty (``None``, 0 items) when none did."""
+    estimate = _estimate(line, metric, seed)
+    mean, low, high, n = (None, None, None, 0) if estimate is None else estimate
+    rounded = [None if v is None else round(v, CSV_DECIMALS) for v in (mean, low, high)]
+    return dict(zip((metric, f"{metric}_lo", f"{metric}_hi", f"{metric}_n"), (*rounded, n)))
 
 
 def _epsilon(line: Line) -> str:
@@ -145,6 +168,37 @@ def table(rows: Iterable[Mapping[str, Any]], *, metrics: Sequence[str] = LEAKAGE
     return out
 
 
+def table_numbers(rows: Iterable[Mapping[str, Any]], *, metrics: Sequence[str] = LEAKAGE_METRICS, suffix: str = "",
+                  seed: int = 0) -> list[dict[str, Any]]:
+    """:func:`table` as numbers, for CSV: the line's fields, ``items``, ``accuracy`` (%) and for each metric its
+    mean, ``_lo``, ``_hi`` (%, 95% bootstrap interval) and ``_n`` (items that recorded it) columns
+    (:func:`_numbers`)."""
+    out = []
+    for line in lines(rows, metrics, suffix=suffix):
+        numbers: dict[str, Any] = {"task": line.task, "mode": line.mode, "policy": line.policy,
+                                   "params": ", ".join(f"{k}={v}" for k, v in json.loads(line.params).items()),
+                                   "alpha": line.alpha, "items": line.items,
+                                   "accuracy": round(100 * float(np.mean(line.correct)), CSV_DECIMALS)}
+        for metric in metrics:
+            numbers.update(_numbers(line, metric, seed))
+        out.append(numbers)
+    return out
+
+
+def undefended_numbers(rows: Iterable[Mapping[str, Any]], *, suffix: str = "", seed: int = 0) -> list[dict[str, Any]]:
+    """:func:`undefended_table` as numbers, for CSV (columns as in :func:`table_numbers`)."""
+    out = []
+    for line in lines([row for row in rows if row["policy"] == "undefended"], LEAKAGE_METRICS + INVERSION_METRICS,
+                      suffix=suffix):
+        numbers: dict[str, Any] = {"task": line.task, "fusion": f"{line.mode}-side", "alpha": line.alpha,
+                                   "items": line.items,
+                                   "accuracy": round(100 * float(np.mean(line.correct)), CSV_DECIMALS)}
+        for metric in LEAKAGE_METRICS + INVERSION_METRICS:
+            numbers.update(_numbers(line, metric, seed))
+        out.append(numbers)
+    return out
+
+
 def undefended_table(rows: Iterable[Mapping[str, Any]], *, suffix: str = "", seed: int = 0) -> list[dict[str, str]]:
     """The paper's undefended DecodeLeak table (its Table 1): one line per (task, fusion mode).
 
@@ -171,7 +225,8 @@ def markdown(cells: Sequence[Mapping[str, str]], title: str = "") -> str:
     return (f"{title}\n\n" if title else "") + head + body
 
 
-def csv_text(cells: Sequence[Mapping[str, str]]) -> str:
+def csv_text(cells: Sequence[Mapping[str, Any]]) -> str:
+    """CSV of :func:`table_numbers`-like rows under one header (``None`` is an empty cell)."""
     if not cells:
         return ""
     buffer = io.StringIO()

@@ -39,7 +39,7 @@ from eval_harness.protocol import DecodingProtocol
 from eval_harness.runners.audit import AuditedResult
 from eval_harness.runners.reference import ItemRun, ReferenceRunner
 from eval_harness.sweep.exposure_codec import encode_trace
-from eval_harness.sweep.grid import Setting, row_key, shard, sweep_units
+from eval_harness.sweep.grid import Setting, pending_pairs, row_key
 from eval_harness.sweep.store import RowStore
 
 #: the cutoffs K each row's DecodeLeak metrics are given at (the leakage-vs-K curves; the sweep records K = 1000)
@@ -286,8 +286,33 @@ class ReferenceSpec:
     concurrency: int = 8
     padded_batches: bool = False
 
-    def build(self, protocol: DecodingProtocol, *, seed: int) -> tuple[ReferenceRunner, Vocabulary, dict[str, Any]]:
-        """Load both models: the runner, the vocabulary the metrics read, and the metadata every row carries."""
+    def torch_dtype(self) -> Any:
+        """The ``torch.dtype`` both models load in (``"auto"`` resolved for the device), known before loading."""
+        from cloud_adapter.hf_loading import dtype_device, resolve_dtype
+
+        return resolve_dtype(self.dtype, dtype_device(self.device, self.device_map))
+
+    def run_identity(self, protocol: DecodingProtocol, *, seed: int) -> dict[str, Any]:
+        """The rows' :data:`~eval_harness.sweep.store.RUN_FIELDS` of this run, from the model files alone (no
+        model is loaded), so a results file of another run is refused before anything loads."""
+        from edge_sdk.models import resolve_model
+
+        slm_source, llm_source = resolve_model(self.slm), resolve_model(self.llm)
+        return {
+            "models": {
+                "slm": {"name": slm_source.name, "sha256": model_digest(slm_source)},
+                "llm": {"name": llm_source.name, "sha256": model_digest(llm_source)},
+            },
+            "dtype": str(self.torch_dtype()).removeprefix("torch."),
+            "backend": "reference (transformers, both models)",
+            "protocol": protocol.describe(),
+            "seed": seed,
+        }
+
+    def build(self, protocol: DecodingProtocol, *, seed: int,
+              identity: Mapping[str, Any] | None = None) -> tuple[ReferenceRunner, Vocabulary, dict[str, Any]]:
+        """Load both models: the runner, the vocabulary the metrics read, and the metadata every row carries
+        (``identity``, the :meth:`run_identity` a caller already has, else computed, and where the models run)."""
         import torch
 
         from cloud_adapter.llm import TransformersLLM
@@ -296,24 +321,18 @@ class ReferenceSpec:
         if self.dtype == "auto":
             raise ValueError("the reference runner takes its dtype by name: fp32 (a full-precision reference), or "
                              "bf16/fp16 asked for explicitly")
-        slm_source, llm_source = resolve_model(self.slm), resolve_model(self.llm)
-        slm = TransformersLLM(slm_source, dtype=self.dtype, device=self.device, device_map=self.device_map)
-        llm = TransformersLLM(llm_source, dtype=self.dtype, device=self.device, device_map=self.device_map)
+        identity = identity if identity is not None else self.run_identity(protocol, seed=seed)
+        dtype = self.torch_dtype()
+        slm = TransformersLLM(resolve_model(self.slm), dtype=dtype, device=self.device, device_map=self.device_map)
+        llm = TransformersLLM(resolve_model(self.llm), dtype=dtype, device=self.device, device_map=self.device_map)
         vocab = reference_vocabulary(slm.tokenizer)
         runner = ReferenceRunner(slm, llm, concurrency=self.concurrency, padded_batches=self.padded_batches)
-        dtype = str(llm.dtype).removeprefix("torch.")
+        dtype_name = str(llm.dtype).removeprefix("torch.")
         metadata = {
-            "models": {
-                "slm": {"name": slm.name, "sha256": model_digest(slm_source)},
-                "llm": {"name": llm.name, "sha256": model_digest(llm_source)},
-            },
-            "dtype": dtype,
+            **identity,
             "device": f"device_map={self.device_map}" if self.device_map else str(llm.device),
-            "backend": "reference (transformers, both models)",
-            "batching": {**runner.batching, "dtype": dtype, "torch_threads": torch.get_num_threads()},
+            "batching": {**runner.batching, "dtype": dtype_name, "torch_threads": torch.get_num_threads()},
             "vocabulary": {"model": _model_spec(self.slm), "sha256": tokenizer_fingerprint(slm.tokenizer)},
-            "protocol": protocol.describe(),
-            "seed": seed,
             "seed_policy": SEED_POLICY,
             "version": package_version(),
             "code": {"sha256": source_digest()},
@@ -375,8 +394,7 @@ def run_sweep(
     """
     by_id = {task: {item.item_id: item for item in task_items} for task, task_items in items.items()}
     dataset_sha256 = {task: items_digest(task_items) for task, task_items in items.items()}
-    mine = list(shard(sweep_units(settings, items) if units is None else units, *shard_of))
-    pending = [(s, i) for s, i in mine if row_key(s, i) not in store]
+    pending, skipped = pending_pairs(settings, items, store, shard_of, units)
     lock = threading.Lock()
     written = 0
     grouped: dict[str, tuple[Setting, list[str]]] = {}
@@ -421,4 +439,4 @@ def run_sweep(
                 run, result = decoded[index]
                 truth = by_id[setting.task][run.item_id].private_context
                 write(row_of(run, result, scored=inversion_cell(inversion, reconstruction, truth)))
-    return SweepOutcome(pending=len(pending), written=written, skipped=len(mine) - len(pending))
+    return SweepOutcome(pending=len(pending), written=written, skipped=skipped)

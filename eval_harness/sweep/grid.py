@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from itertools import product
 from pathlib import Path
 from typing import Any
 
-from edge_sdk.policies import FUSION_MODES, policy_class
+from edge_sdk.fusion import check_alpha
+from edge_sdk.policies import FUSION_MODES, check_params, policy_class
 
 #: the shipped config with the paper's grids (appendix "CoVeil Parameter Settings" and the baselines' ranges)
 PAPER_GRIDS = "paper_grids.json"
@@ -47,6 +48,10 @@ class Setting:
         cls = policy_class(self.policy)  # an unknown name fails here, with suggestions
         if self.mode not in cls.modes:
             raise ValueError(f"policy {self.policy!r} does not define {self.mode}-side fusion")
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)):
+            raise ValueError(f"fusion weight alpha must be a number, got {self.alpha!r}")
+        check_alpha(self.alpha)
+        check_params(self.policy, self.params)  # a misspelt or refused parameter fails here, before any model loads
         object.__setattr__(self, "params", dict(sorted(self.params.items())))
 
     @property
@@ -62,14 +67,39 @@ class Setting:
 
 
 def load_grids(path: str | Path | None = None) -> dict[str, Any]:
-    """A grid config: the shipped paper grids, or a JSON file of the same shape."""
+    """A grid config: the shipped paper grids, or a JSON file of the same shape.
+
+    ``{"alpha": 0.3, "cloud": {POLICY: {PARAMETER: [VALUES] or VALUE}}, "edge": {...}}``; keys starting with
+    ``_`` are comments.  ``ValueError`` (one line, naming the file) for a file that is not JSON (with its line
+    and column) or not of this shape; the settings themselves are checked by :func:`expand`.
+    """
     if path is None:
+        name = PAPER_GRIDS
         text = resources.files("eval_harness.configs").joinpath(PAPER_GRIDS).read_text(encoding="utf-8")
     else:
+        name = str(path)
         text = Path(path).read_text(encoding="utf-8")
-    config = json.loads(text)
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{name}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
     if not isinstance(config, dict) or not any(mode in config for mode in FUSION_MODES):
-        raise ValueError(f"a grid config maps 'cloud' and/or 'edge' to policies and their parameter lists: {path}")
+        raise ValueError(f"{name}: a grid config maps 'cloud' and/or 'edge' to policies and their parameter lists")
+    for key, value in config.items():
+        if key.startswith("_"):
+            continue
+        if key == "alpha":
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{name}: alpha must be a number, got {value!r}")
+        elif key not in FUSION_MODES:
+            raise ValueError(f"{name}: unknown key {key!r} (a grid config has alpha, {', '.join(FUSION_MODES)} and "
+                             "_comments)")
+        elif not isinstance(value, dict) or not all(isinstance(grid, dict) for grid in value.values()):
+            raise ValueError(f"{name}: {key} must map each policy to an object of its parameters, "
+                             'e.g. {"coveil": {"lam": [0, 1]}, "undefended": {}}')
+        elif empty := [f"{policy}.{param}" for policy, grid in value.items() for param, values in grid.items()
+                       if values == []]:
+            raise ValueError(f"{name}: {key}: {', '.join(empty)} lists no value")
     return config
 
 
@@ -95,15 +125,36 @@ def expand(
             names = sorted(grid)
             values = [grid[n] if isinstance(grid[n], list) else [grid[n]] for n in names]
             for task, combo in product(tasks, product(*values)):
-                settings.append(Setting(task, mode, name, dict(zip(names, combo)), alpha))
+                try:
+                    settings.append(Setting(task, mode, name, dict(zip(names, combo)), alpha))
+                except ValueError as exc:  # every setting is checked here, before a sweep reaches it
+                    raise ValueError(f"{mode} {name} {_params_text(dict(zip(names, combo)))}: {exc}") from None
     if chosen is not None and (missing := chosen - {s.policy for s in settings}):
         raise ValueError(f"the grid config has no setting for {', '.join(sorted(missing))} in {', '.join(modes)}")
     return settings
 
 
+def _params_text(params: Mapping[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items()) or "(no parameters)"
+
+
 def sweep_units(settings: Sequence[Setting], items: Mapping[str, Sequence[Any]]) -> list[tuple[Setting, str]]:
     """Every (setting, item id) pair of a sweep, in grid order: each setting with each item of its task."""
     return [(s, item.item_id) for s in settings for item in items[s.task]]
+
+
+def pending_pairs(
+    settings: Sequence[Setting],
+    items: Mapping[str, Sequence[Any]],
+    done: Container[str],
+    shard_of: tuple[int, int] = (0, 1),
+    units: Sequence[tuple[Setting, str]] | None = None,
+) -> tuple[list[tuple[Setting, str]], int]:
+    """Shard ``shard_of``'s (setting, item id) pairs whose row key is not in ``done``, in grid order, and how many
+    of its pairs are (``units``: the pairs to consider, default :func:`sweep_units`)."""
+    mine = list(shard(sweep_units(settings, items) if units is None else units, *shard_of))
+    pending = [(s, item_id) for s, item_id in mine if row_key(s, item_id) not in done]
+    return pending, len(mine) - len(pending)
 
 
 def shard(units: Iterable[tuple[Setting, str]], index: int, count: int) -> Iterator[tuple[Setting, str]]:

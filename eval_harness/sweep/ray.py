@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -62,7 +63,7 @@ from typing import TYPE_CHECKING, Any
 
 from eval_harness.datasets import DecodeLeakItem
 from eval_harness.protocol import DecodingProtocol
-from eval_harness.sweep.grid import Setting, row_key, shard, sweep_units
+from eval_harness.sweep.grid import Setting, pending_pairs, row_key
 from eval_harness.sweep.store import ResultStore
 
 if TYPE_CHECKING:  # the driver and the inbox import no model library; a shard task does (run_shard)
@@ -109,10 +110,18 @@ def connect(address: str = "local", **init_options: Any) -> bool:
     ``init_options`` go to ``ray.init`` (e.g. ``num_cpus`` for a local
     instance).  Returns whether this call connected (and so should
     disconnect); an already initialised Ray is used as it is.
+
+    Ray's own log lines below ERROR (starting the instance, pushing each code
+    package) and the workers' output (each task's model-loading bars, echoed
+    under the sweep's progress bar) stay out of the terminal: a task's failure
+    still reaches the driver as its exception, and the workers' logs stay in
+    Ray's session directory.
     """
     ray = require_ray()
     if ray.is_initialized():
         return False
+    init_options.setdefault("logging_level", logging.ERROR)
+    init_options.setdefault("log_to_driver", False)
     runtime_env = {"py_modules": [str(d) for d in code_dirs()]}
     if address != "local":
         ray.init(address=address, runtime_env=runtime_env, **init_options)
@@ -199,11 +208,10 @@ def plan_shards(
     """
     if count < 1:
         raise ValueError(f"a Ray sweep needs at least one shard, got {count}")
-    mine = list(shard(sweep_units(settings, items), *shard_of))
-    pending = [(s, item_id) for s, item_id in mine if row_key(s, item_id) not in store]
+    pending, skipped = pending_pairs(settings, items, store, shard_of)
     n = min(count, len(pending))
     shards = [pending[j * len(pending) // n : (j + 1) * len(pending) // n] for j in range(n)]
-    return ShardPlan(pending=pending, shards=shards, skipped=len(mine) - len(pending))
+    return ShardPlan(pending=pending, shards=shards, skipped=skipped)
 
 
 class RowInbox:
