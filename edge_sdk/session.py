@@ -48,6 +48,7 @@ class LedgerEntry:
     cloud_forward_ms: float  # the cloud's own forward pass for this step's distribution (as it reports)
     exposure: tuple[int, ...] = ()  # DecodeLeak's E_t^K: the top-K ids the cloud can read off this step
     sends: int = 1  # how often this step's signal was sent (a broken stream re-sends the same bytes)
+    full_requests: int = 0  # how often the full row was asked for (once per connection the step ran on)
 
 
 @dataclass
@@ -75,7 +76,7 @@ class PrivacyLedger:
 
     @property
     def full_requests(self) -> int:
-        return sum(e.full_requested for e in self.entries)
+        return sum(e.full_requests for e in self.entries)
 
     @property
     def values_uploaded(self) -> int:
@@ -115,14 +116,19 @@ class StoppingRule(Protocol):
 
 
 @dataclass(eq=False)
-class _SentSignal:
-    """A step's decided signal until the cloud acknowledges it, with what its sends cost so far."""
+class _OpenStep:
+    """A step from its first attempt until the cloud acknowledges its signal, over every connection it ran on.
+
+    ``signal`` is decided once and then re-sent byte for byte; a step whose
+    full row was asked for asks again on each new connection until a signal
+    is decided (the same request: the rule that asks is public).
+    """
 
     step: int
-    signal: CloudUpload | SyncedToken
-    exposure: np.ndarray
-    full_requested: bool
     withheld: bool
+    signal: CloudUpload | SyncedToken | None = None
+    exposure: np.ndarray | None = None
+    full_requests: int = 0
     sends: int = 0
     bytes_up: int = 0
     bytes_down: int = 0
@@ -204,7 +210,7 @@ class CollaborativeDecoder:
         self._p_llm_buffer = np.zeros(slm.vocab_size, dtype=np.float32)  # the sparse cloud view, reused
         self._stop_ids: frozenset[int] = frozenset(slm.eos_token_ids)
         self._stop_array = np.empty(0, dtype=np.int64)  # the same, as an array (set when the session opens)
-        self._unacknowledged: _SentSignal | None = None  # sent, but the stream broke before the reply
+        self._open_step: _OpenStep | None = None  # begun, but the cloud has not acknowledged its signal
         self._steered_steps = 0  # steps whose signal the private context steered (what the budget counts)
 
     @property
@@ -266,8 +272,12 @@ class CollaborativeDecoder:
     def _decide(
         self, p_slm: np.ndarray, dist: wire.CloudDistribution, withheld: bool, no_stop: bool = False
     ) -> CloudUpload | SyncedToken | None:
-        """The step's signal, or ``None`` when a sparse ``dist`` cannot certify the policy's decision.
+        """The step's signal, or ``None`` when the policy reads the full row and ``dist`` is sparse.
 
+        A sparse row is read with every omitted id at its public fill
+        (:meth:`~edge_sdk.wire.CloudDistribution.filled`); whether the full
+        row is asked for depends on the policy and the mode alone
+        (:meth:`~edge_sdk.policies.base.Policy.needs_full_row`), never on ``p_slm``.
         ``no_stop`` (edge-side): end-of-generation ids are out of the choice this step; cloud-side the cloud
         is told instead.
         """
@@ -282,18 +292,15 @@ class CollaborativeDecoder:
                 row[stops] = self._lowest
                 token = int(np.argmax(row))
             return SyncedToken(token)
-        p_llm = dist.lower_dense(self.slm.vocab_size, out=self._p_llm_buffer, fill=self._lowest)
+        if not dist.is_full and self.policy.needs_full_row(mode):
+            return None
+        p_llm = dist.filled(self.slm.vocab_size, self.policy.space, out=self._p_llm_buffer)
         if stops is not None:
             p_llm = p_llm.copy() if p_llm is dist.dense else p_llm
             p_llm[stops] = self._lowest
             p_slm = p_slm.copy()
             p_slm[stops] = self._lowest
-        if dist.is_full:
-            signal = self.policy.decide(mode, p_slm, p_llm, alpha=alpha, rng=self.rng)
-        else:
-            signal = self.policy.decide_sparse(mode, p_slm, p_llm, dist.ids, dist.tail_bound, alpha=alpha, rng=self.rng)
-            if signal is None:
-                return None
+        signal = self.policy.decide(mode, p_slm, p_llm, alpha=alpha, rng=self.rng)
         if self.masked.size and isinstance(signal, CloudUpload) and len(signal) >= self.slm.vocab_size:
             # every id listed: the masked ones (their SLM value set to the floor) would stand out
             signal = signal.largest(MASKED_UPLOAD_LIMIT)
@@ -322,7 +329,9 @@ class CollaborativeDecoder:
         served from the cache), so step 0's timing tells it nothing of either.
         A step whose signal was sent but never acknowledged (the stream broke)
         sends exactly that signal again on the next connection: a fresh draw
-        would hand the cloud a second sample of the same step.
+        would hand the cloud a second sample of the same step.  A step whose
+        full-row request got no reply asks again; every send of either is on
+        the step's ledger entry.
         """
         if self._p_slm is None:
             self._p_slm = self._edge_arrays(self.slm.prefill(self.slm_prompt + self.tokens))
@@ -353,25 +362,25 @@ class CollaborativeDecoder:
             if self.stopping is not None and text is None:  # a resumed session: the text so far, once
                 text = self.slm.detokenize(self.tokens)
             no_stop = self.stopping is not None and not self.stopping.allows_end(text)
-            sent = self._unacknowledged if self._unacknowledged is not None and self._unacknowledged.step == step else None
+            sent = self._open_step if self._open_step is not None and self._open_step.step == step else None
             if sent is None:
-                p_slm = self._p_slm
                 budget = self.settings.exposure_budget
                 withheld = budget is not None and self._steered_steps >= budget * max_steps
-                signal = self._decide(p_slm, dist, withheld, no_stop)
-                full_requested = signal is None
-                if signal is None:
-                    wait = time.perf_counter()
-                    dist = connection.request_full(step)
-                    wait_s += time.perf_counter() - wait
-                    signal = self._decide(p_slm, dist, withheld, no_stop)
-                    assert signal is not None, "a full distribution always decides"
-                exposure = wire.step_exposure(signal, dist, k)
-                sent = self._unacknowledged = _SentSignal(step, signal, exposure, full_requested, withheld)
-            edge_s = time.perf_counter() - started
-            signal, exposure = sent.signal, sent.exposure
-            sent.sends += 1
+                sent = self._open_step = _OpenStep(step, withheld)
             try:
+                if sent.signal is None:
+                    signal = self._decide(self._p_slm, dist, sent.withheld, no_stop)
+                    if signal is None:  # the policy reads full rows: asked for at every step
+                        sent.full_requests += 1
+                        wait = time.perf_counter()
+                        dist = connection.request_full(step)
+                        wait_s += time.perf_counter() - wait
+                        signal = self._decide(self._p_slm, dist, sent.withheld, no_stop)
+                        assert signal is not None, "a full distribution always decides"
+                    sent.signal, sent.exposure = signal, wire.step_exposure(signal, dist, k)
+                edge_s = time.perf_counter() - started
+                signal, exposure = sent.signal, sent.exposure
+                sent.sends += 1
                 if isinstance(signal, CloudUpload):
                     wait = time.perf_counter()
                     token, finished = connection.upload(step, signal, no_stop=no_stop)
@@ -386,7 +395,7 @@ class CollaborativeDecoder:
                 sent.bytes_up += connection.bytes.edge_to_cloud - up0
                 sent.bytes_down += connection.bytes.cloud_to_edge - down0
                 raise
-            self._unacknowledged = None
+            self._open_step = None
             self.meter.observe(exposure)  # what the cloud can read off this step (reported, never decides anything)
             if isinstance(signal, SyncedToken):
                 self.meter.observe([token])
@@ -409,7 +418,7 @@ class CollaborativeDecoder:
                 policy=self.policy.name,
                 signal="upload" if isinstance(signal, CloudUpload) else "token",
                 values_uploaded=uploaded,
-                full_requested=sent.full_requested,
+                full_requested=sent.full_requests > 0,
                 withheld=sent.withheld,
                 steered=steered,
                 bytes_up=sent.bytes_up + connection.bytes.edge_to_cloud - up0,
@@ -420,6 +429,7 @@ class CollaborativeDecoder:
                 cloud_forward_ms=cloud_forward_ns / 1e6,
                 exposure=tuple(int(i) for i in exposure),
                 sends=sent.sends,
+                full_requests=sent.full_requests,
             )
             self.ledger.entries.append(entry)
             yield StepEvent(token, entry)

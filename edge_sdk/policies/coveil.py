@@ -507,6 +507,9 @@ class CoVeil(Policy):
             return None
         return 1 if mode == "cloud" else self.k
 
+    def needs_full_row(self, mode: FusionMode) -> bool:
+        return False  # both rules in both spaces decide from the top values at the public fill
+
     def decide_sparse(self, mode, p_slm, p_llm_lower, known_ids, tail_bound, *, alpha, rng=None):
         known_llm = p_llm_lower[known_ids]
         if self.space == "logit":

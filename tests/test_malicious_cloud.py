@@ -1,0 +1,210 @@
+"""Promises that hold against a lying cloud, checked on the bytes the edge sends (no model: milliseconds).
+
+The cloud here is scripted through the real wire codec.  It lists every id
+except a probe set ``P`` at one value ``v`` and claims ``tail_bound = v``: a
+row that passes every check the edge makes.  Asking for the full row only when
+a sparse row could not certify the decision told such a cloud whether the
+SLM's top token is in ``P`` (a scripted cloud recovered it out of 262,144 in
+18 steps); breaking the stream after each answer gave it four such probes per
+step.  Whatever ``P`` is, the edge must now send the same bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from edge_sdk import wire
+from edge_sdk.leakage import LeakageMeter
+from edge_sdk.policies import CusText, EmbeddingNeighbours, Policy, available_policies, make_policy, policy_class
+from edge_sdk.session import CollaborativeDecoder, DecodeSettings, run_with_resume
+from edge_sdk.transport import CloudConnection, CloudError, InProcessChannel
+
+VOCAB = 512
+EOS = VOCAB - 1
+TOP = 100  # the SLM's argmax: the token the lying cloud hunts for
+PROBE_WITH_TOP = frozenset({TOP, *range(200, 207)})
+PROBE_WITHOUT_TOP = frozenset(range(300, 308))
+
+
+class PeakSLM:
+    """An SLM whose every row peaks at ``top`` and falls off with the distance from it (end-of-text very low)."""
+
+    name = "peak"
+    vocab_size = VOCAB
+    eos_token_ids = frozenset({EOS})
+
+    def __init__(self, top: int = TOP) -> None:
+        logits = -0.05 * np.abs(np.arange(VOCAB) - top).astype(np.float32)
+        logits[EOS] = -60.0
+        self.row = logits
+
+    def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
+        return [1] * add_bos + [2 + ord(c) % 200 for c in text]
+
+    def detokenize(self, ids: list[int]) -> str:
+        return "".join(chr(97 + i % 26) for i in ids)
+
+    def vocab_fingerprint(self) -> bytes:
+        return b"peak-512"
+
+    def prefill(self, ids: list[int]) -> np.ndarray:
+        return self.row.copy()
+
+    def append(self, token_id: int) -> np.ndarray:
+        return self.row.copy()
+
+
+class LyingCloud:
+    """A cloud session handler that lists every id but ``probe`` at one value with ``tail_bound`` that value.
+
+    Every message it receives is kept (serialized) in ``received``, shared by
+    the sessions of one generation.  ``breaks`` times it breaks the stream on
+    the first message of step ``break_step`` (after keeping it).  Its token
+    choice (cloud-side) is a fixed script: nothing the edge sends changes it.
+    """
+
+    def __init__(self, probe: frozenset[int], received: list[bytes], *, breaks: list[int], break_step: int = 1,
+                 max_new_tokens: int = 4) -> None:
+        self.probe, self.received, self.breaks, self.break_step = probe, received, breaks, break_step
+        self.max_new_tokens = max_new_tokens
+        self.request: wire.SessionRequest | None = None
+        self.step = 0
+
+    def _row(self, dense: bool = False) -> Any:
+        assert self.request is not None
+        logit = self.request.space == "logit"
+        value = np.float32(0.0 if logit else 1.0 / VOCAB)
+        if dense:
+            return wire.encode_distribution(wire.CloudDistribution(self.step, dense=np.full(VOCAB, value, np.float32)))
+        ids = np.array([i for i in range(VOCAB) if i not in self.probe], dtype=np.int64)
+        return wire.encode_distribution(wire.CloudDistribution(
+            self.step, ids=ids, values=np.full(ids.size, value, np.float32), tail_bound=float(value),
+            tail_mass=len(self.probe) / VOCAB,
+        ))
+
+    def _maybe_break(self) -> None:
+        if self.step == self.break_step and self.breaks[0] > 0:
+            self.breaks[0] -= 1
+            raise CloudError("UNAVAILABLE", "connection reset", retryable=True)
+
+    def handle(self, message: Any) -> Iterator[Any]:
+        self.received.append(message.SerializeToString())
+        kind = message.WhichOneof("kind")
+        if kind == "open":
+            self.request = wire.decode_open(message.open)
+            self.step = len(self.request.resume_prefix)
+            yield wire.encode_opened(wire.SessionInfo("lying", "liar", VOCAB, len(self.request.prompt_ids),
+                                                      frozenset({EOS}), self.max_new_tokens))
+            yield self._row()
+        elif kind == "request_full":
+            self._maybe_break()
+            yield self._row(dense=True)
+        elif kind == "signal":
+            self._maybe_break()
+            assert self.request is not None
+            step, self.step = self.step, self.step + 1
+            done = self.step >= self.max_new_tokens
+            if self.request.mode == "cloud":
+                yield wire.encode_token_chosen(step, (7 * step + 3) % 50, done)
+            if done:
+                yield wire.encode_finished(self.step, "max_new_tokens")
+            else:
+                yield self._row()
+        else:
+            yield wire.encode_finished(self.step, "closed")
+
+    def abandon(self, reason: str) -> None:
+        pass
+
+
+def policies() -> list[tuple[str, str, Policy]]:
+    """Every registered policy in each mode it defines, the parameter variants that change its sparse rule."""
+    neighbours = EmbeddingNeighbours(np.random.default_rng(0).standard_normal((VOCAB, 8)).astype(np.float32))
+    cases = []
+    for name in available_policies():
+        for mode in sorted(policy_class(name).modes):
+            variants: list[Policy]
+            if name == "coveil":
+                variants = [make_policy(name, lam=lam) for lam in (0.0, 1.0, 4.0)] + [make_policy(name, space="logit")]
+            elif name == "undefended":
+                variants = [make_policy(name), make_policy(name, space="logit"), make_policy(name, temperature=0.7)]
+            elif name == "custext":
+                variants = [CusText(neighbours=neighbours, epsilon=1.0)]
+            else:
+                variants = [make_policy(name)]
+            cases += [(f"{policy.describe()}-{mode}", mode, policy) for policy in variants]
+    return cases
+
+
+def sent_to(probe: frozenset[int], mode: str, policy: Policy, *, breaks: int) -> tuple[list[bytes], CollaborativeDecoder]:
+    """Every message the edge sends to a lying cloud with ``probe``, over one generation (reconnects included)."""
+    received: list[bytes] = []
+    left = [breaks]
+    decoder = CollaborativeDecoder(
+        PeakSLM(), policy, DecodeSettings(mode=mode, max_new_tokens=4), slm_prompt=[1, 5, 6, 7], cloud_prompt=[1, 5],
+        meter=LeakageMeter(frozenset()), rng=np.random.default_rng(11),
+    )
+    connect = lambda: CloudConnection(InProcessChannel(LyingCloud(probe, received, breaks=left)))  # noqa: E731
+    list(run_with_resume(decoder, connect, max_reconnects=3, backoff_s=0.0))
+    return received, decoder
+
+
+@pytest.mark.parametrize(("label", "mode", "policy"), policies(), ids=[case[0] for case in policies()])
+def test_a_lying_cloud_gets_the_same_bytes_whether_the_slm_top_token_is_in_its_probe_set_or_not(
+    label: str, mode: str, policy: Policy
+) -> None:
+    """Content, order and size of every message the edge sends, over three forced reconnects at step 1."""
+    with_top, decoder = sent_to(PROBE_WITH_TOP, mode, policy, breaks=3)
+    without_top, _ = sent_to(PROBE_WITHOUT_TOP, mode, policy, breaks=3)
+    assert len(decoder.tokens) == 4 and decoder.ledger.reconnects == 3
+    kinds = [wire.pb().EdgeMessage.FromString(data).WhichOneof("kind") for data in with_top]
+    assert kinds.count("open") == 4  # the generation ran on four connections
+    assert with_top == without_top
+
+
+def test_the_fill_decides_as_the_filled_row_would_be_the_full_one() -> None:
+    """The SLM's top token is among the omitted ids: the edge decides (and uploads it) from the filled row
+    without asking for the full one, exactly as from a full row holding the fill there."""
+    received, decoder = sent_to(PROBE_WITH_TOP, "cloud", make_policy("coveil", lam=0.0), breaks=0)
+    kinds = [wire.pb().EdgeMessage.FromString(data).WhichOneof("kind") for data in received]
+    assert "request_full" not in kinds
+    assert decoder.ledger.full_requests == 0 and decoder.ledger.values_uploaded == 4  # y* = TOP, uploaded
+    assert all(entry.exposure == (TOP,) for entry in decoder.ledger.entries)
+
+
+def test_a_full_row_request_lost_to_a_broken_stream_is_sent_again_as_it_was_and_ledgered_each_time() -> None:
+    received, decoder = sent_to(PROBE_WITH_TOP, "edge", make_policy("dp_fusion"), breaks=3)
+    messages = [wire.pb().EdgeMessage.FromString(data) for data in received]
+    at_step_1 = [data for data, message in zip(received, messages)
+                 if message.WhichOneof("kind") == "request_full" and message.request_full.step == 1]
+    assert len(at_step_1) == 4 and len(set(at_step_1)) == 1  # the same request on each of four connections
+    entry = decoder.ledger.entries[1]
+    assert entry.full_requests == 4 and entry.full_requested and entry.sends == 1
+    assert [e.full_requests for e in decoder.ledger.entries] == [1, 4, 1, 1]
+    assert decoder.ledger.full_requests == 7
+    signal = wire.encode_token(1, entry.token_id).ByteSize()
+    assert entry.bytes_up == 4 * wire.encode_request_full(1).ByteSize() + signal
+    # what the cloud answered before each break never arrived; the dense row that did is on the entry
+    assert entry.bytes_down >= VOCAB * 4
+
+
+def test_the_public_fill_by_hand() -> None:
+    """Ten ids, two sent; the other eight share the omitted mass 0.2 evenly (at most the tail bound)."""
+    prob = wire.CloudDistribution(0, ids=np.array([3, 0]), values=np.array([0.5, 0.3], np.float32), tail_bound=0.3,
+                                  tail_mass=0.2)
+    assert prob.public_fill(10, "prob") == pytest.approx(0.025)
+    row = prob.filled(10, "prob")
+    assert row[3] == np.float32(0.5) and row[0] == np.float32(0.3) and row[5] == np.float32(0.025)
+    assert float(row.sum(dtype=np.float64)) == pytest.approx(1.0, abs=1e-6)  # a distribution again
+    # the same share in logit space: log Z = log(e^2 + e^1) - log(1 - 0.2) = 2.313262 + 0.223144
+    logit = wire.CloudDistribution(0, ids=np.array([3, 0]), values=np.array([2.0, 1.0], np.float32), tail_bound=1.0,
+                                   tail_mass=0.2)
+    assert logit.public_fill(10, "logit") == pytest.approx(np.log(0.025) + 2.536406, abs=1e-5)
+    # capped at the bound, and the lowest value of the space when nothing is omitted or no mass is left
+    assert wire.CloudDistribution(0, ids=np.array([1]), values=np.array([0.9], np.float32), tail_bound=0.001,
+                                  tail_mass=0.1).public_fill(10, "prob") == 0.001
+    assert wire.CloudDistribution(0, ids=np.array([1]), values=np.array([1.0], np.float32)).public_fill(10, "prob") == 0
