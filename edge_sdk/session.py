@@ -23,7 +23,7 @@ from edge_sdk import wire
 from edge_sdk.backends.base import SLMBackend
 from edge_sdk.fusion import check_finite, softmax
 from edge_sdk.leakage import ExposureTrace, LeakageMeter
-from edge_sdk.masking import MASKED_UPLOAD_LIMIT
+from edge_sdk.masking import FULL_UPLOAD_LIMIT
 from edge_sdk.policies.base import CloudUpload, FusionMode, Policy, SyncedToken
 from edge_sdk.transport import CloudConnection, CloudError
 
@@ -301,9 +301,10 @@ class CollaborativeDecoder:
             p_slm = p_slm.copy()
             p_slm[stops] = self._lowest
         signal = self.policy.decide(mode, p_slm, p_llm, alpha=alpha, rng=self.rng)
-        if self.masked.size and isinstance(signal, CloudUpload) and len(signal) >= self.slm.vocab_size:
-            # every id listed: the masked ones (their SLM value set to the floor) would stand out
-            signal = signal.largest(MASKED_UPLOAD_LIMIT)
+        if isinstance(signal, CloudUpload) and len(signal) >= self.slm.vocab_size:
+            # every id listed: masked ones (at the floor) would stand out; cut whether or not a mask is active,
+            # or the cut itself would say that one is
+            signal = signal.largest(FULL_UPLOAD_LIMIT)
         return signal
 
     @staticmethod

@@ -24,7 +24,6 @@ from edge_sdk.session import CollaborativeDecoder, DecodeSettings, run_with_resu
 from edge_sdk.transport import CloudConnection, CloudError, InProcessChannel
 
 VOCAB = 512
-EOS = VOCAB - 1
 TOP = 100  # the SLM's argmax: the token the lying cloud hunts for
 PROBE_WITH_TOP = frozenset({TOP, *range(200, 207)})
 PROBE_WITHOUT_TOP = frozenset(range(300, 308))
@@ -34,12 +33,11 @@ class PeakSLM:
     """An SLM whose every row peaks at ``top`` and falls off with the distance from it (end-of-text very low)."""
 
     name = "peak"
-    vocab_size = VOCAB
-    eos_token_ids = frozenset({EOS})
 
-    def __init__(self, top: int = TOP) -> None:
-        logits = -0.05 * np.abs(np.arange(VOCAB) - top).astype(np.float32)
-        logits[EOS] = -60.0
+    def __init__(self, top: int = TOP, vocab_size: int = VOCAB) -> None:
+        self.vocab_size, self.eos_token_ids = vocab_size, frozenset({vocab_size - 1})
+        logits = -0.05 * np.abs(np.arange(vocab_size) - top).astype(np.float32)
+        logits[vocab_size - 1] = -60.0
         self.row = logits
 
     def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
@@ -49,7 +47,7 @@ class PeakSLM:
         return "".join(chr(97 + i % 26) for i in ids)
 
     def vocab_fingerprint(self) -> bytes:
-        return b"peak-512"
+        return f"peak-{self.vocab_size}".encode()
 
     def prefill(self, ids: list[int]) -> np.ndarray:
         return self.row.copy()
@@ -68,8 +66,9 @@ class LyingCloud:
     """
 
     def __init__(self, probe: frozenset[int], received: list[bytes], *, breaks: list[int], break_step: int = 1,
-                 max_new_tokens: int = 4) -> None:
+                 max_new_tokens: int = 4, vocab_size: int = VOCAB) -> None:
         self.probe, self.received, self.breaks, self.break_step = probe, received, breaks, break_step
+        self.vocab = vocab_size
         self.max_new_tokens = max_new_tokens
         self.request: wire.SessionRequest | None = None
         self.step = 0
@@ -77,13 +76,13 @@ class LyingCloud:
     def _row(self, dense: bool = False) -> Any:
         assert self.request is not None
         logit = self.request.space == "logit"
-        value = np.float32(0.0 if logit else 1.0 / VOCAB)
+        value = np.float32(0.0 if logit else 1.0 / self.vocab)
         if dense:
-            return wire.encode_distribution(wire.CloudDistribution(self.step, dense=np.full(VOCAB, value, np.float32)))
-        ids = np.array([i for i in range(VOCAB) if i not in self.probe], dtype=np.int64)
+            return wire.encode_distribution(wire.CloudDistribution(self.step, dense=np.full(self.vocab, value, np.float32)))
+        ids = np.array([i for i in range(self.vocab) if i not in self.probe], dtype=np.int64)
         return wire.encode_distribution(wire.CloudDistribution(
-            self.step, ids=ids, values=np.full(ids.size, value, np.float32), tail_bound=float(value),
-            tail_mass=len(self.probe) / VOCAB,
+            self.step, ids=ids, values=np.full(ids.size, value, np.float32), tail_bound=float(value) if self.probe else 0.0,
+            tail_mass=len(self.probe) / self.vocab,
         ))
 
     def _maybe_break(self) -> None:
@@ -97,8 +96,8 @@ class LyingCloud:
         if kind == "open":
             self.request = wire.decode_open(message.open)
             self.step = len(self.request.resume_prefix)
-            yield wire.encode_opened(wire.SessionInfo("lying", "liar", VOCAB, len(self.request.prompt_ids),
-                                                      frozenset({EOS}), self.max_new_tokens))
+            yield wire.encode_opened(wire.SessionInfo("lying", "liar", self.vocab, len(self.request.prompt_ids),
+                                                      frozenset({self.vocab - 1}), self.max_new_tokens))
             yield self._row()
         elif kind == "request_full":
             self._maybe_break()
@@ -140,15 +139,17 @@ def policies() -> list[tuple[str, str, Policy]]:
     return cases
 
 
-def sent_to(probe: frozenset[int], mode: str, policy: Policy, *, breaks: int) -> tuple[list[bytes], CollaborativeDecoder]:
+def sent_to(probe: frozenset[int], mode: str, policy: Policy, *, breaks: int, vocab_size: int = VOCAB,
+            masked_ids: frozenset[int] = frozenset()) -> tuple[list[bytes], CollaborativeDecoder]:
     """Every message the edge sends to a lying cloud with ``probe``, over one generation (reconnects included)."""
     received: list[bytes] = []
     left = [breaks]
     decoder = CollaborativeDecoder(
-        PeakSLM(), policy, DecodeSettings(mode=mode, max_new_tokens=4), slm_prompt=[1, 5, 6, 7], cloud_prompt=[1, 5],
-        meter=LeakageMeter(frozenset()), rng=np.random.default_rng(11),
+        PeakSLM(vocab_size=vocab_size), policy, DecodeSettings(mode=mode, max_new_tokens=4), slm_prompt=[1, 5, 6, 7],
+        cloud_prompt=[1, 5], meter=LeakageMeter(frozenset()), rng=np.random.default_rng(11), masked_ids=masked_ids,
     )
-    connect = lambda: CloudConnection(InProcessChannel(LyingCloud(probe, received, breaks=left)))  # noqa: E731
+    connect = lambda: CloudConnection(  # noqa: E731
+        InProcessChannel(LyingCloud(probe, received, breaks=left, vocab_size=vocab_size)))
     list(run_with_resume(decoder, connect, max_reconnects=3, backoff_s=0.0))
     return received, decoder
 
@@ -208,3 +209,28 @@ def test_the_public_fill_by_hand() -> None:
     assert wire.CloudDistribution(0, ids=np.array([1]), values=np.array([0.9], np.float32), tail_bound=0.001,
                                   tail_mass=0.1).public_fill(10, "prob") == 0.001
     assert wire.CloudDistribution(0, ids=np.array([1]), values=np.array([1.0], np.float32)).public_fill(10, "prob") == 0
+
+
+# -- never_upload ------------------------------------------------------------------------------------------
+
+
+def test_a_full_upload_is_cut_to_the_same_public_size_whether_a_mask_is_active_or_not() -> None:
+    """Undefended cloud-side uploads every id; cutting it to its 1,000 largest only while a mask was active told
+    the cloud that one was.  Over a 2,048-token vocabulary both uploads now hold 1,000 values."""
+    sizes = {}
+    for masked in (frozenset(), frozenset({TOP + 1})):
+        _, decoder = sent_to(frozenset(), "cloud", make_policy("undefended"), breaks=0, vocab_size=2048,
+                             masked_ids=masked)
+        sizes[bool(masked)] = [entry.values_uploaded for entry in decoder.ledger.entries]
+    assert sizes[False] == sizes[True] == [1000] * 4
+
+
+def test_a_masked_row_in_probability_space_is_renormalised_as_the_readme_says() -> None:
+    """p = softmax(ln 4, ln 2, ln 1, ln 1) = (1/2, 1/4, 1/8, 1/8); masking id 1 (mass 1/4) leaves
+    (1/2, 0, 1/8, 1/8) / (3/4) = (2/3, 0, 1/6, 1/6): every other value divided by 1 - masked mass, so a large
+    upload still sums to 1 and does not give the masked mass away."""
+    slm = PeakSLM(vocab_size=4)
+    decoder = CollaborativeDecoder(slm, make_policy("undefended"), DecodeSettings(mode="cloud"), slm_prompt=[1],
+                                   cloud_prompt=[1], meter=LeakageMeter(frozenset()), masked_ids=frozenset({1}))
+    row = decoder._edge_arrays(np.log(np.array([4.0, 2.0, 1.0, 1.0], np.float32)))
+    assert row == pytest.approx([2 / 3, 0.0, 1 / 6, 1 / 6], abs=1e-6)
