@@ -325,6 +325,7 @@ class EdgeClient:
         rng: np.random.Generator | None = None,
         stopping: StoppingRule | None = None,
         exposure_k: int = 100,
+        pace_ms: float | None = None,
     ) -> CollaborativeDecoder:
         """Build the decoder for one generation (what :meth:`stream` runs).
 
@@ -371,6 +372,7 @@ class EdgeClient:
             seed=seed,
             exposure_budget=exposure_budget,
             exposure_k=exposure_k,
+            pace_ms=pace_ms,
         )
         return CollaborativeDecoder(
             slm,

@@ -12,6 +12,7 @@ about ``max(edge, cloud) + one round trip``.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
@@ -49,6 +50,7 @@ class LedgerEntry:
     exposure: tuple[int, ...] = ()  # DecodeLeak's E_t^K: the top-K ids the cloud can read off this step
     sends: int = 1  # how often this step's signal was sent (a broken stream re-sends the same bytes)
     full_requests: int = 0  # how often the full row was asked for (once per connection the step ran on)
+    pace_overrun: bool = False  # paced, and the signal was ready only after its first slot (it left at a later one)
 
 
 @dataclass
@@ -149,6 +151,15 @@ class DecodeSettings:
     # (a non-empty upload, a token other than the cloud's own top); after that only signals the cloud could
     # produce alone are sent.  The cloud can count those steps itself: the switch tells it nothing new.
     exposure_budget: float | None = None
+    # pacing: step t's signal leaves at the first point of the grid ``S + n * pace_ms`` (n >= 1, ``S`` the previous
+    # signal's slot, or when the session was opened) at or after it is ready, so its send time depends on the
+    # public schedule and the cloud's own timing, not on how long the SLM took (which grows with the private
+    # context).  ``None``: each signal leaves as soon as it is decided.
+    pace_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.pace_ms is not None and not self.pace_ms > 0:
+            raise ValueError(f"pace_ms must be positive (or None for no pacing), got {self.pace_ms}")
 
 
 @dataclass
@@ -212,6 +223,7 @@ class CollaborativeDecoder:
         self._stop_array = np.empty(0, dtype=np.int64)  # the same, as an array (set when the session opens)
         self._open_step: _OpenStep | None = None  # begun, but the cloud has not acknowledged its signal
         self._steered_steps = 0  # steps whose signal the private context steered (what the budget counts)
+        self._last_slot = 0.0  # paced: when the last signal (or the open) left, on time.perf_counter's clock
 
     @property
     def top_m(self) -> int:
@@ -307,6 +319,18 @@ class CollaborativeDecoder:
             signal = signal.largest(FULL_UPLOAD_LIMIT)
         return signal
 
+    def _wait_for_slot(self) -> bool:
+        """Paced: sleep until this step's slot (see ``DecodeSettings.pace_ms``); whether it missed its first one."""
+        if self.settings.pace_ms is None:
+            return False
+        pace = self.settings.pace_ms / 1e3
+        slots = max(1, math.ceil((time.perf_counter() - self._last_slot) / pace))
+        self._last_slot += slots * pace
+        delay = self._last_slot - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        return slots > 1
+
     @staticmethod
     def _steered(signal: CloudUpload | SyncedToken, dist: wire.CloudDistribution) -> bool:
         """Whether the private context steered this step's signal, as the cloud itself can tell.
@@ -336,6 +360,7 @@ class CollaborativeDecoder:
         """
         if self._p_slm is None:
             self._p_slm = self._edge_arrays(self.slm.prefill(self.slm_prompt + self.tokens))
+        self._last_slot = time.perf_counter()
         info = connection.open(self.request())
         self.ledger.session_ids.append(info.session_id)
         self.ledger.cloud_model = info.cloud_model
@@ -380,6 +405,7 @@ class CollaborativeDecoder:
                         assert signal is not None, "a full distribution always decides"
                     sent.signal, sent.exposure = signal, wire.step_exposure(signal, dist, k)
                 edge_s = time.perf_counter() - started
+                overrun = self._wait_for_slot()
                 signal, exposure = sent.signal, sent.exposure
                 sent.sends += 1
                 if isinstance(signal, CloudUpload):
@@ -431,6 +457,7 @@ class CollaborativeDecoder:
                 exposure=tuple(int(i) for i in exposure),
                 sends=sent.sends,
                 full_requests=sent.full_requests,
+                pace_overrun=overrun,
             )
             self.ledger.entries.append(entry)
             yield StepEvent(token, entry)

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import time
+
 import numpy as np
 import pytest
 
@@ -69,6 +71,7 @@ class LyingCloud:
                  max_new_tokens: int = 4, vocab_size: int = VOCAB) -> None:
         self.probe, self.received, self.breaks, self.break_step = probe, received, breaks, break_step
         self.vocab = vocab_size
+        self.arrivals: list[tuple[str, float]] = []  # (kind, when) of each message received
         self.max_new_tokens = max_new_tokens
         self.request: wire.SessionRequest | None = None
         self.step = 0
@@ -93,6 +96,7 @@ class LyingCloud:
     def handle(self, message: Any) -> Iterator[Any]:
         self.received.append(message.SerializeToString())
         kind = message.WhichOneof("kind")
+        self.arrivals.append((kind, time.perf_counter()))
         if kind == "open":
             self.request = wire.decode_open(message.open)
             self.step = len(self.request.resume_prefix)
@@ -234,3 +238,53 @@ def test_a_masked_row_in_probability_space_is_renormalised_as_the_readme_says() 
                                    cloud_prompt=[1], meter=LeakageMeter(frozenset()), masked_ids=frozenset({1}))
     row = decoder._edge_arrays(np.log(np.array([4.0, 2.0, 1.0, 1.0], np.float32)))
     assert row == pytest.approx([2 / 3, 0.0, 1 / 6, 1 / 6], abs=1e-6)
+
+
+# -- pacing ------------------------------------------------------------------------------------------------
+
+
+class SlowSLM(PeakSLM):
+    """Each step takes 1 ms per token of context so far: the longer the private context, the slower."""
+
+    def prefill(self, ids: list[int]) -> np.ndarray:
+        self.length = len(ids)
+        return super().prefill(ids)
+
+    def append(self, token_id: int) -> np.ndarray:
+        self.length += 1
+        time.sleep(self.length / 1e3)
+        return super().append(token_id)
+
+
+def signal_times(context_tokens: int, pace_ms: float | None) -> tuple[list[float], CollaborativeDecoder]:
+    """When each signal reached the cloud, in ms after the open did."""
+    cloud = LyingCloud(frozenset(), [], breaks=[0], max_new_tokens=5)
+    decoder = CollaborativeDecoder(
+        SlowSLM(), make_policy("coveil"), DecodeSettings(mode="edge", max_new_tokens=5, pace_ms=pace_ms),
+        slm_prompt=list(range(context_tokens)), cloud_prompt=[1, 5], meter=LeakageMeter(frozenset()),
+    )
+    list(decoder.steps(CloudConnection(InProcessChannel(cloud))))
+    opened = cloud.arrivals[0][1]
+    return [1e3 * (when - opened) for kind, when in cloud.arrivals if kind == "signal"], decoder
+
+
+def test_paced_signals_leave_on_a_public_schedule_whatever_the_private_context_s_length() -> None:
+    """Unpaced, a 60-token context's SLM steps are ~55 ms slower than a 5-token one's, and the cloud sees it in
+    the gaps between signals; paced at 200 ms, signal t reaches the cloud (t + 1) * 200 ms after the open (and
+    at most a scheduler's delay later), for either, and no step overran."""
+    unpaced = {n: signal_times(n, None)[0] for n in (5, 60)}
+    assert unpaced[60][-1] - unpaced[5][-1] > 4 * 40  # the test can tell the two contexts apart
+    for n in (5, 60):
+        times, decoder = signal_times(n, 200.0)
+        assert not any(entry.pace_overrun for entry in decoder.ledger.entries)
+        for step, at in enumerate(times):
+            assert (step + 1) * 200 - 1 <= at <= (step + 1) * 200 + 40, (n, step, times)
+
+
+def test_a_step_that_misses_its_slot_leaves_at_a_later_one_and_says_so() -> None:
+    """Paced at 50 ms, an SLM step of 80+ ms misses its first slot: the signal waits for a later one."""
+    times, decoder = signal_times(80, 50.0)
+    assert [entry.pace_overrun for entry in decoder.ledger.entries] == [False, True, True, True, True]
+    assert all(at % 50 <= 25 for at in times), times  # still on the 50 ms grid
+    with pytest.raises(ValueError, match="pace_ms must be positive"):
+        DecodeSettings(pace_ms=0)
