@@ -152,7 +152,7 @@ class DecodeSettings:
     # produce alone are sent.  The cloud can count those steps itself: the switch tells it nothing new.
     exposure_budget: float | None = None
     # pacing: step t's signal leaves at the first point of the grid ``S + n * pace_ms`` (n >= 1, ``S`` the previous
-    # signal's slot, or when the session was opened) at or after it is ready, so its send time depends on the
+    # signal's slot, or when the cloud's answer to the open arrived) at or after it is ready, so its send time depends on the
     # public schedule and the cloud's own timing, not on how long the SLM took (which grows with the private
     # context).  ``None``: each signal leaves as soon as it is decided.
     pace_ms: float | None = None
@@ -360,8 +360,8 @@ class CollaborativeDecoder:
         """
         if self._p_slm is None:
             self._p_slm = self._edge_arrays(self.slm.prefill(self.slm_prompt + self.tokens))
-        self._last_slot = time.perf_counter()
         info = connection.open(self.request())
+        self._last_slot = time.perf_counter()  # the cloud's reply, after its own prefill (the SLM's came before)
         self.ledger.session_ids.append(info.session_id)
         self.ledger.cloud_model = info.cloud_model
         if info.vocab_size != self.slm.vocab_size:  # the fingerprint matched; the sizes must too
