@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -175,7 +176,7 @@ def main() -> None:
             stream = client.stream(item.public_prompt, item.private_context, mode="edge", policy=coveil,
                                    max_new_tokens=args.tokens, pace_ms=pace_ms)
             times = [time.perf_counter() for _ in stream.steps()]
-            intervals += [1e3 * (b - a) for a, b in zip(times, times[1:])]
+            intervals += [1e3 * (b - a) for a, b in itertools.pairwise(times)]
             overruns += sum(entry.pace_overrun for entry in stream.ledger.entries)
         return intervals, overruns
 

@@ -11,10 +11,9 @@ step.  Whatever ``P`` is, the edge must now send the same bytes.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
-
-import time
 
 import numpy as np
 import pytest
@@ -152,7 +151,7 @@ def sent_to(probe: frozenset[int], mode: str, policy: Policy, *, breaks: int, vo
         PeakSLM(vocab_size=vocab_size), policy, DecodeSettings(mode=mode, max_new_tokens=4), slm_prompt=[1, 5, 6, 7],
         cloud_prompt=[1, 5], meter=LeakageMeter(frozenset()), rng=np.random.default_rng(11), masked_ids=masked_ids,
     )
-    connect = lambda: CloudConnection(  # noqa: E731
+    connect = lambda: CloudConnection(
         InProcessChannel(LyingCloud(probe, received, breaks=left, vocab_size=vocab_size)))
     list(run_with_resume(decoder, connect, max_reconnects=3, backoff_s=0.0))
     return received, decoder

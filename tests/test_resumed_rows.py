@@ -7,7 +7,6 @@ from typing import Any
 import numpy as np
 
 from edge_sdk import wire
-
 from tests.tiny_models import tiny_pair
 
 
@@ -18,15 +17,15 @@ class PrefillRoundsDifferently:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
 
-    def prefill(self, prompt_ids):  # noqa: ANN001, ANN201
+    def prefill(self, prompt_ids):
         seq, ns = self.inner.prefill(prompt_ids)
         seq.next_logits = np.nextafter(seq.next_logits, np.float32(np.inf)).astype(np.float32)
         return seq, ns
 
-    def forward(self, seq, token_id: int) -> int:  # noqa: ANN001
+    def forward(self, seq, token_id: int) -> int:
         return self.inner.forward(seq, token_id)
 
-    def release(self, seq) -> None:  # noqa: ANN001
+    def release(self, seq) -> None:
         self.inner.release(seq)
 
 
