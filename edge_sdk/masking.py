@@ -29,8 +29,10 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Callable, Iterable
 
-#: a full-vocabulary upload keeps only its this-many largest values, mask or no mask: with every id listed, the
-#: missing masked ids would stand out, and truncating only while a mask is active would say that one is
+#: a full-vocabulary upload keeps only its this-many largest values: with every id listed, the masked ids would
+#: stand out.  In probability space always (cutting only while a mask is active would say that one is); in logit
+#: space only under a mask, where the cut therefore says one is active (the cloud fuses a left-out id as a logit of
+#: 0: cutting every full logit upload would change the release's fusion)
 FULL_UPLOAD_LIMIT = 1000
 
 

@@ -313,9 +313,12 @@ class CollaborativeDecoder:
             p_slm = p_slm.copy()
             p_slm[stops] = self._lowest
         signal = self.policy.decide(mode, p_slm, p_llm, alpha=alpha, rng=self.rng)
-        if isinstance(signal, CloudUpload) and len(signal) >= self.slm.vocab_size:
-            # every id listed: masked ones (at the floor) would stand out; cut whether or not a mask is active,
-            # or the cut itself would say that one is
+        if isinstance(signal, CloudUpload) and len(signal) >= self.slm.vocab_size and (
+            self.policy.space == "prob" or self.masked.size
+        ):
+            # every id listed: masked ones (at the floor) would stand out.  Probability space cuts whether or
+            # not a mask is active (else the cut says one is); logit space only under a mask, since the cloud
+            # counts an id left out as a logit of 0, which would change the release's fusion of every row
             signal = signal.largest(FULL_UPLOAD_LIMIT)
         return signal
 
