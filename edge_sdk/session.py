@@ -151,10 +151,10 @@ class DecodeSettings:
     # (a non-empty upload, a token other than the cloud's own top); after that only signals the cloud could
     # produce alone are sent.  The cloud can count those steps itself: the switch tells it nothing new.
     exposure_budget: float | None = None
-    # pacing: step t's signal leaves at the first point of the grid ``S + n * pace_ms`` (n >= 1, ``S`` the previous
-    # signal's slot, or when the cloud's answer to the open arrived) at or after it is ready, so its send time depends on the
-    # public schedule and the cloud's own timing, not on how long the SLM took (which grows with the private
-    # context).  ``None``: each signal leaves as soon as it is decided.
+    # pacing: step t's signal leaves at the first point of the grid ``S + n * pace_ms`` (n >= 1; ``S`` the previous
+    # signal's slot, or when the cloud's answer to the open arrived) at or after it is ready, so its send time
+    # depends on the public schedule and the cloud's own timing, not on how long the SLM took (which grows with
+    # the private context).  ``None``: each signal leaves as soon as it is decided.
     pace_ms: float | None = None
 
     def __post_init__(self) -> None:
@@ -223,7 +223,7 @@ class CollaborativeDecoder:
         self._stop_array = np.empty(0, dtype=np.int64)  # the same, as an array (set when the session opens)
         self._open_step: _OpenStep | None = None  # begun, but the cloud has not acknowledged its signal
         self._steered_steps = 0  # steps whose signal the private context steered (what the budget counts)
-        self._last_slot = 0.0  # paced: when the last signal (or the open) left, on time.perf_counter's clock
+        self._last_slot = 0.0  # paced: the last signal's slot (or when the open was answered), perf_counter clock
 
     @property
     def top_m(self) -> int:
