@@ -12,6 +12,8 @@ in-process transport drive the same handlers.
 from __future__ import annotations
 
 import threading
+import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,41 @@ from cloud_adapter.transcript import SessionTranscript, TranscriptStore
 
 #: finished transcripts kept in memory for :meth:`CloudEngine.transcript` (within ``Limits.transcript_bytes``)
 TRANSCRIPTS_KEPT = 1000
+#: rows of steps whose full row was sent when their stream broke, kept for the session that resumes them
+RESUMABLE_ROWS_KEPT = 32
+RESUMABLE_ROW_TTL_S = 300.0
+
+#: what a resumed session's step must match to be served a kept row: client, space, prompt and prefix
+RowKey = tuple[str, str, tuple[int, ...], tuple[int, ...]]
+
+
+class ResumableRows:
+    """The logits of each step whose full row was sent when its stream broke, until a session resumes it.
+
+    The edge asks again for that row on its next connection; a recomputed row (a one-pass prefill of
+    prompt and prefix instead of step-by-step decoding) may differ in its last bits, so the resumed step
+    is served the row already sent, byte for byte.  At most ``capacity`` rows (the oldest go first), each
+    for ``ttl_s`` seconds, each taken once.
+    """
+
+    def __init__(self, capacity: int = RESUMABLE_ROWS_KEPT, ttl_s: float = RESUMABLE_ROW_TTL_S) -> None:
+        self._capacity, self._ttl_s = capacity, ttl_s
+        self._rows: OrderedDict[RowKey, tuple[float, np.ndarray]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def keep(self, key: RowKey, logits: np.ndarray) -> None:
+        with self._lock:
+            self._rows.pop(key, None)
+            self._rows[key] = (time.monotonic(), logits)
+            while len(self._rows) > self._capacity:
+                self._rows.popitem(last=False)
+
+    def take(self, key: RowKey) -> np.ndarray | None:
+        with self._lock:
+            kept = self._rows.pop(key, None)
+        if kept is None or time.monotonic() - kept[0] > self._ttl_s:
+            return None
+        return kept[1]
 
 
 class CloudEngine:
@@ -70,6 +107,7 @@ class CloudEngine:
         self._tokenizer_lock = threading.Lock()  # HF fast tokenizers refuse concurrent use
         self._lock = threading.Lock()
         self._live: dict[str, SessionHandler] = {}
+        self.resumable_rows = ResumableRows()
 
     def session(self, client_id: str) -> SessionHandler:
         """A handler for one new stream of ``client_id`` (admitted when it opens)."""

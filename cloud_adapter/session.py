@@ -31,7 +31,7 @@ from edge_sdk.fusion import NonFiniteError, check_finite, pick_token, softmax
 from edge_sdk.policies.base import CloudUpload, SyncedToken
 
 if TYPE_CHECKING:
-    from cloud_adapter.engine import CloudEngine
+    from cloud_adapter.engine import CloudEngine, RowKey
 
 
 class _State(enum.Enum):
@@ -144,6 +144,10 @@ class SessionHandler:
         self._rng = np.random.default_rng(request.seed)
         self._step = len(request.resume_prefix)
         self._seq, forward_ns = engine.runner.prefill(list(request.prompt_ids) + list(request.resume_prefix))
+        if request.resume_prefix:  # a step whose full row was sent before the stream broke: that row again
+            kept = engine.resumable_rows.take(self._row_key())
+            if kept is not None:
+                self._seq.next_logits = kept
 
         info = wire.SessionInfo(
             session_id=session_id,
@@ -274,10 +278,19 @@ class SessionHandler:
         self._end(reason)
         return message
 
+    def _row_key(self) -> RowKey:
+        """This session's current step as :class:`~cloud_adapter.engine.ResumableRows` knows it."""
+        request, seq = self._request, self._seq
+        assert request is not None and seq is not None
+        prompt = len(request.prompt_ids)
+        return self.client_id, request.space, tuple(seq.ids[:prompt]), tuple(seq.ids[prompt:])
+
     def _end(self, reason: str) -> None:
         self._state = _State.FINISHED
         if self._transcript is None:  # never admitted: nothing to free or record
             return
+        if self._pending is not None and self._pending.full_requested and self._seq is not None and reason != "closed":
+            self.engine.resumable_rows.keep(self._row_key(), self._seq.next_logits)
         if self._seq is not None:
             self.engine.runner.release(self._seq)
             self._seq = None  # the KV cache goes with its last reference

@@ -21,7 +21,7 @@ import numpy as np
 from edge_sdk import wire
 from edge_sdk.backends.base import SLMBackend
 from edge_sdk.leakage import LeakageMeter, content_token_ids, piece_reader
-from edge_sdk.masking import never_upload_ids
+from edge_sdk.masking import folded_vocabulary, never_upload_ids
 from edge_sdk.policies import Policy, make_policy
 from edge_sdk.policies.base import FusionMode
 from edge_sdk.prompts import CONTEXT_SEPARATOR, Prompts, plain_prompts
@@ -271,6 +271,7 @@ class EdgeClient:
         self._cloud = cloud if callable(cloud) else grpc_target(cloud)
         self._grpc_channel: Any = None
         self._piece: Callable[[int], str] | None = None
+        self._folded_vocabulary: dict[str, tuple[int, ...]] | None = None  # built at the first never_upload
 
     # -- connections -------------------------------------------------------------------------------
     def _connect(self) -> CloudConnection:
@@ -358,6 +359,7 @@ class EdgeClient:
         rng: np.random.Generator | None = None,
         stopping: StoppingRule | None = None,
         exposure_k: int = 100,
+        pace_ms: float | None = None,
     ) -> CollaborativeDecoder:
         """Build the decoder for one generation (what :meth:`stream` runs).
 
@@ -397,7 +399,10 @@ class EdgeClient:
             self._piece = piece_reader(slm)
         piece = self._piece
         private_ids = content_token_ids(private_context, lambda t: slm.tokenize(t, add_bos=False), piece)
-        masked = never_upload_ids(never_upload, private_context, lambda t: slm.tokenize(t, add_bos=False), piece)
+        if never_upload and self._folded_vocabulary is None:
+            self._folded_vocabulary = folded_vocabulary(piece, slm.vocab_size)
+        masked = never_upload_ids(never_upload, private_context, lambda t: slm.tokenize(t, add_bos=False), piece,
+                                  self._folded_vocabulary)
         if exposure_budget is not None and not 0.0 <= exposure_budget <= 1.0:
             raise ValueError(f"exposure_budget must lie in [0, 1], got {exposure_budget}")
         settings = DecodeSettings(
@@ -411,6 +416,7 @@ class EdgeClient:
             max_epsilon=max_epsilon,
             epsilon_delta=epsilon_delta,
             exposure_k=exposure_k,
+            pace_ms=pace_ms,
         )
         return CollaborativeDecoder(
             slm,

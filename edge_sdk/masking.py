@@ -1,20 +1,27 @@
 """``never_upload``: spans of the private context whose tokens the SLM says nothing about to the cloud.
 
 The session removes the SLM's values for these ids before any policy runs
-(``edge_sdk.session``), so no upload, token or refusal is shaped by the span;
-a masked token can still be chosen on the cloud's own probability, exactly
-as a word the context never mentions (refusing it would tell a probing cloud
-which words are hidden).
+(``edge_sdk.session``): no masked id's value is ever sent.  Every other value
+is the SLM's own, computed over the whole context (the span included); in
+probability space it is divided by ``1 - m``, ``m`` the SLM's mass on the
+masked ids, so the row is still a distribution (left as it was, the sum of a
+large upload would give ``m`` away).  A masked token can still be chosen on
+the cloud's own probability, exactly as a word the context never mentions
+(refusing it would tell a probing cloud which words are hidden).
 
 The mask is deliberately wider than DecodeLeak's content tokens: a span the
 user marks is masked whatever its words are (stop words, short words such as
 "Dr. Li", non-ASCII names such as "王小明"), in every spelling a model can
 produce mid-text: as given, lower case, upper case, capitalised and title
 case, each with and without a leading space, and each of its words alone in
-the same forms.  Only tokens that spell nothing but punctuation or
-whitespace are left out (masking "." would say nothing about the span and
-break every sentence).  A span none of whose tokens can be masked is an
-error, never a silent no-op.
+the same forms; each also in Unicode's composed (NFC, NFKC) and accent-free
+forms.  Accented variants cannot be listed from the span ("Maria" may come
+out as "María"), so every token of the vocabulary that spells one of the
+span's words up to case and accents (:func:`fold`) is masked too, and so is
+every word of the context that folds to one of them.  Only tokens that spell
+nothing but punctuation or whitespace are left out (masking "." would say
+nothing about the span and break every sentence).  A span none of whose
+tokens can be masked is an error, never a silent no-op.
 """
 
 from __future__ import annotations
@@ -22,21 +29,42 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Callable, Iterable
 
-#: a full-vocabulary upload keeps only its this-many largest values while a mask is active: with every id
-#: listed, the missing masked ids would stand out; among the ids left out of a top-1000 they do not
-MASKED_UPLOAD_LIMIT = 1000
+#: a full-vocabulary upload keeps only its this-many largest values: with every id listed, the masked ids would
+#: stand out.  In probability space always (cutting only while a mask is active would say that one is); in logit
+#: space only under a mask, where the cut therefore says one is active (the cloud fuses a left-out id as a logit of
+#: 0: cutting every full logit upload would change the release's fusion)
+FULL_UPLOAD_LIMIT = 1000
+
+
+def fold(text: str) -> str:
+    """``text`` up to case, accents and compatibility forms: NFKD, combining marks dropped, casefolded, stripped."""
+    decomposed = unicodedata.normalize("NFKD", text)
+    return "".join(ch for ch in decomposed if not unicodedata.combining(ch)).casefold().strip()
+
+
+def folded_vocabulary(piece: Callable[[int], str], vocab_size: int) -> dict[str, tuple[int, ...]]:
+    """Every id of the vocabulary by its piece's :func:`fold` (pieces that fold to nothing left out)."""
+    index: dict[str, list[int]] = {}
+    for token_id in range(vocab_size):
+        key = fold(piece(token_id))
+        if key:
+            index.setdefault(key, []).append(token_id)
+    return {key: tuple(ids) for key, ids in index.items()}
 
 
 def spellings(span: str) -> list[str]:
     """The forms of ``span`` a model may generate: case variants of the span and of each word, with and
     without a leading space."""
     span = " ".join(span.split())
+    accent_free = "".join(ch for ch in unicodedata.normalize("NFKD", span) if not unicodedata.combining(ch))
     forms: list[str] = []
-    for text in (span, *span.split(" ")):
-        for variant in (text, text.lower(), text.upper(), text.capitalize(), text.title()):
-            for spaced in (variant, " " + variant):
-                if variant and spaced not in forms:
-                    forms.append(spaced)
+    for written in dict.fromkeys((span, unicodedata.normalize("NFC", span), unicodedata.normalize("NFKC", span),
+                                  accent_free)):
+        for text in (written, *written.split(" ")):
+            for variant in (text, text.lower(), text.upper(), text.capitalize(), text.title()):
+                for spaced in (variant, " " + variant):
+                    if variant and spaced not in forms:
+                        forms.append(spaced)
     return forms
 
 
@@ -46,24 +74,44 @@ def _is_punctuation_or_space(text: str) -> bool:
     return "\ufffd" not in text and all(ch.isspace() or unicodedata.category(ch).startswith("P") for ch in text)
 
 
+def _bare(word: str) -> str:
+    """``word`` without the punctuation around it."""
+    start, end = 0, len(word)
+    while start < end and unicodedata.category(word[start]).startswith("P"):
+        start += 1
+    while end > start and unicodedata.category(word[end - 1]).startswith("P"):
+        end -= 1
+    return word[start:end]
+
+
 def never_upload_ids(
     spans: Iterable[str],
     private_context: str,
     tokenize: Callable[[str], list[int]],
     piece: Callable[[int], str],
+    vocabulary: dict[str, tuple[int, ...]] | None = None,
 ) -> frozenset[int]:
     """Every token id that spells part of one of ``spans`` (see the module docstring).
 
-    Raises ``ValueError`` for a span that does not occur in ``private_context``
-    or that has no maskable token (only punctuation or whitespace).
+    ``vocabulary``: :func:`folded_vocabulary` of the model, whose tokens that
+    spell a word of a span up to case and accents are masked too.  Raises
+    ``ValueError`` for a span that does not occur in ``private_context`` (up
+    to case and accents) or that has no maskable token (only punctuation or
+    whitespace).
     """
     masked: set[int] = set()
+    context_words = private_context.split()
     for span in spans:
         if not span.strip():
             raise ValueError("a never_upload span must not be empty")
-        if span not in private_context:
+        if span not in private_context and fold(span) not in fold(" ".join(context_words)):
             raise ValueError(f"never_upload span {span!r} does not occur in the private context")
-        ids = {i for form in spellings(span) for i in tokenize(form) if not _is_punctuation_or_space(piece(i))}
+        words = {fold(word) for word in span.split()} - {""}
+        variants = [bare for word in context_words if fold(bare := _bare(word)) in words]  # "María" for "Maria"
+        forms = spellings(span) + [form for variant in variants for form in spellings(variant)]
+        ids = {i for form in forms for i in tokenize(form) if not _is_punctuation_or_space(piece(i))}
+        if vocabulary is not None:
+            ids |= {i for word in words for i in vocabulary.get(word, ()) if not _is_punctuation_or_space(piece(i))}
         if not ids:
             raise ValueError(f"never_upload span {span!r} has no token that could be masked (only punctuation)")
         masked |= ids

@@ -12,6 +12,7 @@ about ``max(edge, cloud) + one round trip``.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
@@ -24,7 +25,7 @@ from edge_sdk.accountant import PrivacyAccountant
 from edge_sdk.backends.base import SLMBackend
 from edge_sdk.fusion import check_finite, softmax
 from edge_sdk.leakage import ExposureTrace, LeakageMeter
-from edge_sdk.masking import MASKED_UPLOAD_LIMIT
+from edge_sdk.masking import FULL_UPLOAD_LIMIT
 from edge_sdk.policies.base import CloudUpload, FusionMode, Policy, SyncedToken
 from edge_sdk.transport import CloudConnection, CloudError
 
@@ -49,6 +50,8 @@ class LedgerEntry:
     cloud_forward_ms: float  # the cloud's own forward pass for this step's distribution (as it reports)
     exposure: tuple[int, ...] = ()  # DecodeLeak's E_t^K: the top-K ids the cloud can read off this step
     sends: int = 1  # how often this step's signal was sent (a broken stream re-sends the same bytes)
+    full_requests: int = 0  # how often the full row was asked for (once per connection the step ran on)
+    pace_overrun: bool = False  # paced, and the signal was ready only after its first slot (it left at a later one)
 
 
 @dataclass
@@ -77,7 +80,7 @@ class PrivacyLedger:
 
     @property
     def full_requests(self) -> int:
-        return sum(e.full_requested for e in self.entries)
+        return sum(e.full_requests for e in self.entries)
 
     @property
     def values_uploaded(self) -> int:
@@ -123,14 +126,19 @@ class StoppingRule(Protocol):
 
 
 @dataclass(eq=False)
-class _SentSignal:
-    """A step's decided signal until the cloud acknowledges it, with what its sends cost so far."""
+class _OpenStep:
+    """A step from its first attempt until the cloud acknowledges its signal, over every connection it ran on.
+
+    ``signal`` is decided once and then re-sent byte for byte; a step whose
+    full row was asked for asks again on each new connection until a signal
+    is decided (the same request: the rule that asks is public).
+    """
 
     step: int
-    signal: CloudUpload | SyncedToken
-    exposure: np.ndarray
-    full_requested: bool
     withheld: bool
+    signal: CloudUpload | SyncedToken | None = None
+    exposure: np.ndarray | None = None
+    full_requests: int = 0
     sends: int = 0
     bytes_up: int = 0
     bytes_down: int = 0
@@ -155,6 +163,15 @@ class DecodeSettings:
     # epsilon_delta; None: the policy's own delta) only cloud-only signals are sent, as for exposure_budget
     max_epsilon: float | None = None
     epsilon_delta: float | None = None
+    # pacing: step t's signal leaves at the first point of the grid ``S + n * pace_ms`` (n >= 1; ``S`` the previous
+    # signal's slot, or when the cloud's answer to the open arrived) at or after it is ready, so its send time
+    # depends on the public schedule and the cloud's own timing, not on how long the SLM took (which grows with
+    # the private context).  ``None``: each signal leaves as soon as it is decided.
+    pace_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.pace_ms is not None and not self.pace_ms > 0:
+            raise ValueError(f"pace_ms must be positive (or None for no pacing), got {self.pace_ms}")
 
 
 @dataclass
@@ -221,8 +238,9 @@ class CollaborativeDecoder:
         self._p_llm_buffer = np.zeros(slm.vocab_size, dtype=np.float32)  # the sparse cloud view, reused
         self._stop_ids: frozenset[int] = frozenset(slm.eos_token_ids)
         self._stop_array = np.empty(0, dtype=np.int64)  # the same, as an array (set when the session opens)
-        self._unacknowledged: _SentSignal | None = None  # sent, but the stream broke before the reply
+        self._open_step: _OpenStep | None = None  # begun, but the cloud has not acknowledged its signal
         self._steered_steps = 0  # steps whose signal the private context steered (what the budget counts)
+        self._last_slot = 0.0  # paced: the last signal's slot (or when the open was answered), perf_counter clock
 
     @property
     def top_m(self) -> int:
@@ -283,8 +301,12 @@ class CollaborativeDecoder:
     def _decide(
         self, p_slm: np.ndarray, dist: wire.CloudDistribution, withheld: bool, no_stop: bool = False
     ) -> CloudUpload | SyncedToken | None:
-        """The step's signal, or ``None`` when a sparse ``dist`` cannot certify the policy's decision.
+        """The step's signal, or ``None`` when the policy reads the full row and ``dist`` is sparse.
 
+        A sparse row is read with every omitted id at its public fill
+        (:meth:`~edge_sdk.wire.CloudDistribution.filled`); whether the full
+        row is asked for depends on the policy and the mode alone
+        (:meth:`~edge_sdk.policies.base.Policy.needs_full_row`), never on ``p_slm``.
         ``no_stop`` (edge-side): end-of-generation ids are out of the choice this step; cloud-side the cloud
         is told instead.
         """
@@ -299,22 +321,35 @@ class CollaborativeDecoder:
                 row[stops] = self._lowest
                 token = int(np.argmax(row))
             return SyncedToken(token)
-        p_llm = dist.lower_dense(self.slm.vocab_size, out=self._p_llm_buffer, fill=self._lowest)
+        if not dist.is_full and self.policy.needs_full_row(mode):
+            return None
+        p_llm = dist.filled(self.slm.vocab_size, self.policy.space, out=self._p_llm_buffer)
         if stops is not None:
             p_llm = p_llm.copy() if p_llm is dist.dense else p_llm
             p_llm[stops] = self._lowest
             p_slm = p_slm.copy()
             p_slm[stops] = self._lowest
-        if dist.is_full:
-            signal = self.policy.decide(mode, p_slm, p_llm, alpha=alpha, rng=self.rng)
-        else:
-            signal = self.policy.decide_sparse(mode, p_slm, p_llm, dist.ids, dist.tail_bound, alpha=alpha, rng=self.rng)
-            if signal is None:
-                return None
-        if self.masked.size and isinstance(signal, CloudUpload) and len(signal) >= self.slm.vocab_size:
-            # every id listed: the masked ones (their SLM value set to the floor) would stand out
-            signal = signal.largest(MASKED_UPLOAD_LIMIT)
+        signal = self.policy.decide(mode, p_slm, p_llm, alpha=alpha, rng=self.rng)
+        if isinstance(signal, CloudUpload) and len(signal) >= self.slm.vocab_size and (
+            self.policy.space == "prob" or self.masked.size
+        ):
+            # every id listed: masked ones (at the floor) would stand out.  Probability space cuts whether or
+            # not a mask is active (else the cut says one is); logit space only under a mask, since the cloud
+            # counts an id left out as a logit of 0, which would change the release's fusion of every row
+            signal = signal.largest(FULL_UPLOAD_LIMIT)
         return signal
+
+    def _wait_for_slot(self) -> bool:
+        """Paced: sleep until this step's slot (see ``DecodeSettings.pace_ms``); whether it missed its first one."""
+        if self.settings.pace_ms is None:
+            return False
+        pace = self.settings.pace_ms / 1e3
+        slots = max(1, math.ceil((time.perf_counter() - self._last_slot) / pace))
+        self._last_slot += slots * pace
+        delay = self._last_slot - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        return slots > 1
 
     @staticmethod
     def _steered(signal: CloudUpload | SyncedToken, dist: wire.CloudDistribution) -> bool:
@@ -339,11 +374,14 @@ class CollaborativeDecoder:
         served from the cache), so step 0's timing tells it nothing of either.
         A step whose signal was sent but never acknowledged (the stream broke)
         sends exactly that signal again on the next connection: a fresh draw
-        would hand the cloud a second sample of the same step.
+        would hand the cloud a second sample of the same step.  A step whose
+        full-row request got no reply asks again; every send of either is on
+        the step's ledger entry.
         """
         if self._p_slm is None:
             self._p_slm = self._edge_arrays(self.slm.prefill(self.slm_prompt + self.tokens))
         info = connection.open(self.request())
+        self._last_slot = time.perf_counter()  # the cloud's reply, after its own prefill (the SLM's came before)
         self.ledger.session_ids.append(info.session_id)
         self.ledger.cloud_model = info.cloud_model
         if info.vocab_size != self.slm.vocab_size:  # the fingerprint matched; the sizes must too
@@ -370,29 +408,30 @@ class CollaborativeDecoder:
             if self.stopping is not None and text is None:  # a resumed session: the text so far, once
                 text = self.slm.detokenize(self.tokens)
             no_stop = self.stopping is not None and not self.stopping.allows_end(text)
-            sent = self._unacknowledged if self._unacknowledged is not None and self._unacknowledged.step == step else None
+            sent = self._open_step if self._open_step is not None and self._open_step.step == step else None
             if sent is None:
-                p_slm = self._p_slm
                 budget = self.settings.exposure_budget
                 # one more steered step must keep the share within the budget: at most floor(budget * max_steps)
                 withheld = budget is not None and self._steered_steps + 1 > budget * max_steps
                 withheld = self.accountant.withholds(step) or withheld  # public numbers and the release count only
-                signal = self._decide(p_slm, dist, withheld, no_stop)
-                full_requested = signal is None
-                if signal is None:
-                    wait = time.perf_counter()
-                    dist = connection.request_full(step)
-                    wait_s += time.perf_counter() - wait
-                    signal = self._decide(p_slm, dist, withheld, no_stop)
-                    assert signal is not None, "a full distribution always decides"
-                exposure = wire.step_exposure(signal, dist, k)
-                if not withheld:  # recorded when decided: a send that broke may still have reached the cloud
-                    self.accountant.record(step, steered=self._steered(signal, dist))
-                sent = self._unacknowledged = _SentSignal(step, signal, exposure, full_requested, withheld)
-            edge_s = time.perf_counter() - started
-            signal, exposure = sent.signal, sent.exposure
-            sent.sends += 1
+                sent = self._open_step = _OpenStep(step, withheld)
             try:
+                if sent.signal is None:
+                    signal = self._decide(self._p_slm, dist, sent.withheld, no_stop)
+                    if signal is None:  # the policy reads full rows: asked for at every step
+                        sent.full_requests += 1
+                        wait = time.perf_counter()
+                        dist = connection.request_full(step)
+                        wait_s += time.perf_counter() - wait
+                        signal = self._decide(self._p_slm, dist, sent.withheld, no_stop)
+                        assert signal is not None, "a full distribution always decides"
+                    sent.signal, sent.exposure = signal, wire.step_exposure(signal, dist, k)
+                    if not sent.withheld:  # recorded when decided: a send that broke may still have reached the cloud
+                        self.accountant.record(step, steered=self._steered(signal, dist))
+                edge_s = time.perf_counter() - started
+                overrun = self._wait_for_slot()
+                signal, exposure = sent.signal, sent.exposure
+                sent.sends += 1
                 if isinstance(signal, CloudUpload):
                     wait = time.perf_counter()
                     token, finished = connection.upload(step, signal, no_stop=no_stop)
@@ -407,7 +446,7 @@ class CollaborativeDecoder:
                 sent.bytes_up += connection.bytes.edge_to_cloud - up0
                 sent.bytes_down += connection.bytes.cloud_to_edge - down0
                 raise
-            self._unacknowledged = None
+            self._open_step = None
             self.meter.observe(exposure)  # what the cloud can read off this step (reported, never decides anything)
             if isinstance(signal, SyncedToken):
                 self.meter.observe([token])
@@ -430,7 +469,7 @@ class CollaborativeDecoder:
                 policy=self.policy.name,
                 signal="upload" if isinstance(signal, CloudUpload) else "token",
                 values_uploaded=uploaded,
-                full_requested=sent.full_requested,
+                full_requested=sent.full_requests > 0,
                 withheld=sent.withheld,
                 steered=steered,
                 bytes_up=sent.bytes_up + connection.bytes.edge_to_cloud - up0,
@@ -441,6 +480,8 @@ class CollaborativeDecoder:
                 cloud_forward_ms=cloud_forward_ns / 1e6,
                 exposure=tuple(int(i) for i in exposure),
                 sends=sent.sends,
+                full_requests=sent.full_requests,
+                pace_overrun=overrun,
             )
             self.ledger.entries.append(entry)
             yield StepEvent(token, entry)

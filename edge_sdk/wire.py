@@ -147,6 +147,38 @@ class CloudDistribution:
         out[self.ids] = self.values
         return out
 
+    def public_fill(self, vocab_size: int, space: FusionSpace) -> float:
+        """The value a sparse row's omitted ids stand at when the edge decides from it.
+
+        Computed from what the cloud sent only (never from the edge's own
+        model), so deciding from it asks nothing of the cloud.  The omitted ids
+        share the omitted mass evenly, at most the tail bound ``b``::
+
+            prob:   fill = min(b, tail_mass / n_omitted)
+            logit:  fill = min(b, log(tail_mass / n_omitted) + log Z),
+                    log Z = logsumexp(sent logits) - log(1 - tail_mass)
+
+        (in logit space the fill's softmax share is that same even share).  A
+        row that lists every id has no fill; a tail mass of 0 fills with the
+        lowest value of the space (0, or float32's minimum for logits).
+        """
+        omitted = vocab_size - len(self.ids)
+        lowest = float(np.finfo(np.float32).min) if space == "logit" else 0.0
+        if self.dense is not None or omitted <= 0 or self.tail_mass <= 0:
+            return lowest
+        share = self.tail_mass / omitted
+        if space == "prob":
+            return min(self.tail_bound, share)
+        if not self.tail_mass < 1.0 or not len(self.values):
+            return self.tail_bound
+        top = float(self.values.max())
+        log_z = top + float(np.log(np.exp(self.values.astype(np.float64) - top).sum())) - float(np.log1p(-self.tail_mass))
+        return min(self.tail_bound, float(np.log(share)) + log_z)
+
+    def filled(self, vocab_size: int, space: FusionSpace, out: np.ndarray | None = None) -> np.ndarray:
+        """The row exact where sent and at :meth:`public_fill` where omitted (the full row itself when dense)."""
+        return self.lower_dense(vocab_size, out=out, fill=self.public_fill(vocab_size, space))
+
     def top_ids(self, k: int) -> np.ndarray:
         """``TopK`` of the cloud's row (ids by decreasing value, ties to the lower id).
 

@@ -373,6 +373,28 @@ def test_a_prompt_that_leaves_no_room_for_a_reply_is_context_length_exceeded(pro
         serving.close()
 
 
+def test_the_default_reply_length_sent_to_the_cloud_says_nothing_of_the_private_context() -> None:
+    """Without max_tokens the open's max_new_tokens came from the SLM's room, i.e. it was n_ctx minus the private
+    context's length.  Now it comes from the public prompt: contexts of 0, 10 and 30 words send the same value, or
+    (when it does not fit beside the context) are refused before anything is sent."""
+    for default, expected in ((256, [97]), (50, [50, 50, 50])):
+        client = RecordingClient()
+        serving = EdgeServing(client, None, ServerSettings(cloud="c:1", default_max_tokens=default),  # type: ignore[arg-type]
+                              n_ctx=100)
+        try:
+            for words in (0, 10, 30):
+                request = CompletionRequest(model="coveil", prompt="a question",
+                                            coveil={"private_context": " ".join(["secret"] * words)} if words else None)
+                try:
+                    serving.prepare_completion(request)
+                except EndpointError as refused:
+                    assert refused.code == "context_length_exceeded" and "max_tokens unset" in refused.message
+            assert [settings["max_new_tokens"] for settings in client.settings] == expected, default
+            assert all(settings == client.settings[0] for settings in client.settings[1:])
+        finally:
+            serving.close()
+
+
 # -- a client that goes away -------------------------------------------------------------------------------
 
 

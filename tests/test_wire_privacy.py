@@ -76,7 +76,7 @@ def test_never_upload_masks_every_spelling_of_any_span(slm) -> None:
 
 
 def test_a_masked_id_is_never_uploaded_nor_missing_from_a_predictable_set(client, engine, slm) -> None:
-    from edge_sdk.masking import MASKED_UPLOAD_LIMIT
+    from edge_sdk.masking import FULL_UPLOAD_LIMIT
     from edge_sdk.policies import Undefended
 
     spans = ["jaundice", "bilirubin"]
@@ -87,7 +87,7 @@ def test_a_masked_id_is_never_uploaded_nor_missing_from_a_predictable_set(client
     list(decoder.steps(connection))
     for entry, step in zip(decoder.ledger.entries, engine.transcript(connection.info.session_id)["steps"]):
         # the full upload became its top values: the masked ids hide among the many ids left out
-        assert step["upload_size"] == entry.values_uploaded == MASKED_UPLOAD_LIMIT
+        assert step["upload_size"] == entry.values_uploaded == FULL_UPLOAD_LIMIT
         assert not set(step["upload_ids"]) & masked
 
 

@@ -166,6 +166,20 @@ class Policy(ABC):
         """
         return None
 
+    def needs_full_row(self, mode: FusionMode) -> bool:
+        """Whether the decision reads the cloud's whole row: the edge then asks for it at *every* step.
+
+        Otherwise the edge decides from the cloud's top values with every
+        omitted id at the public fill
+        (:meth:`edge_sdk.wire.CloudDistribution.filled`) and never asks.
+        Either way whether a row is asked for depends on the policy and the
+        mode alone: asking only when :meth:`decide_sparse` could not certify
+        a decision told a cloud that shaped its row whether the SLM's top
+        token was among the ids it left out.  The default: exactly when
+        :meth:`llm_support` is ``None``.
+        """
+        return self.llm_support(mode) is None
+
     def decide_sparse(
         self,
         mode: FusionMode,
@@ -183,8 +197,11 @@ class Policy(ABC):
         values are at most ``tail_bound``.  The default certifies through
         :meth:`llm_support` (:func:`edge_sdk.fusion.certify_fused_top_k`); a
         policy may override it with a finer certificate.  A returned decision is
-        always the one the full distribution would give; ``None`` means: ask
-        the cloud for the full row.
+        always the one the full distribution would give; ``None`` means the
+        sparse row does not pin it down.  The decoding loop does not use this
+        (whether it asks for a row must not depend on ``p_slm``, see
+        :meth:`needs_full_row`); ``benchmarks/sparse_rows.py`` measures with it
+        how often a decision from the filled row can differ from the exact one.
         """
         support = self.llm_support(mode)
         if support is None or not certify_fused_top_k(

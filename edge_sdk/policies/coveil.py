@@ -507,6 +507,9 @@ class CoVeil(Policy):
             return None
         return 1 if mode == "cloud" else self.k
 
+    def needs_full_row(self, mode: FusionMode) -> bool:
+        return False  # both rules in both spaces decide from the top values at the public fill
+
     def decide_sparse(self, mode: FusionMode, p_slm: np.ndarray, p_llm_lower: np.ndarray, known_ids: np.ndarray,
                       tail_bound: float, *, alpha: float, rng: np.random.Generator | None = None
                       ) -> CloudUpload | SyncedToken | None:

@@ -315,13 +315,16 @@ class EdgeServing:
         completion-style prompt)."""
         prompt_tokens = len(prompts.slm_ids)
         room = self.n_ctx - prompt_tokens
-        max_new_tokens = reply_limit if reply_limit is not None else min(self.settings.default_max_tokens, room)
+        # the cloud is told max_new_tokens: a default from the SLM's room would be the private context's length
+        public_room = self.n_ctx - len(prompts.cloud_ids)
+        max_new_tokens = reply_limit if reply_limit is not None else min(self.settings.default_max_tokens, public_room)
         if max_new_tokens > room or room < 1:  # a reply needs at least one token of room
             asked = max(max_new_tokens, 1)
+            default = "" if reply_limit is not None else " (max_tokens unset: the default, from the public prompt)"
             raise bad_request(
                 f"This model's maximum context length is {self.n_ctx} tokens. However, you requested "
                 f"{prompt_tokens + asked} tokens ({prompt_tokens} in the {prompt_param} and private context, "
-                f"{asked} in the completion). Please reduce the length of the {prompt_param}, the private "
+                f"{asked} in the completion{default}). Please reduce the length of the {prompt_param}, the private "
                 "context or the completion.",
                 param=prompt_param, code="context_length_exceeded",
             )

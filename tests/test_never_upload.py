@@ -1,0 +1,51 @@
+"""``never_upload`` spellings up to case and accents, on a tiny word-piece vocabulary (no model)."""
+
+from __future__ import annotations
+
+import string
+import unicodedata
+
+import pytest
+
+from edge_sdk.masking import fold, folded_vocabulary, never_upload_ids
+
+PIECES = [" ", ".", "Seen", " with", " and", " Maria", "Maria", " María", "María", " MARIA", " maria", " Mar", "ía",
+          "ia", " Keller", " Kéller", " KELLER", " Zoë", " Zoe", "Zoe",
+          *string.ascii_letters, "í", "ì", "é", "ë", "Í", "Ì", "É", "Ë"]
+
+
+def tokenize(text: str) -> list[int]:
+    """Greedy longest match over ``PIECES`` (every character of the tests has a piece)."""
+    ids, at = [], 0
+    while at < len(text):
+        best = max((i for i, p in enumerate(PIECES) if text.startswith(p, at)), key=lambda i: len(PIECES[i]))
+        ids.append(best)
+        at += len(PIECES[best])
+    return ids
+
+
+def masked(spans: list[str], context: str) -> set[str]:
+    vocabulary = folded_vocabulary(PIECES.__getitem__, len(PIECES))
+    return {PIECES[i] for i in never_upload_ids(spans, context, tokenize, PIECES.__getitem__, vocabulary)}
+
+
+def test_fold_ignores_case_accents_and_compatibility_forms() -> None:
+    assert fold(" María") == fold("MARIA") == fold(unicodedata.normalize("NFD", "maría")) == "maria"
+    assert fold("Ｍaria") == "maria"  # a fullwidth letter (NFKD)
+
+
+def test_an_accented_spelling_the_model_could_produce_is_masked_with_the_plain_one() -> None:
+    """Masking "Maria" left " María" (one token) unmasked: the SLM could still put its mass there."""
+    assert {" Maria", "Maria", " María", "María", " MARIA", " maria"} <= masked(["Maria"], "Seen with Maria.")
+    # and the other way round: the accent-free spellings of an accented span
+    assert {" Maria", " María", " Kéller", " Keller", " KELLER"} <= masked(["María Kéller"], "Seen with María Kéller.")
+    assert {" Zoe", "Zoe", " Zoë"} <= masked(["Zoë"], "Seen with Zoë.")
+
+
+def test_a_span_matches_the_context_up_to_accents_and_every_spelling_there_is_masked() -> None:
+    """The context writes "Marìa", which no single token spells (" Mar" + "ì" + "a"): those pieces are masked
+    too, while punctuation never is."""
+    got = masked(["Maria"], "Seen with Marìa and Maria.")
+    assert {" Mar", "ì", " María"} <= got and "." not in got
+    with pytest.raises(ValueError, match="does not occur"):
+        masked(["Keller"], "Seen with Maria.")
