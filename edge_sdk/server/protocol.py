@@ -243,11 +243,13 @@ class Usage(BaseModel):
 
 
 class StepReport(BaseModel):
-    """What the cloud saw at one step (the live page colours each token by ``saw``)."""
+    """What the cloud saw at one step: ``saw`` its kind, ``values_left`` how many values of the edge's left the
+    device (the upload's values, or 1 for a synchronised token id; the live page colours each token by it)."""
 
     step: int
     token_id: int
     saw: CloudSaw
+    values_left: int
     values_uploaded: int
     full_requested: bool
     withheld: bool

@@ -64,7 +64,8 @@ def cloud_saw(entry: LedgerEntry) -> str:
 
 def step_report(entry: LedgerEntry) -> StepReport:
     return StepReport(
-        step=entry.step, token_id=entry.token_id, saw=cloud_saw(entry), values_uploaded=entry.values_uploaded,
+        step=entry.step, token_id=entry.token_id, saw=cloud_saw(entry),
+        values_left=entry.values_uploaded if entry.signal == "upload" else 1, values_uploaded=entry.values_uploaded,
         full_requested=entry.full_requested, withheld=entry.withheld, steered=entry.steered,
         bytes_up=entry.bytes_up, bytes_down=entry.bytes_down, leakage_meter=entry.leak_share,
     )
