@@ -129,17 +129,20 @@ class OllamaGenerationRequest(BaseModel):
         """``(param, why)`` for a field this endpoint cannot honour (the OpenAI request refuses the rest)."""
         if self.think not in (None, False):
             return "think", "the edge model does not think before it answers"
-        if self.format:
-            return "format", "structured output is not served yet (the constraint must apply where each end " \
-                "picks the token, and neither end has it)"
         if self.logprobs or self.top_logprobs:
             return "logprobs", "log-probabilities are not returned (the fused distribution is the policy's)"
         return self.options.refused() if self.options else None
 
     def common_fields(self, served_model: str) -> dict[str, Any]:
-        """The OpenAI request's fields for this request's model and options."""
-        return {"model": served_model, "stream": self.stream,
-                **(self.options.openai_fields() if self.options else {})}
+        """The OpenAI request's fields for this request's model, options and format (``"json"``: any JSON
+        object; a schema: JSON valid under it)."""
+        fields = {"model": served_model, "stream": self.stream,
+                  **(self.options.openai_fields() if self.options else {})}
+        if self.format == "json":
+            fields["response_format"] = {"type": "json_object"}
+        elif isinstance(self.format, dict):
+            fields["response_format"] = {"type": "json_schema", "json_schema": {"schema": self.format}}
+        return fields
 
 
 class OllamaChatRequest(OllamaGenerationRequest):
