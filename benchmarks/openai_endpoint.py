@@ -18,15 +18,19 @@ Headline figures, medians over all generations of each path:
   endpoint_vs_sdk  = endpoint tokens/s / direct tokens/s                    (target >= 0.95)
   ollama_vs_sdk    = ollama route tokens/s / direct tokens/s                (target >= 0.95)
   ttft_overhead_ms = endpoint ttft - direct ttft, in milliseconds         (target <= 50)
-  (ollama_ttft_overhead_ms the same for the Ollama route.)  JSON-schema decoding is not measured: structured
-  output is not served yet (``response_format`` and ``format`` are refused).
+  (ollama_ttft_overhead_ms the same for the Ollama route.)
+JSON-schema decoding (edge-side fusion, the only one a schema is served in), through ``EdgeClient`` directly:
+the same items decoded free and under a small schema (every item one way, then the other, rotating), each
+generation's time per step = its time / its tokens;
+  json_schema_step_overhead = median ms/step under the schema / median ms/step free - 1      (target <= 0.05)
+  (the mask, its renormalisation, the grammar's advance, and the full rows the cloud sends under a schema).
 Concurrency (the endpoint's queue: one SLM, one generation at a time, FIFO): ``--concurrency`` requests sent at
 once; queue_aggregate_vs_sequential = their tokens / wall time over the sequential endpoint tokens/s (about 1:
 a queue serves the SLM's rate, never more), queue_max_wait_ms the longest ``coveil.queue_ms`` among them.
 
 Usage: python benchmarks/openai_endpoint.py [--items 3] [--tokens 32] [--rounds 3] [--mode cloud|edge]
                                             [--concurrency 4]
-The last three lines are endpoint_vs_sdk, ollama_vs_sdk and ttft_overhead_ms.
+The last four lines are endpoint_vs_sdk, ollama_vs_sdk, json_schema_step_overhead and ttft_overhead_ms.
 """
 
 from __future__ import annotations
@@ -38,6 +42,12 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+
+#: the schema of the JSON-schema runs: a short answer object (what an app asking for structure sends)
+JSON_SCHEMA = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 40},
+                                                "confident": {"type": "boolean"}},
+               "required": ["answer", "confident"], "additionalProperties": False}
 
 
 @dataclass(frozen=True)
@@ -164,6 +174,27 @@ def main() -> None:
             mismatches = sum(d.text != e.text for route in ("endpoint", "ollama")
                              for d, e in zip(runs["direct"], runs[route], strict=True))
 
+            # JSON-schema decoding against free decoding, edge-side, direct
+            def edge_step_ms(item, schema) -> float:  # noqa: ANN001
+                prompts = chat_prompts(template, [{"role": "user", "content": item.public_prompt}],
+                                       item.private_context)
+                start = time.perf_counter()
+                result = client.generate(prompts, mode="edge", policy=CoVeil(lam=1.0), max_new_tokens=args.tokens,
+                                         json_schema=schema)
+                return 1e3 * (time.perf_counter() - start) / max(1, len(result.token_ids))
+
+            edge_step_ms(items[-1], JSON_SCHEMA)  # warm-up: the grammar engine's tokenizer is built once per model
+            schema_runs: dict[str, list[float]] = {"free": [], "schema": []}
+            schemas = {"free": None, "schema": JSON_SCHEMA}
+            with Progress(console=console, transient=True) as progress:
+                task = progress.add_task("json schema", total=2 * args.rounds * len(items))
+                for round_index in range(args.rounds):
+                    order = ("free", "schema") if round_index % 2 == 0 else ("schema", "free")
+                    for way in order:
+                        for item in items:
+                            schema_runs[way].append(edge_step_ms(item, schemas[way]))
+                            progress.advance(task)
+
             # the queue: requests at once, against the sequential endpoint rate
             results: list[tuple[Timing, float]] = []
             lock = threading.Lock()
@@ -196,6 +227,8 @@ def main() -> None:
         table.add_row(path, f"{median(rates):.2f}", f"{min(rates):.2f}..{max(rates):.2f}", f"{median(ttfts):.1f}",
                       f"{min(ttfts):.1f}..{max(ttfts):.1f}")
     console.print(table)
+    console.print(f"edge-side CoVeil through EdgeClient, ms/step (median): free {median(schema_runs['free']):.1f}, "
+                  f"under the JSON schema {median(schema_runs['schema']):.1f}")
 
     def rate(path: str) -> float:
         return median([t.tokens_per_s for t in runs[path]])
@@ -210,6 +243,7 @@ def main() -> None:
     print(f"ollama_ttft_overhead_ms={ttft_overhead_ms('ollama'):.1f}")
     print(f"endpoint_vs_sdk={rate('endpoint') / rate('direct'):.3f}")
     print(f"ollama_vs_sdk={rate('ollama') / rate('direct'):.3f}")
+    print(f"json_schema_step_overhead={median(schema_runs['schema']) / median(schema_runs['free']) - 1:.3f}")
     print(f"ttft_overhead_ms={ttft_overhead_ms('endpoint'):.1f}")
 
 
