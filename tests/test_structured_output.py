@@ -101,3 +101,19 @@ def test_a_schema_that_cannot_compile_or_cloud_side_fusion_is_a_400(endpoint: En
                                                    options=EDGE)
     assert refused.value.status_code == 400 and "cannot be compiled" in refused.value.error
     assert len(transcripts(cloud)) == sessions  # refused before any cloud session
+
+
+def test_what_a_schema_changes_on_the_wire_depends_on_the_schema_alone(endpoint: Endpoint) -> None:
+    """The session request under a schema is the same whatever the private context (full rows asked for: top_m is
+    the vocabulary), and differs from the free request in top_m only."""
+    from dataclasses import replace
+
+    from edge_sdk.prompts import chat_prompts
+
+    schema = SCHEMAS["enum and boolean"]
+    requests = [endpoint.client.decoder(chat_prompts(endpoint.template, MESSAGES, context), mode="edge",
+                                        json_schema=schema).request()
+                for context in (PRIVATE_CONTEXT, "Nothing private here at all, and much longer " * 5)]
+    assert requests[0] == requests[1] and requests[0].top_m == endpoint.client.slm.vocab_size
+    free = endpoint.client.decoder(chat_prompts(endpoint.template, MESSAGES, PRIVATE_CONTEXT), mode="edge").request()
+    assert replace(free, top_m=requests[0].top_m) == requests[0] and free.top_m < requests[0].top_m
