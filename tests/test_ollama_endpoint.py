@@ -161,3 +161,23 @@ def test_a_message_marked_private_over_raw_http_conditions_only_the_slm(endpoint
     assert by_message["message"]["content"] == by_option.message.content
     assert by_message["prompt_eval_count"] == by_option.prompt_eval_count
     assert seen["prompt_ids"] == endpoint.template.render(MESSAGES) and CANARY not in json.dumps(seen)
+
+
+def test_options_stop_seed_and_temperature_reach_the_generation(endpoint: Endpoint, cloud: Cloud) -> None:
+    """``stop`` ends the reply before the stop string; ``seed`` and ``temperature`` are the cloud's sampling seed
+    and temperature in cloud-side fusion (the same seed, the same sample; the transcript says the temperature)."""
+    options = {"num_predict": 8, "coveil": {"private_context": PRIVATE_CONTEXT, "mode": "edge"}}
+    free = client(endpoint).chat(model="coveil", messages=MESSAGES, options=options).message.content
+    word = free.split()[-1]
+    stopped = client(endpoint).chat(model="coveil", messages=MESSAGES, options={**options, "stop": [word]})
+    assert stopped.message.content == free[: free.index(word)] and stopped.done_reason == "stop"
+
+    sampled = {"num_predict": 8, "temperature": 1.5, "coveil": {"private_context": PRIVATE_CONTEXT,
+                                                                 "mode": "cloud"}}
+    first = client(endpoint).chat(model="coveil", messages=MESSAGES, options={**sampled, "seed": 7})
+    assert transcripts(cloud)[-1]["temperature"] == 1.5
+    again = client(endpoint).chat(model="coveil", messages=MESSAGES, options={**sampled, "seed": 7})
+    assert first.message.content == again.message.content
+    others = {client(endpoint).chat(model="coveil", messages=MESSAGES, options={**sampled, "seed": seed}).message.content
+              for seed in (8, 9, 10)}
+    assert others != {first.message.content}  # another seed, another sample (three alike would be no seed at all)
