@@ -36,7 +36,7 @@ class GrammarVocabulary(Protocol):
     eos_token_ids: frozenset[int]
     special_token_ids: frozenset[int]
 
-    def token_strings(self) -> list[bytes]: ...
+    def token_pieces(self) -> list[bytes]: ...
 
     def tokenize(self, text: str, *, add_bos: bool, special: bool = False) -> list[int]: ...
 
@@ -47,7 +47,7 @@ class _Tokenizer:
     def __init__(self, vocabulary: GrammarVocabulary) -> None:
         self.eos_token_id = min(vocabulary.eos_token_ids)
         self.bos_token_id = vocabulary.bos_token_id
-        self.tokens = vocabulary.token_strings()[: vocabulary.vocab_size]
+        self.tokens = vocabulary.token_pieces()[: vocabulary.vocab_size]  # the bytes each id adds to the text
         self.special_token_ids = sorted(vocabulary.special_token_ids)
         self._vocabulary = vocabulary
 

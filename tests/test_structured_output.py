@@ -33,6 +33,10 @@ SCHEMAS = {
                          "required": ["organ", "sure"], "additionalProperties": False},
     "short string": {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 12}},
                      "required": ["answer"], "additionalProperties": False},
+    # a space the grammar must see as a space (the tokenizer's raw entries spell it "\u2581")
+    "two words": {"type": "object", "properties": {"words": {"type": "string",
+                                                             "pattern": "^[a-z]{1,10} [a-z]{1,10}$"}},
+                  "required": ["words"], "additionalProperties": False},
     "array of enums": {"type": "object", "properties": {"organs": {
         "type": "array", "items": {"enum": ["liver", "kidney", "skin"]}, "minItems": 1, "maxItems": 2}},
         "required": ["organs"], "additionalProperties": False},
@@ -117,3 +121,14 @@ def test_what_a_schema_changes_on_the_wire_depends_on_the_schema_alone(endpoint:
     assert requests[0] == requests[1] and requests[0].top_m == endpoint.client.slm.vocab_size
     free = endpoint.client.decoder(chat_prompts(endpoint.template, MESSAGES, PRIVATE_CONTEXT), mode="edge").request()
     assert replace(free, top_m=requests[0].top_m) == requests[0] and free.top_m < requests[0].top_m
+
+
+def test_the_grammar_reads_each_id_as_the_bytes_it_adds_to_the_text(endpoint: Endpoint) -> None:
+    """The pieces of a tokenised text join to that text (a space, a newline, a byte token), where the raw
+    tokenizer entries hold "\u2581" for a space and "<0x0A>" for a newline byte."""
+    slm = endpoint.client.slm
+    text = " The liver\n\tswells: 12 mg/dl. \u00e9t\u00e9"
+    pieces = slm.token_pieces()
+    ids = slm.tokenize(text, add_bos=False)
+    assert b"".join(pieces[i] for i in ids) == text.encode("utf-8")
+    assert len(pieces) == slm.vocab_size and pieces[slm.tokenize("\n", add_bos=False)[0]] == b"\n"
