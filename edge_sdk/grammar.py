@@ -82,6 +82,9 @@ class JsonConstraint:
     def __init__(self, vocabulary: GrammarVocabulary, schema: dict[str, Any]) -> None:
         from llguidance import LLMatcher
 
+        if not callable(getattr(vocabulary, "token_pieces", None)):
+            raise TypeError(f"structured output needs the SLM's token_pieces() (the llama.cpp backend has them); "
+                            f"{type(vocabulary).__name__} has none")
         try:
             grammar = LLMatcher.grammar_from_json_schema(json.dumps(schema))
         except (ValueError, TypeError) as exc:
