@@ -132,3 +132,15 @@ def test_the_grammar_reads_each_id_as_the_bytes_it_adds_to_the_text(endpoint: En
     ids = slm.tokenize(text, add_bos=False)
     assert b"".join(pieces[i] for i in ids) == text.encode("utf-8")
     assert len(pieces) == slm.vocab_size and pieces[slm.tokenize("\n", add_bos=False)[0]] == b"\n"
+
+
+def test_a_spent_exposure_budget_still_answers_within_the_schema(endpoint: Endpoint) -> None:
+    """Budget 0: every step sends the cloud's own top token, the best one the schema allows."""
+    schema = SCHEMAS["enum and boolean"]
+    reply = api(endpoint).chat.completions.create(
+        model="coveil", messages=MESSAGES, max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}},
+        extra_body={"coveil": {**EDGE["coveil"], "exposure_budget": 0.0}})
+    ledger = reply.model_extra["coveil"]
+    assert ledger["withheld_steps"] == ledger["steps"] > 0 and reply.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(reply.choices[0].message.content), schema)
