@@ -1,28 +1,36 @@
-"""The endpoint's cost: the same generations through the OpenAI endpoint (the ``openai`` client, streaming) and
-through ``EdgeClient`` directly, in one run.
+"""The endpoint's cost: the same generations through the OpenAI endpoint (the ``openai`` client, streaming), its
+Ollama route (the ``ollama`` client, streaming ``/api/chat``) and ``EdgeClient`` directly, in one run.
 
 One run starts a cloud adapter on loopback (``coveil-cloud serve``, dtype auto, its share of the cores), loads the
 SLM once and serves the endpoint in this process (uvicorn on a thread) over the *same* ``EdgeClient``.  Each round
-decodes the same MedPriv items both ways (every item one way, then every item the other, the order alternating
-between rounds; with ``--items`` >= 2 no prompt follows itself, so no generation is served its prefill from the
-SLM's cache of the one before), CoVeil (lam = 1.0), greedy, so both paths decide the same tokens (checked:
-``text_mismatches``).  The direct path does what the endpoint does
+decodes the same MedPriv items the three ways (every item one way, then every item the next, the order rotating
+between rounds so each path goes first as often; with ``--items`` >= 2 no prompt follows itself, so no generation
+is served its prefill from the SLM's cache of the one before), CoVeil (lam = 1.0), greedy, so the paths decide
+the same tokens (checked: ``text_mismatches``, over both routes).  The direct path does what the endpoint does
 for a chat request: render the conversation with the model's chat template (``chat_prompts``), then stream.
 
 Per generation, timed in the caller from the call to the last token:
   ttft        = time to the first non-empty text (direct: the first piece ``client.stream`` yields; endpoint:
-                the first chunk with content, through HTTP, SSE and the openai client);
+                the first chunk with content, through HTTP, SSE and the openai client; ollama: the first NDJSON
+                line with content, through the ollama client);
   tokens/s    = tokens decided / (time to the last token), the rate an app sees.
 Headline figures, medians over all generations of each path:
   endpoint_vs_sdk  = endpoint tokens/s / direct tokens/s                    (target >= 0.95)
+  ollama_vs_sdk    = ollama route tokens/s / direct tokens/s                (target >= 0.95)
   ttft_overhead_ms = endpoint ttft - direct ttft, in milliseconds         (target <= 50)
+  (ollama_ttft_overhead_ms the same for the Ollama route.)
+JSON-schema decoding (edge-side fusion, the only one a schema is served in), through ``EdgeClient`` directly:
+the same items decoded free and under a small schema (every item one way, then the other, rotating), each
+generation's time per step = its time / its tokens;
+  json_schema_step_overhead = median ms/step under the schema / median ms/step free - 1      (target <= 0.05)
+  (the mask, its renormalisation, the grammar's advance, and the full rows the cloud sends under a schema).
 Concurrency (the endpoint's queue: one SLM, one generation at a time, FIFO): ``--concurrency`` requests sent at
 once; queue_aggregate_vs_sequential = their tokens / wall time over the sequential endpoint tokens/s (about 1:
 a queue serves the SLM's rate, never more), queue_max_wait_ms the longest ``coveil.queue_ms`` among them.
 
 Usage: python benchmarks/openai_endpoint.py [--items 3] [--tokens 32] [--rounds 3] [--mode cloud|edge]
                                             [--concurrency 4]
-The last two lines are endpoint_vs_sdk and ttft_overhead_ms.
+The last four lines are endpoint_vs_sdk, ollama_vs_sdk, json_schema_step_overhead and ttft_overhead_ms.
 """
 
 from __future__ import annotations
@@ -34,6 +42,12 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+
+#: the schema of the JSON-schema runs: a short answer object (what an app asking for structure sends)
+JSON_SCHEMA = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 40},
+                                                "confident": {"type": "boolean"}},
+               "required": ["answer", "confident"], "additionalProperties": False}
 
 
 @dataclass(frozen=True)
@@ -59,6 +73,7 @@ def main() -> None:
     if min(args.tokens, args.rounds, args.concurrency) < 1 or args.items < 2:
         parser.error("--tokens, --rounds and --concurrency must be at least 1, --items at least 2")
 
+    from ollama import Client as OllamaClient
     from openai import OpenAI
     from rich.console import Console
     from rich.progress import Progress
@@ -124,20 +139,61 @@ def main() -> None:
                 end = time.perf_counter()
                 return Timing((first or end) - start, end - start, steps, "".join(pieces)), queue_ms
 
-            direct(items[-1])  # warm-up: model pages, the adapter's first session, the HTTP stack (the last
-            request(items[-1])  # item, so the first timed generation does not follow its own prompt)
-            runs: dict[str, list[Timing]] = {"direct": [], "endpoint": []}
+            ollama_api = OllamaClient(host=base_url, timeout=600)
+
+            def ollama_request(item) -> Timing:  # noqa: ANN001
+                start = time.perf_counter()
+                parts = ollama_api.chat(
+                    model="coveil", messages=[{"role": "user", "content": item.public_prompt}], stream=True,
+                    options={"num_predict": args.tokens, "coveil": {"private_context": item.private_context,
+                                                                    "mode": args.mode, "params": {"lam": 1.0}}})
+                first, pieces, steps = None, [], 0
+                for part in parts:
+                    if part.message.content:
+                        first = first or time.perf_counter()
+                        pieces.append(part.message.content)
+                    steps = part.eval_count or steps  # on the last line
+                end = time.perf_counter()
+                return Timing((first or end) - start, end - start, steps, "".join(pieces))
+
+            paths = {"direct": direct, "endpoint": lambda item: request(item)[0], "ollama": ollama_request}
+            for path in paths.values():  # warm-up: model pages, the adapter's first session, the HTTP stack
+                path(items[-1])  # (the last item, so the first timed generation does not follow its own prompt)
+            runs: dict[str, list[Timing]] = {name: [] for name in paths}
+            names = list(paths)
             with Progress(console=console, transient=True) as progress:
-                task = progress.add_task("generations", total=2 * args.rounds * len(items))
+                task = progress.add_task("generations", total=len(paths) * args.rounds * len(items))
                 for round_index in range(args.rounds):
-                    # every item through one path, then through the other: the same prompt never runs twice in
-                    # a row, so neither path is served the other's prefill from the SLM's cache
-                    order = ("direct", "endpoint") if round_index % 2 == 0 else ("endpoint", "direct")
-                    for path in order:
+                    # every item through one path, then through the next: the same prompt never runs twice in
+                    # a row, so no path is served another's prefill from the SLM's cache; the order rotates
+                    shift = round_index % len(names)
+                    for path in names[shift:] + names[:shift]:
                         for item in items:
-                            runs[path].append(direct(item) if path == "direct" else request(item)[0])
+                            runs[path].append(paths[path](item))
                             progress.advance(task)
-            mismatches = sum(d.text != e.text for d, e in zip(runs["direct"], runs["endpoint"], strict=True))
+            mismatches = sum(d.text != e.text for route in ("endpoint", "ollama")
+                             for d, e in zip(runs["direct"], runs[route], strict=True))
+
+            # JSON-schema decoding against free decoding, edge-side, direct
+            def edge_step_ms(item, schema) -> float:  # noqa: ANN001
+                prompts = chat_prompts(template, [{"role": "user", "content": item.public_prompt}],
+                                       item.private_context)
+                start = time.perf_counter()
+                result = client.generate(prompts, mode="edge", policy=CoVeil(lam=1.0), max_new_tokens=args.tokens,
+                                         json_schema=schema)
+                return 1e3 * (time.perf_counter() - start) / max(1, len(result.token_ids))
+
+            edge_step_ms(items[-1], JSON_SCHEMA)  # warm-up: the grammar engine's tokenizer is built once per model
+            schema_runs: dict[str, list[float]] = {"free": [], "schema": []}
+            schemas = {"free": None, "schema": JSON_SCHEMA}
+            with Progress(console=console, transient=True) as progress:
+                task = progress.add_task("json schema", total=2 * args.rounds * len(items))
+                for round_index in range(args.rounds):
+                    order = ("free", "schema") if round_index % 2 == 0 else ("schema", "free")
+                    for way in order:
+                        for item in items:
+                            schema_runs[way].append(edge_step_ms(item, schemas[way]))
+                            progress.advance(task)
 
             # the queue: requests at once, against the sequential endpoint rate
             results: list[tuple[Timing, float]] = []
@@ -171,14 +227,24 @@ def main() -> None:
         table.add_row(path, f"{median(rates):.2f}", f"{min(rates):.2f}..{max(rates):.2f}", f"{median(ttfts):.1f}",
                       f"{min(ttfts):.1f}..{max(ttfts):.1f}")
     console.print(table)
+    console.print(f"edge-side CoVeil through EdgeClient, ms/step (median): free {median(schema_runs['free']):.1f}, "
+                  f"under the JSON schema {median(schema_runs['schema']):.1f}")
 
-    endpoint_rate = median([t.tokens_per_s for t in runs["endpoint"]])
+    def rate(path: str) -> float:
+        return median([t.tokens_per_s for t in runs[path]])
+
+    def ttft_overhead_ms(path: str) -> float:
+        return 1e3 * (median([t.ttft_s for t in runs[path]]) - median([t.ttft_s for t in runs["direct"]]))
+
     aggregate = sum(t.tokens for t, _ in results) / wall
     print(f"text_mismatches={mismatches}")
-    print(f"queue_aggregate_vs_sequential={aggregate / endpoint_rate:.3f}")
+    print(f"queue_aggregate_vs_sequential={aggregate / rate('endpoint'):.3f}")
     print(f"queue_max_wait_ms={max(wait for _, wait in results):.0f}")
-    print(f"endpoint_vs_sdk={endpoint_rate / median([t.tokens_per_s for t in runs['direct']]):.3f}")
-    print(f"ttft_overhead_ms={1e3 * (median([t.ttft_s for t in runs['endpoint']]) - median([t.ttft_s for t in runs['direct']])):.1f}")
+    print(f"ollama_ttft_overhead_ms={ttft_overhead_ms('ollama'):.1f}")
+    print(f"endpoint_vs_sdk={rate('endpoint') / rate('direct'):.3f}")
+    print(f"ollama_vs_sdk={rate('ollama') / rate('direct'):.3f}")
+    print(f"json_schema_step_overhead={median(schema_runs['schema']) / median(schema_runs['free']) - 1:.3f}")
+    print(f"ttft_overhead_ms={ttft_overhead_ms('endpoint'):.1f}")
 
 
 if __name__ == "__main__":

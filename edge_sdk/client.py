@@ -20,6 +20,7 @@ import numpy as np
 
 from edge_sdk import wire
 from edge_sdk.backends.base import SLMBackend
+from edge_sdk.grammar import JsonConstraint
 from edge_sdk.leakage import LeakageMeter, content_token_ids, piece_reader
 from edge_sdk.masking import folded_vocabulary, never_upload_ids
 from edge_sdk.policies import Policy, make_policy
@@ -360,6 +361,7 @@ class EdgeClient:
         stopping: StoppingRule | None = None,
         exposure_k: int = 100,
         pace_ms: float | None = None,
+        json_schema: dict[str, Any] | None = None,
     ) -> CollaborativeDecoder:
         """Build the decoder for one generation (what :meth:`stream` runs).
 
@@ -384,6 +386,10 @@ class EdgeClient:
         public numbers and the count of releasing steps.  A heuristic policy
         (no DP guarantee) releases nothing under a budget.  What was spent:
         ``result.ledger.privacy()``.
+
+        ``json_schema``: the reply is a JSON document valid under this (public) schema, edge-side fusion only:
+        the fused distribution is masked to the ids the schema allows before the policy picks
+        (:mod:`edge_sdk.grammar`); a schema that cannot be compiled raises :class:`edge_sdk.grammar.GrammarError`.
         """
         if isinstance(policy, str):
             policy = make_policy(policy, backend=self.slm)  # a policy that needs the model builds from it
@@ -429,6 +435,7 @@ class EdgeClient:
             # the policy's randomness comes from OS entropy, never from anything on the wire
             rng=rng if rng is not None else np.random.default_rng(),
             stopping=stopping,
+            constraint=JsonConstraint(slm, json_schema) if json_schema is not None else None,
         )
 
     def stream(self, public_query: str | Prompts, private_context: str = "", **kwargs: Any) -> GenerationStream:

@@ -24,6 +24,7 @@ from edge_sdk import wire
 from edge_sdk.accountant import PrivacyAccountant
 from edge_sdk.backends.base import SLMBackend
 from edge_sdk.fusion import check_finite, softmax
+from edge_sdk.grammar import JsonConstraint, mask_row
 from edge_sdk.leakage import ExposureTrace, LeakageMeter
 from edge_sdk.masking import FULL_UPLOAD_LIMIT
 from edge_sdk.policies.base import CloudUpload, FusionMode, Policy, SyncedToken
@@ -212,9 +213,12 @@ class CollaborativeDecoder:
         masked_ids: frozenset[int] = frozenset(),
         rng: np.random.Generator | None = None,
         stopping: StoppingRule | None = None,
+        constraint: JsonConstraint | None = None,
     ) -> None:
         if settings.mode not in policy.modes:
             raise ValueError(f"policy {policy.name!r} does not support {settings.mode}-side fusion")
+        if constraint is not None and settings.mode != "edge":
+            raise ValueError("a JSON schema constrains edge-side fusion only: cloud-side, the cloud picks the token")
         policy = policy.for_generation(settings.max_new_tokens)  # a budget spread over T tokens: this T
         self.slm = slm
         self.policy = policy
@@ -230,6 +234,9 @@ class CollaborativeDecoder:
         self._lowest = np.float32(np.finfo(np.float32).min if policy.space == "logit" else 0.0)
         self.rng = rng
         self.stopping = stopping
+        # structured output: masks the fused distribution where the edge picks (edge_sdk.grammar); the loop hook
+        # for logits processors is not there yet, so the mask is applied in _decide and advanced on append
+        self.constraint = constraint
         self.tokens: list[int] = []
         self.ledger = PrivacyLedger(mode=settings.mode, policy=policy.describe(), exposure_k=settings.exposure_k,
                                     accountant=self.accountant)
@@ -251,6 +258,8 @@ class CollaborativeDecoder:
         step whatever ``settings.top_m`` says.
         """
         s = self.settings
+        if self.constraint is not None:  # a masked row needs every value (public: the schema alone decides it)
+            return self.slm.vocab_size
         top_m = max(s.top_m, s.exposure_k) if s.mode == "edge" else s.top_m
         return min(top_m, self.slm.vocab_size)
 
@@ -312,13 +321,17 @@ class CollaborativeDecoder:
         """
         mode, alpha = self.settings.mode, self.settings.alpha
         stops = self._stop_array if no_stop and mode == "edge" else None
+        allowed = self.constraint.allowed() if self.constraint is not None else None
         if withheld:  # budget spent: a signal the cloud could have produced on its own
             if mode == "cloud":
                 return CloudUpload.empty(self.policy.space)
             token = dist.top_id()  # the cloud's own top token (its best one that does not end, if it may not)
-            if stops is not None and token in self._stop_ids:
+            if (stops is not None and token in self._stop_ids) or (allowed is not None and not allowed[token]):
                 row = dist.lower_dense(self.slm.vocab_size, out=self._p_llm_buffer, fill=self._lowest).copy()
-                row[stops] = self._lowest
+                if stops is not None:
+                    row[stops] = self._lowest
+                if allowed is not None:
+                    row = mask_row(row, allowed, lowest=self._lowest)
                 token = int(np.argmax(row))
             return SyncedToken(token)
         if not dist.is_full and self.policy.needs_full_row(mode):
@@ -329,6 +342,9 @@ class CollaborativeDecoder:
             p_llm[stops] = self._lowest
             p_slm = p_slm.copy()
             p_slm[stops] = self._lowest
+        if allowed is not None:  # the schema's ids only, in both rows the policy fuses
+            p_llm = mask_row(p_llm, allowed, lowest=self._lowest)
+            p_slm = mask_row(p_slm, allowed, lowest=self._lowest)
         signal = self.policy.decide(mode, p_slm, p_llm, alpha=alpha, rng=self.rng)
         if isinstance(signal, CloudUpload) and len(signal) >= self.slm.vocab_size and (
             self.policy.space == "prob" or self.masked.size
@@ -337,6 +353,8 @@ class CollaborativeDecoder:
             # not a mask is active (else the cut says one is); logit space only under a mask, since the cloud
             # counts an id left out as a logit of 0, which would change the release's fusion of every row
             signal = signal.largest(FULL_UPLOAD_LIMIT)
+        if allowed is not None and isinstance(signal, SyncedToken) and not allowed[signal.token_id]:
+            raise ValueError(f"policy {self.policy.name!r} chose a token outside the JSON schema's grammar")
         return signal
 
     def _wait_for_slot(self) -> bool:
@@ -453,6 +471,8 @@ class CollaborativeDecoder:
             steered = self._steered(signal, dist)
             self._steered_steps += steered
             self.tokens.append(token)
+            if self.constraint is not None:
+                self.constraint.consume(token)
             if self.stopping is not None:  # one detokenisation per step serves this test and the next step's
                 text = self.slm.detokenize(self.tokens)
             done = self.stopping is not None and self.stopping.is_done(text)

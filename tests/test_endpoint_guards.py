@@ -489,10 +489,13 @@ def test_a_missing_never_upload_span_is_named_by_position_not_quoted(recording) 
     assert "never_upload[1]" in caught.value.message and "Zorblat" not in caught.value.message
 
 
+@pytest.mark.parametrize("route", ["openai", "ollama"])
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_generation_that_fails_after_steps_were_sent_returns_the_ledger_of_what_left(stream: bool) -> None:
+def test_a_generation_that_fails_after_steps_were_sent_returns_the_ledger_of_what_left(stream: bool,
+                                                                                      route: str) -> None:
     """Before, a request that failed after two uploads answered a bare 503: the app could not tell what the cloud
-    had already seen."""
+    had already seen.  Ollama's route answers in its own shape: ``{"error": message, "coveil": ledger}``, as the
+    whole body or as the stream's last line."""
     from edge_sdk.server.app import create_app, running
     from edge_sdk.transport import CloudError
 
@@ -513,15 +516,28 @@ def test_a_generation_that_fails_after_steps_were_sent_returns_the_ledger_of_wha
     app = create_app(ServerSettings(cloud="c:1"), client=Client(), chat_template=RecordingRenderer(),  # type: ignore[arg-type]
                      n_ctx=512)
     with running(app) as base_url:
-        status, _, body = call(base_url, "POST", "/v1/chat/completions", chat_body(stream=stream), JSON)
+        if route == "openai":
+            status, _, body = call(base_url, "POST", "/v1/chat/completions", chat_body(stream=stream), JSON)
+        else:
+            ollama_body = json.dumps({"model": "coveil", "stream": stream,
+                                      "options": {"coveil": {"private_context": SECRET}},
+                                      "messages": [{"role": "user", "content": "Which organ?"}]}).encode()
+            status, _, body = call(base_url, "POST", "/api/chat", ollama_body, JSON)
     if stream:  # the stream had begun: its last event is the error, with the ledger
         assert status == 200
-        events = [json.loads(line[6:]) for line in body.decode().splitlines() if line.startswith("data: {")]
+        if route == "openai":
+            events = [json.loads(line[6:]) for line in body.decode().splitlines() if line.startswith("data: {")]
+        else:
+            events = [json.loads(line) for line in body.decode().splitlines()]
+            assert [event["coveil"]["step"]["values_uploaded"] for event in events[:-1]] == [5, 5]
         reply = events[-1]
     else:
         assert status == 503
         reply = json.loads(body)
-    assert reply["error"]["code"] == "cloud_unavailable" and "went away" not in reply["error"]["message"]
+    if route == "ollama":  # Ollama's error is the message itself
+        assert "cloud adapter cannot be reached" in reply["error"] and "went away" not in reply["error"]
+    else:
+        assert reply["error"]["code"] == "cloud_unavailable" and "went away" not in reply["error"]["message"]
     assert reply["coveil"]["steps"] == 2 and reply["coveil"]["values_uploaded"] == 10
     assert reply["coveil"]["bytes_up"] == 20
 

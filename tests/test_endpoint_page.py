@@ -32,7 +32,33 @@ from tests.endpoint_stack import (  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.model
 
+By_TAG = "tag name"  # selenium's By.TAG_NAME (selenium is imported inside the tests: it may be missing)
+
 TOKENS = 8
+
+
+def band_of(element) -> str:
+    return next(name for name in element.get_attribute("class").split() if name.startswith("left-"))
+
+
+def expected_band(values_left: int) -> str:
+    """Worked by hand from the legend: nothing, 1 value, 2-100, 101-10,000, more."""
+    for band, most in enumerate((0, 1, 100, 10_000)):
+        if values_left <= most:
+            return f"left-{band}"
+    return "left-4"
+
+
+def exact(row, column: int) -> int:
+    return int(row.find_elements(By_TAG, "td")[column].get_attribute("data-value"))
+
+
+def readable_bytes(n: int) -> str:
+    """1 KB = 1,024 B, one decimal, no trailing zero: 950 -> '950 B', 12,800 -> '12.5 KB', 2,048 -> '2 KB'."""
+    if n < 1024:
+        return f"{n:,} B"
+    value, unit = (n / 1024, "KB") if n < 1024**2 else (n / 1024**2, "MB")
+    return f"{round(value, 1):,g} {unit}"
 
 
 @pytest.fixture
@@ -71,30 +97,74 @@ def test_the_page_colours_each_token_by_what_the_cloud_saw(endpoint: Endpoint, b
     spans = browser.find_elements(By.CSS_SELECTOR, "#answer span.tok")
     assert "".join(span.get_attribute("textContent") for span in spans) == shown
     assert [int(span.get_attribute("data-step")) for span in spans] == list(range(len(entries)))
-    # cloud-side fusion: a step the cloud saw uploaded values is orange, one with an empty upload green
-    colours = [span.get_attribute("class").split()[-1] for span in spans]
-    assert colours == ["saw-full" if e.full_requested else "saw-upload" if e.values_uploaded else "saw-nothing"
-                       for e in entries]
-    assert {span.value_of_css_property("background-color") for span in spans if "saw-upload" in
-            span.get_attribute("class")} <= {"rgba(253, 227, 191, 1)"}  # the legend's upload colour
+    # cloud-side fusion: the colour says how many values left at the step (0, 1, 2-100, ...), the outline a
+    # full-distribution request
+    kinds = [span.get_attribute("data-saw") for span in spans]
+    assert kinds == ["full" if e.full_requested else "upload" if e.values_uploaded else "nothing" for e in entries]
+    assert [band_of(span) for span in spans] == [expected_band(e.values_uploaded) for e in entries]
+    legend = {band_of(span): span.value_of_css_property("background-color")
+              for span in browser.find_elements(By.CSS_SELECTOR, "#legend-left span.tok")}
+    assert len(set(legend.values())) == 5  # five colours, one per band
+    assert all(span.value_of_css_property("background-color") == legend[band_of(span)] for span in spans)
 
     rows = browser.find_elements(By.CSS_SELECTOR, "#ledger tbody tr")
     assert len(rows) == len(entries)
-    assert [int(row.find_elements(By.TAG_NAME, "td")[3].text) for row in rows] == [e.values_uploaded for e in entries]
+    assert [exact(row, 3) for row in rows] == [e.values_uploaded for e in entries]
     summary = [cell.text for cell in browser.find_elements(By.CSS_SELECTOR, "#ledger tfoot td")]
+    footer = browser.find_element(By.CSS_SELECTOR, "#ledger tfoot tr")
     assert summary[0] == f"{len(entries)} steps" and summary[1] in ("finish: length", "finish: stop")
-    assert int(summary[3]) == expected.ledger.values_uploaded
-    assert int(summary[4]) == expected.ledger.bytes_up
+    assert exact(footer, 3) == expected.ledger.values_uploaded
+    assert exact(footer, 4) == expected.ledger.bytes_up
+    assert summary[3] == f"{expected.ledger.values_uploaded:,}" and summary[4] == readable_bytes(exact(footer, 4))
     # bytes down: each Distribution carries the cloud's forward time as a varint (forward_ns), 3 or 4 bytes for
     # a forward of 16 us to 268 ms, so two runs of the same generation differ by up to a byte a step; the
     # footer is the per-step rows summed
-    assert abs(int(summary[5]) - expected.ledger.bytes_down) <= len(entries)
-    assert int(summary[5]) == sum(int(row.find_elements(By.TAG_NAME, "td")[5].text) for row in rows)
+    assert abs(exact(footer, 5) - expected.ledger.bytes_down) <= len(entries)
+    assert exact(footer, 5) == sum(exact(row, 5) for row in rows)
     meter = browser.find_element(By.ID, "meter-value").text
     assert meter == summary[6] == f"{100 * expected.ledger.leak_share:.1f}%"
+    # the meter says why it rose, at the first step that raised it
+    why = browser.find_element(By.ID, "meter-why").text
+    risen = [e.step for e in entries if e.leak_share > 0]
+    assert (f"step {risen[0]}" in why and "counts as exposed whenever the private context holds it" in why) \
+        if risen else why == ""
     # the line under the meter: CoVeil is a heuristic, its generation has no epsilon
     assert browser.find_element(By.ID, "epsilon-line").text.startswith("ε: non-private (coveil is a heuristic")
     assert CANARY not in browser.find_element(By.ID, "answer").get_attribute("textContent")
+
+
+def test_an_undefended_step_is_coloured_apart_from_a_coveil_one_of_the_same_kind(endpoint: Endpoint, browser,
+                                                                                 tmp_path: Path) -> None:
+    """Both upload cloud-side ("the cloud saw an upload"); the undefended one sends the whole vocabulary at every
+    step, shown in the deepest band with megabytes, CoVeil's few values in a light one."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    browser.get(endpoint.base_url + "/")
+    wait = WebDriverWait(browser, 300)
+    wait.until(lambda b: len(Select(b.find_element(By.ID, "policy")).options) > 1)
+    browser.find_element(By.ID, "question").send_keys(QUESTION)
+    browser.find_element(By.ID, "private-context").send_keys(PRIVATE_CONTEXT)
+    Select(browser.find_element(By.ID, "mode")).select_by_value("cloud")
+    Select(browser.find_element(By.ID, "policy")).select_by_value("undefended")
+    tokens = browser.find_element(By.ID, "max-tokens")
+    tokens.clear()
+    tokens.send_keys("2")
+    browser.find_element(By.ID, "submit").click()
+    wait.until(lambda b: b.find_element(By.ID, "status").get_attribute("data-state") in ("done", "error"))
+    assert browser.find_element(By.ID, "status").get_attribute("data-state") == "done"
+    browser.save_screenshot(str(tmp_path / "undefended.png"))
+    spans = browser.find_elements(By.CSS_SELECTOR, "#answer span.tok")
+    vocabulary = endpoint.client.slm.vocab_size
+    assert [span.get_attribute("data-saw") for span in spans] == ["upload", "upload"]
+    assert [int(span.get_attribute("data-values-left")) for span in spans] == [vocabulary, vocabulary]
+    assert {band_of(span) for span in spans} == {"left-4"}
+    deepest = browser.find_element(By.CSS_SELECTOR, "#legend-left span.left-4").value_of_css_property(
+        "background-color")
+    assert {span.value_of_css_property("background-color") for span in spans} == {deepest}
+    row = browser.find_element(By.CSS_SELECTOR, "#ledger tbody tr")
+    assert row.find_elements(By.TAG_NAME, "td")[3].text == f"{vocabulary:,}" == "262,144"
+    assert row.find_elements(By.TAG_NAME, "td")[4].text.endswith(" MB")  # 262,144 float32 values and their ids
 
 
 def test_on_a_keyed_endpoint_the_page_opens_with_the_key_in_its_address(cloud: Cloud, slm, browser,

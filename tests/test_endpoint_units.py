@@ -18,7 +18,7 @@ from edge_sdk.client import GenerationStream
 from edge_sdk.prompts import Prompts
 from edge_sdk.server.errors import EndpointError, from_cloud_error
 from edge_sdk.server.protocol import ChatCompletionRequest, CompletionRequest
-from edge_sdk.server.serving import EdgeServing, Generation, StopText, cloud_saw
+from edge_sdk.server.serving import EdgeServing, Generation, StopText, cloud_saw, step_report
 from edge_sdk.server.settings import ServerSettings
 from edge_sdk.session import LedgerEntry, PrivacyLedger, StepEvent
 from edge_sdk.transport import CloudError
@@ -62,6 +62,16 @@ def test_each_step_is_labelled_by_the_strongest_thing_the_cloud_saw() -> None:
     assert cloud_saw(entry(signal="token")) == "token"
     assert cloud_saw(entry(signal="token", full=True)) == "full"
     assert cloud_saw(entry(signal="upload", values=3, full=True)) == "full"
+
+
+def test_each_step_reports_how_many_values_left_the_device() -> None:
+    """The page colours by this count: an empty upload 0, a synchronised token id 1, an upload its values (the
+    undefended one the whole vocabulary), a full-distribution request adds nothing the edge sent."""
+    assert step_report(entry(signal="upload", values=0)).values_left == 0
+    assert step_report(entry(signal="token")).values_left == 1
+    assert step_report(entry(signal="token", full=True)).values_left == 1
+    assert step_report(entry(signal="upload", values=262_144)).values_left == 262_144
+    assert step_report(entry(signal="upload", values=3, full=True)).values_left == 3
 
 
 @pytest.mark.parametrize(("code", "status", "kind"), [

@@ -10,6 +10,7 @@ of its last position only, and :meth:`LlamaCppSLM.append` copies that one row
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import sys
@@ -125,6 +126,7 @@ class LlamaCppSLM:
         self._last_prefill: tuple[list[int], np.ndarray] | None = None
         self.evaluated_tokens = 0  # tokens run through the model so far (prompt and appended)
         self._fingerprint: bytes | None = None
+        self._pieces: list[bytes] | None = None  # token_pieces(), built on first use
 
     # -- tokenizer ---------------------------------------------------------------------------------
     def tokenize(self, text: str, *, add_bos: bool, special: bool = False) -> list[int]:
@@ -142,6 +144,23 @@ class LlamaCppSLM:
     def token_strings(self) -> list[bytes]:
         """Every tokenizer entry's raw string, in id order (what the vocabulary fingerprint hashes)."""
         return list(self._token_strings)
+
+    def token_pieces(self) -> list[bytes]:
+        """Every id's bytes as it adds them to a text, in id order (``▁The`` → ``b" The"``, ``<0x0A>`` →
+        ``b"\\n"``; a control token as its name): what a grammar over the vocabulary matches
+        (:mod:`edge_sdk.grammar`), unlike :meth:`token_strings`, the tokenizer's raw entries."""
+        if self._pieces is None:
+            to_piece, vocab = self._llama_cpp.llama_token_to_piece, self._model.vocab
+            buffer = ctypes.create_string_buffer(1024)
+            pieces = []
+            for token_id in range(self.vocab_size):
+                n = to_piece(vocab, token_id, buffer, len(buffer), 0, True)
+                if n < 0:  # longer than the buffer: -n bytes are needed
+                    buffer = ctypes.create_string_buffer(-n)
+                    n = to_piece(vocab, token_id, buffer, len(buffer), 0, True)
+                pieces.append(bytes(buffer[:n]))
+            self._pieces = pieces
+        return list(self._pieces)
 
     def vocab_fingerprint(self) -> bytes:
         if self._fingerprint is None:

@@ -23,30 +23,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from edge_sdk.backends.base import SLMBackend
 from edge_sdk.client import EdgeClient
 from edge_sdk.prompts import ChatRenderer
-from edge_sdk.server.errors import EndpointError
+from edge_sdk.server.errors import EndpointError, validation_message
 from edge_sdk.server.guards import RequestGuard
+from edge_sdk.server.ollama_router import ollama_router
 from edge_sdk.server.router import STATIC_DIR, router
 from edge_sdk.server.serving import EdgeServing
 from edge_sdk.server.settings import ServerSettings
 
 log = logging.getLogger("coveil.edge.server")
-
-#: why a field the endpoint does not know is refused (the allowlist of :mod:`edge_sdk.server.protocol`)
-UNKNOWN_FIELD = ("unknown field, refused rather than ignored (an ignored privacy marker would send text to the "
-                 "cloud): the private part goes in 'coveil', a private message or text part is marked "
-                 "'coveil_private': true")
-
-
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    """One line per problem, ``where: what``, never the offending value (it may be private text)."""
-    problems, first = [], None
-    for error in exc.errors():
-        where = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
-        first = first or where or None
-        what = UNKNOWN_FIELD if error.get("type") == "extra_forbidden" else error.get("msg", "invalid")
-        problems.append(f"{where or 'body'}: {what}")
-    return "; ".join(problems) or "invalid request", first
-
 
 def create_app(
     settings: ServerSettings,
@@ -73,7 +57,7 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc)
+        message, param = validation_message(exc.errors())
         error = EndpointError(400, message, param=param)
         return JSONResponse(error.body(), status_code=400)
 
@@ -84,6 +68,7 @@ def create_app(
         return JSONResponse(error.body(), status_code=exc.status_code)
 
     app.include_router(router)
+    app.include_router(ollama_router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.add_middleware(RequestGuard, host=settings.host, api_key=api_key,
                        max_request_bytes=settings.max_request_bytes)

@@ -23,6 +23,7 @@ messages name what is wrong, never the request's text; a 429 carries
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from edge_sdk.server.protocol import ErrorDetail, ErrorResponse
@@ -98,3 +99,21 @@ def from_cloud_error(exc: CloudError) -> EndpointError:
     status, kind, code = _CLOUD_STATUSES.get(exc.code, (502, "api_error", "cloud_error"))
     return EndpointError(status, f"{_CLOUD_HINTS[code]} ({exc.code})", type=kind, code=code,
                          retry_after_s=RETRY_AFTER_S if status == 429 else None)
+
+
+#: why a field the endpoint does not know is refused (the allowlist of :mod:`edge_sdk.server.protocol`)
+UNKNOWN_FIELD = ("unknown field, refused rather than ignored (an ignored privacy marker would send text to the "
+                 "cloud): the private part goes in 'coveil', a private message or text part is marked "
+                 "'coveil_private': true")
+
+
+def validation_message(errors: Iterable[Mapping[str, Any]]) -> tuple[str, str | None]:
+    """A request's schema errors (pydantic's ``errors()``) as one line, ``where: what`` per problem, and the first
+    problem's place; never the offending value (it may be private text)."""
+    problems, first = [], None
+    for error in errors:
+        where = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
+        first = first or where or None
+        what = UNKNOWN_FIELD if error.get("type") == "extra_forbidden" else error.get("msg", "invalid")
+        problems.append(f"{where or 'body'}: {what}")
+    return "; ".join(problems) or "invalid request", first

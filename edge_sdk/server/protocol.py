@@ -21,9 +21,11 @@ Responses carry the privacy ledger's summary in a ``coveil`` field
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
+
+from edge_sdk.grammar import ANY_JSON_OBJECT
 
 #: OpenAI's limit on stop strings per request
 MAX_STOPS = 4
@@ -117,6 +119,26 @@ class StreamOptions(BaseModel):
     include_obfuscation: bool | None = None  # OpenAI's padding of stream chunks; chunks here are not padded
 
 
+class JsonSchemaFormat(BaseModel):
+    """``response_format.json_schema``: the schema the reply must satisfy (``strict`` is always so here)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = "response"
+    description: str | None = None
+    json_schema: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """``response_format``: free text, any JSON object, or JSON valid under a schema (edge-side fusion)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class GenerationRequest(BaseModel):
     """What ``/v1/chat/completions`` and ``/v1/completions`` share (an unknown field is refused, see the module
     docstring)."""
@@ -136,7 +158,17 @@ class GenerationRequest(BaseModel):
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    response_format: ResponseFormat | None = None
     coveil: CoveilOptions | None = None
+
+    def json_schema(self) -> dict[str, Any] | None:
+        """The schema the reply must satisfy (``json_object``: any object), or ``None`` for free text."""
+        if self.response_format is None or self.response_format.type == "text":
+            return None
+        if self.response_format.type == "json_object":
+            return dict(ANY_JSON_OBJECT)
+        assert self.response_format.json_schema is not None  # unsupported() refuses it missing
+        return self.response_format.json_schema.json_schema
 
     def stop_strings(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -154,6 +186,9 @@ class GenerationRequest(BaseModel):
                 return name, "penalties would change the fused distribution outside the policy"
         if self.logit_bias:
             return "logit_bias", "logit biases would change the fused distribution outside the policy"
+        if self.response_format is not None and self.response_format.type == "json_schema" \
+                and self.response_format.json_schema is None:
+            return "response_format", "a json_schema response format needs its json_schema.schema"
         stops = self.stop_strings()
         if len(stops) > MAX_STOPS or any(not 0 < len(stop) <= MAX_STOP_CHARS for stop in stops):
             return "stop", f"up to {MAX_STOPS} non-empty stop strings of at most {MAX_STOP_CHARS} characters"
@@ -167,7 +202,6 @@ class ChatCompletionRequest(GenerationRequest):
     top_logprobs: int | None = None
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None
-    response_format: dict | None = None
     # OpenAI's fields that change nothing here: accepted and not used
     parallel_tool_calls: bool | None = None
     metadata: dict[str, str] | None = None
@@ -198,8 +232,6 @@ class ChatCompletionRequest(GenerationRequest):
         for name in ("prediction", "reasoning_effort", "verbosity", "web_search_options"):
             if getattr(self, name) is not None:
                 return name, "not served by the edge model"
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            return "response_format", "only text replies are served"
         return super().unsupported()
 
     def reply_limit(self) -> int | None:
@@ -243,11 +275,13 @@ class Usage(BaseModel):
 
 
 class StepReport(BaseModel):
-    """What the cloud saw at one step (the live page colours each token by ``saw``)."""
+    """What the cloud saw at one step: ``saw`` its kind, ``values_left`` how many values of the edge's left the
+    device (the upload's values, or 1 for a synchronised token id; the live page colours each token by it)."""
 
     step: int
     token_id: int
     saw: CloudSaw
+    values_left: int
     values_uploaded: int
     full_requested: bool
     withheld: bool

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edge_sdk.client import EdgeClient, GenerationStream
+from edge_sdk.grammar import GrammarError
 from edge_sdk.policies import available_policies, make_policy
 from edge_sdk.prompts import ChatRenderer, Prompts, chat_prompts, plain_prompts
 from edge_sdk.server.errors import RETRY_AFTER_S, EndpointError, bad_request, from_cloud_error
@@ -64,7 +65,8 @@ def cloud_saw(entry: LedgerEntry) -> str:
 
 def step_report(entry: LedgerEntry) -> StepReport:
     return StepReport(
-        step=entry.step, token_id=entry.token_id, saw=cloud_saw(entry), values_uploaded=entry.values_uploaded,
+        step=entry.step, token_id=entry.token_id, saw=cloud_saw(entry),
+        values_left=entry.values_uploaded if entry.signal == "upload" else 1, values_uploaded=entry.values_uploaded,
         full_requested=entry.full_requested, withheld=entry.withheld, steered=entry.steered,
         bytes_up=entry.bytes_up, bytes_down=entry.bytes_down, leakage_meter=entry.leak_share,
     )
@@ -348,12 +350,21 @@ class EdgeServing:
                                     "stopping": StopStrings(stops) if stops else None}
         if options.alpha is not None:
             settings["alpha"] = options.alpha
+        schema = request.json_schema()
+        if schema is not None:
+            if mode != "edge":
+                raise bad_request("response_format is served in edge-side fusion only (coveil.mode 'edge'): "
+                                  "cloud-side, the cloud picks each token and does not hold the schema's grammar",
+                                  param="response_format")
+            settings["json_schema"] = schema
         for position, span in enumerate(options.never_upload):  # named by position: a span is private text
             if not span or span not in prompts.private_text:
                 raise bad_request(f"coveil.never_upload[{position}] is empty or does not occur in the private "
                                   "context", param="coveil.never_upload")
         try:
             decoder = self.client.decoder(prompts, **settings)
+        except GrammarError as exc:
+            raise bad_request(str(exc), param="response_format") from None
         except ValueError as exc:
             if options.never_upload and "never_upload" in str(exc):  # the SDK's message quotes the span
                 raise bad_request("a coveil.never_upload span has no token that could be masked (only "

@@ -1,5 +1,6 @@
-// The live page: ask through this endpoint's own OpenAI API (streaming), colour every token by what the cloud
-// saw at its step, raise the leakage meter, and fill the ledger.  Plain browser JavaScript: no build step, no
+// The live page: ask through this endpoint's own OpenAI API (streaming), colour every token by how many values
+// left the device at its step (its outline by what kind of thing the cloud saw), raise the leakage meter, say
+// why it rose, and fill the ledger.  Plain browser JavaScript: no build step, no
 // network beyond this endpoint.
 "use strict";
 
@@ -26,8 +27,26 @@ const SAMPLES = [
   },
 ];
 
+// the most values that left the device at a step for each colour band, left-0 .. left-4 (the legend's words)
+const LEFT_BAND_MOST = [0, 1, 100, 10000, Infinity];
+
+function leftBand(values) {
+  return LEFT_BAND_MOST.findIndex((most) => values <= most);
+}
+
+const NUMBER = new Intl.NumberFormat("en-US");
+const count = (n) => NUMBER.format(n);
+
+// 950 -> "950 B", 12,800 -> "12.5 KB", 3,500,000 -> "3.3 MB" (1 KB = 1,024 B)
+function bytes(n) {
+  if (n < 1024) return `${count(n)} B`;
+  const [value, unit] = n < 1024 * 1024 ? [n / 1024, "KB"] : [n / (1024 * 1024), "MB"];
+  return `${count(Number(value.toFixed(1)))} ${unit}`;
+}
+
 const $ = (id) => document.getElementById(id);
 let modelName = "coveil";
+let meterExplained = false; // whether the line saying why the meter rose is written
 
 function setStatus(text, state) {
   const status = $("status");
@@ -99,7 +118,21 @@ function resetOutput() {
   document.querySelector("#ledger tbody").replaceChildren();
   document.querySelector("#ledger tfoot").replaceChildren();
   $("epsilon-line").textContent = "";
+  $("meter-why").textContent = "";
+  meterExplained = false;
   showMeter(0);
+}
+
+// why the meter rose, said once, at the first step that raised it
+function explainMeter(text, step) {
+  if (meterExplained || step.leakage_meter <= 0) return;
+  meterExplained = true;
+  const what = step.saw === "upload" || step.saw === "nothing"
+    ? `the upload at step ${step.step} ranks a word of the private context among its top ids`
+    : `at step ${step.step} the cloud read the token "${text.trim() || text}", a word of the private context`;
+  $("meter-why").textContent = `The meter rose to ${percent(step.leakage_meter)}: ${what}. A word counts as ` +
+    "exposed whenever the private context holds it, even when the public question says it too (the cloud " +
+    "cannot tell which one taught the answer the word, so the meter does not either).";
 }
 
 // the line under the meter: the epsilon the generation spent, or that its policy has no DP guarantee
@@ -117,45 +150,59 @@ function showMeter(share) {
   $("meter").setAttribute("aria-valuenow", (100 * share).toFixed(1));
 }
 
-// a ledger row: one cell per value, as text
+// a ledger row: one cell per value, as text; a number is shown readable and kept exact in data-value
 function tableRow(values) {
   const row = document.createElement("tr");
   for (const value of values) {
     const td = document.createElement("td");
-    td.textContent = value;
+    if (typeof value === "object") {
+      td.textContent = value.text;
+      td.dataset.value = value.exact;
+      td.title = `${count(value.exact)}${value.unit || ""}`;
+    } else {
+      td.textContent = value;
+    }
     row.append(td);
   }
   return row;
 }
 
+const valuesCell = (n) => ({ text: count(n), exact: n });
+const bytesCell = (n) => ({ text: bytes(n), exact: n, unit: " bytes" });
+
 // what the cloud saw at one step, in words ("an upload of 3 values")
 function sawText(step) {
-  if (step.saw === "upload") return `an upload of ${step.values_uploaded} value${step.values_uploaded === 1 ? "" : "s"}`;
+  if (step.saw === "upload") return `an upload of ${count(step.values_uploaded)} value${step.values_uploaded === 1 ? "" : "s"}`;
   return SAW_LABELS[step.saw];
 }
 
 function addStep(text, step) {
+  const band = "left-" + leftBand(step.values_left);
   const span = document.createElement("span");
-  span.className = "tok saw-" + step.saw;
+  span.className = `tok saw-${step.saw} ${band}`;
   span.textContent = text;
   span.dataset.step = step.step;
   span.dataset.saw = step.saw;
+  span.dataset.valuesLeft = step.values_left;
   span.title = `step ${step.step}: the cloud saw ${sawText(step)}` +
     (step.withheld ? "; exposure budget spent: a cloud-only signal" : "") +
-    `; ${step.bytes_up} B up, ${step.bytes_down} B down`;
+    `; ${count(step.values_left)} value${step.values_left === 1 ? "" : "s"} left the device; ` +
+    `${bytes(step.bytes_up)} up, ${bytes(step.bytes_down)} down`;
   $("answer").append(span);
 
   const row = tableRow([step.step, JSON.stringify(text).slice(1, -1), sawText(step) + (step.withheld ? " (budget spent)" : ""),
-    step.values_uploaded, step.bytes_up, step.bytes_down, percent(step.leakage_meter)]);
-  row.className = "saw-" + step.saw;
+    valuesCell(step.values_uploaded), bytesCell(step.bytes_up), bytesCell(step.bytes_down), percent(step.leakage_meter)]);
+  row.className = band;
   document.querySelector("#ledger tbody").append(row);
+  explainMeter(text, step);
   showMeter(step.leakage_meter);
 }
 
 function addSummary(ledger, finishReason) {
   const row = tableRow([ledger.steps + " steps", "finish: " + finishReason,
-    `${ledger.mode}-side ${ledger.policy}; ${ledger.full_requests} full requests`, ledger.values_uploaded,
-    ledger.bytes_up, ledger.bytes_down, percent(ledger.leakage_meter)]);
+    `${ledger.mode}-side ${ledger.policy}; ${count(ledger.full_requests)} full requests`,
+    valuesCell(ledger.values_uploaded), bytesCell(ledger.bytes_up), bytesCell(ledger.bytes_down),
+    percent(ledger.leakage_meter)]);
   document.querySelector("#ledger tfoot").replaceChildren(row);
   showMeter(ledger.leakage_meter);
   $("epsilon-line").textContent = epsilonLine(ledger.privacy);

@@ -1,0 +1,146 @@
+"""Structured output through the endpoint (``response_format`` on the OpenAI routes, ``format`` on Ollama's), in
+front of a real cloud adapter: every reply parses and validates against its schema (``jsonschema``, an
+independent validator), edge-side fusion with the schema's mask applied where the edge picks the token.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import ollama
+import openai
+import pytest
+
+from tests.endpoint_stack import (  # noqa: F401  (fixtures)
+    CANARY,
+    PRIVATE_CONTEXT,
+    QUESTION,
+    Cloud,
+    Endpoint,
+    cloud,
+    endpoint,
+    server_logs,
+)
+
+pytestmark = pytest.mark.model
+
+MESSAGES = [{"role": "user", "content": QUESTION + " Reply in JSON."}]
+SCHEMAS = {
+    "enum and boolean": {"type": "object", "properties": {"organ": {"type": "string",
+                                                                    "enum": ["liver", "heart", "lung"]},
+                                                          "sure": {"type": "boolean"}},
+                         "required": ["organ", "sure"], "additionalProperties": False},
+    "short string": {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 12}},
+                     "required": ["answer"], "additionalProperties": False},
+    # a space the grammar must see as a space (the tokenizer's raw entries spell it "\u2581")
+    "two words": {"type": "object", "properties": {"words": {"type": "string",
+                                                             "pattern": "^[a-z]{1,10} [a-z]{1,10}$"}},
+                  "required": ["words"], "additionalProperties": False},
+    "array of enums": {"type": "object", "properties": {"organs": {
+        "type": "array", "items": {"enum": ["liver", "kidney", "skin"]}, "minItems": 1, "maxItems": 2}},
+        "required": ["organs"], "additionalProperties": False},
+}
+EDGE = {"coveil": {"private_context": PRIVATE_CONTEXT, "mode": "edge"}}
+
+
+def api(endpoint: Endpoint) -> openai.OpenAI:
+    return openai.OpenAI(base_url=endpoint.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def transcripts(cloud: Cloud) -> list[dict]:
+    files = sorted(cloud.transcript_dir.glob("*.json"), key=lambda path: path.stat().st_mtime_ns)
+    return [json.loads(path.read_text()) for path in files]
+
+
+@pytest.mark.parametrize("name", SCHEMAS)
+def test_each_reply_parses_and_validates_whole_and_streamed(endpoint: Endpoint, cloud: Cloud, name: str) -> None:
+    schema = SCHEMAS[name]
+    response_format = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
+    whole = api(endpoint).chat.completions.create(model="coveil", messages=MESSAGES, max_tokens=40,
+                                                  response_format=response_format, extra_body=EDGE)
+    seen = transcripts(cloud)[-1]
+    assert whole.choices[0].finish_reason == "stop"  # the document ended itself, before the token limit
+    jsonschema.validate(json.loads(whole.choices[0].message.content), schema)
+    assert whole.model_extra["coveil"]["mode"] == "edge" and whole.model_extra["coveil"]["full_requests"] == 0
+    assert seen["prompt_ids"] == endpoint.template.render(MESSAGES) and CANARY not in json.dumps(seen)
+    chunks = list(api(endpoint).chat.completions.create(model="coveil", messages=MESSAGES, max_tokens=40, stream=True,
+                                                        response_format=response_format, extra_body=EDGE))
+    streamed = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    jsonschema.validate(json.loads(streamed), schema)
+    # Ollama's format: the schema itself
+    reply = ollama.Client(host=endpoint.base_url, timeout=120).chat(
+        model="coveil", messages=MESSAGES, format=schema, options={"num_predict": 40, **EDGE})
+    assert reply.done_reason == "stop"
+    jsonschema.validate(json.loads(reply.message.content), schema)
+
+
+def test_json_object_mode_replies_with_an_object(endpoint: Endpoint) -> None:
+    reply = api(endpoint).chat.completions.create(model="coveil", messages=MESSAGES, max_tokens=60,
+                                                  response_format={"type": "json_object"}, extra_body=EDGE)
+    if reply.choices[0].finish_reason == "stop":  # an object of unbounded size may reach the limit first
+        assert isinstance(json.loads(reply.choices[0].message.content), dict)
+    assert reply.choices[0].message.content.startswith("{")
+    raw = ollama.Client(host=endpoint.base_url, timeout=120).generate(
+        model="coveil", prompt="The organ that makes bile, as JSON:", raw=True, format="json",
+        options={"num_predict": 60, **EDGE})
+    assert raw.response.lstrip().startswith("{")
+
+
+def test_a_schema_that_cannot_compile_or_cloud_side_fusion_is_a_400(endpoint: Endpoint, cloud: Cloud) -> None:
+    sessions = len(transcripts(cloud))
+    for schema in ({"type": "strin"}, {"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}):
+        with pytest.raises(openai.BadRequestError) as caught:
+            api(endpoint).chat.completions.create(
+                model="coveil", messages=MESSAGES, extra_body=EDGE,
+                response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+        assert caught.value.body["param"] == "response_format"
+        assert "cannot be compiled" in caught.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as caught:
+        api(endpoint).chat.completions.create(model="coveil", messages=MESSAGES, response_format={"type": "json_object"},
+                                              extra_body={"coveil": {"mode": "cloud"}})
+    assert "edge-side fusion only" in caught.value.body["message"]
+    with pytest.raises(ollama.ResponseError) as refused:
+        ollama.Client(host=endpoint.base_url).chat(model="coveil", messages=MESSAGES, format={"type": "strin"},
+                                                   options=EDGE)
+    assert refused.value.status_code == 400 and "cannot be compiled" in refused.value.error
+    assert len(transcripts(cloud)) == sessions  # refused before any cloud session
+
+
+def test_what_a_schema_changes_on_the_wire_depends_on_the_schema_alone(endpoint: Endpoint) -> None:
+    """The session request under a schema is the same whatever the private context (full rows asked for: top_m is
+    the vocabulary), and differs from the free request in top_m only."""
+    from dataclasses import replace
+
+    from edge_sdk.prompts import chat_prompts
+
+    schema = SCHEMAS["enum and boolean"]
+    requests = [endpoint.client.decoder(chat_prompts(endpoint.template, MESSAGES, context), mode="edge",
+                                        json_schema=schema).request()
+                for context in (PRIVATE_CONTEXT, "Nothing private here at all, and much longer " * 5)]
+    assert requests[0] == requests[1] and requests[0].top_m == endpoint.client.slm.vocab_size
+    free = endpoint.client.decoder(chat_prompts(endpoint.template, MESSAGES, PRIVATE_CONTEXT), mode="edge").request()
+    assert replace(free, top_m=requests[0].top_m) == requests[0] and free.top_m < requests[0].top_m
+
+
+def test_the_grammar_reads_each_id_as_the_bytes_it_adds_to_the_text(endpoint: Endpoint) -> None:
+    """The pieces of a tokenised text join to that text (a space, a newline, a byte token), where the raw
+    tokenizer entries hold "\u2581" for a space and "<0x0A>" for a newline byte."""
+    slm = endpoint.client.slm
+    text = " The liver\n\tswells: 12 mg/dl. \u00e9t\u00e9"
+    pieces = slm.token_pieces()
+    ids = slm.tokenize(text, add_bos=False)
+    assert b"".join(pieces[i] for i in ids) == text.encode("utf-8")
+    assert len(pieces) == slm.vocab_size and pieces[slm.tokenize("\n", add_bos=False)[0]] == b"\n"
+
+
+def test_a_spent_exposure_budget_still_answers_within_the_schema(endpoint: Endpoint) -> None:
+    """Budget 0: every step sends the cloud's own top token, the best one the schema allows."""
+    schema = SCHEMAS["enum and boolean"]
+    reply = api(endpoint).chat.completions.create(
+        model="coveil", messages=MESSAGES, max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}},
+        extra_body={"coveil": {**EDGE["coveil"], "exposure_budget": 0.0}})
+    ledger = reply.model_extra["coveil"]
+    assert ledger["withheld_steps"] == ledger["steps"] > 0 and reply.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(reply.choices[0].message.content), schema)
