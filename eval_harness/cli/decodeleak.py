@@ -89,7 +89,7 @@ def config_value(action: argparse.Action, value: object) -> object:
     """A ``--config`` file's ``value`` for ``action``'s option, checked as if it had been typed on the command line.
 
     A flag (``--verbose``) takes ``true``/``false``; a repeatable option (``--param``) a list of what one
-    occurrence takes; a comma-separated list option a list of strings or one string; any other option a string
+    occurrence takes; an option of several values (``nargs``) a list of them, or one; a comma-separated list option a list of strings or one string; any other option a string
     or a number, passed through the option's own type and choices (so ``"limit": 2.5`` or ``"dtype": "bf17"``
     fails here, as it would on the command line).  ``null`` leaves the option unset.
     """
@@ -103,6 +103,8 @@ def config_value(action: argparse.Action, value: object) -> object:
         if not isinstance(value, list):
             raise ValueError(f"takes a list (the option is repeatable), got {json.dumps(value)}")
         return [_one_value(action, item) for item in value]
+    if action.nargs in ("*", "+"):  # several values (build-benchmark's SOURCE.jsonl files): a list, or one value
+        return [_one_value(action, item) for item in (value if isinstance(value, list) else [value])]
     if action.type is csv_list and isinstance(value, list):
         if not all(isinstance(item, str) for item in value):
             raise ValueError(f"takes a list of names, got {json.dumps(value)}")
