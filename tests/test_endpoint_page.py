@@ -135,8 +135,9 @@ def test_the_page_colours_each_token_by_what_the_cloud_saw(endpoint: Endpoint, b
 
 def test_an_undefended_step_is_coloured_apart_from_a_coveil_one_of_the_same_kind(endpoint: Endpoint, browser,
                                                                                  tmp_path: Path) -> None:
-    """Both upload cloud-side ("the cloud saw an upload"); the undefended one sends the whole vocabulary at every
-    step, shown in the deepest band with megabytes, CoVeil's few values in a light one."""
+    """Both upload cloud-side ("the cloud saw an upload"); the undefended one sends its 1,000 largest values at every
+    step (a full upload is cut to that public size, issue 19's N18), shown in the 101-10,000 band with kilobytes,
+    CoVeil's few values in a light one."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -155,16 +156,15 @@ def test_an_undefended_step_is_coloured_apart_from_a_coveil_one_of_the_same_kind
     assert browser.find_element(By.ID, "status").get_attribute("data-state") == "done"
     browser.save_screenshot(str(tmp_path / "undefended.png"))
     spans = browser.find_elements(By.CSS_SELECTOR, "#answer span.tok")
-    vocabulary = endpoint.client.slm.vocab_size
     assert [span.get_attribute("data-saw") for span in spans] == ["upload", "upload"]
-    assert [int(span.get_attribute("data-values-left")) for span in spans] == [vocabulary, vocabulary]
-    assert {band_of(span) for span in spans} == {"left-4"}
-    deepest = browser.find_element(By.CSS_SELECTOR, "#legend-left span.left-4").value_of_css_property(
+    assert [int(span.get_attribute("data-values-left")) for span in spans] == [1000, 1000]
+    assert {band_of(span) for span in spans} == {"left-3"}
+    band = browser.find_element(By.CSS_SELECTOR, "#legend-left span.left-3").value_of_css_property(
         "background-color")
-    assert {span.value_of_css_property("background-color") for span in spans} == {deepest}
+    assert {span.value_of_css_property("background-color") for span in spans} == {band}
     row = browser.find_element(By.CSS_SELECTOR, "#ledger tbody tr")
-    assert row.find_elements(By.TAG_NAME, "td")[3].text == f"{vocabulary:,}" == "262,144"
-    assert row.find_elements(By.TAG_NAME, "td")[4].text.endswith(" MB")  # 262,144 float32 values and their ids
+    assert row.find_elements(By.TAG_NAME, "td")[3].text == "1,000"
+    assert row.find_elements(By.TAG_NAME, "td")[4].text.endswith(" KB")  # 1,000 float32 values and their ids
 
 
 def test_on_a_keyed_endpoint_the_page_opens_with_the_key_in_its_address(cloud: Cloud, slm, browser,
