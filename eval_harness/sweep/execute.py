@@ -382,8 +382,12 @@ def run_sweep(
     units: Sequence[tuple[Setting, str]] | None = None,
     on_row: Callable[[dict[str, Any]], None] | None = None,
     inversion: InversionAttack | None = None,
+    dataset_sha256: Mapping[str, str] | None = None,
 ) -> SweepOutcome:
     """Every (setting, item) of this shard not yet in ``store``, setting by setting, items of a setting at once.
+
+    ``dataset_sha256``: each task's :func:`items_digest` over all its items, where ``items`` holds only some of
+    them (a Ray task is sent only its shard's items); default: the digest of ``items``.
 
     ``units`` are the (setting, item id) pairs to consider, in order (default:
     :func:`~eval_harness.sweep.grid.sweep_units` of ``settings``); ``shard_of`` then keeps its share.
@@ -393,7 +397,8 @@ def run_sweep(
     row is written as soon as it is scored.  An interrupted wave leaves its unwritten items to the re-run.
     """
     by_id = {task: {item.item_id: item for item in task_items} for task, task_items in items.items()}
-    dataset_sha256 = {task: items_digest(task_items) for task, task_items in items.items()}
+    if dataset_sha256 is None:
+        dataset_sha256 = {task: items_digest(task_items) for task, task_items in items.items()}
     pending, skipped = pending_pairs(settings, items, store, shard_of, units)
     lock = threading.Lock()
     written = 0

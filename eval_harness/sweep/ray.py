@@ -261,6 +261,7 @@ def run_shard(
     protocol: DecodingProtocol,
     seed: int,
     driver_code: str,
+    dataset_sha256: Mapping[str, str] | None = None,
 ) -> int:
     """One Ray task: check the code, load the models, run ``units`` through the reference runner; rows written."""
     here = code_digest()
@@ -277,7 +278,7 @@ def run_shard(
     runner, vocab, metadata = spec.build(protocol, seed=seed)
     with runner:
         outcome = run_sweep(settings, items, runner, RelayStore(inbox, done), protocol=protocol, vocab=vocab,
-                            metadata=metadata, seed=seed, units=units)
+                            metadata=metadata, seed=seed, units=units, dataset_sha256=dataset_sha256)
     return outcome.written
 
 
@@ -336,9 +337,13 @@ def run_on_ray(
     inbox = ray.remote(num_cpus=0)(RowInbox).remote()
     task = ray.remote(run_shard).options(num_cpus=cpus_per_task, num_gpus=gpus_per_task)
     driver_code = code_digest()
+    from eval_harness.sweep.execute import items_digest
+
+    # the rows' dataset digest is over each task's whole item list, which no Ray task is sent
+    dataset_sha256 = {task: items_digest(task_items) for task, task_items in items.items()}
     running = {
         task.remote(units, shard_items(units, items), inbox, spec=spec, protocol=protocol, seed=seed,
-                    driver_code=driver_code): j
+                    driver_code=driver_code, dataset_sha256=dataset_sha256): j
         for j, units in enumerate(plan.shards)
     }
 
