@@ -167,6 +167,33 @@ def test_an_undefended_step_is_coloured_apart_from_a_coveil_one_of_the_same_kind
     assert row.find_elements(By.TAG_NAME, "td")[4].text.endswith(" KB")  # 1,000 float32 values and their ids
 
 
+def test_the_page_sends_its_max_epsilon_and_says_when_the_budget_withheld(endpoint: Endpoint, browser) -> None:
+    """A heuristic (cloud-side CoVeil) has no finite epsilon: under the page's Max ε of 1 it releases nothing, every
+    step uploads 0 values, and the line under the meter says so from step 0 (before, the page had no budget)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    browser.get(endpoint.base_url + "/")
+    wait = WebDriverWait(browser, 300)
+    wait.until(lambda b: len(Select(b.find_element(By.ID, "policy")).options) > 1)
+    browser.find_element(By.ID, "question").send_keys(QUESTION)
+    browser.find_element(By.ID, "private-context").send_keys(PRIVATE_CONTEXT)
+    Select(browser.find_element(By.ID, "mode")).select_by_value("cloud")
+    Select(browser.find_element(By.ID, "policy")).select_by_value("coveil")
+    tokens = browser.find_element(By.ID, "max-tokens")
+    tokens.clear()
+    tokens.send_keys("2")
+    browser.find_element(By.ID, "max-epsilon").send_keys("1")
+    browser.find_element(By.ID, "submit").click()
+    wait.until(lambda b: b.find_element(By.ID, "status").get_attribute("data-state") in ("done", "error"))
+    assert browser.find_element(By.ID, "status").get_attribute("data-state") == "done"
+    line = browser.find_element(By.ID, "epsilon-line").text
+    assert line.startswith("ε: non-private (coveil is a heuristic")
+    assert "from step 0 only cloud-only signals were sent" in line and "> max_epsilon 1 " in line
+    rows = browser.find_elements(By.CSS_SELECTOR, "#ledger tbody tr")
+    assert rows and all(row.find_elements(By.TAG_NAME, "td")[3].text == "0" for row in rows)
+
+
 def test_on_a_keyed_endpoint_the_page_opens_with_the_key_in_its_address(cloud: Cloud, slm, browser,
                                                                         tmp_path: Path) -> None:
     """A keyed endpoint refuses the page itself without the key; opened as /?key=KEY, the page reads the model

@@ -244,6 +244,7 @@ async function ask(event) {
     max_tokens: Number($("max-tokens").value) || 48,
     coveil: { private_context: $("private-context").value, mode: $("mode").value, policy: $("policy").value, params },
   };
+  if ($("max-epsilon").value !== "") body.coveil.max_epsilon = Number($("max-epsilon").value);
   resetOutput();
   $("submit").disabled = true;
   setStatus("decoding...", "running");
