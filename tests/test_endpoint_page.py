@@ -133,11 +133,8 @@ def test_the_page_colours_each_token_by_what_the_cloud_saw(endpoint: Endpoint, b
     assert CANARY not in browser.find_element(By.ID, "answer").get_attribute("textContent")
 
 
-def test_an_undefended_step_is_coloured_apart_from_a_coveil_one_of_the_same_kind(endpoint: Endpoint, browser,
-                                                                                 tmp_path: Path) -> None:
-    """Both upload cloud-side ("the cloud saw an upload"); the undefended one sends its 1,000 largest values at every
-    step (a full upload is cut to that public size, issue 19's N18), shown in the 101-10,000 band with kilobytes,
-    CoVeil's few values in a light one."""
+def ask_two_tokens_cloud_side(browser, endpoint: Endpoint, policy: str, *, max_epsilon: str = "") -> None:
+    """Ask the page the test question in cloud-side fusion with ``policy`` for 2 tokens; wait until it is done."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -147,13 +144,24 @@ def test_an_undefended_step_is_coloured_apart_from_a_coveil_one_of_the_same_kind
     browser.find_element(By.ID, "question").send_keys(QUESTION)
     browser.find_element(By.ID, "private-context").send_keys(PRIVATE_CONTEXT)
     Select(browser.find_element(By.ID, "mode")).select_by_value("cloud")
-    Select(browser.find_element(By.ID, "policy")).select_by_value("undefended")
+    Select(browser.find_element(By.ID, "policy")).select_by_value(policy)
     tokens = browser.find_element(By.ID, "max-tokens")
     tokens.clear()
     tokens.send_keys("2")
+    browser.find_element(By.ID, "max-epsilon").send_keys(max_epsilon)
     browser.find_element(By.ID, "submit").click()
     wait.until(lambda b: b.find_element(By.ID, "status").get_attribute("data-state") in ("done", "error"))
     assert browser.find_element(By.ID, "status").get_attribute("data-state") == "done"
+
+
+def test_an_undefended_step_is_coloured_apart_from_a_coveil_one_of_the_same_kind(endpoint: Endpoint, browser,
+                                                                                 tmp_path: Path) -> None:
+    """Both upload cloud-side ("the cloud saw an upload"); the undefended one sends its 1,000 largest values at every
+    step (a full upload is cut to that public size, issue 19's N18), shown in the 101-10,000 band with kilobytes,
+    CoVeil's few values in a light one."""
+    from selenium.webdriver.common.by import By
+
+    ask_two_tokens_cloud_side(browser, endpoint, "undefended")
     browser.save_screenshot(str(tmp_path / "undefended.png"))
     spans = browser.find_elements(By.CSS_SELECTOR, "#answer span.tok")
     assert [span.get_attribute("data-saw") for span in spans] == ["upload", "upload"]
@@ -171,22 +179,8 @@ def test_the_page_sends_its_max_epsilon_and_says_when_the_budget_withheld(endpoi
     """A heuristic (cloud-side CoVeil) has no finite epsilon: under the page's Max ε of 1 it releases nothing, every
     step uploads 0 values, and the line under the meter says so from step 0 (before, the page had no budget)."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select, WebDriverWait
 
-    browser.get(endpoint.base_url + "/")
-    wait = WebDriverWait(browser, 300)
-    wait.until(lambda b: len(Select(b.find_element(By.ID, "policy")).options) > 1)
-    browser.find_element(By.ID, "question").send_keys(QUESTION)
-    browser.find_element(By.ID, "private-context").send_keys(PRIVATE_CONTEXT)
-    Select(browser.find_element(By.ID, "mode")).select_by_value("cloud")
-    Select(browser.find_element(By.ID, "policy")).select_by_value("coveil")
-    tokens = browser.find_element(By.ID, "max-tokens")
-    tokens.clear()
-    tokens.send_keys("2")
-    browser.find_element(By.ID, "max-epsilon").send_keys("1")
-    browser.find_element(By.ID, "submit").click()
-    wait.until(lambda b: b.find_element(By.ID, "status").get_attribute("data-state") in ("done", "error"))
-    assert browser.find_element(By.ID, "status").get_attribute("data-state") == "done"
+    ask_two_tokens_cloud_side(browser, endpoint, "coveil", max_epsilon="1")
     line = browser.find_element(By.ID, "epsilon-line").text
     assert line.startswith("ε: non-private (coveil is a heuristic")
     assert "from step 0 only cloud-only signals were sent" in line and "> max_epsilon 1 " in line
