@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -153,15 +153,23 @@ def privacy_utility(rows: Iterable[Mapping[str, Any]], out_dir: str | Path, *, m
                     suffix: str = "") -> list[Path]:
     """Write ``privacy_utility_<mode>`` (``_<task>`` added when the rows hold several tasks) as PNG and PDF for
     each (task, fusion mode) in ``rows`` (:func:`privacy_utility_figure`); return the paths."""
-    rows = list(rows)
+    return _save_each_figure(rows, out_dir, "privacy_utility", lambda group, task, mode: privacy_utility_figure(
+        group, task, mode, metrics=metrics, suffix=suffix))
+
+
+def _save_each_figure(rows: Iterable[Mapping[str, Any]], out_dir: str | Path, name: str,
+                      make: Callable[[list[Mapping[str, Any]], str, str], Any | None]) -> list[Path]:
+    """``make(rows of one (task, mode), task, mode)`` for each (task, fusion mode) in ``rows``, saved as
+    ``<name>_<mode>`` (``_<task>`` added when the rows hold several tasks) unless it returned ``None``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    groups = _by_figure(rows)
+    groups = _by_figure(list(rows))
     tasks = len({task for task, _ in groups})
     written: list[Path] = []
     for task, mode in groups:
-        fig = privacy_utility_figure(groups[task, mode], task, mode, metrics=metrics, suffix=suffix)
-        written += save_figure(fig, out, _stem("privacy_utility", task, mode, tasks))
+        fig = make(groups[task, mode], task, mode)
+        if fig is not None:
+            written += save_figure(fig, out, _stem(name, task, mode, tasks))
     return written
 
 
@@ -204,17 +212,7 @@ def privacy_utility_epsilon_figure(rows: Iterable[Mapping[str, Any]], task: str,
 def privacy_utility_epsilon(rows: Iterable[Mapping[str, Any]], out_dir: str | Path) -> list[Path]:
     """Write ``privacy_utility_epsilon_<mode>`` (:func:`privacy_utility_epsilon_figure`) for each (task, mode)
     with a DP baseline whose rows recorded their epsilon; return the paths."""
-    rows = list(rows)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    groups = _by_figure(rows)
-    tasks = len({task for task, _ in groups})
-    written: list[Path] = []
-    for task, mode in groups:
-        fig = privacy_utility_epsilon_figure(groups[task, mode], task, mode)
-        if fig is not None:
-            written += save_figure(fig, out, _stem("privacy_utility_epsilon", task, mode, tasks))
-    return written
+    return _save_each_figure(rows, out_dir, "privacy_utility_epsilon", privacy_utility_epsilon_figure)
 
 
 # -- leakage against K, and CoVeil's per-step mechanism ------------------------------------------------------
