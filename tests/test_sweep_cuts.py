@@ -33,15 +33,9 @@ CUT_FIELDS = ("batching", "bytes_down")
 @pytest.fixture(scope="module")
 def options(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """A grid file and the tiny random edge/cloud pair (tests/tiny_models.py) as transformers directories."""
-    from tests.tiny_models import bpe_tokenizer, random_qwen
+    from tests.tiny_models import save_tiny_pair
 
-    tokenizer = bpe_tokenizer()
-    dirs = []
-    for name, seed in (("edge", 41), ("cloud", 42)):
-        directory = tmp_path_factory.mktemp(name)
-        random_qwen(tokenizer, output_rows=448, seed=seed).save_pretrained(directory)
-        tokenizer.save_pretrained(directory)
-        dirs.append(str(directory))
+    dirs = save_tiny_pair(tmp_path_factory.mktemp)
     grid = tmp_path_factory.mktemp("grid") / "grid.json"
     grid.write_text(json.dumps(GRID))
     return [str(grid), "--slm", dirs[0], "--llm", dirs[1], "--limit", "6", "--max-new-tokens", "6"]

@@ -24,15 +24,9 @@ GRID = {"alpha": 0.3, "cloud": {"undefended": {}}, "edge": {"coveil": {"lam": [1
 @pytest.fixture(scope="module")
 def tiny_spec(tmp_path_factory: pytest.TempPathFactory) -> ReferenceSpec:
     """The tiny random edge/cloud pair of tests/tiny_models.py, saved as transformers directories."""
-    from tests.tiny_models import bpe_tokenizer, random_qwen
+    from tests.tiny_models import save_tiny_pair
 
-    tokenizer = bpe_tokenizer()
-    dirs = []
-    for name, seed in (("edge", 41), ("cloud", 42)):
-        directory = tmp_path_factory.mktemp(name)
-        random_qwen(tokenizer, output_rows=448, seed=seed).save_pretrained(directory)
-        tokenizer.save_pretrained(directory)
-        dirs.append(str(directory))
+    dirs = save_tiny_pair(tmp_path_factory.mktemp)
     return ReferenceSpec(slm=dirs[0], llm=dirs[1], dtype="fp32", concurrency=2)
 
 

@@ -73,3 +73,16 @@ def tiny_pair(seeds: tuple[int, int] = (41, 42)) -> tuple[Any, Any]:
     edge, cloud = (random_qwen(tokenizer, output_rows=448, seed=seed) for seed in seeds)
     return (TransformersLLM.from_loaded(edge, tokenizer, "tiny-edge"),
             TransformersLLM.from_loaded(cloud, tokenizer, "tiny-cloud"))
+
+
+def save_tiny_pair(make_dir: Any, seeds: tuple[int, int] = (41, 42)) -> tuple[str, str]:
+    """The edge and cloud models of :func:`tiny_pair` saved as transformers directories (``make_dir(name)`` gives
+    each an empty folder, e.g. ``tmp_path_factory.mktemp``); their paths."""
+    tokenizer = bpe_tokenizer()
+    dirs = []
+    for name, seed in zip(("edge", "cloud"), seeds):
+        directory = make_dir(name)
+        random_qwen(tokenizer, output_rows=448, seed=seed).save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+        dirs.append(str(directory))
+    return dirs[0], dirs[1]
