@@ -8,7 +8,6 @@ private-evidence spans (the leakage targets) and the gold answer.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,15 +39,6 @@ class DecodeLeakItem:
             "Reply with the letter of the correct option, then one short sentence of reasoning.\n"
             "Answer: ("
         )
-
-
-_FIRST_LETTER = re.compile(r"\(?\s*([ABCD])\b")
-
-
-def predicted_letter(generation: str) -> str | None:
-    """The option letter a generation starts with (the prompt ends in ``Answer: (``)."""
-    match = _FIRST_LETTER.match(generation.strip())
-    return match.group(1) if match else None
 
 
 def item_from_row(row: object) -> DecodeLeakItem:

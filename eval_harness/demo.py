@@ -24,8 +24,10 @@ from edge_sdk.backends.llama_cpp import LlamaCppSLM
 from edge_sdk.client import Credentials, EdgeClient, GenerationResult
 from edge_sdk.leakage import piece_reader
 from edge_sdk.policies import CoVeil, Policy, Undefended
-from eval_harness.datasets import DecodeLeakItem, load_task, predicted_letter
+from eval_harness.datasets import DecodeLeakItem, load_task
 from eval_harness.metrics import Vocabulary, evidence_recall
+from eval_harness.protocol import DecodingProtocol
+from eval_harness.runners.reference import ItemRun
 
 
 #: (metric, compat) pairs the demo reports: the paper's definitions and the authors' evaluate_leakage.py
@@ -44,6 +46,7 @@ class RunRow:
     policy: str
     k: int = 100
     correct: list[bool] = field(default_factory=list)
+    answered: list[bool] = field(default_factory=list)
     recall: dict[str, list[float]] = field(default_factory=dict)
     bytes_up: int = 0
     bytes_down: int = 0
@@ -51,7 +54,8 @@ class RunRow:
     seconds: float = 0.0
     full_requests: int = 0
 
-    def add(self, item: DecodeLeakItem, result: GenerationResult, seconds: float, vocab: Vocabulary) -> None:
+    def add(self, item: DecodeLeakItem, result: GenerationResult, seconds: float, vocab: Vocabulary,
+            protocol: DecodingProtocol) -> None:
         trace = result.ledger.exposure_trace()
         for compat in ("paper", "release"):
             names = tuple(name for name, c in DEMO_METRICS if c == compat)
@@ -59,7 +63,9 @@ class RunRow:
                                      public_query=item.public_query, compat=compat)
             for name in names:
                 self.recall.setdefault(metric_key(name, compat, self.k), []).append(recall[f"{name}@{self.k}"])
-        self.correct.append(predicted_letter(result.text) == item.answer)
+        letter = protocol.predicted(item, result.text)
+        self.answered.append(letter is not None)
+        self.correct.append(letter == item.answer)
         self.bytes_up += result.ledger.bytes_up
         self.bytes_down += result.ledger.bytes_down
         self.tokens += len(result.token_ids)
@@ -72,6 +78,7 @@ class RunRow:
             "mode": self.mode,
             "policy": self.policy,
             "accuracy": float(np.mean(self.correct)),
+            "answered": float(np.mean(self.answered)),
             **{key: float(np.mean(values)) for key, values in self.recall.items()},
             "up_bytes_per_token": self.bytes_up / tokens,
             "down_bytes_per_token": self.bytes_down / tokens,
@@ -86,6 +93,14 @@ def policy_label(policy: Policy) -> str:
 
 def demo_policies(lams: Sequence[float]) -> list[Policy]:
     return [Undefended(), *(CoVeil(lam=lam) for lam in lams)]
+
+
+def decode_item(client: EdgeClient, protocol: DecodingProtocol, item: DecodeLeakItem, policy: Policy, *,
+                mode: str, exposure_k: int) -> GenerationResult:
+    """One item under the harness's ``protocol``: the cloud reads ``protocol.public_prompt(item)``, the SLM the
+    private context right before the question, and the generation ends once ``Answer: (X)`` is written."""
+    return ItemRun.of(protocol, item, policy).generate(client, mode=mode, alpha=protocol.alpha,
+                                                       max_new_tokens=protocol.max_new_tokens, exposure_k=exposure_k)
 
 
 def run_demo(
@@ -107,6 +122,10 @@ def run_demo(
     console = Console(quiet=quiet, width=None if sys.stdout.isatty() else 132)
     out_dir.mkdir(parents=True, exist_ok=True)
     items = [item for task in ("medpriv", "commpriv") for item in load_task(task, items_per_task)]
+    # The harness's protocol: the worked example, the private context right before the question, reason then
+    # ``Answer: (X)``, and the generation ending once the answer letter is written (a base model otherwise goes
+    # on writing more questions and answers after its own).
+    protocol = DecodingProtocol(max_new_tokens=max_new_tokens, alpha=alpha)
     policies = demo_policies(lams)
     rows = {(mode, policy_label(p)): RunRow(mode, policy_label(p)) for mode in modes for p in policies}
     with contextlib.ExitStack() as stack:
@@ -130,9 +149,8 @@ def run_demo(
                     policy = next(p for p in policies if policy_label(p) == label)
                     progress.update(task, description=f"{item.item_id} {mode}-side {policy.name}")
                     started = time.perf_counter()
-                    result = client.generate(item.public_prompt, item.private_context, mode=mode, policy=policy,
-                                             alpha=alpha, max_new_tokens=max_new_tokens)
-                    row.add(item, result, time.perf_counter() - started, vocab)
+                    result = decode_item(client, protocol, item, policy, mode=mode, exposure_k=row.k)
+                    row.add(item, result, time.perf_counter() - started, vocab, protocol)
                     progress.advance(task)
     summaries = [row.summary() for row in rows.values()]
     _print_table(console, summaries, len(items))
@@ -150,12 +168,12 @@ def _print_table(console, summaries: list[dict[str, float | str]], n_items: int)
                         "paper's definitions and (release) the authors' evaluate_leakage.py")
     recall_columns = {metric_key(name, compat, k): f"{name.replace('_er', '').title()}-ER"
                       + ("" if compat == "paper" else f" ({compat})") for name, compat in DEMO_METRICS}
-    for column in ("mode", "policy", "acc.", *recall_columns.values(), "up B/tok", "down B/tok", "tok/s",
+    for column in ("mode", "policy", "acc.", "answered", *recall_columns.values(), "up B/tok", "down B/tok", "tok/s",
                    "full req."):
         table.add_column(column, justify="left" if column in ("mode", "policy") else "right")
     for s in summaries:
         table.add_row(
-            str(s["mode"]), str(s["policy"]), f"{s['accuracy']:.0%}",
+            str(s["mode"]), str(s["policy"]), f"{s['accuracy']:.0%}", f"{s['answered']:.0%}",
             *(f"{s[key]:.1%}" for key in recall_columns),
             f"{s['up_bytes_per_token']:,.0f}", f"{s['down_bytes_per_token']:,.0f}",
             f"{s['tokens_per_s']:.1f}", f"{s['full_requests']}",

@@ -42,8 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     demo.add_argument("--items", type=int, default=3, help="items per dataset (default: 3)")
-    demo.add_argument("--max-new-tokens", type=int, default=24,
-                      help="tokens generated per answer (default: 24; the answer letter comes first)")
+    demo.add_argument("--max-new-tokens", type=int, default=64,
+                      help="the most tokens per answer (default: 64); a generation reasons first and ends once it "
+                           "has written 'Answer: (X)', as in the DecodeLeak harness's protocol")
     demo.add_argument("--modes", type=_modes, default=["cloud", "edge"],
                       help="fusion modes, comma-separated: cloud,edge (default: both)")
     demo.add_argument("--lams", type=_floats, default=[1.0],
