@@ -1,0 +1,89 @@
+"""Attack review of issue 19 on the decoding loop and ``never_upload`` (no model: milliseconds to seconds).
+
+Each test here is a finding of the review: it failed on the code the review started from.  The lying cloud and
+the slow SLM are the ones of ``tests/test_malicious_cloud.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edge_sdk.leakage import LeakageMeter
+from edge_sdk.masking import folded_vocabulary, never_upload_ids
+from edge_sdk.policies import make_policy
+from edge_sdk.session import CollaborativeDecoder, DecodeSettings
+from edge_sdk.transport import CloudConnection, InProcessChannel
+from test_malicious_cloud import LyingCloud, SlowSLM
+
+# -- pacing: a full-row request is a message the cloud times too ----------------------------------------------
+
+
+def arrival_times(context_tokens: int, policy: str, pace_ms: float) -> list[tuple[str, float]]:
+    """Every message the edge sent after the open, as ``(kind, ms after the open arrived)``."""
+    cloud = LyingCloud(frozenset(), [], breaks=[0], max_new_tokens=5)
+    decoder = CollaborativeDecoder(
+        SlowSLM(), make_policy(policy), DecodeSettings(mode="edge", max_new_tokens=5, pace_ms=pace_ms),
+        slm_prompt=list(range(context_tokens)), cloud_prompt=[1, 5], meter=LeakageMeter(frozenset()),
+        rng=np.random.default_rng(0),
+    )
+    list(decoder.steps(CloudConnection(InProcessChannel(cloud))))
+    opened = cloud.arrivals[0][1]
+    return [(kind, 1e3 * (when - opened)) for kind, when in cloud.arrivals[1:]]
+
+
+@pytest.mark.parametrize("policy", ["dp_fusion", "ldp_sampler", "invisible_ink"])
+def test_paced_full_row_requests_leave_on_the_public_schedule_whatever_the_private_context_s_length(
+    policy: str,
+) -> None:
+    """Finding: ``pace_ms`` held back the signal but not the full-row request that the edge-side samplers send
+    at every step.  That request left as soon as the SLM's step for the previous token was done, so the gap
+    between a signal and the next request was the SLM's step time: ~5 ms for a 5-token private context, ~100 ms
+    for a 200-token one (SlowSLM: 0.5 ms per token of context), the very channel pacing is meant to close (N17).
+
+    Paced at 200 ms, every message must reach the cloud on the grid of 200 ms slots after the open (never early,
+    late only by the scheduler's delay in waking up), for both context lengths."""
+    pace = 200.0
+    runs = {n: arrival_times(n, policy, pace) for n in (5, 300)}  # SLM steps of ~3 ms and ~150 ms
+    for context_tokens, times in runs.items():
+        kinds = [kind for kind, _ in times]
+        assert kinds.count("request_full") == 5 and kinds.count("signal") == 5
+        for kind, at in times:
+            assert at >= pace - 1 and at % pace <= 60, (context_tokens, kind, times)
+    assert [kind for kind, _ in runs[5]] == [kind for kind, _ in runs[300]]
+    assert max(abs(a - b) for (_, a), (_, b) in zip(runs[5], runs[300])) < 60
+
+
+# -- never_upload: each part of a hyphenated (or otherwise joined) word ---------------------------------------
+
+PIECES = [" ", ".", "-", "'", "Seen", " with", " and", " Okonkwo", "Okonkwo", " Fitzgerald", "Fitzgerald",
+          " FITZGERALD", " fitzgerald", " Anne", "Anne", " O", "O", "Brien", " Brien", "brien", " Smith",
+          *"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"]
+
+
+def tokenize(text: str) -> list[int]:
+    """Greedy longest match over ``PIECES``."""
+    ids, at = [], 0
+    while at < len(text):
+        best = max((i for i, p in enumerate(PIECES) if text.startswith(p, at)), key=lambda i: len(PIECES[i]))
+        ids.append(best)
+        at += len(PIECES[best])
+    return ids
+
+
+def masked(spans: list[str], context: str) -> set[str]:
+    vocabulary = folded_vocabulary(PIECES.__getitem__, len(PIECES))
+    return {PIECES[i] for i in never_upload_ids(spans, context, tokenize, PIECES.__getitem__, vocabulary)}
+
+
+def test_never_upload_masks_every_word_of_a_hyphenated_name_as_the_model_may_write_it_alone() -> None:
+    """Finding: a span's words were its whitespace-separated parts, so ``Okonkwo-Fitzgerald`` was one word and
+    the token `` Fitzgerald`` (the surname written alone, with its leading space) was not masked.  On the embedded
+    Gemma-3 270M, masking ``Mariangela Okonkwo-Fitzgerald`` left `` Fitzgerald`` the SLM's top value after
+    ``Okonkwo-`` (0.17 after the mask's renormalisation: the masked spelling held 99.8% of the mass), and
+    `` Fitz`` its top value after ``Mariangela``."""
+    got = masked(["Okonkwo-Fitzgerald"], "Seen with Okonkwo-Fitzgerald.")
+    assert {" Okonkwo", "Okonkwo", "Fitzgerald", " Fitzgerald", " FITZGERALD", " fitzgerald"} <= got
+    assert "-" not in got and "." not in got
+    got = masked(["Anne O'Brien"], "Seen with Anne O'Brien.")
+    assert {" Anne", "Brien", " Brien", "brien"} <= got and "'" not in got
