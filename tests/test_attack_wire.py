@@ -1,0 +1,77 @@
+"""Attack review of issue 19 over a real gRPC stream: what the cloud's server sees of the edge's timing.
+
+A finding of the review: it failed on the code the review started from.  The server here is a bare gRPC handler
+that records when the stream began and when each message arrived, and answers as the lying cloud of
+``tests/test_malicious_cloud.py`` does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+import pytest
+
+from cloud_adapter.server import SERVICE_NAME
+from edge_sdk._wire import coveil_pb2
+from edge_sdk.client import Credentials, EdgeClient
+from edge_sdk.policies import make_policy
+from test_malicious_cloud import LyingCloud, PeakSLM
+
+#: the SLM's prefill takes this long per token of its prompt (the private context is most of it)
+PREFILL_S_PER_TOKEN = 0.002
+
+
+class SlowPrefillSLM(PeakSLM):
+    """Prefill costs ``PREFILL_S_PER_TOKEN`` per prompt token; one token per character."""
+
+    def prefill(self, ids: list[int]) -> Any:
+        time.sleep(PREFILL_S_PER_TOKEN * len(ids))
+        return super().prefill(ids)
+
+
+@pytest.fixture
+def timed_server() -> Iterator[tuple[int, list[tuple[str, float]]]]:
+    """A gRPC server on loopback recording ``("stream", t)`` when a Decode stream begins and ``(kind, t)`` for
+    each message of the edge's; it answers as a :class:`LyingCloud` with no probe set, two tokens long."""
+    arrivals: list[tuple[str, float]] = []
+
+    def decode(requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[Any]:
+        arrivals.append(("stream", time.perf_counter()))
+        cloud = LyingCloud(frozenset(), [], breaks=[0], max_new_tokens=2)
+        for data in requests:
+            message = coveil_pb2.EdgeMessage.FromString(data)
+            arrivals.append((message.WhichOneof("kind"), time.perf_counter()))
+            yield from cloud.handle(message)
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=4))
+    method = grpc.stream_stream_rpc_method_handler(
+        decode, request_deserializer=None, response_serializer=coveil_pb2.CloudMessage.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, {"Decode": method}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield port, arrivals
+    server.stop(0)
+
+
+def test_the_cloud_cannot_time_the_slm_s_prefill_from_when_the_stream_began(timed_server) -> None:
+    """Finding: the SDK started the gRPC ``Decode`` stream (``connect()``) before the SLM prefilled the private
+    prompt, and sent the open after it.  The server sees a stream begin when its headers arrive, so the time from
+    the stream's start to the open was the prefill's: 16 ms for a 5-character private context, 420 ms for a
+    200-character one here, and the adapter logs it as ``open_ms`` for every session.  "Prefilled before the
+    session opens" must hold for the stream too: the stream may begin only once the prefill is done."""
+    port, arrivals = timed_server
+    gaps = {}
+    for length in (5, 200):
+        arrivals.clear()
+        with EdgeClient(f"127.0.0.1:{port}", slm=SlowPrefillSLM(),
+                        credentials=Credentials(plaintext=True)) as client:
+            client.generate("q", "x" * length, mode="edge", policy=make_policy("coveil"), max_new_tokens=2)
+        kinds = [kind for kind, _ in arrivals]
+        assert kinds[:2] == ["stream", "open"], kinds
+        gaps[length] = 1e3 * (arrivals[1][1] - arrivals[0][1])
+    assert 200 * PREFILL_S_PER_TOKEN * 1e3 > 300  # the prefill of the long context alone takes 400+ ms
+    assert gaps[200] < 100 and abs(gaps[200] - gaps[5]) < 100, gaps
