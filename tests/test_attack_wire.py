@@ -15,9 +15,8 @@ from typing import Any
 import grpc
 import pytest
 
-from cloud_adapter.server import SERVICE_NAME
 from edge_sdk._wire import coveil_pb2
-from edge_sdk.client import Credentials, EdgeClient
+from edge_sdk.client import CLOUD_SERVICE, Credentials, EdgeClient
 from edge_sdk.policies import make_policy
 from test_malicious_cloud import LyingCloud, PeakSLM
 
@@ -50,7 +49,7 @@ def timed_server() -> Iterator[tuple[int, list[tuple[str, float]]]]:
     server = grpc.server(ThreadPoolExecutor(max_workers=4))
     method = grpc.stream_stream_rpc_method_handler(
         decode, request_deserializer=None, response_serializer=coveil_pb2.CloudMessage.SerializeToString)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, {"Decode": method}),))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(CLOUD_SERVICE, {"Decode": method}),))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     yield port, arrivals
