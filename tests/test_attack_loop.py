@@ -87,3 +87,32 @@ def test_never_upload_masks_every_word_of_a_hyphenated_name_as_the_model_may_wri
     assert "-" not in got and "." not in got
     got = masked(["Anne O'Brien"], "Seen with Anne O'Brien.")
     assert {" Anne", "Brien", " Brien", "brien"} <= got and "'" not in got
+
+
+@pytest.mark.xfail(strict=True, reason="OPEN FINDING of the issue-19 attack review (not fixed): a token that spells "
+                   "a prefix of a masked word is not masked")
+def test_never_upload_masks_the_tokens_that_spell_a_prefix_of_a_masked_word() -> None:
+    """Open finding: only the tokens of a span's own tokenisations (and whole-word vocabulary matches) are masked.
+    On the embedded Gemma-3 270M, ``Mariangela`` tokenises as `` Mari`` + ``ang`` + ``ela``; with those masked the
+    SLM's top unmasked tokens at the name's position were `` Maria`` (3.4% after the renormalisation), `` M`` and
+    `` Mary``, and after `` Mari`` it put 14% on ``angel``: the cloud reads the name's start off an upload.  A
+    token spelling a prefix of three or more letters of a masked word (here `` Mari``, `` Maria``) should be
+    masked with it."""
+    pieces = [" ", ".", "Seen", " with", " Mari", " Maria", "ang", "ela", "angel",
+              *"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"]
+
+    def tokenize_pieces(text: str) -> list[int]:
+        """Greedy longest match, except that (as in a BPE tokeniser's merges) `` Maria`` is never produced."""
+        ids, at = [], 0
+        while at < len(text):
+            best = max((i for i, p in enumerate(pieces) if text.startswith(p, at) and p != " Maria"),
+                       key=lambda i: len(pieces[i]))
+            ids.append(best)
+            at += len(pieces[best])
+        return ids
+
+    vocabulary = folded_vocabulary(pieces.__getitem__, len(pieces))
+    got = {pieces[i] for i in never_upload_ids(["Mariangela"], "Seen with Mariangela.", tokenize_pieces,
+                                               pieces.__getitem__, vocabulary)}
+    assert " Mari" in got  # the span's own first token
+    assert " Maria" in got  # a prefix of the word the model may write instead
