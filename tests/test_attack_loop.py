@@ -9,12 +9,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from edge_sdk import wire
 from edge_sdk.leakage import LeakageMeter
 from edge_sdk.masking import folded_vocabulary, never_upload_ids
-from edge_sdk.policies import make_policy
-from edge_sdk.session import CollaborativeDecoder, DecodeSettings
+from edge_sdk.policies import Policy, make_policy
+from edge_sdk.session import CollaborativeDecoder, DecodeSettings, run_with_resume
 from edge_sdk.transport import CloudConnection, InProcessChannel
-from test_malicious_cloud import LyingCloud, SlowSLM
+from test_malicious_cloud import LyingCloud, PeakSLM, SlowSLM, policies
 
 # -- pacing: a full-row request is a message the cloud times too ----------------------------------------------
 
@@ -116,3 +117,51 @@ def test_never_upload_masks_the_tokens_that_spell_a_prefix_of_a_masked_word() ->
                                                pieces.__getitem__, vocabulary)}
     assert " Mari" in got  # the span's own first token
     assert " Maria" in got  # a prefix of the word the model may write instead
+
+
+# -- N1's test varied only the cloud: a request rule that reads p_slm alone passed it ------------------------
+
+
+class ScaledPeakSLM(PeakSLM):
+    """``PeakSLM`` with its peak at ``top`` and logits ``-scale * |i - top|``: a large scale is a confident SLM."""
+
+    def __init__(self, top: int, scale: float) -> None:
+        super().__init__(top=top)
+        self.row = (-scale * np.abs(np.arange(self.vocab_size) - top)).astype(np.float32)
+        self.row[self.vocab_size - 1] = -60.0
+
+
+def requests_sent(slm: PeakSLM, mode: str, policy: Policy, probe: frozenset[int]) -> list[tuple[bytes, int]]:
+    """Every message but the signals that the edge sends to a lying cloud over one generation with three forced
+    reconnects, as ``(bytes, tokens resumed)``: what the edge asks for and when.  The signals are the policy's and
+    differ with the context, and so do the tokens a reopened session replays (edge-side they are the signals): an
+    open is compared without them."""
+    received: list[bytes] = []
+    left = [3]
+    decoder = CollaborativeDecoder(
+        slm, policy, DecodeSettings(mode=mode, max_new_tokens=4), slm_prompt=[1, 5, 6, 7], cloud_prompt=[1, 5],
+        meter=LeakageMeter(frozenset()), rng=np.random.default_rng(11),
+    )
+    list(run_with_resume(decoder, lambda: CloudConnection(InProcessChannel(
+        LyingCloud(probe, received, breaks=left))), max_reconnects=3, backoff_s=0.0))
+    asked = []
+    for data in received:
+        message = wire.pb().EdgeMessage.FromString(data)
+        if message.WhichOneof("kind") == "signal":
+            continue
+        resumed = len(wire.ids_from_bytes(message.open.resume_prefix.ids)) if message.HasField("open") else 0
+        if message.HasField("open"):
+            message.open.ClearField("resume_prefix")
+        asked.append((message.SerializeToString(), resumed))
+    return asked
+
+
+@pytest.mark.parametrize(("label", "mode", "policy"), policies(), ids=[case[0] for case in policies()])
+def test_what_the_edge_asks_for_is_the_same_for_any_private_context(label: str, mode: str, policy: Policy) -> None:
+    """Finding on the test of N1: it compared two clouds against one SLM, so a rule that asked for the full row
+    from ``p_slm`` alone (``or p_slm.max() > 0.9``, say) sent the same bytes in both runs and passed it, and
+    every other test.  Here the clouds stay and the private side changes: a confident SLM peaked on the probe
+    set's token, and a flat one peaked elsewhere; the opens, requests and closes must be the same bytes."""
+    probe = frozenset({100, *range(200, 207)})
+    confident, flat = ScaledPeakSLM(top=100, scale=5.0), ScaledPeakSLM(top=400, scale=0.01)
+    assert requests_sent(confident, mode, policy, probe) == requests_sent(flat, mode, policy, probe)
