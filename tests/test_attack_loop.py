@@ -6,6 +6,9 @@ the slow SLM are the ones of ``tests/test_malicious_cloud.py``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -14,7 +17,7 @@ from edge_sdk.leakage import LeakageMeter
 from edge_sdk.masking import folded_vocabulary, never_upload_ids
 from edge_sdk.policies import Policy, make_policy
 from edge_sdk.session import CollaborativeDecoder, DecodeSettings, run_with_resume
-from edge_sdk.transport import CloudConnection, InProcessChannel
+from edge_sdk.transport import CloudConnection, CloudError, InProcessChannel
 from test_malicious_cloud import LyingCloud, PeakSLM, SlowSLM, policies
 
 # -- pacing: a full-row request is a message the cloud times too ----------------------------------------------
@@ -191,3 +194,31 @@ def test_the_epsilon_switch_is_the_same_whatever_the_slm_says_and_whatever_the_m
     switch = [False, False, True, True, True, True]
     assert withheld_steps(ScaledPeakSLM(top=100, scale=5.0), frozenset(range(90, 111))) == switch
     assert withheld_steps(ScaledPeakSLM(top=400, scale=0.01), frozenset()) == switch
+
+
+# -- a full-row request answered with a sparse row -----------------------------------------------------------
+
+
+class SparseOnRequestCloud(LyingCloud):
+    """Answers a full-row request with another sparse row."""
+
+    def handle(self, message: Any) -> Iterator[Any]:
+        if message.WhichOneof("kind") == "request_full":
+            self.received.append(message.SerializeToString())
+            yield self._row()
+            return
+        yield from super().handle(message)
+
+
+def test_a_sparse_answer_to_a_full_row_request_is_the_cloud_s_error() -> None:
+    """Finding: a cloud that answered a full-row request with a sparse row hit an ``assert`` in the loop (an
+    ``AssertionError``: the endpoint's 500 "internal error", and under ``python -O`` a crash further on); it is a
+    protocol violation of the cloud's, a ``CloudError`` (DATA_LOSS) like any other malformed answer."""
+    decoder = CollaborativeDecoder(
+        PeakSLM(), make_policy("dp_fusion"), DecodeSettings(mode="edge", max_new_tokens=2), slm_prompt=[1, 5, 6],
+        cloud_prompt=[1, 5], meter=LeakageMeter(frozenset()), rng=np.random.default_rng(0),
+    )
+    cloud = SparseOnRequestCloud(frozenset(), [], breaks=[0])
+    with pytest.raises(CloudError) as raised:
+        list(decoder.steps(CloudConnection(InProcessChannel(cloud))))
+    assert raised.value.code == "DATA_LOSS" and "full" in raised.value.message
