@@ -25,9 +25,9 @@ from test_malicious_cloud import LyingCloud, PeakSLM, SlowSLM, policies
 
 def arrival_times(context_tokens: int, policy: str, pace_ms: float) -> list[tuple[str, float]]:
     """Every message the edge sent after the open, as ``(kind, ms after the open arrived)``."""
-    cloud = LyingCloud(frozenset(), [], breaks=[0], max_new_tokens=3)
+    cloud = LyingCloud(frozenset(), [], breaks=[0], max_new_tokens=2)
     decoder = CollaborativeDecoder(
-        SlowSLM(), make_policy(policy), DecodeSettings(mode="edge", max_new_tokens=3, pace_ms=pace_ms),
+        SlowSLM(), make_policy(policy), DecodeSettings(mode="edge", max_new_tokens=2, pace_ms=pace_ms),
         slm_prompt=list(range(context_tokens)), cloud_prompt=[1, 5], meter=LeakageMeter(frozenset()),
         rng=np.random.default_rng(0),
     )
@@ -36,26 +36,27 @@ def arrival_times(context_tokens: int, policy: str, pace_ms: float) -> list[tupl
     return [(kind, 1e3 * (when - opened)) for kind, when in cloud.arrivals[1:]]
 
 
-@pytest.mark.parametrize("policy", ["dp_fusion", "ldp_sampler", "invisible_ink"])
+@pytest.mark.parametrize("policy", ["dp_fusion", "ldp_sampler"])
 def test_paced_full_row_requests_leave_on_the_public_schedule_whatever_the_private_context_s_length(
     policy: str,
 ) -> None:
     """Finding: ``pace_ms`` held back the signal but not the full-row request that the edge-side samplers send
     at every step.  That request left as soon as the SLM's step for the previous token was done, so the gap
-    between a signal and the next request was the SLM's step time: ~3 ms for a 5-token private context, ~200 ms
-    for a 400-token one (SlowSLM: 0.5 ms per token of context), the very channel pacing is meant to close (N17).
+    between a signal and the next request was the SLM's step time: ~3 ms for a 5-token private context, ~500 ms
+    for a 1,000-token one (SlowSLM: 0.5 ms per token of context), the very channel pacing is meant to close (N17).
+    (InvisibleInk and undefended sampling take the same path.)
 
-    Paced at 300 ms, every message must reach the cloud on the grid of 300 ms slots after the open (never early,
-    late only by the scheduler's delay in waking up), for both context lengths."""
-    pace = 300.0
-    runs = {n: arrival_times(n, policy, pace) for n in (5, 400)}
+    Paced at 800 ms, every message must reach the cloud on the grid of 800 ms slots after the open (never early,
+    late only by the scheduler's delay in waking up, up to 250 ms on a busy machine), for both context lengths."""
+    pace = 800.0
+    runs = {n: arrival_times(n, policy, pace) for n in (5, 1000)}
     for context_tokens, times in runs.items():
         kinds = [kind for kind, _ in times]
-        assert kinds.count("request_full") == 3 and kinds.count("signal") == 3
+        assert kinds.count("request_full") == 2 and kinds.count("signal") == 2
         for kind, at in times:
-            assert at >= pace - 1 and at % pace <= 100, (context_tokens, kind, times)
-    assert [kind for kind, _ in runs[5]] == [kind for kind, _ in runs[400]]
-    assert max(abs(a - b) for (_, a), (_, b) in zip(runs[5], runs[400])) < 100
+            assert at >= pace - 1 and at % pace <= 250, (context_tokens, kind, times)
+    assert [kind for kind, _ in runs[5]] == [kind for kind, _ in runs[1000]]
+    assert max(abs(a - b) for (_, a), (_, b) in zip(runs[5], runs[1000])) < 250
 
 
 # -- never_upload: each part of a hyphenated (or otherwise joined) word ---------------------------------------
