@@ -238,7 +238,11 @@ class CloudConnection:
         """Ask for the full distribution of ``step`` (the cloud learns that we asked)."""
         assert self.info is not None, "open the session first"
         self._send(wire.encode_request_full(step))
-        return self._decode_distribution(self._receive("distribution"))
+        dist = self._decode_distribution(self._receive("distribution"))
+        if not dist.is_full or dist.step != step:
+            raise CloudError("DATA_LOSS", f"the cloud answered the full-row request of step {step} with a "
+                             f"{'full' if dist.is_full else 'sparse'} row of step {dist.step}")
+        return dist
 
     def upload(self, step: int, upload: CloudUpload, *, no_stop: bool = False) -> tuple[int, bool]:
         """Cloud-side fusion: send the upload, return ``(token the cloud picked, finished)``.
