@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from edge_sdk.server.protocol import ChatCompletionRequest
 from edge_sdk.server.serving import EdgeServing
 from edge_sdk.server.settings import ServerSettings
-from test_endpoint_guards import RecordingClient, RecordingRenderer
+from tests.test_endpoint_guards import RecordingClient, RecordingRenderer
 
 
 def test_an_app_on_the_endpoint_can_pace_its_signals() -> None:

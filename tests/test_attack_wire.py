@@ -18,7 +18,7 @@ import pytest
 from edge_sdk._wire import coveil_pb2
 from edge_sdk.client import CLOUD_SERVICE, Credentials, EdgeClient
 from edge_sdk.policies import make_policy
-from test_malicious_cloud import LyingCloud, PeakSLM
+from tests.test_malicious_cloud import LyingCloud, PeakSLM
 
 #: the SLM's prefill takes this long per token of its prompt (the private context is most of it)
 PREFILL_S_PER_TOKEN = 0.002
