@@ -25,10 +25,14 @@ PREFILL_S_PER_TOKEN = 0.002
 
 
 class SlowPrefillSLM(PeakSLM):
-    """Prefill costs ``PREFILL_S_PER_TOKEN`` per prompt token; one token per character."""
+    """Prefill costs ``PREFILL_S_PER_TOKEN`` per prompt token (one token per character); ``prefilled_at`` is when the
+    last prefill ended (``time.perf_counter``, the clock the server here records with)."""
+
+    prefilled_at = 0.0
 
     def prefill(self, ids: list[int]) -> Any:
         time.sleep(PREFILL_S_PER_TOKEN * len(ids))
+        self.prefilled_at = time.perf_counter()
         return super().prefill(ids)
 
 
@@ -61,19 +65,17 @@ def test_the_cloud_cannot_time_the_slm_s_prefill_from_when_the_stream_began(time
     prompt, and sent the open after it.  The server sees a stream begin when its headers arrive, so the time from
     the stream's start to the open was the prefill's: 16 ms for a 5-character private context, 420 ms for a
     200-character one here, and the adapter logs it as ``open_ms`` for every session.  "Prefilled before the
-    session opens" must hold for the stream too: the stream may begin only once the prefill is done."""
+    session opens" must hold for the stream too: the stream may begin only once the prefill is done (server and
+    edge share one process here, so one clock says which came first, however busy the machine)."""
     port, arrivals = timed_server
-    gaps = {}
     for length in (5, 200):
         arrivals.clear()
-        with EdgeClient(f"127.0.0.1:{port}", slm=SlowPrefillSLM(),
-                        credentials=Credentials(plaintext=True)) as client:
+        slm = SlowPrefillSLM()
+        with EdgeClient(f"127.0.0.1:{port}", slm=slm, credentials=Credentials(plaintext=True)) as client:
             client.generate("q", "x" * length, mode="edge", policy=make_policy("coveil"), max_new_tokens=2)
         kinds = [kind for kind, _ in arrivals]
         assert kinds[:2] == ["stream", "open"], kinds
-        gaps[length] = 1e3 * (arrivals[1][1] - arrivals[0][1])
-    assert 200 * PREFILL_S_PER_TOKEN * 1e3 > 300  # the prefill of the long context alone takes 400+ ms
-    assert gaps[200] < 100 and abs(gaps[200] - gaps[5]) < 100, gaps
+        assert arrivals[0][1] >= slm.prefilled_at, (length, 1e3 * (slm.prefilled_at - arrivals[0][1]))
 
 
 @pytest.mark.xfail(strict=True, reason="OPEN FINDING of the issue-19 attack review (not fixed): back-to-back "
@@ -82,11 +84,11 @@ def test_the_cloud_cannot_time_the_next_prefill_from_the_gap_between_two_session
     """Open finding: the endpoint runs queued generations one after another on one client (one gRPC channel, one
     bearer token, so the cloud links the sessions).  Session N+1 opens once its SLM prefill is done, which starts
     when session N ends: the gap between N's last message and N+1's open is N+1's prefill, which grows with its
-    private context (and is ~0 for a private prompt served from the SLM's cache).  Here: a 5- vs 200-character
-    second context.  Pacing covers the steps of a session, not this gap."""
+    private context (and is ~0 for a private prompt served from the SLM's cache).  Here: a 5- vs 400-character
+    second context (prefills of ~10 ms and ~800 ms).  Pacing covers the steps of a session, not this gap."""
     port, arrivals = timed_server
     gaps = {}
-    for length in (5, 200):
+    for length in (5, 400):
         arrivals.clear()
         with EdgeClient(f"127.0.0.1:{port}", slm=SlowPrefillSLM(),
                         credentials=Credentials(plaintext=True)) as client:
@@ -96,4 +98,4 @@ def test_the_cloud_cannot_time_the_next_prefill_from_the_gap_between_two_session
         assert len(opens) == 2
         last_of_first = max(at for i, (kind, at) in enumerate(arrivals[: opens[1]]) if kind != "stream")
         gaps[length] = 1e3 * (arrivals[opens[1]][1] - last_of_first)
-    assert abs(gaps[200] - gaps[5]) < 100, gaps
+    assert abs(gaps[400] - gaps[5]) < 400, gaps
