@@ -14,8 +14,9 @@ user marks is masked whatever its words are (stop words, short words such as
 "Dr. Li", non-ASCII names such as "王小明"), in every spelling a model can
 produce mid-text: as given, lower case, upper case, capitalised and title
 case, each with and without a leading space, and each of its words alone in
-the same forms; each also in Unicode's composed (NFC, NFKC) and accent-free
-forms.  Accented variants cannot be listed from the span ("Maria" may come
+the same forms (the parts punctuation joins are words too: ``Okonkwo-Fitzgerald``
+gives ``Fitzgerald``); each also in Unicode's composed (NFC, NFKC) and
+accent-free forms.  Accented variants cannot be listed from the span ("Maria" may come
 out as "María"), so every token of the vocabulary that spells one of the
 span's words up to case and accents (:func:`fold`) is masked too, and so is
 every word of the context that folds to one of them.  Only tokens that spell
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import unicodedata
 from collections.abc import Callable, Iterable
+from itertools import groupby
 
 #: a full-vocabulary upload keeps only its this-many largest values: with every id listed, the masked ids would
 #: stand out.  In probability space always (cutting only while a mask is active would say that one is); in logit
@@ -52,15 +54,28 @@ def folded_vocabulary(piece: Callable[[int], str], vocab_size: int) -> dict[str,
     return {key: tuple(ids) for key, ids in index.items()}
 
 
+def _words(text: str) -> list[str]:
+    """The words of ``text`` a model may write alone: each whitespace-separated word, as written and without the
+    punctuation around it, and each part that punctuation joins inside it (``Okonkwo-Fitzgerald`` also gives
+    ``Okonkwo`` and ``Fitzgerald``, ``O'Brien`` also ``O`` and ``Brien``)."""
+    words: list[str] = []
+    for word in text.split():
+        bare = _bare(word)
+        parts = ["".join(run) for is_punctuation, run in groupby(bare, key=lambda ch: unicodedata.category(ch)[0] == "P")
+                 if not is_punctuation]
+        words += [word, bare, *(parts if len(parts) > 1 else ())]
+    return list(dict.fromkeys(w for w in words if w))
+
+
 def spellings(span: str) -> list[str]:
-    """The forms of ``span`` a model may generate: case variants of the span and of each word, with and
-    without a leading space."""
+    """The forms of ``span`` a model may generate: case variants of the span and of each word (:func:`_words`),
+    with and without a leading space."""
     span = " ".join(span.split())
     accent_free = "".join(ch for ch in unicodedata.normalize("NFKD", span) if not unicodedata.combining(ch))
     forms: list[str] = []
     for written in dict.fromkeys((span, unicodedata.normalize("NFC", span), unicodedata.normalize("NFKC", span),
                                   accent_free)):
-        for text in (written, *written.split(" ")):
+        for text in (written, *_words(written)):
             for variant in (text, text.lower(), text.upper(), text.capitalize(), text.title()):
                 for spaced in (variant, " " + variant):
                     if variant and spaced not in forms:
@@ -100,13 +115,13 @@ def never_upload_ids(
     whitespace).
     """
     masked: set[int] = set()
-    context_words = private_context.split()
+    context_words = _words(private_context)
     for span in spans:
         if not span.strip():
             raise ValueError("a never_upload span must not be empty")
-        if span not in private_context and fold(span) not in fold(" ".join(context_words)):
+        if span not in private_context and fold(span) not in fold(" ".join(private_context.split())):
             raise ValueError(f"never_upload span {span!r} does not occur in the private context")
-        words = {fold(word) for word in span.split()} - {""}
+        words = {fold(word) for word in _words(span)} - {""}
         variants = [bare for word in context_words if fold(bare := _bare(word)) in words]  # "María" for "Maria"
         forms = spellings(span) + [form for variant in variants for form in spellings(variant)]
         ids = {i for form in forms for i in tokenize(form) if not _is_punctuation_or_space(piece(i))}

@@ -433,11 +433,15 @@ class CollaborativeDecoder:
                 withheld = budget is not None and self._steered_steps + 1 > budget * max_steps
                 withheld = self.accountant.withholds(step) or withheld  # public numbers and the release count only
                 sent = self._open_step = _OpenStep(step, withheld)
+            request_overrun = False
             try:
                 if sent.signal is None:
                     signal = self._decide(self._p_slm, dist, sent.withheld, no_stop)
                     if signal is None:  # the policy reads full rows: asked for at every step
                         sent.full_requests += 1
+                        paced = time.perf_counter()  # paced, the request leaves on a slot too, not on the SLM's clock
+                        request_overrun = self._wait_for_slot()
+                        started += time.perf_counter() - paced  # waiting for the slot is not the edge's work
                         wait = time.perf_counter()
                         dist = connection.request_full(step)
                         wait_s += time.perf_counter() - wait
@@ -447,7 +451,7 @@ class CollaborativeDecoder:
                     if not sent.withheld:  # recorded when decided: a send that broke may still have reached the cloud
                         self.accountant.record(step, steered=self._steered(signal, dist))
                 edge_s = time.perf_counter() - started
-                overrun = self._wait_for_slot()
+                overrun = self._wait_for_slot() or request_overrun
                 signal, exposure = sent.signal, sent.exposure
                 sent.sends += 1
                 if isinstance(signal, CloudUpload):

@@ -95,7 +95,11 @@ _CLOSED = object()
 
 
 class GrpcChannel:
-    """One ``Decode`` bidirectional stream on a gRPC channel.
+    """One ``Decode`` bidirectional stream on a gRPC channel, begun by the first :meth:`send`.
+
+    The stream is not begun before: the server sees when a stream begins (its headers arrive), and the edge
+    connects before its SLM prefills the private prompt, so a stream begun at once would let the cloud time that
+    prefill (it grows with the private context) from the stream's start to the open.
 
     :meth:`send` returns once gRPC has written the message to the transport
     (it asks its request iterator for the next message only after the previous
@@ -118,8 +122,14 @@ class GrpcChannel:
         self._grpc = grpc
         self._outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._written = threading.Semaphore(0)  # one release per message gRPC has finished sending
-        stub = coveil_pb2_grpc.CollaborativeDecodingStub(grpc_channel)
-        self._call = stub.Decode(self._outgoing(), metadata=metadata, timeout=timeout_s)
+        self._stub = coveil_pb2_grpc.CollaborativeDecodingStub(grpc_channel)
+        self._metadata, self._timeout_s = metadata, timeout_s
+        self._call: Any = None  # begun by the first send
+
+    def _begun(self) -> Any:
+        if self._call is None:
+            self._call = self._stub.Decode(self._outgoing(), metadata=self._metadata, timeout=self._timeout_s)
+        return self._call
 
     def _outgoing(self) -> Iterator[Any]:
         while True:
@@ -131,13 +141,14 @@ class GrpcChannel:
 
     def send(self, message: Any) -> None:
         self._outbox.put(message)
+        call = self._begun()
         while not self._written.acquire(timeout=self._POLL_S):
-            if self._call.done():  # the stream broke: receive() reports why
+            if call.done():  # the stream broke: receive() reports why
                 return
 
     def receive(self) -> Any:
         try:
-            return next(self._call)
+            return next(self._begun())
         except StopIteration:
             raise CloudError("UNAVAILABLE", "the cloud ended the stream", retryable=True) from None
         except self._grpc.RpcError as exc:
@@ -146,7 +157,8 @@ class GrpcChannel:
 
     def close(self) -> None:
         self._outbox.put(_CLOSED)
-        self._call.cancel()
+        if self._call is not None:
+            self._call.cancel()
 
 
 @dataclass
@@ -226,7 +238,11 @@ class CloudConnection:
         """Ask for the full distribution of ``step`` (the cloud learns that we asked)."""
         assert self.info is not None, "open the session first"
         self._send(wire.encode_request_full(step))
-        return self._decode_distribution(self._receive("distribution"))
+        dist = self._decode_distribution(self._receive("distribution"))
+        if not dist.is_full or dist.step != step:
+            raise CloudError("DATA_LOSS", f"the cloud answered the full-row request of step {step} with a "
+                             f"{'full' if dist.is_full else 'sparse'} row of step {dist.step}")
+        return dist
 
     def upload(self, step: int, upload: CloudUpload, *, no_stop: bool = False) -> tuple[int, bool]:
         """Cloud-side fusion: send the upload, return ``(token the cloud picked, finished)``.

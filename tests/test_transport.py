@@ -63,10 +63,12 @@ def fake_grpc(monkeypatch: pytest.MonkeyPatch) -> FakeGrpc:
 
 def test_send_returns_only_after_the_message_was_written(fake_grpc: FakeGrpc) -> None:
     channel = transport.GrpcChannel(object())
-    call = fake_grpc.calls[-1]
+    assert fake_grpc.calls == []  # the stream begins with its first message (the open, after the SLM's prefill)
     for message in ("open", "token"):
         channel.send(message)
         returned = time.monotonic()
+        call = fake_grpc.calls[-1]
+        assert len(fake_grpc.calls) == 1
         assert call.written[-1][0] == message, "send returned before gRPC wrote the message"
         assert call.written[-1][1] <= returned
     channel.close()

@@ -53,6 +53,8 @@ class CoveilOptions(BaseModel):
     epsilon_delta: float | None = Field(default=None, ge=0.0, lt=1.0)
     never_upload: list[str] = Field(default_factory=list)
     alpha: float | None = Field(default=None, ge=0.0, le=1.0)
+    # each signal leaves on a public schedule of this many ms (edge_sdk.session.DecodeSettings.pace_ms)
+    pace_ms: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
 
 
 class TextPart(BaseModel):

@@ -346,7 +346,7 @@ class EdgeServing:
         settings: dict[str, Any] = {"mode": mode, "policy": policy, "max_new_tokens": max_new_tokens,
                                     "temperature": temperature, "seed": seed, "never_upload": options.never_upload,
                                     "exposure_budget": options.exposure_budget, "max_epsilon": options.max_epsilon,
-                                    "epsilon_delta": options.epsilon_delta,
+                                    "epsilon_delta": options.epsilon_delta, "pace_ms": options.pace_ms,
                                     "stopping": StopStrings(stops) if stops else None}
         if options.alpha is not None:
             settings["alpha"] = options.alpha

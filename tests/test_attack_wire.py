@@ -1,0 +1,101 @@
+"""Attack review of issue 19 over a real gRPC stream: what the cloud's server sees of the edge's timing.
+
+A finding of the review: it failed on the code the review started from.  The server here is a bare gRPC handler
+that records when the stream began and when each message arrived, and answers as the lying cloud of
+``tests/test_malicious_cloud.py`` does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+import pytest
+
+from edge_sdk._wire import coveil_pb2
+from edge_sdk.client import CLOUD_SERVICE, Credentials, EdgeClient
+from edge_sdk.policies import make_policy
+from tests.test_malicious_cloud import LyingCloud, PeakSLM
+
+#: the SLM's prefill takes this long per token of its prompt (the private context is most of it)
+PREFILL_S_PER_TOKEN = 0.002
+
+
+class SlowPrefillSLM(PeakSLM):
+    """Prefill costs ``PREFILL_S_PER_TOKEN`` per prompt token (one token per character); ``prefilled_at`` is when the
+    last prefill ended (``time.perf_counter``, the clock the server here records with)."""
+
+    prefilled_at = 0.0
+
+    def prefill(self, ids: list[int]) -> Any:
+        time.sleep(PREFILL_S_PER_TOKEN * len(ids))
+        self.prefilled_at = time.perf_counter()
+        return super().prefill(ids)
+
+
+@pytest.fixture
+def timed_server() -> Iterator[tuple[int, list[tuple[str, float]]]]:
+    """A gRPC server on loopback recording ``("stream", t)`` when a Decode stream begins and ``(kind, t)`` for
+    each message of the edge's; it answers as a :class:`LyingCloud` with no probe set, two tokens long."""
+    arrivals: list[tuple[str, float]] = []
+
+    def decode(requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[Any]:
+        arrivals.append(("stream", time.perf_counter()))
+        cloud = LyingCloud(frozenset(), [], breaks=[0], max_new_tokens=2)
+        for data in requests:
+            message = coveil_pb2.EdgeMessage.FromString(data)
+            arrivals.append((message.WhichOneof("kind"), time.perf_counter()))
+            yield from cloud.handle(message)
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=4))
+    method = grpc.stream_stream_rpc_method_handler(
+        decode, request_deserializer=None, response_serializer=coveil_pb2.CloudMessage.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(CLOUD_SERVICE, {"Decode": method}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield port, arrivals
+    server.stop(0)
+
+
+def test_the_cloud_cannot_time_the_slm_s_prefill_from_when_the_stream_began(timed_server) -> None:
+    """Finding: the SDK started the gRPC ``Decode`` stream (``connect()``) before the SLM prefilled the private
+    prompt, and sent the open after it.  The server sees a stream begin when its headers arrive, so the time from
+    the stream's start to the open was the prefill's: 16 ms for a 5-character private context, 420 ms for a
+    200-character one here, and the adapter logs it as ``open_ms`` for every session.  "Prefilled before the
+    session opens" must hold for the stream too: the stream may begin only once the prefill is done (server and
+    edge share one process here, so one clock says which came first, however busy the machine)."""
+    port, arrivals = timed_server
+    for length in (5, 200):
+        arrivals.clear()
+        slm = SlowPrefillSLM()
+        with EdgeClient(f"127.0.0.1:{port}", slm=slm, credentials=Credentials(plaintext=True)) as client:
+            client.generate("q", "x" * length, mode="edge", policy=make_policy("coveil"), max_new_tokens=2)
+        kinds = [kind for kind, _ in arrivals]
+        assert kinds[:2] == ["stream", "open"], kinds
+        assert arrivals[0][1] >= slm.prefilled_at, (length, 1e3 * (slm.prefilled_at - arrivals[0][1]))
+
+
+@pytest.mark.xfail(strict=True, reason="OPEN FINDING of the issue-19 attack review (not fixed): back-to-back "
+                   "generations on one client open each session a prefill after the previous one ended")
+def test_the_cloud_cannot_time_the_next_prefill_from_the_gap_between_two_sessions(timed_server) -> None:
+    """Open finding: the endpoint runs queued generations one after another on one client (one gRPC channel, one
+    bearer token, so the cloud links the sessions).  Session N+1 opens once its SLM prefill is done, which starts
+    when session N ends: the gap between N's last message and N+1's open is N+1's prefill, which grows with its
+    private context (and is ~0 for a private prompt served from the SLM's cache).  Here: a 5- vs 400-character
+    second context (prefills of ~10 ms and ~800 ms).  Pacing covers the steps of a session, not this gap."""
+    port, arrivals = timed_server
+    gaps = {}
+    for length in (5, 400):
+        arrivals.clear()
+        with EdgeClient(f"127.0.0.1:{port}", slm=SlowPrefillSLM(),
+                        credentials=Credentials(plaintext=True)) as client:
+            client.generate("q", "first", mode="edge", policy=make_policy("coveil"), max_new_tokens=2)
+            client.generate("q", "x" * length, mode="edge", policy=make_policy("coveil"), max_new_tokens=2)
+        opens = [i for i, (kind, _) in enumerate(arrivals) if kind == "open"]
+        assert len(opens) == 2
+        last_of_first = max(at for i, (kind, at) in enumerate(arrivals[: opens[1]]) if kind != "stream")
+        gaps[length] = 1e3 * (arrivals[opens[1]][1] - last_of_first)
+    assert abs(gaps[400] - gaps[5]) < 400, gaps
