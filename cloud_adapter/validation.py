@@ -17,6 +17,7 @@ import numpy as np
 
 from edge_sdk import wire
 from edge_sdk.fusion import FusionSpace
+from edge_sdk.logprobs import MAX_TOP_LOGPROBS
 from edge_sdk.models import VocabularyMismatchError, check_same_vocabulary
 from edge_sdk.policies.base import CloudUpload
 
@@ -97,6 +98,12 @@ def validate_request(request: wire.SessionRequest, *, vocab_size: int, eos_ids: 
             "INVALID_ARGUMENT", f"resume_prefix holds {len(request.resume_prefix)} tokens: nothing is left of "
             f"max_new_tokens {max_new_tokens}"
         )
+    if request.top_logprobs > MAX_TOP_LOGPROBS or (request.top_logprobs and not request.logprobs):
+        raise ProtocolError("INVALID_ARGUMENT", f"top_logprobs must lie in 0..{MAX_TOP_LOGPROBS} with logprobs set, "
+                            f"got {request.top_logprobs}")
+    if request.mode == "edge" and (request.logprobs or request.json_schema):
+        raise ProtocolError("INVALID_ARGUMENT", "logprobs and json_schema are for cloud-side fusion: edge-side, "
+                            "the edge picks each token and applies both itself")
     stops = set(eos_ids) | set(request.stop_token_ids)
     for position, token in enumerate(request.resume_prefix):
         if token in stops:
