@@ -145,7 +145,8 @@ class _OpenStep:
     sends: int = 0
     bytes_up: int = 0
     bytes_down: int = 0
-    logprobs: TokenLogprobs | None = None  # edge-side: the token's, from the row it was decided from
+    # edge-side with logprobs asked for: reads the token's off the row it was decided from (once the signal left)
+    read_logprobs: Callable[[], TokenLogprobs] | None = None
 
 
 @dataclass(frozen=True)
@@ -246,7 +247,7 @@ class CollaborativeDecoder:
         # append.  Cloud-side the schema is sent with the session and the cloud masks where it picks; the edge
         # checks each token it is sent against the same grammar
         self.constraint = constraint
-        self._decided_logprobs: TokenLogprobs | None = None  # what _decide read off the row it picked from
+        self._read_logprobs: Callable[[], TokenLogprobs] | None = None  # set by _decide, see _note_logprobs
         self.tokens: list[int] = []
         self.ledger = PrivacyLedger(mode=settings.mode, policy=policy.describe(), exposure_k=settings.exposure_k,
                                     accountant=self.accountant)
@@ -385,10 +386,12 @@ class CollaborativeDecoder:
         return mask_row(row, allowed, lowest=self._lowest) if allowed is not None else row
 
     def _note_logprobs(self, token: int, fused_row: Callable[[], np.ndarray]) -> None:
-        """Edge-side, with logprobs asked for: keep ``token``'s log-probabilities under ``fused_row()`` (the
-        masked row it was chosen from, :mod:`edge_sdk.logprobs`) for the step's record; nothing is sent."""
+        """Edge-side, with logprobs asked for: how to read ``token``'s log-probabilities under ``fused_row()`` (the
+        masked row it was chosen from, :mod:`edge_sdk.logprobs`); the loop reads them once the step's signal has
+        left, so their cost (a top-n search whose time varies with the row) never delays or times what is sent."""
         if self.settings.logprobs is not None:
-            self._decided_logprobs = token_logprobs(fused_row(), self.policy.space, token, self.settings.logprobs)
+            top_n, space = self.settings.logprobs, self.policy.space
+            self._read_logprobs = lambda: token_logprobs(fused_row(), space, token, top_n)
 
     def _wait_for_slot(self) -> bool:
         """Paced: sleep until this step's slot (see ``DecodeSettings.pace_ms``); whether it missed its first one."""
@@ -488,7 +491,7 @@ class CollaborativeDecoder:
                         signal = self._decide(self._p_slm, dist, sent.withheld, no_stop)
                         assert signal is not None, "a full distribution always decides"
                     sent.signal, sent.exposure = signal, wire.step_exposure(signal, dist, k)
-                    sent.logprobs, self._decided_logprobs = self._decided_logprobs, None
+                    sent.read_logprobs, self._read_logprobs = self._read_logprobs, None
                     if not sent.withheld:  # recorded when decided: a send that broke may still have reached the cloud
                         self.accountant.record(step, steered=self._steered(signal, dist))
                 edge_s = time.perf_counter() - started
@@ -499,7 +502,7 @@ class CollaborativeDecoder:
                     wait = time.perf_counter()
                     token, finished = connection.upload(step, signal, no_stop=no_stop)
                     wait_s += time.perf_counter() - wait
-                    uploaded, sent.logprobs = len(signal), connection.chosen_logprobs
+                    uploaded = len(signal)
                 else:
                     token, uploaded = signal.token_id, 0
                     connection.sync_token(step, token)
@@ -510,6 +513,9 @@ class CollaborativeDecoder:
                 sent.bytes_down += connection.bytes.cloud_to_edge - down0
                 raise
             self._open_step = None
+            # edge-side read now that the signal has left; cloud-side sent with the token (None unless asked)
+            logprobs = sent.read_logprobs() if sent.read_logprobs is not None else (
+                connection.chosen_logprobs if isinstance(signal, CloudUpload) else None)
             self.meter.observe(exposure)  # what the cloud can read off this step (reported, never decides anything)
             if isinstance(signal, SyncedToken):
                 self.meter.observe([token])
@@ -549,7 +555,7 @@ class CollaborativeDecoder:
                 pace_overrun=overrun,
             )
             self.ledger.entries.append(entry)
-            yield StepEvent(token, entry, sent.logprobs)
+            yield StepEvent(token, entry, logprobs)
             if finished:
                 if self.finish_reason == "stop_rule":
                     return  # the session is closed by whoever owns the connection (run_with_resume does)

@@ -146,3 +146,17 @@ def test_tools_are_a_400_that_says_why(endpoint: Endpoint) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         api(endpoint).chat.completions.create(model="coveil", messages=MESSAGES, tools=[tool])
     assert caught.value.body["param"] == "tools" and "not trained to call tools" in caught.value.body["message"]
+
+
+def test_stop_ends_the_reply_before_the_stop_string_whole_and_streamed_with_usage(endpoint: Endpoint) -> None:
+    ask = dict(model="coveil", messages=[{"role": "user", "content": "Describe the liver in two sentences."}],
+               max_tokens=24, extra_body=options("edge"))
+    free = api(endpoint).chat.completions.create(**ask).choices[0].message.content
+    word = free.split()[2]  # a word well inside the reply
+    stopped = api(endpoint).chat.completions.create(stop=[word], **ask)
+    assert stopped.choices[0].message.content == free[: free.index(word)]
+    assert stopped.choices[0].finish_reason == "stop"
+    chunks = list(api(endpoint).chat.completions.create(stop=[word], stream=True,
+                                                        stream_options={"include_usage": True}, **ask))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == free[: free.index(word)]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == stopped.usage.completion_tokens

@@ -31,9 +31,11 @@ class NoEndYet:
         return False
 
 
-def run(mode: str, *, logprobs: int | None, stopping=None, cloud_rows=None, max_new_tokens: int = 1):
+def run(mode: str, *, logprobs: int | None, stopping=None, cloud_rows=None, max_new_tokens: int = 1,
+        break_after_signal=()):
     slm = TableSLM(PIECES, {(): np.log(P_SLM)}, eos_ids={0})
-    cloud = ScriptedCloud(len(PIECES), cloud_rows or {(): np.log(P_LLM)}, eos_ids={0})
+    cloud = ScriptedCloud(len(PIECES), cloud_rows or {(): np.log(P_LLM)}, eos_ids={0},
+                          break_after_signal=break_after_signal)
     settings = DecodeSettings(mode=mode, alpha=0.5, max_new_tokens=max_new_tokens, top_m=4, exposure_k=4,
                               logprobs=logprobs)
     decoder = CollaborativeDecoder(slm, Undefended(), settings, slm_prompt=[3, 1], cloud_prompt=[1],
@@ -62,6 +64,12 @@ def test_a_masked_id_is_out_of_the_row_and_the_rest_renormalised(mode: str) -> N
     assert [i for i, _ in lp.top] == [1, 2, 3]  # the masked id is never listed
     assert [v for _, v in lp.top] == pytest.approx([math.log(0.5), math.log(0.35 / 0.9), math.log(0.1 / 0.9)],
                                                    abs=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["edge", "cloud"])
+def test_a_step_resent_after_a_broken_stream_reports_the_same_logprobs(mode: str) -> None:
+    (event,), cloud = run(mode, logprobs=3, break_after_signal=[0])
+    assert len(cloud.sessions) == 2 and event.logprobs == run(mode, logprobs=3)[0][0].logprobs
 
 
 def test_edge_side_logprobs_change_nothing_the_edge_sends() -> None:
