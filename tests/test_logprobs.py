@@ -131,3 +131,24 @@ def test_log_distribution_of_logits_is_a_log_softmax_worked_by_hand() -> None:
 def test_more_than_twenty_alternatives_are_refused() -> None:
     with pytest.raises(ValueError, match="0..20"):
         DecodeSettings(logprobs=21)
+
+
+def test_edge_side_logprobs_are_read_only_after_the_signal_left(monkeypatch) -> None:
+    """Their top-n search takes a time that varies with the private row: it must not run before the send."""
+    import edge_sdk.session as session_module
+
+    slm = TableSLM(PIECES, {(): np.log(P_SLM)}, eos_ids={0})
+    cloud = ScriptedCloud(len(PIECES), {(): np.log(P_LLM)}, eos_ids={0})
+    sent_when_read: list[int] = []
+    real = session_module.token_logprobs
+
+    def spy(*args, **kwargs):
+        sent_when_read.append(len(cloud.sent))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(session_module, "token_logprobs", spy)
+    decoder = CollaborativeDecoder(slm, Undefended(), DecodeSettings(mode="edge", alpha=0.5, max_new_tokens=2,
+                                                                     top_m=4, exposure_k=4, logprobs=2),
+                                   slm_prompt=[3, 1], cloud_prompt=[1], meter=LeakageMeter(frozenset()))
+    list(run_with_resume(decoder, cloud.connect, backoff_s=0.0))
+    assert sent_when_read == [2, 3]  # the open and step t's token had left when step t's were read
