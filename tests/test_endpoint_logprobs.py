@@ -6,6 +6,7 @@ and the refusal of ``tools``."""
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import ollama
@@ -38,6 +39,16 @@ def options(mode: str, policy: str = "coveil") -> dict:
     return {"coveil": {"private_context": PRIVATE_CONTEXT, "mode": mode, "policy": policy}}
 
 
+def next_transcript(cloud: Cloud, before: int) -> dict:
+    """The transcript of the session that ends after ``before`` were on disk (the adapter writes it as the session
+    ends, which may come just after the reply)."""
+    deadline = time.monotonic() + 30
+    while len(seen := transcripts(cloud)) <= before:
+        assert time.monotonic() < deadline, "the session's transcript was never written"
+        time.sleep(0.05)
+    return seen[-1]
+
+
 def check_entries(entries, top_n: int, *, greedy: bool) -> None:
     """Log-probabilities: at most 0, alternatives by decreasing value, their probabilities summing to at most 1;
     the chosen token is the row's best when the policy takes the fused argmax (``greedy``)."""
@@ -54,13 +65,14 @@ def check_entries(entries, top_n: int, *, greedy: bool) -> None:
 @pytest.mark.parametrize("mode", ["edge", "cloud"])
 def test_chat_logprobs_whole_and_streamed(endpoint: Endpoint, cloud: Cloud, mode: str) -> None:
     client = api(endpoint)
+    before = len(transcripts(cloud))
     whole = client.chat.completions.create(model="coveil", messages=MESSAGES, max_tokens=8, logprobs=True,
                                            top_logprobs=3, extra_body=options(mode, "undefended"))
     entries = whole.choices[0].logprobs.content
     assert len(entries) == whole.usage.completion_tokens == whole.model_extra["coveil"]["steps"]
     check_entries(entries, 3, greedy=True)
     assert whole.choices[0].message.content.startswith("".join(e.token for e in entries)[:1])
-    seen = transcripts(cloud)[-1]
+    seen = next_transcript(cloud, before)
     assert seen["logprobs"] == (mode == "cloud") and seen["top_logprobs"] == (3 if mode == "cloud" else 0)
     stream = client.chat.completions.create(model="coveil", messages=MESSAGES, max_tokens=8, logprobs=True,
                                             top_logprobs=2, stream=True, extra_body=options(mode))
@@ -127,8 +139,10 @@ def test_more_than_twenty_alternatives_is_a_400(endpoint: Endpoint) -> None:
 def test_seed_is_the_clouds_sampling_seed_cloud_side(endpoint: Endpoint, cloud: Cloud) -> None:
     """The same seed, the same sample; the cloud's transcript holds the seed and temperature it sampled with."""
     ask = dict(model="coveil", messages=MESSAGES, max_tokens=8, temperature=1.5, extra_body=options("cloud"))
+    before = len(transcripts(cloud))
     first = api(endpoint).chat.completions.create(seed=7, **ask).choices[0].message.content
-    assert (transcripts(cloud)[-1]["seed"], transcripts(cloud)[-1]["temperature"]) == (7, 1.5)
+    seen = next_transcript(cloud, before)
+    assert (seen["seed"], seen["temperature"]) == (7, 1.5)
     assert api(endpoint).chat.completions.create(seed=7, **ask).choices[0].message.content == first
     others = {api(endpoint).chat.completions.create(seed=seed, **ask).choices[0].message.content for seed in (8, 9)}
     assert others != {first}
