@@ -7,7 +7,9 @@ A chat or generate request is translated to the OpenAI request that asks for the
 stream of newline-delimited JSON objects (``application/x-ndjson``) whose last has ``"done": true``.  Errors are
 Ollama's, ``{"error": "message"}`` with the HTTP status; an error after the first token ends the stream with such
 a line (the ``ollama`` client raises it).  As on the OpenAI routes, every line carries what the cloud saw in
-``coveil`` (a step's report; the ledger's summary on the last line and beside a late error).
+``coveil`` (a step's report; the ledger's summary on the last line and beside a late error).  ``logprobs`` (with
+``top_logprobs``) puts each token's log-probability on its line (all of them in one object), under the fused
+distribution the token was chosen from, as on the OpenAI routes (:mod:`edge_sdk.server.router`).
 
 The model is listed as ``NAME:latest`` (Ollama's spelling) and answers to ``NAME`` too.
 """

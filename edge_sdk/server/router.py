@@ -11,7 +11,11 @@ token (its ``coveil.step`` says what the cloud saw), a last chunk with the
 finish reason and ``coveil.ledger``, the usage chunk when asked
 (``stream_options.include_usage``), then ``data: [DONE]``.  With ``logprobs`` each token's chunk carries its
 log-probabilities (every decided token's, a token whose text a stop string's look-ahead still holds back
-included), a complete response all of them.
+included), a complete response all of them.  They are taken under the fused distribution the token was chosen
+from, at the side that chose it (edge-side the edge, cloud-side the cloud, which sends them with the token),
+after that step's masks (stop ids, the JSON schema, ``never_upload``), renormalised, before any temperature:
+``log(f_i / sum f)``, ``f = alpha * p_llm + (1 - alpha) * p_slm`` (logit space: the log-softmax of the fused
+logits); see :mod:`edge_sdk.logprobs`.
 """
 
 from __future__ import annotations
