@@ -162,6 +162,24 @@ def test_the_grammar_reads_each_id_as_the_bytes_it_adds_to_the_text(endpoint: En
     assert len(pieces) == slm.vocab_size and pieces[slm.tokenize("\n", add_bos=False)[0]] == b"\n"
 
 
+def test_the_cloud_reads_each_id_as_the_same_bytes_as_the_edge(endpoint: Endpoint, cloud: Cloud) -> None:
+    """Cloud-side the grammar runs over the transformers tokenizer's pieces (read off its decoder): on the embedded
+    pair they are llama.cpp's token_to_piece bytes for every one of the 262,144 ids."""
+    assert cloud.engine.llm.token_pieces() == endpoint.client.slm.token_pieces()
+
+
+def test_a_byte_level_tokenizers_pieces_join_to_the_text() -> None:
+    """A GPT-2-style byte-level BPE ("Ġthe" for " the", "Ċ" for a newline) read into token bytes."""
+    from cloud_adapter.llm import token_pieces
+    from tests.tiny_models import bpe_tokenizer
+
+    tokenizer = bpe_tokenizer()
+    pieces = token_pieces(tokenizer, tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))))
+    text = "the liver\nswells: 12 mg/dl. \u00e9t\u00e9"
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    assert b"".join(pieces[i] for i in ids) == text.encode("utf-8")
+
+
 def test_a_spent_exposure_budget_still_answers_within_the_schema(endpoint: Endpoint) -> None:
     """Budget 0: every step sends the cloud's own top token, the best one the schema allows."""
     schema = SCHEMAS["enum and boolean"]
