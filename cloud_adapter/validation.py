@@ -38,6 +38,8 @@ class ProtocolError(Exception):
 MAX_MODEL_NAME = 256
 #: the most end-of-generation ids an edge may add
 MAX_STOP_IDS = 256
+#: the longest JSON schema a session may carry, in characters (compiling one takes time in proportion)
+MAX_JSON_SCHEMA_CHARS = 64 * 1024
 
 
 def check_open_message(msg: Any, *, cloud_model: str, fingerprint: bytes, limits: Limits) -> None:
@@ -46,6 +48,8 @@ def check_open_message(msg: Any, *, cloud_model: str, fingerprint: bytes, limits
         raise ProtocolError("INVALID_ARGUMENT", f"the edge model's name is longer than {MAX_MODEL_NAME} characters")
     if len(msg.stop_token_ids.ids) // 4 > MAX_STOP_IDS:
         raise ProtocolError("INVALID_ARGUMENT", f"more than {MAX_STOP_IDS} stop token ids")
+    if len(msg.json_schema) > MAX_JSON_SCHEMA_CHARS:
+        raise ProtocolError("INVALID_ARGUMENT", f"the JSON schema is longer than {MAX_JSON_SCHEMA_CHARS} characters")
     if msg.protocol_version != wire.PROTOCOL_VERSION:
         raise ProtocolError(
             "FAILED_PRECONDITION",

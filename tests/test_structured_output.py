@@ -110,8 +110,8 @@ def test_a_schema_that_cannot_compile_is_a_400(endpoint: Endpoint, cloud: Cloud,
 
 
 def test_the_adapter_refuses_a_schema_it_cannot_compile_or_one_for_edge_side_fusion(cloud: Cloud) -> None:
-    """INVALID_ARGUMENT before the session is admitted: not JSON, not a schema the engine compiles, or a schema
-    (or logprobs) in an edge-side session, where the edge applies them itself."""
+    """INVALID_ARGUMENT before the session is admitted: not JSON, not a schema the engine compiles, longer than
+    64 KiB, or a schema (or logprobs) in an edge-side session, where the edge applies them itself."""
     from dataclasses import replace
 
     from cloud_adapter.validation import ProtocolError
@@ -123,7 +123,8 @@ def test_the_adapter_refuses_a_schema_it_cannot_compile_or_one_for_edge_side_fus
     for changes, says in (({"json_schema": "{not json"}, "not JSON"), ({"json_schema": '{"type": "strin"}'},
                                                                      "cannot be compiled"),
                           ({"mode": "edge", "json_schema": "{}"}, "cloud-side fusion"),
-                          ({"logprobs": True, "top_logprobs": 21}, "top_logprobs")):
+                          ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+                          ({"json_schema": json.dumps({"enum": ["x" * 70_000]})}, "longer than")):
         handler = engine.session("refusals")
         with pytest.raises(ProtocolError, match=says) as caught:
             list(handler.handle(wire.encode_open(replace(base, **changes))))
