@@ -19,7 +19,8 @@ Headline figures, medians over all generations of each path:
   ollama_vs_sdk    = ollama route tokens/s / direct tokens/s                (target >= 0.95)
   ttft_overhead_ms = endpoint ttft - direct ttft, in milliseconds         (target <= 50)
   (ollama_ttft_overhead_ms the same for the Ollama route.)
-JSON-schema decoding (edge-side fusion, the only one a schema is served in), through ``EdgeClient`` directly:
+JSON-schema decoding in edge-side fusion (where the grammar's per-step cost falls on the device; cloud-side the
+adapter masks where it picks and the edge only advances its copy of the grammar), through ``EdgeClient`` directly:
 the same items decoded free and under a small schema (every item one way, then the other, rotating), each
 generation's time per step = its time / its tokens;
   json_schema_step_overhead = median ms/step under the schema / median ms/step free - 1      (target <= 0.05)

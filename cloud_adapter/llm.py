@@ -24,6 +24,7 @@ so the last ``window - 1`` padded positions hold each row's last real tokens.
 from __future__ import annotations
 
 import itertools
+import json
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -153,6 +154,52 @@ def _fill_layer(layer: Any, keys: torch.Tensor, values: torch.Tensor, total_leng
         layer.cumulative_length = total_length
 
 
+def _byte_level_decoding() -> dict[str, int]:
+    """GPT-2's byte-level alphabet reversed: the printable character that stands for each byte -> the byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+                 *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    chars, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            chars[chr(byte)] = byte
+        else:
+            chars[chr(256 + extra)] = byte
+            extra += 1
+    return chars
+
+
+def token_pieces(tokenizer: Any, token_strings: Sequence[str]) -> list[bytes]:
+    """The bytes each entry of ``token_strings`` adds to a text under the fast ``tokenizer``'s decoder
+    (:meth:`TransformersLLM.token_pieces`); ``TypeError`` for a decoder step it does not know."""
+    spec = json.loads(tokenizer.backend_tokenizer.to_str()).get("decoder") or {"type": "Fuse"}
+    steps = spec["decoders"] if spec["type"] == "Sequence" else [spec]
+    special = {i for i, token in tokenizer.added_tokens_decoder.items() if token.special}
+    byte_level = _byte_level_decoding()
+    pieces = []
+    for token_id, token in enumerate(token_strings):
+        if token_id in special:
+            pieces.append(token.encode("utf-8"))
+            continue
+        piece: bytes | str = token
+        for step in steps:
+            kind = step["type"]
+            if isinstance(piece, bytes) or kind in ("Fuse", "Strip"):
+                continue
+            if kind == "Replace":
+                piece = piece.replace(step["pattern"]["String"], step["content"])
+            elif kind == "Metaspace":
+                piece = piece.replace(step.get("replacement", "\u2581"), " ")
+            elif kind == "ByteFallback":
+                if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+                    piece = bytes([int(piece[3:5], 16)])
+            elif kind == "ByteLevel":
+                piece = bytes(byte_level[char] for char in piece)
+            else:
+                raise TypeError(f"the tokenizer's decoder step {kind!r} is not read into token bytes")
+        pieces.append(piece if isinstance(piece, bytes) else piece.encode("utf-8"))
+    return pieces
+
+
 class TransformersLLM:
     """A causal LM served from transformers.
 
@@ -206,6 +253,7 @@ class TransformersLLM:
             eos_ids.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos_ids)
         self._fingerprint: bytes | None = None
+        self._pieces: list[bytes] | None = None  # token_pieces(), built on first use
         self._batchable: bool | None = None  # decided on the first prefill (cache layer types)
 
     # -- tokenizer ---------------------------------------------------------------------------------
@@ -220,6 +268,25 @@ class TransformersLLM:
     def token_strings(self) -> list[bytes]:
         """Every tokenizer entry's raw string ("▁the", "Ġthe"), in id order."""
         return [str(token).encode("utf-8") for token in self._token_strings]
+
+    def token_pieces(self) -> list[bytes]:
+        """Every id's bytes as it adds them to a text, in id order (``▁The`` → ``b" The"``, ``<0x0A>`` → ``b"\\n"``,
+        a byte-level ``Ġthe`` → ``b" the"``; a special token as its name): what a grammar over the vocabulary
+        matches (:mod:`edge_sdk.grammar`), read off the fast tokenizer's decoder (``Replace``, ``ByteFallback``,
+        ``ByteLevel``, ``Metaspace``; ``Fuse`` and ``Strip`` act on whole texts, not on one id's bytes)."""
+        if self._pieces is None:
+            self._pieces = token_pieces(self.tokenizer, self._token_strings)
+        return list(self._pieces)
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self.tokenizer.bos_token_id
+
+    @property
+    def special_token_ids(self) -> frozenset[int]:
+        """Special added tokens and the tokenizer's named specials ("<eos>", "<unused0>"): never text."""
+        added = {i for i, token in self.tokenizer.added_tokens_decoder.items() if token.special}
+        return frozenset(i for i in (added | set(self.tokenizer.all_special_ids)) if i < self.vocab_size)
 
     def token_embeddings(self) -> np.ndarray:
         """The input-embedding matrix's first ``vocab_size`` rows ``[vocab_size, d]``, as float32 on the CPU."""

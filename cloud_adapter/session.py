@@ -15,6 +15,7 @@ Message sequence of one session (steps start at ``len(resume_prefix)``)::
 from __future__ import annotations
 
 import enum
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -28,6 +29,8 @@ from cloud_adapter.transcript import SessionTranscript, StepRecord
 from cloud_adapter.validation import ProtocolError, check_open_message, parse_upload, validate_request
 from edge_sdk import wire
 from edge_sdk.fusion import NonFiniteError, check_finite, pick_token, softmax
+from edge_sdk.grammar import GrammarError, JsonConstraint, mask_row
+from edge_sdk.logprobs import TokenLogprobs, token_logprobs
 from edge_sdk.policies.base import CloudUpload, SyncedToken
 
 if TYPE_CHECKING:
@@ -63,6 +66,7 @@ class SessionHandler:
         self._eos: frozenset[int] = frozenset()
         self._max_new_tokens = 0
         self._rng: np.random.Generator | None = None
+        self._constraint: JsonConstraint | None = None  # the session's public JSON schema, where the cloud picks
         self._step = 0
         self._pending: StepRecord | None = None  # the step whose distribution the edge holds
         self._llm_values = np.empty(0, np.float32)  # what the cloud sends and fuses: p_llm or raw z_llm
@@ -131,6 +135,7 @@ class SessionHandler:
             request = replace(request, top_m=min(wire.DEFAULT_TOP_M, llm.vocab_size))
         max_new_tokens = validate_request(request, vocab_size=llm.vocab_size, eos_ids=llm.eos_token_ids,
                                           limits=engine.limits)
+        constraint = self._compile_schema(request) if request.json_schema else None
 
         session_id = uuid.uuid4().hex
         transcript = SessionTranscript(session_id, request, llm.name, max_new_tokens, engine.exposure_k)
@@ -142,6 +147,7 @@ class SessionHandler:
         self._max_new_tokens = max_new_tokens
         self._eos = llm.eos_token_ids | frozenset(request.stop_token_ids)
         self._rng = np.random.default_rng(request.seed)
+        self._constraint = constraint
         self._step = len(request.resume_prefix)
         self._seq, forward_ns = engine.runner.prefill(list(request.prompt_ids) + list(request.resume_prefix))
         if request.resume_prefix:  # a step whose full row was sent before the stream broke: that row again
@@ -159,6 +165,25 @@ class SessionHandler:
         )
         yield self._count_down(wire.encode_opened(info))
         yield self._next_distribution(forward_ns)
+
+    def _compile_schema(self, request: wire.SessionRequest) -> JsonConstraint:
+        """The session's JSON schema compiled over the cloud model's token bytes, advanced past a resumed
+        prefix (``INVALID_ARGUMENT`` when it is not JSON, cannot compile, or the prefix leaves its grammar)."""
+        try:
+            schema = json.loads(request.json_schema)
+        except ValueError as exc:
+            raise ProtocolError("INVALID_ARGUMENT", f"json_schema is not JSON: {exc}") from None
+        if not isinstance(schema, dict):
+            raise ProtocolError("INVALID_ARGUMENT", "json_schema must be a JSON object (a schema)")
+        try:
+            constraint = JsonConstraint(self.engine.llm, schema)
+            for token in request.resume_prefix:
+                constraint.consume(token)
+        except TypeError as exc:  # a model without token_pieces()
+            raise ProtocolError("FAILED_PRECONDITION", str(exc)) from None
+        except (GrammarError, ValueError) as exc:
+            raise ProtocolError("INVALID_ARGUMENT", str(exc)) from None
+        return constraint
 
     # -- steps ---------------------------------------------------------------------------------------
     def _check_step(self, step: int) -> StepRecord:
@@ -189,7 +214,7 @@ class SessionHandler:
                 )
             observation = upload = parse_upload(signal.upload, vocab_size=self.engine.llm.vocab_size,
                                                 max_upload=self.engine.max_upload, space=request.space)
-            token = self._pick(upload, no_stop=signal.no_stop)
+            token, logprobs = self._pick(upload, no_stop=signal.no_stop)
             record.upload_size = len(upload)
             record.upload = upload.largest(self.engine.transcript_upload_limit)
         else:
@@ -203,7 +228,7 @@ class SessionHandler:
                 raise ProtocolError(
                     "INVALID_ARGUMENT", f"token id {token} is outside the vocabulary of {self.engine.llm.vocab_size}"
                 )
-            observation = SyncedToken(token)
+            observation, logprobs = SyncedToken(token), None
         record.exposure = wire.step_exposure(observation, self._ranking, self.engine.exposure_k)
         record.token_id = token
         record.bytes_up += size
@@ -214,19 +239,22 @@ class SessionHandler:
         self._step = step + 1
         reason = "eos" if token in self._eos else "max_new_tokens" if self._step == self._max_new_tokens else None
         if request.mode == "cloud":
-            yield self._count_down(wire.encode_token_chosen(step, token, reason is not None), record)
+            yield self._count_down(wire.encode_token_chosen(step, token, reason is not None, logprobs), record)
         if reason is not None:
             yield self._finish(reason, steps=self._step)
             return
         forward_ns = self.engine.runner.forward(self._seq, token)
         yield self._next_distribution(forward_ns)
 
-    def _pick(self, upload: CloudUpload, *, no_stop: bool = False) -> int:
-        """The cloud-side token: ``argmax`` (or a draw) of ``alpha * row_llm + (1 - alpha) * m * upload``.
+    def _pick(self, upload: CloudUpload, *, no_stop: bool = False) -> tuple[int, TokenLogprobs | None]:
+        """The cloud-side token: ``argmax`` (or a draw) of ``alpha * row_llm + (1 - alpha) * m * upload``, and its
+        log-probabilities under that row when the session asked (:mod:`edge_sdk.logprobs`).
 
         With ``alpha = 0`` and nothing uploaded the fusion holds no information
         at all; the cloud then picks from its own row rather than from zeros.
-        ``no_stop`` takes the end-of-generation ids out of the choice.
+        ``no_stop`` takes the end-of-generation ids out of the choice, the
+        session's JSON schema every id its grammar does not allow next
+        (:func:`edge_sdk.grammar.mask_row`: probabilities renormalised).
         """
         request = self._request
         assert request is not None
@@ -236,11 +264,20 @@ class SessionHandler:
             scores = upload.fuse_with(self._llm_values, request.alpha)
         if request.space == "logit" and request.temperature > 0:
             scores = softmax(scores)  # pick_token samples from p**(1/T): softmax(z)**(1/T) ∝ exp(z/T)
-        if no_stop:  # scores are probabilities here, or raw fused logits when greedy in logit space
-            raw_logits = request.space == "logit" and request.temperature == 0
+        # scores are probabilities here, or raw fused logits when greedy in logit space
+        raw_logits = request.space == "logit" and request.temperature == 0
+        lowest = np.finfo(np.float32).min if raw_logits else 0.0
+        if no_stop:
             stops = np.fromiter(self._eos, dtype=np.int64)
-            scores[stops[stops < scores.shape[0]]] = np.finfo(np.float32).min if raw_logits else 0.0
-        return pick_token(scores, temperature=request.temperature, rng=self._rng)
+            scores[stops[stops < scores.shape[0]]] = lowest
+        if self._constraint is not None:
+            scores = mask_row(scores, self._constraint.allowed(), lowest=lowest)
+        token = pick_token(scores, temperature=request.temperature, rng=self._rng)
+        if self._constraint is not None:
+            self._constraint.consume(token)
+        if not request.logprobs:
+            return token, None
+        return token, token_logprobs(scores, "logit" if raw_logits else "prob", token, request.top_logprobs)
 
     def _next_distribution(self, forward_ns: int) -> Any:
         """Read the current step's row off the sequence and build its distribution message.

@@ -17,6 +17,7 @@ import numpy as np
 
 from edge_sdk import wire
 from edge_sdk.fusion import FusionSpace
+from edge_sdk.logprobs import MAX_TOP_LOGPROBS
 from edge_sdk.models import VocabularyMismatchError, check_same_vocabulary
 from edge_sdk.policies.base import CloudUpload
 
@@ -37,6 +38,8 @@ class ProtocolError(Exception):
 MAX_MODEL_NAME = 256
 #: the most end-of-generation ids an edge may add
 MAX_STOP_IDS = 256
+#: the longest JSON schema a session may carry, in characters (compiling one takes time in proportion)
+MAX_JSON_SCHEMA_CHARS = 64 * 1024
 
 
 def check_open_message(msg: Any, *, cloud_model: str, fingerprint: bytes, limits: Limits) -> None:
@@ -45,6 +48,8 @@ def check_open_message(msg: Any, *, cloud_model: str, fingerprint: bytes, limits
         raise ProtocolError("INVALID_ARGUMENT", f"the edge model's name is longer than {MAX_MODEL_NAME} characters")
     if len(msg.stop_token_ids.ids) // 4 > MAX_STOP_IDS:
         raise ProtocolError("INVALID_ARGUMENT", f"more than {MAX_STOP_IDS} stop token ids")
+    if len(msg.json_schema) > MAX_JSON_SCHEMA_CHARS:
+        raise ProtocolError("INVALID_ARGUMENT", f"the JSON schema is longer than {MAX_JSON_SCHEMA_CHARS} characters")
     if msg.protocol_version != wire.PROTOCOL_VERSION:
         raise ProtocolError(
             "FAILED_PRECONDITION",
@@ -97,6 +102,12 @@ def validate_request(request: wire.SessionRequest, *, vocab_size: int, eos_ids: 
             "INVALID_ARGUMENT", f"resume_prefix holds {len(request.resume_prefix)} tokens: nothing is left of "
             f"max_new_tokens {max_new_tokens}"
         )
+    if request.top_logprobs > MAX_TOP_LOGPROBS or (request.top_logprobs and not request.logprobs):
+        raise ProtocolError("INVALID_ARGUMENT", f"top_logprobs must lie in 0..{MAX_TOP_LOGPROBS} with logprobs set, "
+                            f"got {request.top_logprobs}")
+    if request.mode == "edge" and (request.logprobs or request.json_schema):
+        raise ProtocolError("INVALID_ARGUMENT", "logprobs and json_schema are for cloud-side fusion: edge-side, "
+                            "the edge picks each token and applies both itself")
     stops = set(eos_ids) | set(request.stop_token_ids)
     for position, token in enumerate(request.resume_prefix):
         if token in stops:

@@ -22,6 +22,7 @@ from edge_sdk import wire
 from edge_sdk.backends.base import SLMBackend
 from edge_sdk.grammar import JsonConstraint
 from edge_sdk.leakage import LeakageMeter, content_token_ids, piece_reader
+from edge_sdk.logprobs import TokenLogprobs
 from edge_sdk.masking import folded_vocabulary, never_upload_ids
 from edge_sdk.policies import Policy, make_policy
 from edge_sdk.policies.base import FusionMode
@@ -182,6 +183,7 @@ class StreamStep:
 
     text: str
     entry: LedgerEntry
+    logprobs: TokenLogprobs | None = None  # the token's log-probabilities, when the decoder was asked for them
 
 
 class GenerationStream:
@@ -222,7 +224,7 @@ class GenerationStream:
             # a token can end mid-character: emit once the text extends what was shown by whole characters
             if not text.endswith(_INCOMPLETE) and text.startswith(self._emitted) and len(text) > len(self._emitted):
                 piece, self._emitted = text[len(self._emitted) :], text
-            yield StreamStep(piece, event.entry)
+            yield StreamStep(piece, event.entry, event.logprobs)
 
     def __iter__(self) -> Iterator[str]:
         for step in self.steps():
@@ -362,6 +364,7 @@ class EdgeClient:
         exposure_k: int = 100,
         pace_ms: float | None = None,
         json_schema: dict[str, Any] | None = None,
+        logprobs: int | None = None,
     ) -> CollaborativeDecoder:
         """Build the decoder for one generation (what :meth:`stream` runs).
 
@@ -387,9 +390,16 @@ class EdgeClient:
         (no DP guarantee) releases nothing under a budget.  What was spent:
         ``result.ledger.privacy()``.
 
-        ``json_schema``: the reply is a JSON document valid under this (public) schema, edge-side fusion only:
-        the fused distribution is masked to the ids the schema allows before the policy picks
-        (:mod:`edge_sdk.grammar`); a schema that cannot be compiled raises :class:`edge_sdk.grammar.GrammarError`.
+        ``json_schema``: the reply is a JSON document valid under this (public) schema: the fused distribution
+        is masked to the ids the schema allows where the token is picked (:mod:`edge_sdk.grammar`), edge-side by
+        the edge (which then asks for full rows), cloud-side by the cloud (the schema is sent with the session;
+        the edge checks each token against its own copy of the grammar, and uploads as without a schema); a
+        schema that cannot be compiled raises :class:`edge_sdk.grammar.GrammarError`.
+
+        ``logprobs``: each step's :class:`~edge_sdk.logprobs.TokenLogprobs` (the token's log-probability and
+        the ``logprobs`` best ids', 0 to 20) under the fused row it was chosen from
+        (:mod:`edge_sdk.logprobs`): edge-side computed on the device (nothing sent changes), cloud-side sent by
+        the cloud with each token it picks (the session asks for them).
         """
         if isinstance(policy, str):
             policy = make_policy(policy, backend=self.slm)  # a policy that needs the model builds from it
@@ -423,6 +433,7 @@ class EdgeClient:
             epsilon_delta=epsilon_delta,
             exposure_k=exposure_k,
             pace_ms=pace_ms,
+            logprobs=logprobs,
         )
         return CollaborativeDecoder(
             slm,

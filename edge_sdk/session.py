@@ -12,6 +12,7 @@ about ``max(edge, cloud) + one round trip``.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -23,9 +24,10 @@ import numpy as np
 from edge_sdk import wire
 from edge_sdk.accountant import PrivacyAccountant
 from edge_sdk.backends.base import SLMBackend
-from edge_sdk.fusion import check_finite, softmax
+from edge_sdk.fusion import check_finite, fuse, softmax
 from edge_sdk.grammar import JsonConstraint, mask_row
 from edge_sdk.leakage import ExposureTrace, LeakageMeter
+from edge_sdk.logprobs import MAX_TOP_LOGPROBS, TokenLogprobs, token_logprobs
 from edge_sdk.masking import FULL_UPLOAD_LIMIT
 from edge_sdk.policies.base import CloudUpload, FusionMode, Policy, SyncedToken
 from edge_sdk.transport import CloudConnection, CloudError
@@ -143,6 +145,8 @@ class _OpenStep:
     sends: int = 0
     bytes_up: int = 0
     bytes_down: int = 0
+    # edge-side with logprobs asked for: reads the token's off the row it was decided from (once the signal left)
+    read_logprobs: Callable[[], TokenLogprobs] | None = None
 
 
 @dataclass(frozen=True)
@@ -169,10 +173,15 @@ class DecodeSettings:
     # depends on the public schedule and the cloud's own timing, not on how long the SLM took (which grows with
     # the private context).  ``None``: each signal leaves as soon as it is decided.
     pace_ms: float | None = None
+    # log-probabilities of each chosen token and of the ``logprobs`` best ids of the fused row it was chosen from
+    # (edge_sdk.logprobs; 0: the token's alone); cloud-side the cloud sends them, so the session asks for them
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.pace_ms is not None and not self.pace_ms > 0:
             raise ValueError(f"pace_ms must be positive (or None for no pacing), got {self.pace_ms}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must lie in 0..{MAX_TOP_LOGPROBS} (or None for none), got {self.logprobs}")
 
 
 @dataclass
@@ -181,6 +190,7 @@ class StepEvent:
 
     token_id: int
     entry: LedgerEntry
+    logprobs: TokenLogprobs | None = None  # when DecodeSettings.logprobs asks for them
 
 
 class CollaborativeDecoder:
@@ -217,8 +227,6 @@ class CollaborativeDecoder:
     ) -> None:
         if settings.mode not in policy.modes:
             raise ValueError(f"policy {policy.name!r} does not support {settings.mode}-side fusion")
-        if constraint is not None and settings.mode != "edge":
-            raise ValueError("a JSON schema constrains edge-side fusion only: cloud-side, the cloud picks the token")
         policy = policy.for_generation(settings.max_new_tokens)  # a budget spread over T tokens: this T
         self.slm = slm
         self.policy = policy
@@ -234,9 +242,12 @@ class CollaborativeDecoder:
         self._lowest = np.float32(np.finfo(np.float32).min if policy.space == "logit" else 0.0)
         self.rng = rng
         self.stopping = stopping
-        # structured output: masks the fused distribution where the edge picks (edge_sdk.grammar); the loop hook
-        # for logits processors is not there yet, so the mask is applied in _decide and advanced on append
+        # structured output: edge-side, masks the fused distribution where the edge picks (edge_sdk.grammar); the
+        # loop hook for logits processors is not there yet, so the mask is applied in _decide and advanced on
+        # append.  Cloud-side the schema is sent with the session and the cloud masks where it picks; the edge
+        # checks each token it is sent against the same grammar
         self.constraint = constraint
+        self._read_logprobs: Callable[[], TokenLogprobs] | None = None  # set by _decide, see _note_logprobs
         self.tokens: list[int] = []
         self.ledger = PrivacyLedger(mode=settings.mode, policy=policy.describe(), exposure_k=settings.exposure_k,
                                     accountant=self.accountant)
@@ -258,7 +269,7 @@ class CollaborativeDecoder:
         step whatever ``settings.top_m`` says.
         """
         s = self.settings
-        if self.constraint is not None:  # a masked row needs every value (public: the schema alone decides it)
+        if self.constraint is not None and s.mode == "edge":  # a masked row needs every value (public: the schema)
             return self.slm.vocab_size
         top_m = max(s.top_m, s.exposure_k) if s.mode == "edge" else s.top_m
         return min(top_m, self.slm.vocab_size)
@@ -279,6 +290,11 @@ class CollaborativeDecoder:
             top_m=self.top_m,
             resume_prefix=tuple(self.tokens),
             stop_token_ids=tuple(sorted(self.slm.eos_token_ids)),  # the cloud stops where the edge would
+            # cloud-side only (edge-side the edge picks, and computes or applies them itself): what the app asked
+            logprobs=s.mode == "cloud" and s.logprobs is not None,
+            top_logprobs=(s.logprobs or 0) if s.mode == "cloud" else 0,
+            json_schema=json.dumps(self.constraint.schema, sort_keys=True, separators=(",", ":"))
+            if self.constraint is not None and s.mode == "cloud" else "",
         )
 
     # -- one step ------------------------------------------------------------------------------------
@@ -321,7 +337,8 @@ class CollaborativeDecoder:
         """
         mode, alpha = self.settings.mode, self.settings.alpha
         stops = self._stop_array if no_stop and mode == "edge" else None
-        allowed = self.constraint.allowed() if self.constraint is not None else None
+        # the schema's mask applies where the token is picked: here edge-side; cloud-side the cloud masks
+        allowed = self.constraint.allowed() if self.constraint is not None and mode == "edge" else None
         if withheld:  # budget spent: a signal the cloud could have produced on its own
             if mode == "cloud":
                 return CloudUpload.empty(self.policy.space)
@@ -333,6 +350,7 @@ class CollaborativeDecoder:
                 if allowed is not None:
                     row = mask_row(row, allowed, lowest=self._lowest)
                 token = int(np.argmax(row))
+            self._note_logprobs(token, lambda: self._masked_cloud_row(dist, stops, allowed))
             return SyncedToken(token)
         if not dist.is_full and self.policy.needs_full_row(mode):
             return None
@@ -355,7 +373,25 @@ class CollaborativeDecoder:
             signal = signal.largest(FULL_UPLOAD_LIMIT)
         if allowed is not None and isinstance(signal, SyncedToken) and not allowed[signal.token_id]:
             raise ValueError(f"policy {self.policy.name!r} chose a token outside the JSON schema's grammar")
+        if isinstance(signal, SyncedToken):
+            self._note_logprobs(signal.token_id, lambda: fuse(p_llm, p_slm, alpha))
         return signal
+
+    def _masked_cloud_row(self, dist: wire.CloudDistribution, stops: np.ndarray | None,
+                          allowed: np.ndarray | None) -> np.ndarray:
+        """The cloud's row at its public fill with the step's masks (a withheld step's token comes from it)."""
+        row = dist.filled(self.slm.vocab_size, self.policy.space).copy()
+        if stops is not None:
+            row[stops] = self._lowest
+        return mask_row(row, allowed, lowest=self._lowest) if allowed is not None else row
+
+    def _note_logprobs(self, token: int, fused_row: Callable[[], np.ndarray]) -> None:
+        """Edge-side, with logprobs asked for: how to read ``token``'s log-probabilities under ``fused_row()`` (the
+        masked row it was chosen from, :mod:`edge_sdk.logprobs`); the loop reads them once the step's signal has
+        left, so their cost (a top-n search whose time varies with the row) never delays or times what is sent."""
+        if self.settings.logprobs is not None:
+            top_n, space = self.settings.logprobs, self.policy.space
+            self._read_logprobs = lambda: token_logprobs(fused_row(), space, token, top_n)
 
     def _wait_for_slot(self) -> bool:
         """Paced: sleep until this step's slot (see ``DecodeSettings.pace_ms``); whether it missed its first one."""
@@ -368,6 +404,17 @@ class CollaborativeDecoder:
         if delay > 0:
             time.sleep(delay)
         return slots > 1
+
+    def _advance_grammar(self, token: int) -> None:
+        """Advance the schema's grammar by the step's token; cloud-side a token outside it (a cloud that ignored
+        the schema) ends the generation."""
+        assert self.constraint is not None
+        try:
+            self.constraint.consume(token)
+        except ValueError:
+            if self.settings.mode == "edge":
+                raise
+            raise CloudError("DATA_LOSS", f"the cloud chose token {token}, outside the JSON schema's grammar") from None
 
     @staticmethod
     def _steered(signal: CloudUpload | SyncedToken, dist: wire.CloudDistribution) -> bool:
@@ -448,6 +495,7 @@ class CollaborativeDecoder:
                         signal = self._decide(self._p_slm, dist, sent.withheld, no_stop)
                         assert signal is not None, "a full distribution always decides"
                     sent.signal, sent.exposure = signal, wire.step_exposure(signal, dist, k)
+                    sent.read_logprobs, self._read_logprobs = self._read_logprobs, None
                     if not sent.withheld:  # recorded when decided: a send that broke may still have reached the cloud
                         self.accountant.record(step, steered=self._steered(signal, dist))
                 edge_s = time.perf_counter() - started
@@ -469,14 +517,17 @@ class CollaborativeDecoder:
                 sent.bytes_down += connection.bytes.cloud_to_edge - down0
                 raise
             self._open_step = None
+            # edge-side read now that the signal has left; cloud-side sent with the token (None unless asked)
+            logprobs = sent.read_logprobs() if sent.read_logprobs is not None else (
+                connection.chosen_logprobs if isinstance(signal, CloudUpload) else None)
             self.meter.observe(exposure)  # what the cloud can read off this step (reported, never decides anything)
             if isinstance(signal, SyncedToken):
                 self.meter.observe([token])
+            if self.constraint is not None:
+                self._advance_grammar(token)
             steered = self._steered(signal, dist)
             self._steered_steps += steered
             self.tokens.append(token)
-            if self.constraint is not None:
-                self.constraint.consume(token)
             if self.stopping is not None:  # one detokenisation per step serves this test and the next step's
                 text = self.slm.detokenize(self.tokens)
             done = self.stopping is not None and self.stopping.is_done(text)
@@ -508,7 +559,7 @@ class CollaborativeDecoder:
                 pace_overrun=overrun,
             )
             self.ledger.entries.append(entry)
-            yield StepEvent(token, entry)
+            yield StepEvent(token, entry, logprobs)
             if finished:
                 if self.finish_reason == "stop_rule":
                     return  # the session is closed by whoever owns the connection (run_with_resume does)

@@ -40,6 +40,7 @@ import numpy as np
 
 from edge_sdk import wire
 from edge_sdk.fusion import check_finite, softmax
+from edge_sdk.logprobs import token_logprobs
 from edge_sdk.transport import CloudConnection, CloudError
 
 #: a row of logits, one per vocabulary id
@@ -141,6 +142,19 @@ class TableSLM:
     def detokenize(self, ids: list[int]) -> str:
         return "".join(self.pieces[i] for i in ids)
 
+    def token_pieces(self) -> list[bytes]:
+        """Each id's piece as UTF-8 bytes (what a JSON schema's grammar reads, :mod:`edge_sdk.grammar`)."""
+        return [piece.encode("utf-8") for piece in self.pieces]
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self.bos_id
+
+    @property
+    def special_token_ids(self) -> frozenset[int]:
+        """The end-of-generation and BOS ids: never text to a grammar."""
+        return self.eos_token_ids | (frozenset() if self.bos_id is None else {self.bos_id})
+
     def vocab_fingerprint(self) -> bytes:
         """SHA-256 of the pieces (two tables with the same vocabulary share it)."""
         return hashlib.sha256("\x00".join(self.pieces).encode()).digest()
@@ -168,7 +182,9 @@ class ScriptedCloud:
     full-row request; the chosen token and ``finished`` in cloud-side fusion), and every message crosses as
     bytes through :mod:`edge_sdk.wire`'s codec.  Cloud-side fusion picks greedily:
     ``argmax(alpha * row + (1 - alpha) * upload)`` (the row alone when ``alpha = 0`` and nothing is
-    uploaded), with end-of-generation ids out of the choice on ``no_stop``.
+    uploaded), with end-of-generation ids out of the choice on ``no_stop``, and sends that row's
+    log-probabilities with the token when the session asks (:mod:`edge_sdk.logprobs`).  It holds no tokenizer
+    and ignores a session's ``json_schema``: a cloud that does not keep to the schema.
 
     Args:
         vocab_size: the vocabulary's size.
@@ -347,28 +363,33 @@ class ScriptedSession:
         assert self.request is not None
         step = self.step
         replies: list[tuple[float, Any]] = []
+        logprobs = None
         if self.request.mode == "cloud":
             upload = wire.decode_upload(signal.upload, self.cloud.vocab_size, self.request.space)
-            token = self._pick(upload, no_stop=signal.no_stop)
+            scores = self._fused(upload, no_stop=signal.no_stop)
+            token = int(np.argmax(scores))
+            if self.request.logprobs:
+                logprobs = token_logprobs(scores, self.request.space, token, self.request.top_logprobs)
         else:
             token = int(signal.token_id)
         self.sequence.append(token)
         self.step += 1
         reason = "eos" if token in self.eos else "max_new_tokens" if self.step >= self.max_new_tokens else None
         if self.request.mode == "cloud":
-            replies.append((0.0, wire.encode_token_chosen(step, token, reason is not None)))
+            replies.append((0.0, wire.encode_token_chosen(step, token, reason is not None, logprobs)))
         replies.append((0.0, self._finish(reason)) if reason is not None else self._distribution())
         return replies
 
-    def _pick(self, upload: Any, *, no_stop: bool) -> int:
-        """``argmax(alpha * row + (1 - alpha) * upload)``; the row alone at ``alpha = 0`` with nothing uploaded."""
+    def _fused(self, upload: Any, *, no_stop: bool) -> np.ndarray:
+        """``alpha * row + (1 - alpha) * upload`` (the row alone at ``alpha = 0`` with nothing uploaded), stop ids at
+        the space's lowest value on ``no_stop``: the row the token is picked from (its argmax)."""
         assert self.request is not None
         alpha = self.request.alpha
         scores = self.values.copy() if alpha == 0.0 and not len(upload) else upload.fuse_with(self.values, alpha)
         if no_stop:
             stops = np.fromiter((i for i in self.eos if i < scores.shape[0]), dtype=np.int64)
             scores[stops] = np.finfo(np.float32).min if self.request.space == "logit" else 0.0
-        return int(np.argmax(scores))
+        return scores
 
     def _finish(self, reason: str) -> Any:
         self.finish_reason = reason

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from edge_sdk import wire
+from edge_sdk.logprobs import TokenLogprobs
 from edge_sdk.policies.base import CloudUpload
 
 
@@ -184,6 +185,8 @@ class CloudConnection:
         self.info: wire.SessionInfo | None = None
         self._request: wire.SessionRequest | None = None
         self.finish_reason: str | None = None
+        #: cloud-side fusion with logprobs asked for: those the cloud sent with the last token it picked
+        self.chosen_logprobs: TokenLogprobs | None = None
 
     def _send(self, message: Any) -> None:
         self.bytes.edge_to_cloud += message.ByteSize()
@@ -256,7 +259,20 @@ class CloudConnection:
             raise CloudError("INTERNAL", f"the cloud answered step {chosen.step} to step {step}")
         if chosen.token_id >= self.info.vocab_size:
             raise CloudError("DATA_LOSS", f"the cloud chose token {chosen.token_id}, outside the vocabulary")
+        self.chosen_logprobs = self._chosen_logprobs(chosen)
         return int(chosen.token_id), bool(chosen.finished)
+
+    def _chosen_logprobs(self, chosen: Any) -> TokenLogprobs | None:
+        """The log-probabilities sent with a picked token, checked; ``None`` when the session asked for none
+        (``DATA_LOSS`` when asked for and missing or malformed, or sent unasked)."""
+        assert self.info is not None and self._request is not None
+        try:
+            logprobs = wire.decode_token_logprobs(chosen, self.info.vocab_size, self._request.top_logprobs)
+        except ValueError as exc:
+            raise CloudError("DATA_LOSS", f"the cloud sent malformed log-probabilities: {exc}") from None
+        if (logprobs is not None) != self._request.logprobs:
+            raise CloudError("DATA_LOSS", "the cloud's log-probabilities do not match what the session asked for")
+        return logprobs
 
     def sync_token(self, step: int, token_id: int) -> None:
         """Edge-side fusion: send the chosen token (the reply is the next distribution)."""

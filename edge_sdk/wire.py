@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from edge_sdk.fusion import FusionSpace, check_finite, top_k_ids
+from edge_sdk.logprobs import MAX_TOP_LOGPROBS, TokenLogprobs
 from edge_sdk.policies.base import CloudUpload, FusionMode, Observation
 
 PROTOCOL_VERSION = 1
@@ -79,6 +80,11 @@ class SessionRequest:
     top_m: int = DEFAULT_TOP_M
     resume_prefix: tuple[int, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+    #: cloud-side fusion: the cloud sends the picked token's log-probability (and ``top_logprobs`` best ids')
+    logprobs: bool = False
+    top_logprobs: int = 0
+    #: cloud-side fusion: the public JSON schema (JSON text) the cloud masks its fused row by; "" for free text
+    json_schema: str = ""
 
 
 @dataclass(frozen=True)
@@ -226,6 +232,9 @@ def encode_open(req: SessionRequest) -> Any:
         top_m=req.top_m,
         resume_prefix=m.TokenIds(ids=ids_to_bytes(np.array(req.resume_prefix))),
         stop_token_ids=m.TokenIds(ids=ids_to_bytes(np.array(req.stop_token_ids))),
+        logprobs=req.logprobs,
+        top_logprobs=req.top_logprobs,
+        json_schema=req.json_schema,
     )
     return m.EdgeMessage(open=open_msg)
 
@@ -259,6 +268,9 @@ def decode_open(msg: Any, tokenize: Any = None) -> SessionRequest:
         top_m=int(msg.top_m) or DEFAULT_TOP_M,
         resume_prefix=tuple(int(i) for i in ids_from_bytes(msg.resume_prefix.ids)),
         stop_token_ids=tuple(int(i) for i in ids_from_bytes(msg.stop_token_ids.ids)),
+        logprobs=bool(msg.logprobs),
+        top_logprobs=int(msg.top_logprobs),
+        json_schema=msg.json_schema,
     )
 
 
@@ -377,9 +389,33 @@ def encode_close() -> Any:
     return m.EdgeMessage(close=m.Close())
 
 
-def encode_token_chosen(step: int, token_id: int, finished: bool) -> Any:
+def encode_token_chosen(step: int, token_id: int, finished: bool, logprobs: TokenLogprobs | None = None) -> Any:
     m = pb()
-    return m.CloudMessage(token=m.TokenChosen(step=step, token_id=token_id, finished=finished))
+    chosen = m.TokenChosen(step=step, token_id=token_id, finished=finished)
+    if logprobs is not None:
+        ids = np.array([i for i, _ in logprobs.top], dtype=np.int64)
+        values = np.array([v for _, v in logprobs.top], dtype=np.float32)
+        chosen.logprobs.CopyFrom(m.TokenLogprobs(logprob=logprobs.logprob, top_ids=ids_to_bytes(ids),
+                                                 top_logprobs=values_to_bytes(values)))
+    return m.CloudMessage(token=chosen)
+
+
+def decode_token_logprobs(msg: Any, vocab_size: int, top_n: int) -> TokenLogprobs | None:
+    """A ``TokenChosen``'s log-probabilities (``None`` when it carries none); ``ValueError`` when they are not
+    log-probabilities (positive or NaN), name an id outside the vocabulary, are out of order or more than
+    ``top_n`` (<= 20)."""
+    if not msg.HasField("logprobs"):
+        return None
+    body = msg.logprobs
+    ids, values = ids_from_bytes(body.top_ids), values_from_bytes(body.top_logprobs).astype(np.float64)
+    if ids.shape != values.shape or ids.size > min(top_n, MAX_TOP_LOGPROBS):
+        raise ValueError(f"{ids.size} top ids with {values.size} log-probabilities, at most {top_n} asked for")
+    if ids.size and int(ids.max()) >= vocab_size:
+        raise ValueError("a top log-probability names an id outside the vocabulary")
+    logprob = float(body.logprob)
+    if not logprob <= 0.0 or np.any(~(values <= 0.0)) or np.any(np.diff(values) > 0):
+        raise ValueError("the log-probabilities are not ordered values <= 0")
+    return TokenLogprobs(int(msg.token_id), logprob, tuple(zip(ids.tolist(), values.tolist(), strict=True)))
 
 
 def encode_finished(steps: int, reason: str) -> Any:

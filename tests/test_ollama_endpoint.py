@@ -140,10 +140,11 @@ def test_unknown_markers_options_and_fields_are_refused_never_sent(endpoint: End
     assert "tools is not supported" in refused(client(endpoint).chat, model="coveil", messages=MESSAGES,
                                                tools=[tool]).error
     assert "think" in refused(client(endpoint).chat, model="coveil", messages=MESSAGES, think=True).error
-    for ask in ({"logprobs": True}, {"top_logprobs": 3}):
+    for ask, param in (({"top_logprobs": 3}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 21}, None)):
         for raw in (False, True):
             error = refused(client(endpoint).generate, model="coveil", prompt=QUESTION, raw=raw, **ask)
-            assert error.status_code == 400 and "logprobs is not supported" in error.error
+            named = param or ("logprobs" if raw else "top_logprobs")  # a raw prompt's count is the completion's
+            assert error.status_code == 400 and f"{named} is not supported" in error.error
     assert refused(client(endpoint).chat, model="llama3", messages=MESSAGES).status_code == 404
     assert len(transcripts(cloud)) == sessions  # none of these opened a cloud session
 

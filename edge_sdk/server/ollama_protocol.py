@@ -129,8 +129,8 @@ class OllamaGenerationRequest(BaseModel):
         """``(param, why)`` for a field this endpoint cannot honour (the OpenAI request refuses the rest)."""
         if self.think not in (None, False):
             return "think", "the edge model does not think before it answers"
-        if self.logprobs or self.top_logprobs:
-            return "logprobs", "log-probabilities are not returned (the fused distribution is the policy's)"
+        if self.top_logprobs and not self.logprobs:
+            return "top_logprobs", "alternatives are returned with logprobs: true only"
         return self.options.refused() if self.options else None
 
     def common_fields(self, served_model: str) -> dict[str, Any]:
@@ -138,6 +138,8 @@ class OllamaGenerationRequest(BaseModel):
         object; a schema: JSON valid under it)."""
         fields = {"model": served_model, "stream": self.stream,
                   **(self.options.openai_fields() if self.options else {})}
+        if self.logprobs:  # as a chat request takes them (a raw prompt's completion request takes the count)
+            fields["logprobs"], fields["top_logprobs"] = True, self.top_logprobs or 0
         if self.format == "json":
             fields["response_format"] = {"type": "json_object"}
         elif isinstance(self.format, dict):
@@ -191,7 +193,10 @@ class OllamaGenerateRequest(OllamaGenerationRequest):
         """A raw prompt is completed as it is; else it is the user's message (after ``system``) in the model's
         prompt format, as Ollama applies its template."""
         if self.raw:
-            return CompletionRequest(prompt=self.prompt, **self.common_fields(served_model))
+            fields = self.common_fields(served_model)
+            if fields.pop("logprobs", None):
+                fields["logprobs"] = fields.pop("top_logprobs")
+            return CompletionRequest(prompt=self.prompt, **fields)
         system = [{"role": "system", "content": self.system}] if self.system else []
         return ChatCompletionRequest(messages=[*system, {"role": "user", "content": self.prompt}],
                                      **self.common_fields(served_model))
@@ -203,6 +208,17 @@ class OllamaGenerateRequest(OllamaGenerationRequest):
 class OllamaReply(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str
+
+
+class OllamaTopLogprob(BaseModel):
+    token: str
+    logprob: float
+
+
+class OllamaLogprob(OllamaTopLogprob):
+    """Ollama's per-token log-probability with the best alternatives of the same (fused) row."""
+
+    top_logprobs: list[OllamaTopLogprob] | None = None
 
 
 class OllamaPart(BaseModel):
@@ -225,6 +241,7 @@ class OllamaPart(BaseModel):
     eval_count: int | None = None
     eval_duration: int | None = None
     coveil: LedgerSummary | dict | None = None
+    logprobs: list[OllamaLogprob] | None = None  # each token's, when asked (the README says of which row)
 
 
 class OllamaModelDetails(BaseModel):

@@ -7,7 +7,9 @@ A chat or generate request is translated to the OpenAI request that asks for the
 stream of newline-delimited JSON objects (``application/x-ndjson``) whose last has ``"done": true``.  Errors are
 Ollama's, ``{"error": "message"}`` with the HTTP status; an error after the first token ends the stream with such
 a line (the ``ollama`` client raises it).  As on the OpenAI routes, every line carries what the cloud saw in
-``coveil`` (a step's report; the ledger's summary on the last line and beside a late error).
+``coveil`` (a step's report; the ledger's summary on the last line and beside a late error).  ``logprobs`` (with
+``top_logprobs``) puts each token's log-probability on its line (all of them in one object), under the fused
+distribution the token was chosen from, as on the OpenAI routes (:mod:`edge_sdk.server.router`).
 
 The model is listed as ``NAME:latest`` (Ollama's spelling) and answers to ``NAME`` too.
 """
@@ -32,14 +34,16 @@ from edge_sdk.server.ollama_protocol import (
     OllamaChatRequest,
     OllamaGenerateRequest,
     OllamaGenerationRequest,
+    OllamaLogprob,
     OllamaModel,
     OllamaModelDetails,
     OllamaPart,
     OllamaReply,
     OllamaShow,
     OllamaTags,
+    OllamaTopLogprob,
 )
-from edge_sdk.server.protocol import ChatCompletionRequest, LedgerSummary
+from edge_sdk.server.protocol import ChatCompletionRequest, LedgerSummary, TokenLogprob
 from edge_sdk.server.router import CLIENT_GONE, client_gone, next_unless_gone, serving_of
 from edge_sdk.server.serving import Done, EdgeServing, Failed, Generation, Job, StepOut
 
@@ -218,18 +222,26 @@ class _Lines:
     def _reply(self, text: str) -> dict[str, Any]:
         return {"message": OllamaReply(content=text)} if self.reply_field == "message" else {"response": text}
 
-    def part(self, text: str, step: dict) -> OllamaPart:
-        return OllamaPart(model=self.model, created_at=now_rfc3339(), done=False, coveil={"step": step},
-                          **self._reply(text))
+    @staticmethod
+    def logprobs(entries: list[TokenLogprob] | None) -> list[OllamaLogprob] | None:
+        """OpenAI's per-token log-probabilities in Ollama's shape (token and log-probability, no bytes)."""
+        if entries is None:
+            return None
+        return [OllamaLogprob(token=e.token, logprob=e.logprob, top_logprobs=[
+            OllamaTopLogprob(token=t.token, logprob=t.logprob) for t in e.top_logprobs]) for e in entries]
 
-    def last(self, text: str, done: Done) -> OllamaPart:
+    def part(self, text: str, step: dict, logprobs: TokenLogprob | None = None) -> OllamaPart:
+        return OllamaPart(model=self.model, created_at=now_rfc3339(), done=False, coveil={"step": step},
+                          logprobs=self.logprobs(None if logprobs is None else [logprobs]), **self._reply(text))
+
+    def last(self, text: str, done: Done, logprobs: list[TokenLogprob] | None = None) -> OllamaPart:
         ended = time.perf_counter()
         return OllamaPart(
             model=self.model, created_at=now_rfc3339(), done=True, done_reason=done.finish_reason,
             total_duration=round((ended - self.started) * 1e9), load_duration=0,
             prompt_eval_count=done.usage.prompt_tokens, prompt_eval_duration=round((self.first_at - self.started) * 1e9),
             eval_count=done.usage.completion_tokens, eval_duration=round((ended - self.first_at) * 1e9),
-            coveil=done.ledger, **self._reply(text),
+            coveil=done.ledger, logprobs=self.logprobs(logprobs), **self._reply(text),
         )
 
 
@@ -239,6 +251,7 @@ def ndjson(part: OllamaPart) -> str:
 
 async def _whole(job: Job, first: StepOut | Done, gone: asyncio.Future[None], lines: _Lines) -> Response:
     pieces: list[str] = []
+    logprobs: list[TokenLogprob] = []
     event: StepOut | Done | Failed | None = first
     try:
         while not isinstance(event, Done):
@@ -247,10 +260,14 @@ async def _whole(job: Job, first: StepOut | Done, gone: asyncio.Future[None], li
             if isinstance(event, Failed):
                 return ollama_error(event.error, event.ledger)
             pieces.append(event.text)
+            if event.logprobs is not None:
+                logprobs.append(event.logprobs)
             event = await next_unless_gone(job, gone)
     finally:
         job.cancel()  # a no-op once done; stops the generation if this handler is cancelled
-    return JSONResponse(json.loads(ndjson(lines.last("".join(pieces) + event.text, event))))
+    asked = job.generation.decoder.settings.logprobs is not None
+    return JSONResponse(json.loads(ndjson(lines.last("".join(pieces) + event.text, event,
+                                                     logprobs if asked else None))))
 
 
 async def _stream(job: Job, first: StepOut | Done, lines: _Lines) -> AsyncIterator[str]:
@@ -258,7 +275,7 @@ async def _stream(job: Job, first: StepOut | Done, lines: _Lines) -> AsyncIterat
     try:
         while True:
             if isinstance(event, StepOut):
-                yield ndjson(lines.part(event.text, event.report.model_dump()))
+                yield ndjson(lines.part(event.text, event.report.model_dump(), event.logprobs))
             elif isinstance(event, Done):
                 yield ndjson(lines.last(event.text, event))
                 return

@@ -3,7 +3,7 @@
 Requests are read against an allowlist: every model here names the fields it
 knows (OpenAI's, and the ``coveil`` extension) and refuses any other with a
 400 naming it.  A field the endpoint knows but cannot honour (``n > 1``,
-``logprobs``, tools, ...) is refused by :meth:`GenerationRequest.unsupported`.
+``top_logprobs`` > 20, tools, ...) is refused by :meth:`GenerationRequest.unsupported`.
 Nothing unknown is ignored: an ignored privacy marker (``"private": true``,
 ``"confidential": true``, a misspelt ``coveil_private``) would send text the
 app meant to keep on the device to the cloud.
@@ -26,6 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 from edge_sdk.grammar import ANY_JSON_OBJECT
+from edge_sdk.logprobs import MAX_TOP_LOGPROBS
 
 #: OpenAI's limit on stop strings per request
 MAX_STOPS = 4
@@ -201,7 +202,7 @@ class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(default=None, ge=0)
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None
     # OpenAI's fields that change nothing here: accepted and not used
@@ -222,10 +223,13 @@ class ChatCompletionRequest(GenerationRequest):
     web_search_options: dict | None = None
 
     def unsupported(self) -> tuple[str, str] | None:
-        if self.logprobs or self.top_logprobs:
-            return "logprobs", "log-probabilities are not returned (the fused distribution is the policy's)"
+        if self.top_logprobs is not None and self.top_logprobs > MAX_TOP_LOGPROBS:
+            return "top_logprobs", f"at most {MAX_TOP_LOGPROBS} alternatives per token"
+        if self.top_logprobs and not self.logprobs:
+            return "top_logprobs", "alternatives are returned with logprobs: true only"
         if self.tools or self.functions or self.function_call:
-            return "tools", "tool calls are not served"
+            return "tools", "tool calls are not served: the edge model is not trained to call tools, and a call's " \
+                "arguments would be generated text the app then runs, outside what the privacy ledger reports"
         for position, message in enumerate(self.messages):
             if message.tool_calls or message.function_call or message.audio:
                 return f"messages.{position}", "tool calls and audio in a message are not served"
@@ -239,13 +243,17 @@ class ChatCompletionRequest(GenerationRequest):
     def reply_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
+    def logprobs_count(self) -> int | None:
+        """How many alternatives per token to return with each token's log-probability (``None``: none at all)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
 
 class CompletionRequest(GenerationRequest):
     prompt: str | list[str]
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
-    logprobs: int | None = None
+    logprobs: int | None = Field(default=None, ge=0)
 
     def unsupported(self) -> tuple[str, str] | None:
         if isinstance(self.prompt, list) and len(self.prompt) != 1:
@@ -256,8 +264,8 @@ class CompletionRequest(GenerationRequest):
             return "suffix", "insertion (suffix) is not served"
         if self.best_of not in (None, 1):
             return "best_of", "one candidate per request"
-        if self.logprobs:
-            return "logprobs", "log-probabilities are not returned"
+        if self.logprobs is not None and self.logprobs > MAX_TOP_LOGPROBS:
+            return "logprobs", f"at most {MAX_TOP_LOGPROBS} alternatives per token"
         return super().unsupported()
 
     def prompt_text(self) -> str:
@@ -265,6 +273,9 @@ class CompletionRequest(GenerationRequest):
 
     def reply_limit(self) -> int | None:
         return self.max_tokens
+
+    def logprobs_count(self) -> int | None:
+        return self.logprobs
 
 
 # -- responses ---------------------------------------------------------------------------------------
@@ -331,6 +342,45 @@ class LedgerSummary(BaseModel):
     privacy: EpsilonLedger | None = None
 
 
+class TopLogprob(BaseModel):
+    """One token and its log-probability under the fused row (``bytes``: its UTF-8 bytes; a token may hold part
+    of a character)."""
+
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(TopLogprob):
+    """A chosen token's log-probability and the fused row's ``top_logprobs`` best tokens (see the README: the
+    row the token was chosen from, at the side that chose it, masked and renormalised)."""
+
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob]
+
+
+class CompletionLogprobs(BaseModel):
+    """The legacy completions shape: per token its text, log-probability, best alternatives and offset."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+    @classmethod
+    def of(cls, entries: list[TokenLogprob], offset: int = 0) -> CompletionLogprobs:
+        """``entries`` as the legacy shape, the first token at character ``offset`` of the reply."""
+        offsets = []
+        for entry in entries:
+            offsets.append(offset)
+            offset += len(entry.token)
+        return cls(tokens=[e.token for e in entries], token_logprobs=[e.logprob for e in entries],
+                   top_logprobs=[{t.token: t.logprob for t in e.top_logprobs} for e in entries], text_offset=offsets)
+
+
 class ChunkExtension(BaseModel):
     """A stream chunk's ``coveil`` field: the step it carries, or (last chunk) the ledger's summary."""
 
@@ -347,7 +397,7 @@ class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: str
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -369,7 +419,7 @@ class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(BaseModel):
@@ -386,7 +436,7 @@ class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class Completion(BaseModel):

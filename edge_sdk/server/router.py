@@ -9,7 +9,13 @@ its generation dropped or stopped (the server would otherwise decode it to the
 end for nobody).  Streams are server-sent events: one chunk per decided
 token (its ``coveil.step`` says what the cloud saw), a last chunk with the
 finish reason and ``coveil.ledger``, the usage chunk when asked
-(``stream_options.include_usage``), then ``data: [DONE]``.
+(``stream_options.include_usage``), then ``data: [DONE]``.  With ``logprobs`` each token's chunk carries its
+log-probabilities (every decided token's, a token whose text a stop string's look-ahead still holds back
+included), a complete response all of them.  They are taken under the fused distribution the token was chosen
+from, at the side that chose it (edge-side the edge, cloud-side the cloud, which sends them with the token),
+after that step's masks (stop ids, the JSON schema, ``never_upload``), renormalised, before any temperature:
+``log(f_i / sum f)``, ``f = alpha * p_llm + (1 - alpha) * p_slm`` (logit space: the log-softmax of the fused
+logits); see :mod:`edge_sdk.logprobs`.
 """
 
 from __future__ import annotations
@@ -35,13 +41,16 @@ from edge_sdk.server.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatDelta,
+    ChatLogprobs,
     ChunkExtension,
     Completion,
     CompletionChoice,
+    CompletionLogprobs,
     CompletionRequest,
     GenerationRequest,
     ModelCard,
     ModelList,
+    TokenLogprob,
 )
 from edge_sdk.server.serving import Done, EdgeServing, Event, Failed, Generation, Job, StepOut
 
@@ -146,16 +155,20 @@ class _ChatFormat:
         self.model = request.model
 
     def chunk(self, request_id: str, created: int, text: str, first: bool, extension: ChunkExtension,
-              finish_reason: str | None = None) -> BaseModel:
+              finish_reason: str | None = None, logprobs: TokenLogprob | None = None) -> BaseModel:
         delta = ChatDelta(role="assistant" if first else None, content=text if text or first else None)
+        choice = ChatChunkChoice(delta=delta, finish_reason=finish_reason,
+                                 logprobs=None if logprobs is None else ChatLogprobs(content=[logprobs]))
         return ChatCompletionChunk(id=request_id, created=created, model=self.model, coveil=extension,
-                                   choices=[ChatChunkChoice(delta=delta, finish_reason=finish_reason)])
+                                   choices=[choice])
 
     def usage_chunk(self, request_id: str, created: int, done: Done) -> BaseModel:
         return ChatCompletionChunk(id=request_id, created=created, model=self.model, choices=[], usage=done.usage)
 
-    def complete(self, request_id: str, created: int, text: str, done: Done) -> BaseModel:
-        choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=done.finish_reason)
+    def complete(self, request_id: str, created: int, text: str, done: Done,
+                 logprobs: list[TokenLogprob] | None) -> BaseModel:
+        choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=done.finish_reason,
+                            logprobs=None if logprobs is None else ChatLogprobs(content=logprobs))
         return ChatCompletion(id=request_id, created=created, model=self.model, choices=[choice], usage=done.usage,
                               coveil=done.ledger)
 
@@ -165,18 +178,25 @@ class _CompletionFormat:
 
     def __init__(self, request: CompletionRequest) -> None:
         self.model = request.model
+        self.offset = 0  # streamed: the character offset of the next token's text in the reply
 
     def chunk(self, request_id: str, created: int, text: str, first: bool, extension: ChunkExtension,
-              finish_reason: str | None = None) -> BaseModel:
+              finish_reason: str | None = None, logprobs: TokenLogprob | None = None) -> BaseModel:
+        legacy = None
+        if logprobs is not None:
+            legacy = CompletionLogprobs.of([logprobs], self.offset)
+            self.offset += len(logprobs.token)
         return Completion(id=request_id, created=created, model=self.model, coveil=extension,
-                          choices=[CompletionChoice(text=text, finish_reason=finish_reason)])
+                          choices=[CompletionChoice(text=text, finish_reason=finish_reason, logprobs=legacy)])
 
     def usage_chunk(self, request_id: str, created: int, done: Done) -> BaseModel:
         return Completion(id=request_id, created=created, model=self.model, choices=[], usage=done.usage)
 
-    def complete(self, request_id: str, created: int, text: str, done: Done) -> BaseModel:
+    def complete(self, request_id: str, created: int, text: str, done: Done,
+                 logprobs: list[TokenLogprob] | None) -> BaseModel:
+        legacy = None if logprobs is None else CompletionLogprobs.of(logprobs)
         return Completion(id=request_id, created=created, model=self.model, usage=done.usage, coveil=done.ledger,
-                          choices=[CompletionChoice(text=text, finish_reason=done.finish_reason)])
+                          choices=[CompletionChoice(text=text, finish_reason=done.finish_reason, logprobs=legacy)])
 
 
 #: the answer to a request whose client went away (nginx's "client closed request"; nobody reads it)
@@ -244,18 +264,23 @@ async def _answer(
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
         pieces: list[str] = []
+        logprobs: list[TokenLogprob] = []
         event = first
         while not isinstance(event, Done):
             if isinstance(event, Failed):
                 return failure_response(event)
             pieces.append(event.text)
+            if event.logprobs is not None:
+                logprobs.append(event.logprobs)
             event = await next_unless_gone(job, gone)
             if event is None:
                 return Response(status_code=CLIENT_GONE)
     finally:
         job.cancel()  # a no-op once done; stops the generation if this handler is cancelled
     text = "".join(pieces) + event.text
-    return JSONResponse(shapes.complete(generation.request_id, created, text, event).model_dump())
+    asked = generation.decoder.settings.logprobs is not None
+    return JSONResponse(shapes.complete(generation.request_id, created, text, event,
+                                        logprobs if asked else None).model_dump())
 
 
 async def _stream(
@@ -267,7 +292,8 @@ async def _stream(
     try:
         while True:
             if isinstance(event, StepOut):
-                yield sse(shapes.chunk(request_id, created, event.text, is_first, ChunkExtension(step=event.report)))
+                yield sse(shapes.chunk(request_id, created, event.text, is_first, ChunkExtension(step=event.report),
+                                       logprobs=event.logprobs))
                 is_first = False
             elif isinstance(event, Done):
                 yield sse(shapes.chunk(request_id, created, event.text, is_first, ChunkExtension(ledger=event.ledger),

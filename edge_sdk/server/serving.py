@@ -31,6 +31,7 @@ from typing import Any
 
 from edge_sdk.client import EdgeClient, GenerationStream
 from edge_sdk.grammar import GrammarError
+from edge_sdk.logprobs import TokenLogprobs
 from edge_sdk.policies import available_policies, make_policy
 from edge_sdk.prompts import ChatRenderer, Prompts, chat_prompts, plain_prompts
 from edge_sdk.server.errors import RETRY_AFTER_S, EndpointError, bad_request, from_cloud_error
@@ -41,6 +42,8 @@ from edge_sdk.server.protocol import (
     GenerationRequest,
     LedgerSummary,
     StepReport,
+    TokenLogprob,
+    TopLogprob,
     Usage,
 )
 from edge_sdk.server.settings import ServerSettings
@@ -171,10 +174,12 @@ class Generation:
 
 @dataclass(frozen=True)
 class StepOut:
-    """A decided token: the text it made showable (maybe empty) and what the cloud saw."""
+    """A decided token: the text it made showable (maybe empty), what the cloud saw, and its log-probabilities
+    when the request asked for them."""
 
     text: str
     report: StepReport
+    logprobs: TokenLogprob | None = None
 
 
 @dataclass(frozen=True)
@@ -251,6 +256,7 @@ class EdgeServing:
         self._lock = threading.Lock()
         self._queued: set[Job] = set()  # submitted, not yet taken by the worker nor withdrawn
         self._running: Job | None = None
+        self._pieces: list[bytes] | None = None  # each id's bytes, for log-probabilities (built when first asked)
         self._worker = threading.Thread(target=self._work, name="coveil-slm", daemon=True)
         self._worker.start()
 
@@ -287,7 +293,7 @@ class EdgeServing:
         except ValueError as exc:
             raise bad_request(str(exc), param="messages") from None
         return self._generation("chatcmpl", request, options, prompts, "messages", request.reply_limit(),
-                                format_stops=self.chat_template.stops)
+                                request.logprobs_count(), format_stops=self.chat_template.stops)
 
     def prepare_completion(self, request: CompletionRequest) -> Generation:
         """Check a completion request and build its plain-text prompts and decoder."""
@@ -297,7 +303,8 @@ class EdgeServing:
         if not text:
             raise bad_request("the prompt is empty", param="prompt")
         prompts = plain_prompts(self.client.slm, text, options.private_context)
-        return self._generation("cmpl", request, options, prompts, "prompt", request.reply_limit())
+        return self._generation("cmpl", request, options, prompts, "prompt", request.reply_limit(),
+                                request.logprobs_count())
 
     def _check_supported(self, request: GenerationRequest) -> None:
         if request.model != self.settings.served_model_name:
@@ -310,11 +317,11 @@ class EdgeServing:
 
     def _generation(
         self, prefix: str, request: GenerationRequest, options: CoveilOptions, prompts: Prompts, prompt_param: str,
-        reply_limit: int | None, format_stops: tuple[str, ...] = (),
+        reply_limit: int | None, logprobs: int | None, format_stops: tuple[str, ...] = (),
     ) -> Generation:
         """The decoder for ``prompts`` under the request's options and the server's defaults; the reply ends at
         the request's stop strings and at the prompt format's own (``format_stops``: the next question of a
-        completion-style prompt)."""
+        completion-style prompt); ``logprobs``: alternatives per token with each token's log-probability."""
         prompt_tokens = len(prompts.slm_ids)
         room = self.n_ctx - prompt_tokens
         # the cloud is told max_new_tokens: a default from the SLM's room would be the private context's length
@@ -347,15 +354,11 @@ class EdgeServing:
                                     "temperature": temperature, "seed": seed, "never_upload": options.never_upload,
                                     "exposure_budget": options.exposure_budget, "max_epsilon": options.max_epsilon,
                                     "epsilon_delta": options.epsilon_delta, "pace_ms": options.pace_ms,
-                                    "stopping": StopStrings(stops) if stops else None}
+                                    "stopping": StopStrings(stops) if stops else None, "logprobs": logprobs}
         if options.alpha is not None:
             settings["alpha"] = options.alpha
         schema = request.json_schema()
-        if schema is not None:
-            if mode != "edge":
-                raise bad_request("response_format is served in edge-side fusion only (coveil.mode 'edge'): "
-                                  "cloud-side, the cloud picks each token and does not hold the schema's grammar",
-                                  param="response_format")
+        if schema is not None:  # applied where the token is picked: by the edge, or by the cloud (sent with the session)
             settings["json_schema"] = schema
         for position, span in enumerate(options.never_upload):  # named by position: a span is private text
             if not span or span not in prompts.private_text:
@@ -371,6 +374,25 @@ class EdgeServing:
                                   "punctuation)", param="coveil.never_upload") from None
             raise bad_request(str(exc), param="coveil") from None
         return Generation(f"{prefix}-{secrets.token_hex(12)}", decoder, prompts, stops)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes ``token_id`` adds to a text (the SLM's ``token_pieces``, else its detokenised text)."""
+        if self._pieces is None:
+            slm = self.client.slm
+            self._pieces = slm.token_pieces() if callable(getattr(slm, "token_pieces", None)) else [
+                slm.detokenize([i]).encode("utf-8") for i in range(slm.vocab_size)]
+        return self._pieces[token_id]
+
+    def token_logprob(self, logprobs: TokenLogprobs) -> TokenLogprob:
+        """A step's log-probabilities in OpenAI's shape (a token with no probability at all, as OpenAI, -9999)."""
+
+        def entry(token_id: int, logprob: float) -> TopLogprob:
+            data = self.token_bytes(token_id)
+            return TopLogprob(token=data.decode("utf-8", errors="replace"), logprob=max(logprob, -9999.0),
+                              bytes=list(data))
+
+        chosen = entry(logprobs.token_id, logprobs.logprob)
+        return TokenLogprob(**chosen.model_dump(), top_logprobs=[entry(i, v) for i, v in logprobs.top])
 
     # -- the queue -----------------------------------------------------------------------------------
     def submit(self, generation: Generation) -> Job:
@@ -431,7 +453,8 @@ class EdgeServing:
             stream = self.client.run(generation.decoder)
             with stream:
                 for step in stream.steps():
-                    job.put(StepOut(shown.feed(step.text), step_report(step.entry)))
+                    logprobs = None if step.logprobs is None else self.token_logprob(step.logprobs)
+                    job.put(StepOut(shown.feed(step.text), step_report(step.entry), logprobs))
                     if job.cancelled.is_set():
                         log.info("request %s: the client went away after %d tokens", generation.request_id,
                                  len(stream.token_ids))
