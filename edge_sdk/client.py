@@ -22,6 +22,7 @@ from edge_sdk import wire
 from edge_sdk.backends.base import SLMBackend
 from edge_sdk.grammar import JsonConstraint
 from edge_sdk.leakage import LeakageMeter, content_token_ids, piece_reader
+from edge_sdk.ledger import LedgerEntry, PrivacyLedger
 from edge_sdk.masking import folded_vocabulary, never_upload_ids
 from edge_sdk.policies import Policy, make_policy
 from edge_sdk.policies.base import FusionMode
@@ -29,8 +30,6 @@ from edge_sdk.prompts import CONTEXT_SEPARATOR, Prompts, plain_prompts
 from edge_sdk.session import (
     CollaborativeDecoder,
     DecodeSettings,
-    LedgerEntry,
-    PrivacyLedger,
     StepEvent,
     StoppingRule,
     run_with_resume,

@@ -292,7 +292,7 @@ class StepReport(BaseModel):
 
 
 class EpsilonLedger(BaseModel):
-    """What the generation spent (:meth:`edge_sdk.session.PrivacyLedger.privacy`): ``epsilon_spent`` at ``delta``
+    """What the generation spent (:meth:`edge_sdk.ledger.PrivacyLedger.privacy`): ``epsilon_spent`` at ``delta``
     over ``events`` releases, null with ``guarantee`` "non-private" for a policy with no DP guarantee."""
 
     guarantee: Literal["dp", "non-private"]

@@ -31,6 +31,7 @@ from typing import Any
 
 from edge_sdk.client import EdgeClient, GenerationStream
 from edge_sdk.grammar import GrammarError
+from edge_sdk.ledger import LedgerEntry, PrivacyLedger
 from edge_sdk.policies import available_policies, make_policy
 from edge_sdk.prompts import ChatRenderer, Prompts, chat_prompts, plain_prompts
 from edge_sdk.server.errors import RETRY_AFTER_S, EndpointError, bad_request, from_cloud_error
@@ -44,7 +45,7 @@ from edge_sdk.server.protocol import (
     Usage,
 )
 from edge_sdk.server.settings import ServerSettings
-from edge_sdk.session import CollaborativeDecoder, LedgerEntry, PrivacyLedger
+from edge_sdk.session import CollaborativeDecoder
 from edge_sdk.transport import CloudError
 
 log = logging.getLogger("coveil.edge.server")
