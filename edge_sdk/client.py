@@ -31,9 +31,9 @@ from edge_sdk.session import (
     CollaborativeDecoder,
     DecodeSettings,
     StepEvent,
-    StoppingRule,
     run_with_resume,
 )
+from edge_sdk.steps import StoppingRule
 from edge_sdk.transport import CloudConnection, CloudSessionHandler, GrpcChannel, InProcessChannel
 
 __all__ = ["CONTEXT_SEPARATOR", "Credentials", "EdgeClient", "GenerationResult", "GenerationStream", "StreamStep"]
@@ -434,7 +434,7 @@ class EdgeClient:
             # the policy's randomness comes from OS entropy, never from anything on the wire
             rng=rng if rng is not None else np.random.default_rng(),
             stopping=stopping,
-            constraint=JsonConstraint(slm, json_schema) if json_schema is not None else None,
+            processors=[JsonConstraint(slm, json_schema)] if json_schema is not None else (),
         )
 
     def stream(self, public_query: str | Prompts, private_context: str = "", **kwargs: Any) -> GenerationStream:

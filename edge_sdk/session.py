@@ -3,7 +3,13 @@
 Per step ``t`` the edge has ``p_slm`` (private context + public query + the
 shared prefix) and receives the cloud's ``p_llm`` (public query + prefix).
 Its policy turns them into the one signal that leaves the device; the loop
-records that in the :class:`PrivacyLedger` and the :class:`LeakageMeter`.
+records that in the :class:`~edge_sdk.ledger.PrivacyLedger` and the
+:class:`~edge_sdk.leakage.LeakageMeter`.
+
+A step is four named parts (:meth:`CollaborativeDecoder.steps`): receive the
+cloud's row, decide the signal, send it, record and advance.  Each concern is
+an object of :mod:`edge_sdk.steps` (the SLM's view, the exposure budget, the
+pending signal, the pacer, the stop control, the step's meter).
 
 Both models only need the last token to go on, so the loop sends its signal
 first and then runs its own model while the cloud runs its own: a step costs
@@ -12,10 +18,8 @@ about ``max(edge, cloud) + one round trip``.
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Callable, Iterator
-from typing import Protocol
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,48 +27,23 @@ import numpy as np
 from edge_sdk import wire
 from edge_sdk.accountant import PrivacyAccountant
 from edge_sdk.backends.base import SLMBackend
-from edge_sdk.fusion import check_finite, softmax
-from edge_sdk.grammar import JsonConstraint, mask_row
+from edge_sdk.grammar import mask_row
 from edge_sdk.leakage import LeakageMeter
 from edge_sdk.ledger import LedgerEntry, PrivacyLedger
 from edge_sdk.masking import FULL_UPLOAD_LIMIT
 from edge_sdk.policies.base import CloudUpload, FusionMode, Policy, SyncedToken
+from edge_sdk.steps import (
+    ChoiceProcessor,
+    ExposureBudget,
+    Pacer,
+    PendingSignal,
+    SLMView,
+    StepDecision,
+    StepMeter,
+    StopControl,
+    StoppingRule,
+)
 from edge_sdk.transport import CloudConnection, CloudError
-
-
-class StoppingRule(Protocol):
-    """When a generation may end and when it is complete, read off the text generated so far.
-
-    Both sides already hold that text, so following the rule reveals nothing
-    private (cloud-side the edge only tells the cloud "not yet").
-    """
-
-    def allows_end(self, text: str) -> bool:
-        """Whether an end-of-generation token may be chosen after ``text``."""
-        ...
-
-    def is_done(self, text: str) -> bool:
-        """Whether the generation is complete once it reads ``text`` (decoding stops there)."""
-        ...
-
-
-@dataclass(eq=False)
-class _OpenStep:
-    """A step from its first attempt until the cloud acknowledges its signal, over every connection it ran on.
-
-    ``signal`` is decided once and then re-sent byte for byte; a step whose
-    full row was asked for asks again on each new connection until a signal
-    is decided (the same request: the rule that asks is public).
-    """
-
-    step: int
-    withheld: bool
-    signal: CloudUpload | SyncedToken | None = None
-    exposure: np.ndarray | None = None
-    full_requests: int = 0
-    sends: int = 0
-    bytes_up: int = 0
-    bytes_down: int = 0
 
 
 @dataclass(frozen=True)
@@ -116,11 +95,13 @@ class CollaborativeDecoder:
         cloud_prompt: ids the cloud conditions on (public query only).
         meter: the live leakage meter for this private context.
         masked_ids: ids of ``never_upload`` spans: the SLM's values for them are removed before the policy
-            runs (see :meth:`_edge_arrays`).
+            runs (see :meth:`edge_sdk.steps.SLMView.arrays`).
         rng: the generator randomised policies draw from (seed it from OS entropy: anything derived from
             what crosses the wire would let the cloud replay the policy's noise).
         stopping: when the generation may end and when it is complete (``None``: at an end-of-generation
             token or ``max_new_tokens``).
+        processors: hooks restricting the ids the edge may choose at each step (edge-side fusion), such as a
+            JSON schema's :class:`~edge_sdk.grammar.JsonConstraint`.
     """
 
     def __init__(
@@ -135,11 +116,11 @@ class CollaborativeDecoder:
         masked_ids: frozenset[int] = frozenset(),
         rng: np.random.Generator | None = None,
         stopping: StoppingRule | None = None,
-        constraint: JsonConstraint | None = None,
+        processors: Sequence[ChoiceProcessor] = (),
     ) -> None:
         if settings.mode not in policy.modes:
             raise ValueError(f"policy {policy.name!r} does not support {settings.mode}-side fusion")
-        if constraint is not None and settings.mode != "edge":
+        if processors and settings.mode != "edge":
             raise ValueError("a JSON schema constrains edge-side fusion only: cloud-side, the cloud picks the token")
         policy = policy.for_generation(settings.max_new_tokens)  # a budget spread over T tokens: this T
         self.slm = slm
@@ -151,25 +132,18 @@ class CollaborativeDecoder:
         self.slm_prompt = list(slm_prompt)
         self.cloud_prompt = list(cloud_prompt)
         self.meter = meter
-        self.masked = np.fromiter(sorted(masked_ids), dtype=np.int64)
-        # the lowest value a row can hold in the policy's space: 0 for probabilities, float32's minimum for logits
-        self._lowest = np.float32(np.finfo(np.float32).min if policy.space == "logit" else 0.0)
         self.rng = rng
-        self.stopping = stopping
-        # structured output: masks the fused distribution where the edge picks (edge_sdk.grammar); the loop hook
-        # for logits processors is not there yet, so the mask is applied in _decide and advanced on append
-        self.constraint = constraint
+        self.processors = tuple(processors)
+        self.view = SLMView(slm, policy.space, masked_ids)
+        self.budget = ExposureBudget(settings.exposure_budget, self.accountant)
+        self.pacer = Pacer(settings.pace_ms)
+        self.stop = StopControl(slm, stopping)
         self.tokens: list[int] = []
         self.ledger = PrivacyLedger(mode=settings.mode, policy=policy.describe(), exposure_k=settings.exposure_k,
                                     accountant=self.accountant)
         self.finish_reason: str | None = None
-        self._p_slm: np.ndarray | None = None  # the policy's view of the SLM's next distribution
         self._p_llm_buffer = np.zeros(slm.vocab_size, dtype=np.float32)  # the sparse cloud view, reused
-        self._stop_ids: frozenset[int] = frozenset(slm.eos_token_ids)
-        self._stop_array = np.empty(0, dtype=np.int64)  # the same, as an array (set when the session opens)
-        self._open_step: _OpenStep | None = None  # begun, but the cloud has not acknowledged its signal
-        self._steered_steps = 0  # steps whose signal the private context steered (what the budget counts)
-        self._last_slot = 0.0  # paced: the last signal's slot (or when the open was answered), perf_counter clock
+        self._pending: PendingSignal | None = None  # begun, but the cloud has not acknowledged its signal
 
     @property
     def top_m(self) -> int:
@@ -180,7 +154,7 @@ class CollaborativeDecoder:
         step whatever ``settings.top_m`` says.
         """
         s = self.settings
-        if self.constraint is not None:  # a masked row needs every value (public: the schema alone decides it)
+        if self.processors:  # a masked row needs every value (public: the processors alone decide it)
             return self.slm.vocab_size
         top_m = max(s.top_m, s.exposure_k) if s.mode == "edge" else s.top_m
         return min(top_m, self.slm.vocab_size)
@@ -203,125 +177,55 @@ class CollaborativeDecoder:
             stop_token_ids=tuple(sorted(self.slm.eos_token_ids)),  # the cloud stops where the edge would
         )
 
-    # -- one step ------------------------------------------------------------------------------------
-    def _edge_arrays(self, logits: np.ndarray) -> np.ndarray:
-        """The SLM's row in the policy's space, with what it says of masked ids removed.
-
-        Probability space: ``softmax(z)`` with masked ids zeroed and the rest
-        renormalised.  Logit space: the raw logits (what the authors' release
-        fuses), masked ids lowered to float32's minimum.  The policy then
-        decides as if the SLM gave the masked span nothing: a masked token
-        can only be chosen on the cloud's own probability, exactly as a word
-        the private context never mentions, so neither a masked value nor a
-        refusal of a token the cloud pushes tells the cloud anything.
-        """
-        logits = check_finite(np.asarray(logits, dtype=np.float32)[: self.slm.vocab_size], "the SLM's logits")
-        if self.policy.space == "logit":
-            z = logits.copy()
-            if self.masked.size:
-                z[self.masked] = self._lowest
-            return z
-        p = softmax(logits)
-        if self.masked.size:
-            p[self.masked] = 0.0
-            total = p.sum(dtype=np.float64)
-            if total > 0:
-                p /= np.float32(total)
-        return p
-
-    def _decide(
-        self, p_slm: np.ndarray, dist: wire.CloudDistribution, withheld: bool, no_stop: bool = False
-    ) -> CloudUpload | SyncedToken | None:
-        """The step's signal, or ``None`` when the policy reads the full row and ``dist`` is sparse.
-
-        A sparse row is read with every omitted id at its public fill
-        (:meth:`~edge_sdk.wire.CloudDistribution.filled`); whether the full
-        row is asked for depends on the policy and the mode alone
-        (:meth:`~edge_sdk.policies.base.Policy.needs_full_row`), never on ``p_slm``.
-        ``no_stop`` (edge-side): end-of-generation ids are out of the choice this step; cloud-side the cloud
-        is told instead.
-        """
-        mode, alpha = self.settings.mode, self.settings.alpha
-        stops = self._stop_array if no_stop and mode == "edge" else None
-        allowed = self.constraint.allowed() if self.constraint is not None else None
-        if withheld:  # budget spent: a signal the cloud could have produced on its own
-            if mode == "cloud":
-                return CloudUpload.empty(self.policy.space)
-            token = dist.top_id()  # the cloud's own top token (its best one that does not end, if it may not)
-            if (stops is not None and token in self._stop_ids) or (allowed is not None and not allowed[token]):
-                row = dist.lower_dense(self.slm.vocab_size, out=self._p_llm_buffer, fill=self._lowest).copy()
-                if stops is not None:
-                    row[stops] = self._lowest
-                if allowed is not None:
-                    row = mask_row(row, allowed, lowest=self._lowest)
-                token = int(np.argmax(row))
-            return SyncedToken(token)
-        if not dist.is_full and self.policy.needs_full_row(mode):
-            return None
-        p_llm = dist.filled(self.slm.vocab_size, self.policy.space, out=self._p_llm_buffer)
-        if stops is not None:
-            p_llm = p_llm.copy() if p_llm is dist.dense else p_llm
-            p_llm[stops] = self._lowest
-            p_slm = p_slm.copy()
-            p_slm[stops] = self._lowest
-        if allowed is not None:  # the schema's ids only, in both rows the policy fuses
-            p_llm = mask_row(p_llm, allowed, lowest=self._lowest)
-            p_slm = mask_row(p_slm, allowed, lowest=self._lowest)
-        signal = self.policy.decide(mode, p_slm, p_llm, alpha=alpha, rng=self.rng)
-        if isinstance(signal, CloudUpload) and len(signal) >= self.slm.vocab_size and (
-            self.policy.space == "prob" or self.masked.size
-        ):
-            # every id listed: masked ones (at the floor) would stand out.  Probability space cuts whether or
-            # not a mask is active (else the cut says one is); logit space only under a mask, since the cloud
-            # counts an id left out as a logit of 0, which would change the release's fusion of every row
-            signal = signal.largest(FULL_UPLOAD_LIMIT)
-        if allowed is not None and isinstance(signal, SyncedToken) and not allowed[signal.token_id]:
-            raise ValueError(f"policy {self.policy.name!r} chose a token outside the JSON schema's grammar")
-        return signal
-
-    def _wait_for_slot(self) -> bool:
-        """Paced: sleep until this step's slot (see ``DecodeSettings.pace_ms``); whether it missed its first one."""
-        if self.settings.pace_ms is None:
-            return False
-        pace = self.settings.pace_ms / 1e3
-        slots = max(1, math.ceil((time.perf_counter() - self._last_slot) / pace))
-        self._last_slot += slots * pace
-        delay = self._last_slot - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-        return slots > 1
-
-    @staticmethod
-    def _steered(signal: CloudUpload | SyncedToken, dist: wire.CloudDistribution) -> bool:
-        """Whether the private context steered this step's signal, as the cloud itself can tell.
-
-        Cloud-side: anything was uploaded.  Edge-side: the token is not the
-        cloud's own top token.  The exposure budget counts only these steps, so
-        when it switches depends on nothing the cloud has not already seen
-        (counting private words instead made the switch an oracle: a cloud
-        pushing a probe word learned whether it was one of them).
-        """
-        if isinstance(signal, CloudUpload):
-            return len(signal) > 0
-        return signal.token_id != dist.top_id()
-
+    # -- the loop ------------------------------------------------------------------------------------
     def steps(self, connection: CloudConnection) -> Iterator[StepEvent]:
         """Open (or resume) the session on ``connection`` and decode until the end.
 
-        The SLM prefills the private prompt *before* the session opens: the
-        cloud's clock then starts after the only step whose duration grows
-        with the private context's length (or drops when a repeated prompt is
-        served from the cache), so step 0's timing tells it nothing of either.
-        A step whose signal was sent but never acknowledged (the stream broke)
-        sends exactly that signal again on the next connection: a fresh draw
-        would hand the cloud a second sample of the same step.  A step whose
-        full-row request got no reply asks again; every send of either is on
-        the step's ledger entry.
+        Per step: receive the cloud's row, decide the signal (once: a step
+        whose signal was sent but never acknowledged sends exactly that signal
+        again on the next connection, since a fresh draw would hand the cloud a
+        second sample of the same step), send it, record what the cloud could
+        read off it, advance.  A step whose full-row request got no reply asks
+        again; every send of either is on the step's ledger entry.
         """
-        if self._p_slm is None:
-            self._p_slm = self._edge_arrays(self.slm.prefill(self.slm_prompt + self.tokens))
+        if self.view.row is None:
+            # a defence: the SLM prefills the private prompt *before* the session opens, so the cloud's clock
+            # starts after the only step whose duration grows with the private context's length (or drops when
+            # a repeated prompt is served from the cache): step 0's timing tells it nothing of either
+            self.view.prefill(self.slm_prompt + self.tokens)
+        max_steps = self._open(connection)
+        while len(self.tokens) < max_steps:
+            step = len(self.tokens)
+            step_meter = StepMeter(connection.bytes)
+            dist = self._receive(connection, step, step_meter)
+            with step_meter.on_edge():
+                no_stop = not self.stop.allows_end(self.tokens)
+                pending = self._pending_signal(step, max_steps)
+            try:
+                with step_meter.on_edge():
+                    dist = self._decide(connection, pending, dist, no_stop, step_meter)
+                overrun = self.pacer.wait_for_slot()  # a defence: paced, the send time is the public schedule's
+                token, finished = self._send(connection, pending, no_stop, max_steps, step_meter)
+            except CloudError:
+                pending.keep_bytes(step_meter)
+                raise
+            self._pending = None
+            steered = self._record(pending, dist, token)
+            finished = self._advance(token, finished, step_meter)
+            entry = step_meter.entry(pending, token, policy=self.policy.name, steered=steered,
+                                     leak_share=self.meter.share, pace_overrun=overrun)
+            self.ledger.entries.append(entry)
+            yield StepEvent(token, entry)
+            if finished:
+                self._finish(connection, token)
+                return
+        self.finish_reason = "max_new_tokens"
+
+    # -- the loop's steps, in its order --------------------------------------------------------------
+    def _open(self, connection: CloudConnection) -> int:
+        """Open the session; the number of steps it may run (the edge's and the cloud's limit)."""
         info = connection.open(self.request())
-        self._last_slot = time.perf_counter()  # the cloud's reply, after its own prefill (the SLM's came before)
+        self.pacer.start()  # the cloud's reply, after its own prefill (the SLM's came before)
         self.ledger.session_ids.append(info.session_id)
         self.ledger.cloud_model = info.cloud_model
         if info.vocab_size != self.slm.vocab_size:  # the fingerprint matched; the sizes must too
@@ -330,112 +234,164 @@ class CollaborativeDecoder:
                 f"the cloud model {info.cloud_model!r} reports a vocabulary of {info.vocab_size} tokens, the edge "
                 f"model {self.slm.name!r} has {self.slm.vocab_size}",
             )
-        self._stop_ids = frozenset(self.slm.eos_token_ids) | info.eos_token_ids
-        self._stop_array = np.fromiter(sorted(i for i in self._stop_ids if i < self.slm.vocab_size), dtype=np.int64)
-        max_steps = min(self.settings.max_new_tokens, info.max_new_tokens)
-        k = self.settings.exposure_k
-        text: str | None = None  # the generated text, read only when a stopping rule needs it
-        while len(self.tokens) < max_steps:
-            step = len(self.tokens)
-            up0, down0 = connection.bytes.edge_to_cloud, connection.bytes.cloud_to_edge
-            wait = time.perf_counter()
+        self.stop.open(info.eos_token_ids)
+        return min(self.settings.max_new_tokens, info.max_new_tokens)
+
+    def _receive(self, connection: CloudConnection, step: int, step_meter: StepMeter) -> wire.CloudDistribution:
+        """The cloud's row for ``step``."""
+        with step_meter.waiting():
             dist = connection.distribution()
-            wait_s = time.perf_counter() - wait
-            if dist.step != step:
-                raise CloudError("INTERNAL", f"the cloud sent step {dist.step}, expected {step}")
-            cloud_forward_ns = dist.forward_ns  # a full row sent on request carries no forward of its own
-            started = time.perf_counter()
-            if self.stopping is not None and text is None:  # a resumed session: the text so far, once
-                text = self.slm.detokenize(self.tokens)
-            no_stop = self.stopping is not None and not self.stopping.allows_end(text)
-            sent = self._open_step if self._open_step is not None and self._open_step.step == step else None
-            if sent is None:
-                budget = self.settings.exposure_budget
-                # one more steered step must keep the share within the budget: at most floor(budget * max_steps)
-                withheld = budget is not None and self._steered_steps + 1 > budget * max_steps
-                withheld = self.accountant.withholds(step) or withheld  # public numbers and the release count only
-                sent = self._open_step = _OpenStep(step, withheld)
-            try:
-                if sent.signal is None:
-                    signal = self._decide(self._p_slm, dist, sent.withheld, no_stop)
-                    if signal is None:  # the policy reads full rows: asked for at every step
-                        sent.full_requests += 1
-                        wait = time.perf_counter()
-                        dist = connection.request_full(step)
-                        wait_s += time.perf_counter() - wait
-                        signal = self._decide(self._p_slm, dist, sent.withheld, no_stop)
-                        assert signal is not None, "a full distribution always decides"
-                    sent.signal, sent.exposure = signal, wire.step_exposure(signal, dist, k)
-                    if not sent.withheld:  # recorded when decided: a send that broke may still have reached the cloud
-                        self.accountant.record(step, steered=self._steered(signal, dist))
-                edge_s = time.perf_counter() - started
-                overrun = self._wait_for_slot()
-                signal, exposure = sent.signal, sent.exposure
-                sent.sends += 1
-                if isinstance(signal, CloudUpload):
-                    wait = time.perf_counter()
-                    token, finished = connection.upload(step, signal, no_stop=no_stop)
-                    wait_s += time.perf_counter() - wait
-                    uploaded = len(signal)
-                else:
-                    token, uploaded = signal.token_id, 0
-                    connection.sync_token(step, token)
-                    finished = token in self._stop_ids or step + 1 >= max_steps
-            except CloudError:
-                # what this attempt sent stays on the record of the step
-                sent.bytes_up += connection.bytes.edge_to_cloud - up0
-                sent.bytes_down += connection.bytes.cloud_to_edge - down0
-                raise
-            self._open_step = None
-            self.meter.observe(exposure)  # what the cloud can read off this step (reported, never decides anything)
-            if isinstance(signal, SyncedToken):
-                self.meter.observe([token])
-            steered = self._steered(signal, dist)
-            self._steered_steps += steered
-            self.tokens.append(token)
-            if self.constraint is not None:
-                self.constraint.consume(token)
-            if self.stopping is not None:  # one detokenisation per step serves this test and the next step's
-                text = self.slm.detokenize(self.tokens)
-            done = self.stopping is not None and self.stopping.is_done(text)
-            if done and not finished:  # the rule ends it here: the edge closes the session
-                finished, self.finish_reason = True, "stop_rule"
-            if not finished:
-                started_own = time.perf_counter()
-                # the SLM's next step (and its softmax) run while the cloud computes its own
-                self._p_slm = self._edge_arrays(self.slm.append(token))
-                edge_s += time.perf_counter() - started_own
-            entry = LedgerEntry(
-                step=step,
-                token_id=token,
-                policy=self.policy.name,
-                signal="upload" if isinstance(signal, CloudUpload) else "token",
-                values_uploaded=uploaded,
-                full_requested=sent.full_requests > 0,
-                withheld=sent.withheld,
-                steered=steered,
-                bytes_up=sent.bytes_up + connection.bytes.edge_to_cloud - up0,
-                bytes_down=sent.bytes_down + connection.bytes.cloud_to_edge - down0,
-                leak_share=self.meter.share,
-                edge_ms=edge_s * 1e3,
-                wait_ms=wait_s * 1e3,
-                cloud_forward_ms=cloud_forward_ns / 1e6,
-                exposure=tuple(int(i) for i in exposure),
-                sends=sent.sends,
-                full_requests=sent.full_requests,
-                pace_overrun=overrun,
-            )
-            self.ledger.entries.append(entry)
-            yield StepEvent(token, entry)
-            if finished:
-                if self.finish_reason == "stop_rule":
-                    return  # the session is closed by whoever owns the connection (run_with_resume does)
-                try:
-                    self.finish_reason = connection.finished()
-                except CloudError:  # the stream broke after the last token: the generation itself is complete
-                    self.finish_reason = "eos" if token in self._stop_ids else "max_new_tokens"
-                return
-        self.finish_reason = "max_new_tokens"
+        if dist.step != step:
+            raise CloudError("INTERNAL", f"the cloud sent step {dist.step}, expected {step}")
+        step_meter.cloud_forward_ns = dist.forward_ns  # a full row sent on request carries no forward of its own
+        return dist
+
+    def _pending_signal(self, step: int, max_steps: int) -> PendingSignal:
+        """``step``'s signal as begun on an earlier connection (it is re-sent byte for byte), or a new one that the
+        exposure budget may withhold."""
+        if self._pending is None or self._pending.step != step:
+            self._pending = PendingSignal(step, withheld=self.budget.withholds(step, max_steps))
+        return self._pending
+
+    def _decide(
+        self, connection: CloudConnection, pending: PendingSignal, dist: wire.CloudDistribution, no_stop: bool,
+        step_meter: StepMeter,
+    ) -> wire.CloudDistribution:
+        """Decide ``pending``'s signal unless it was already (a resend); the row it was decided on.
+
+        A policy that reads full rows asks for the full row at every step
+        (:meth:`~edge_sdk.policies.base.Policy.needs_full_row`: the policy and
+        the mode alone decide, never ``p_slm``).
+        """
+        if pending.decision is not None:
+            return dist
+        decision = self._decision(dist, pending.withheld, no_stop)
+        if decision is None:
+            pending.full_requests += 1
+            with step_meter.waiting():
+                dist = connection.request_full(pending.step)
+            decision = self._decision(dist, pending.withheld, no_stop)
+            assert decision is not None, "a full distribution always decides"
+        pending.decision = decision
+        if not pending.withheld:
+            self.budget.record_release(pending.step, decision.signal, dist)
+        return dist
+
+    def _send(
+        self, connection: CloudConnection, pending: PendingSignal, no_stop: bool, max_steps: int, step_meter: StepMeter
+    ) -> tuple[int, bool]:
+        """Send the step's signal (the same bytes on every attempt): the token, and whether the generation ended."""
+        assert pending.decision is not None
+        signal, step = pending.decision.signal, pending.step
+        pending.sends += 1
+        if isinstance(signal, CloudUpload):
+            with step_meter.waiting():  # the cloud answers with its pick
+                return connection.upload(step, signal, no_stop=no_stop)
+        connection.sync_token(step, signal.token_id)  # the cloud's answer is the next step's row
+        return signal.token_id, signal.token_id in self.stop.ids or step + 1 >= max_steps
+
+    def _record(self, pending: PendingSignal, dist: wire.CloudDistribution, token: int) -> bool:
+        """What the cloud can read off the acknowledged step, on the leakage meter; whether it counts as steered."""
+        assert pending.decision is not None
+        self.meter.observe(pending.decision.exposure)  # reported, never decides anything
+        if isinstance(pending.decision.signal, SyncedToken):
+            self.meter.observe([token])
+        return self.budget.count_steered(pending.decision.signal, dist)
+
+    def _advance(self, token: int, finished: bool, step_meter: StepMeter) -> bool:
+        """Append ``token`` wherever the generation is followed; whether the generation has ended."""
+        self.tokens.append(token)
+        for processor in self.processors:
+            processor.consume(token)
+        if self.stop.is_done(self.tokens) and not finished:  # the rule ends it here: the edge closes the session
+            finished, self.finish_reason = True, "stop_rule"
+        if not finished:
+            with step_meter.on_edge():
+                # a defence: the SLM's next step runs after the send, so when the signal left does not include
+                # it (its cost grows with the private context); it runs while the cloud computes its own
+                self.view.advance(token)
+        return finished
+
+    def _finish(self, connection: CloudConnection, token: int) -> None:
+        if self.finish_reason == "stop_rule":
+            return  # the session is closed by whoever owns the connection (run_with_resume does)
+        try:
+            self.finish_reason = connection.finished()
+        except CloudError:  # the stream broke after the last token: the generation itself is complete
+            self.finish_reason = "eos" if token in self.stop.ids else "max_new_tokens"
+
+    # -- the decide step -----------------------------------------------------------------------------
+    def _decision(self, dist: wire.CloudDistribution, withheld: bool, no_stop: bool) -> StepDecision | None:
+        """The step's decision from the SLM's row and ``dist``, or ``None`` when the policy reads the full row and
+        ``dist`` is sparse.
+
+        A sparse row is read with every omitted id at its public fill
+        (:meth:`~edge_sdk.wire.CloudDistribution.filled`).  ``no_stop``
+        (edge-side): end-of-generation ids are out of the choice this step;
+        cloud-side the cloud is told instead.  The processors' ``allowed()``
+        ids mask both rows the policy fuses.
+        """
+        stops = self.stop.id_array if no_stop and self.settings.mode == "edge" else None
+        allowed = self._allowed()
+        if withheld:
+            signal: CloudUpload | SyncedToken = self._cloud_only_signal(dist, stops, allowed)
+        elif not dist.is_full and self.policy.needs_full_row(self.settings.mode):
+            return None
+        else:
+            signal = self._policy_signal(dist, stops, allowed)
+        return StepDecision(signal, exposure=wire.step_exposure(signal, dist, self.settings.exposure_k))
+
+    def _allowed(self) -> np.ndarray | None:
+        """The ids every processor allows this step (``None``: no processor)."""
+        if not self.processors:
+            return None
+        return np.logical_and.reduce([processor.allowed() for processor in self.processors])
+
+    def _cloud_only_signal(
+        self, dist: wire.CloudDistribution, stops: np.ndarray | None, allowed: np.ndarray | None
+    ) -> CloudUpload | SyncedToken:
+        """The budget is spent: a signal the cloud could have produced on its own (nothing uploaded, or the
+        cloud's own top token: its best one the stop rule and the processors allow)."""
+        if self.settings.mode == "cloud":
+            return CloudUpload.empty(self.policy.space)
+        token = dist.top_id()
+        lowest = self.view.lowest
+        if (stops is not None and token in self.stop.ids) or (allowed is not None and not allowed[token]):
+            row = dist.lower_dense(self.slm.vocab_size, out=self._p_llm_buffer, fill=lowest).copy()
+            if stops is not None:
+                row[stops] = lowest
+            if allowed is not None:
+                row = mask_row(row, allowed, lowest=lowest)
+            token = int(np.argmax(row))
+        return SyncedToken(token)
+
+    def _policy_signal(
+        self, dist: wire.CloudDistribution, stops: np.ndarray | None, allowed: np.ndarray | None
+    ) -> CloudUpload | SyncedToken:
+        """The policy's signal from the SLM's view and the cloud's row, both restricted to the ids allowed."""
+        lowest, p_slm = self.view.lowest, self.view.row
+        assert p_slm is not None, "the SLM prefills before the first step"
+        p_llm = dist.filled(self.slm.vocab_size, self.policy.space, out=self._p_llm_buffer)
+        if stops is not None:
+            p_llm = p_llm.copy() if p_llm is dist.dense else p_llm
+            p_llm[stops] = lowest
+            p_slm = p_slm.copy()
+            p_slm[stops] = lowest
+        if allowed is not None:
+            p_llm = mask_row(p_llm, allowed, lowest=lowest)
+            p_slm = mask_row(p_slm, allowed, lowest=lowest)
+        signal = self.policy.decide(self.settings.mode, p_slm, p_llm, alpha=self.settings.alpha, rng=self.rng)
+        if isinstance(signal, CloudUpload) and len(signal) >= self.slm.vocab_size and (
+            self.policy.space == "prob" or self.view.masked.size
+        ):
+            # every id listed: masked ones (at the floor) would stand out.  Probability space cuts whether or
+            # not a mask is active (else the cut says one is); logit space only under a mask, since the cloud
+            # counts an id left out as a logit of 0, which would change the release's fusion of every row
+            signal = signal.largest(FULL_UPLOAD_LIMIT)
+        if allowed is not None and isinstance(signal, SyncedToken) and not allowed[signal.token_id]:
+            raise ValueError(f"policy {self.policy.name!r} chose a token its processors do not allow (a JSON schema's "
+                             "grammar)")
+        return signal
 
 
 def run_with_resume(

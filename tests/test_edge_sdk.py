@@ -107,9 +107,9 @@ def test_never_upload_spans_and_exposure_budget(client, slm) -> None:
     masked = client.generate(PUBLIC, PRIVATE, mode="cloud", policy=Undefended(), max_new_tokens=4,
                              never_upload=["jaundice", "bilirubin"])
     decoder = client.decoder(PUBLIC, PRIVATE, never_upload=["jaundice", "bilirubin"])
-    assert decoder.masked.size > 0
+    assert decoder.view.masked.size > 0
     for entry in masked.ledger.entries:
-        assert not set(entry.exposure) & set(decoder.masked.tolist())
+        assert not set(entry.exposure) & set(decoder.view.masked.tolist())
     budget = client.generate(PUBLIC, PRIVATE, mode="cloud", policy=lam0, max_new_tokens=4, exposure_budget=0.0)
     assert all(e.withheld and e.values_uploaded == 0 for e in budget.ledger.entries)
     with pytest.raises(ValueError, match="does not occur"):

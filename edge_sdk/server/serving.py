@@ -92,7 +92,7 @@ _REWRITTEN_TAIL = 16
 
 class StopStrings:
     """OpenAI's ``stop``: the generation is complete once its text holds one of ``stops``
-    (an :class:`edge_sdk.session.StoppingRule`; ending early is always allowed).
+    (an :class:`edge_sdk.steps.StoppingRule`; ending early is always allowed).
 
     Called with the whole text after each token, it searches only what could hold a new occurrence: from
     ``longest stop + a rewritten tail`` characters before the end of the text it searched last, so a generation
