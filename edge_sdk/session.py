@@ -43,7 +43,8 @@ from edge_sdk.steps import (
     StopControl,
     StoppingRule,
 )
-from edge_sdk.transport import CloudConnection, CloudError
+from edge_sdk.status import CloudError
+from edge_sdk.transport import CloudConnection
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,8 @@ import numpy as np
 
 from edge_sdk import wire
 from edge_sdk.fusion import check_finite, softmax
-from edge_sdk.transport import CloudConnection, CloudError
+from edge_sdk.status import CloudError
+from edge_sdk.transport import CloudConnection
 
 #: a row of logits, one per vocabulary id
 Row = Sequence[float] | np.ndarray

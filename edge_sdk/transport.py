@@ -26,20 +26,7 @@ import numpy as np
 
 from edge_sdk import wire
 from edge_sdk.policies.base import CloudUpload
-
-
-class CloudError(RuntimeError):
-    """The cloud refused or broke the session.  ``code`` is the gRPC status name."""
-
-    def __init__(self, code: str, message: str, *, retryable: bool = False) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-        self.retryable = retryable
-
-
-#: gRPC status codes after which reopening the session may succeed
-RETRYABLE_CODES = frozenset({"UNAVAILABLE", "ABORTED", "INTERNAL", "UNKNOWN", "DEADLINE_EXCEEDED", "CANCELLED"})
+from edge_sdk.status import RETRYABLE_CODES, CloudError
 
 
 class MessageChannel(Protocol):
@@ -72,14 +59,8 @@ class InProcessChannel:
         edge_message = type(message).FromString(message.SerializeToString())
         try:
             self._replies.extend(self._handler.handle(edge_message))
-        except CloudError:
-            raise
-        except Exception as exc:
-            code = getattr(exc, "code", None)
-            if isinstance(code, str):  # the engine's ProtocolError: the status a server would send
-                message = getattr(exc, "message", str(exc))
-                raise CloudError(code, message, retryable=code in RETRYABLE_CODES) from exc
-            raise
+        except CloudError as exc:  # the status a server would end the stream with, as the edge receives it
+            raise CloudError(exc.code, exc.message, retryable=exc.code in RETRYABLE_CODES) from exc
 
     def receive(self) -> Any:
         if not self._replies:

@@ -8,7 +8,8 @@ import pytest
 from edge_sdk.client import EdgeClient
 from edge_sdk.fusion import fuse, softmax
 from edge_sdk.policies import CloudUpload, CoVeil, Undefended, make_policy
-from edge_sdk.transport import CloudConnection, CloudError, InProcessChannel
+from edge_sdk.status import CloudError
+from edge_sdk.transport import CloudConnection, InProcessChannel
 
 from tests.conftest import PRIVATE_CONTEXT, PUBLIC_PROMPT
 
@@ -276,7 +277,6 @@ def test_budget_fallback_never_picks_a_token_the_cloud_left_out(client, engine) 
 
 
 def test_non_finite_logits_are_refused_on_both_ends(slm, engine) -> None:
-    from cloud_adapter.validation import ProtocolError
     from edge_sdk import wire
     from edge_sdk.fusion import NonFiniteError
 
@@ -309,6 +309,6 @@ def test_non_finite_logits_are_refused_on_both_ends(slm, engine) -> None:
     request = client.decoder(PUBLIC, PRIVATE, mode="cloud", policy=Undefended()).request()
     list(handler.handle(wire.encode_open(request)))
     bad = CloudUpload(np.array([1, 2]), np.array([0.5, np.nan], np.float32))
-    with pytest.raises(ProtocolError, match="finite"):
+    with pytest.raises(CloudError, match="finite"):
         list(handler.handle(wire.encode_upload(0, bad)))
     handler.abandon("error")

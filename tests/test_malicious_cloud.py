@@ -22,7 +22,8 @@ from edge_sdk import wire
 from edge_sdk.leakage import LeakageMeter
 from edge_sdk.policies import CusText, EmbeddingNeighbours, Policy, available_policies, make_policy, policy_class
 from edge_sdk.session import CollaborativeDecoder, DecodeSettings, run_with_resume
-from edge_sdk.transport import CloudConnection, CloudError, InProcessChannel
+from edge_sdk.status import CloudError
+from edge_sdk.transport import CloudConnection, InProcessChannel
 
 VOCAB = 512
 TOP = 100  # the SLM's argmax: the token the lying cloud hunts for

@@ -46,7 +46,7 @@ from edge_sdk.server.protocol import (
 )
 from edge_sdk.server.settings import ServerSettings
 from edge_sdk.session import CollaborativeDecoder
-from edge_sdk.transport import CloudError
+from edge_sdk.status import CloudError
 
 log = logging.getLogger("coveil.edge.server")
 
