@@ -27,7 +27,7 @@ from edge_sdk.masking import folded_vocabulary, never_upload_ids
 from edge_sdk.policies import Policy, make_policy
 from edge_sdk.policies.base import FusionMode
 from edge_sdk.prompts import CONTEXT_SEPARATOR, Prompts, plain_prompts
-from edge_sdk.session import (
+from edge_sdk.decoding import (
     CollaborativeDecoder,
     DecodeSettings,
     StepEvent,

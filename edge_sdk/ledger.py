@@ -3,7 +3,7 @@
 :class:`LedgerEntry` is one step's record (the signal, its bytes and timings,
 DecodeLeak's exposure set ``E_t^K``, how often it was sent); :class:`PrivacyLedger`
 is the whole generation's, with the epsilon account of the DP policies beside it.
-The decoding loop (:mod:`edge_sdk.session`) writes it; apps, the endpoint and the
+The decoding loop (:mod:`edge_sdk.decoding`) writes it; apps, the endpoint and the
 harness read it.
 """
 

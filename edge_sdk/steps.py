@@ -1,4 +1,4 @@
-"""The parts of one decoding step, one object per concern (the loop in :mod:`edge_sdk.session` strings them).
+"""The parts of one decoding step, one object per concern (the loop in :mod:`edge_sdk.decoding` strings them).
 
 * :class:`SLMView`: the SLM's next-token row as the policy may read it (``never_upload`` ids removed);
 * :class:`ChoiceProcessor`: a hook at the decide step restricting the ids the edge may choose (the JSON

@@ -10,7 +10,7 @@ messages:
   the same process (tests, the harness), through the same encoding, so byte
   counts and validation are identical.
 
-The decoding loop (:mod:`edge_sdk.session`) is written once against
+The decoding loop (:mod:`edge_sdk.decoding`) is written once against
 :class:`CloudConnection`.
 """
 

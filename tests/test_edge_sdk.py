@@ -135,7 +135,7 @@ def test_a_cancelled_stream_closes_its_cloud_session(client, engine) -> None:
 
 def test_a_dropped_connection_resumes_with_public_data_only(slm, engine) -> None:
     """The first connection dies after two steps; the session reopens with the chosen tokens."""
-    from edge_sdk.session import run_with_resume
+    from edge_sdk.decoding import run_with_resume
 
     class DropAfter:
         def __init__(self, handler, steps: int) -> None:

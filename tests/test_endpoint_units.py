@@ -21,7 +21,7 @@ from edge_sdk.server.protocol import ChatCompletionRequest, CompletionRequest
 from edge_sdk.server.serving import EdgeServing, Generation, StopText, cloud_saw, step_report
 from edge_sdk.ledger import LedgerEntry, PrivacyLedger
 from edge_sdk.server.settings import ServerSettings
-from edge_sdk.session import StepEvent
+from edge_sdk.decoding import StepEvent
 from edge_sdk.status import CloudError
 
 

@@ -21,7 +21,7 @@ from edge_sdk import wire
 from edge_sdk.fusion import softmax
 from edge_sdk.leakage import LeakageMeter
 from edge_sdk.policies import CoGenesis, CoVeil, DPLogit, Policy, Undefended
-from edge_sdk.session import CollaborativeDecoder, DecodeSettings, run_with_resume
+from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_resume
 from edge_sdk.testing import ScriptedCloud, TableSLM
 
 EOS = 0

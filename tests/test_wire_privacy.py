@@ -156,7 +156,7 @@ class LoseReplyAt:
 
 
 def test_a_retried_step_sends_exactly_the_bytes_it_sent_before(client, engine) -> None:
-    from edge_sdk.session import run_with_resume
+    from edge_sdk.decoding import run_with_resume
 
     sessions = []
 

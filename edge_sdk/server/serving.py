@@ -45,7 +45,7 @@ from edge_sdk.server.protocol import (
     Usage,
 )
 from edge_sdk.server.settings import ServerSettings
-from edge_sdk.session import CollaborativeDecoder
+from edge_sdk.decoding import CollaborativeDecoder
 from edge_sdk.status import CloudError
 
 log = logging.getLogger("coveil.edge.server")
