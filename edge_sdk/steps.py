@@ -48,7 +48,7 @@ class SLMView:
         self.slm = slm
         self.space = space
         self.masked = np.fromiter(sorted(masked_ids), dtype=np.int64)
-        self.lowest = np.float32(np.finfo(np.float32).min if space == "logit" else 0.0)
+        self.lowest = float(np.finfo(np.float32).min) if space == "logit" else 0.0  # exact in float32
         self.row: np.ndarray | None = None
 
     def prefill(self, ids: list[int]) -> None:

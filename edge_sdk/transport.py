@@ -20,7 +20,7 @@ import queue
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol, overload
 
 import numpy as np
 
@@ -28,13 +28,25 @@ from edge_sdk import wire
 from edge_sdk.policies.base import CloudUpload
 from edge_sdk.status import RETRYABLE_CODES, CloudError
 
+if TYPE_CHECKING:  # for annotations only: gRPC and the generated code load with the first session
+    import grpc
+
+    from edge_sdk._wire.coveil_pb2 import (
+        CloudMessage,
+        Distribution,
+        EdgeMessage,
+        Finished,
+        SessionOpened,
+        TokenChosen,
+    )
+
 
 class MessageChannel(Protocol):
     """Moves protobuf messages of one session: ``EdgeMessage`` out, ``CloudMessage`` in."""
 
-    def send(self, message: Any) -> None: ...
+    def send(self, message: EdgeMessage) -> None: ...
 
-    def receive(self) -> Any: ...
+    def receive(self) -> CloudMessage: ...
 
     def close(self) -> None: ...
 
@@ -42,7 +54,7 @@ class MessageChannel(Protocol):
 class CloudSessionHandler(Protocol):
     """The cloud side of one session as an in-process object (``cloud_adapter.engine.SessionHandler``)."""
 
-    def handle(self, message: Any) -> Iterable[Any]: ...
+    def handle(self, message: EdgeMessage) -> Iterable[CloudMessage]: ...
 
     def abandon(self, reason: str) -> None: ...
 
@@ -52,9 +64,9 @@ class InProcessChannel:
 
     def __init__(self, handler: CloudSessionHandler) -> None:
         self._handler = handler
-        self._replies: list[Any] = []
+        self._replies: list[CloudMessage] = []
 
-    def send(self, message: Any) -> None:
+    def send(self, message: EdgeMessage) -> None:
         # round-trip through bytes: the same validation and sizes as on the wire
         edge_message = type(message).FromString(message.SerializeToString())
         try:
@@ -62,7 +74,7 @@ class InProcessChannel:
         except CloudError as exc:  # the status a server would end the stream with, as the edge receives it
             raise CloudError(exc.code, exc.message, retryable=exc.code in RETRYABLE_CODES) from exc
 
-    def receive(self) -> Any:
+    def receive(self) -> CloudMessage:
         if not self._replies:
             raise CloudError("FAILED_PRECONDITION", "the cloud sent nothing for this request")
         reply = self._replies.pop(0)
@@ -71,8 +83,6 @@ class InProcessChannel:
     def close(self) -> None:
         self._handler.abandon("closed")
 
-
-_CLOSED = object()
 
 
 class GrpcChannel:
@@ -90,33 +100,33 @@ class GrpcChannel:
     _POLL_S = 0.05
 
     def __init__(
-        self, grpc_channel: Any, *, metadata: tuple[tuple[str, str], ...] = (), timeout_s: float | None = None
+        self, grpc_channel: grpc.Channel, *, metadata: tuple[tuple[str, str], ...] = (), timeout_s: float | None = None
     ) -> None:
         import grpc
 
         from edge_sdk._wire import coveil_pb2_grpc
 
         self._grpc = grpc
-        self._outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._outbox: queue.SimpleQueue[EdgeMessage | None] = queue.SimpleQueue()  # None: the stream is closed
         self._written = threading.Semaphore(0)  # one release per message gRPC has finished sending
         stub = coveil_pb2_grpc.CollaborativeDecodingStub(grpc_channel)
         self._call = stub.Decode(self._outgoing(), metadata=metadata, timeout=timeout_s)
 
-    def _outgoing(self) -> Iterator[Any]:
+    def _outgoing(self) -> Iterator[EdgeMessage]:
         while True:
             message = self._outbox.get()
-            if message is _CLOSED:
+            if message is None:
                 return
             yield message
             self._written.release()  # gRPC asks for the next message once this one is sent
 
-    def send(self, message: Any) -> None:
+    def send(self, message: EdgeMessage) -> None:
         self._outbox.put(message)
         while not self._written.acquire(timeout=self._POLL_S):
             if self._call.done():  # the stream broke: receive() reports why
                 return
 
-    def receive(self) -> Any:
+    def receive(self) -> CloudMessage:
         try:
             return next(self._call)
         except StopIteration:
@@ -126,7 +136,7 @@ class GrpcChannel:
             raise CloudError(code, exc.details() or "", retryable=code in RETRYABLE_CODES) from exc
 
     def close(self) -> None:
-        self._outbox.put(_CLOSED)
+        self._outbox.put(None)
         self._call.cancel()
 
 
@@ -154,11 +164,21 @@ class CloudConnection:
         self._request: wire.SessionRequest | None = None
         self.finish_reason: str | None = None
 
-    def _send(self, message: Any) -> None:
+    def _send(self, message: EdgeMessage) -> None:
         self.bytes.edge_to_cloud += message.ByteSize()
         self._channel.send(message)
 
-    def _receive(self, expected: str) -> Any:
+    @overload
+    def _receive(self, expected: Literal["opened"]) -> SessionOpened: ...
+    @overload
+    def _receive(self, expected: Literal["distribution"]) -> Distribution: ...
+    @overload
+    def _receive(self, expected: Literal["token"]) -> TokenChosen: ...
+    @overload
+    def _receive(self, expected: Literal["finished"]) -> Finished: ...
+
+    def _receive(self, expected: str) -> SessionOpened | Distribution | TokenChosen | Finished:
+        """The next message, which must be of kind ``expected`` (the part of ``CloudMessage`` it sets)."""
         message = self._channel.receive()
         self.bytes.cloud_to_edge += message.ByteSize()
         kind = message.WhichOneof("kind")
@@ -179,7 +199,7 @@ class CloudConnection:
         """The cloud's (sparse) distribution for the next step."""
         return self._decode_distribution(self._receive("distribution"))
 
-    def _decode_distribution(self, message: Any) -> wire.CloudDistribution:
+    def _decode_distribution(self, message: Distribution) -> wire.CloudDistribution:
         """Parse a distribution and check it against what was asked; anything else ends the session.
 
         Malformed (NaN, infinities, bad lengths, ids out of order), fewer
