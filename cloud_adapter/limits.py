@@ -11,7 +11,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
-from cloud_adapter.validation import ProtocolError
+from edge_sdk.status import CloudError
 
 _MiB = 1024 * 1024
 
@@ -90,12 +90,12 @@ class Admission:
         the others)."""
         with self._lock:
             if self._unopened >= self.limits.max_unopened_streams:
-                raise ProtocolError(
+                raise CloudError(
                     "RESOURCE_EXHAUSTED",
                     f"{self._unopened} streams are already waiting to open a session; retry later",
                 )
             if self._unopened_by[client_id] >= self.limits.max_sessions_per_client:
-                raise ProtocolError(
+                raise CloudError(
                     "RESOURCE_EXHAUSTED",
                     f"this client already has {self._unopened_by[client_id]} streams that sent nothing yet",
                 )
@@ -113,12 +113,12 @@ class Admission:
     def admit_session(self, client_id: str) -> None:
         with self._lock:
             if sum(self._sessions.values()) >= self.limits.max_sessions:
-                raise ProtocolError(
+                raise CloudError(
                     "RESOURCE_EXHAUSTED",
                     f"the server is at its limit of {self.limits.max_sessions} concurrent sessions; retry later",
                 )
             if self._sessions[client_id] >= self.limits.max_sessions_per_client:
-                raise ProtocolError(
+                raise CloudError(
                     "RESOURCE_EXHAUSTED",
                     f"this client already has {self.limits.max_sessions_per_client} open sessions, its limit; "
                     "close one first",

@@ -39,8 +39,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from cloud_adapter.engine import CloudEngine
 from cloud_adapter.session import SessionHandler
-from cloud_adapter.validation import ProtocolError
 from edge_sdk._wire import coveil_pb2, coveil_pb2_grpc
+from edge_sdk.status import CloudError
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ class DecodeServicer(coveil_pb2_grpc.CollaborativeDecodingServicer):
         client_id = self._authenticate(context)
         try:
             self._engine.admission.admit_stream(client_id)
-        except ProtocolError as exc:
+        except CloudError as exc:
             log_event(logging.WARNING, "stream_refused", status=exc.code)
             context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
         unopened = _UnopenedPlace(self._engine, client_id)
@@ -175,7 +175,7 @@ class DecodeServicer(coveil_pb2_grpc.CollaborativeDecodingServicer):
         status: tuple[grpc.StatusCode, str] | None = None
         try:
             yield from self._drive(handler, inbox, unopened)
-        except ProtocolError as exc:
+        except CloudError as exc:
             handler.abandon("idle" if exc.code == "DEADLINE_EXCEEDED" else "error")
             log_event(logging.INFO, "session_refused", session_id=handler.session_id, status=exc.code,
                       steps=handler.steps)
@@ -205,7 +205,7 @@ class DecodeServicer(coveil_pb2_grpc.CollaborativeDecodingServicer):
                 message = inbox.get(timeout=timeout_s)
             except queue.Empty:
                 what = "stream sent no open" if opening else "session idle"
-                raise ProtocolError("DEADLINE_EXCEEDED", f"{what} for {timeout_s:g} s") from None
+                raise CloudError("DEADLINE_EXCEEDED", f"{what} for {timeout_s:g} s") from None
             if message is None:
                 return
             message = _parse_edge_message(message)
@@ -244,7 +244,7 @@ def _parse_edge_message(data: bytes) -> Any:
     try:
         return coveil_pb2.EdgeMessage.FromString(data)
     except DecodeError:
-        raise ProtocolError("INVALID_ARGUMENT", "a request is not a valid coveil.v1.EdgeMessage") from None
+        raise CloudError("INVALID_ARGUMENT", "a request is not a valid coveil.v1.EdgeMessage") from None
 
 
 def add_decode_service(servicer: DecodeServicer, server: grpc.Server) -> None:

@@ -26,12 +26,13 @@ import numpy as np
 
 from cloud_adapter.llm import CloudSequence
 from cloud_adapter.transcript import SessionTranscript, StepRecord
-from cloud_adapter.validation import ProtocolError, check_open_message, parse_upload, validate_request
+from cloud_adapter.validation import check_open_message, parse_upload, validate_request
 from edge_sdk import wire
 from edge_sdk.fusion import NonFiniteError, check_finite, pick_token, softmax
 from edge_sdk.grammar import GrammarError, JsonConstraint, mask_row
 from edge_sdk.logprobs import TokenLogprobs, token_logprobs
 from edge_sdk.policies.base import CloudUpload, SyncedToken
+from edge_sdk.status import CloudError
 
 if TYPE_CHECKING:
     from cloud_adapter.engine import CloudEngine, RowKey
@@ -50,7 +51,7 @@ class SessionHandler:
     as they come, because in cloud-side fusion the chosen token is yielded
     *before* the next forward pass runs, so the edge can start its own model
     while the cloud computes.  Any problem with the input raises
-    :class:`ProtocolError` before anything of that message is applied.  The
+    :class:`CloudError` before anything of that message is applied.  The
     owner must call :meth:`abandon` when the stream ends for any reason (it is
     a no-op after a normal finish).
     """
@@ -99,7 +100,7 @@ class SessionHandler:
     def handle(self, message: Any) -> Iterator[Any]:
         """Apply one ``EdgeMessage``; yields the ``CloudMessage`` replies in sending order."""
         if self._state is _State.FINISHED:
-            raise ProtocolError("FAILED_PRECONDITION", "this session has finished; open a new stream for another")
+            raise CloudError("FAILED_PRECONDITION", "this session has finished; open a new stream for another")
         size = message.ByteSize()
         self._bytes_up += size
         kind = message.WhichOneof("kind")
@@ -108,9 +109,9 @@ class SessionHandler:
         elif kind == "close":
             yield self._finish("closed", steps=self._step)
         elif kind is None:
-            raise ProtocolError("INVALID_ARGUMENT", "empty EdgeMessage: set open, signal, request_full or close")
+            raise CloudError("INVALID_ARGUMENT", "empty EdgeMessage: set open, signal, request_full or close")
         elif self._state is _State.AWAITING_OPEN:
-            raise ProtocolError("NOT_FOUND", f"no session is open on this stream: send open before {kind}")
+            raise CloudError("NOT_FOUND", f"no session is open on this stream: send open before {kind}")
         elif kind == "request_full":
             yield from self._send_full(message.request_full.step, size)
         else:
@@ -124,13 +125,13 @@ class SessionHandler:
     # -- open ----------------------------------------------------------------------------------------
     def _open(self, msg: Any) -> Iterator[Any]:
         if self._state is not _State.AWAITING_OPEN:
-            raise ProtocolError("FAILED_PRECONDITION", f"this stream already carries session {self.session_id}")
+            raise CloudError("FAILED_PRECONDITION", f"this stream already carries session {self.session_id}")
         engine, llm = self.engine, self.engine.llm
         check_open_message(msg, cloud_model=llm.name, fingerprint=engine.fingerprint, limits=engine.limits)
         try:
             request = wire.decode_open(msg, tokenize=engine.tokenize)
         except ValueError as exc:
-            raise ProtocolError("INVALID_ARGUMENT", str(exc)) from None
+            raise CloudError("INVALID_ARGUMENT", str(exc)) from None
         if msg.top_m == 0:  # the server default, within this vocabulary
             request = replace(request, top_m=min(wire.DEFAULT_TOP_M, llm.vocab_size))
         max_new_tokens = validate_request(request, vocab_size=llm.vocab_size, eos_ids=llm.eos_token_ids,
@@ -172,30 +173,30 @@ class SessionHandler:
         try:
             schema = json.loads(request.json_schema)
         except ValueError as exc:
-            raise ProtocolError("INVALID_ARGUMENT", f"json_schema is not JSON: {exc}") from None
+            raise CloudError("INVALID_ARGUMENT", f"json_schema is not JSON: {exc}") from None
         if not isinstance(schema, dict):
-            raise ProtocolError("INVALID_ARGUMENT", "json_schema must be a JSON object (a schema)")
+            raise CloudError("INVALID_ARGUMENT", "json_schema must be a JSON object (a schema)")
         try:
             constraint = JsonConstraint(self.engine.llm, schema)
             for token in request.resume_prefix:
                 constraint.consume(token)
         except TypeError as exc:  # a model without token_pieces()
-            raise ProtocolError("FAILED_PRECONDITION", str(exc)) from None
+            raise CloudError("FAILED_PRECONDITION", str(exc)) from None
         except (GrammarError, ValueError) as exc:
-            raise ProtocolError("INVALID_ARGUMENT", str(exc)) from None
+            raise CloudError("INVALID_ARGUMENT", str(exc)) from None
         return constraint
 
     # -- steps ---------------------------------------------------------------------------------------
     def _check_step(self, step: int) -> StepRecord:
         if step != self._step:
-            raise ProtocolError("INVALID_ARGUMENT", f"expected step {self._step}, got {step}")
+            raise CloudError("INVALID_ARGUMENT", f"expected step {self._step}, got {step}")
         assert self._pending is not None
         return self._pending
 
     def _send_full(self, step: int, size: int) -> Iterator[Any]:
         record = self._check_step(step)
         if record.full_requested:
-            raise ProtocolError("INVALID_ARGUMENT", f"the full distribution of step {step} was already sent")
+            raise CloudError("INVALID_ARGUMENT", f"the full distribution of step {step} was already sent")
         record.full_requested = True
         record.bytes_up += size
         full = wire.CloudDistribution(step=step, dense=self._llm_values)
@@ -208,7 +209,7 @@ class SessionHandler:
         kind = signal.WhichOneof("signal")
         if request.mode == "cloud":
             if kind != "upload":
-                raise ProtocolError(
+                raise CloudError(
                     "INVALID_ARGUMENT", f"this session fuses on the cloud: step {signal.step} needs an upload, got "
                     f"{kind or 'no signal'}"
                 )
@@ -219,13 +220,13 @@ class SessionHandler:
             record.upload = upload.largest(self.engine.transcript_upload_limit)
         else:
             if kind != "token_id":
-                raise ProtocolError(
+                raise CloudError(
                     "INVALID_ARGUMENT", f"this session fuses on the edge: step {signal.step} needs a token_id, got "
                     f"{kind or 'no signal'}"
                 )
             token = int(signal.token_id)
             if token >= self.engine.llm.vocab_size:
-                raise ProtocolError(
+                raise CloudError(
                     "INVALID_ARGUMENT", f"token id {token} is outside the vocabulary of {self.engine.llm.vocab_size}"
                 )
             observation, logprobs = SyncedToken(token), None
@@ -292,7 +293,7 @@ class SessionHandler:
         try:
             logits = check_finite(seq.next_logits, f"the cloud model's logits at step {self._step}")
         except NonFiniteError as exc:
-            raise ProtocolError("INTERNAL", str(exc)) from None
+            raise CloudError("INTERNAL", str(exc)) from None
         p_llm = softmax(logits)
         self._llm_values = np.asarray(logits, dtype=np.float32) if request.space == "logit" else p_llm
         self._pending = StepRecord(self._step)

@@ -26,8 +26,8 @@ _EXPORTS = {
     "Policy": "edge_sdk.policies",
     "make_policy": "edge_sdk.policies",
     "available_policies": "edge_sdk.policies",
-    "PrivacyLedger": "edge_sdk.session",
-    "CloudError": "edge_sdk.transport",
+    "PrivacyLedger": "edge_sdk.ledger",
+    "CloudError": "edge_sdk.status",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -38,13 +38,13 @@ if TYPE_CHECKING:  # the lazy exports, re-exported (``X as X``) for type checker
     from edge_sdk.client import Credentials as Credentials
     from edge_sdk.client import EdgeClient as EdgeClient
     from edge_sdk.client import GenerationResult as GenerationResult
+    from edge_sdk.ledger import PrivacyLedger as PrivacyLedger
     from edge_sdk.policies import CoVeil as CoVeil
     from edge_sdk.policies import Policy as Policy
     from edge_sdk.policies import Undefended as Undefended
     from edge_sdk.policies import available_policies as available_policies
     from edge_sdk.policies import make_policy as make_policy
-    from edge_sdk.session import PrivacyLedger as PrivacyLedger
-    from edge_sdk.transport import CloudError as CloudError
+    from edge_sdk.status import CloudError as CloudError
 
 
 def __getattr__(name: str) -> Any:

@@ -22,20 +22,19 @@ from edge_sdk import wire
 from edge_sdk.backends.base import SLMBackend
 from edge_sdk.grammar import JsonConstraint
 from edge_sdk.leakage import LeakageMeter, content_token_ids, piece_reader
+from edge_sdk.ledger import LedgerEntry, PrivacyLedger
 from edge_sdk.logprobs import TokenLogprobs
 from edge_sdk.masking import folded_vocabulary, never_upload_ids
 from edge_sdk.policies import Policy, make_policy
 from edge_sdk.policies.base import FusionMode
 from edge_sdk.prompts import CONTEXT_SEPARATOR, Prompts, plain_prompts
-from edge_sdk.session import (
+from edge_sdk.decoding import (
     CollaborativeDecoder,
     DecodeSettings,
-    LedgerEntry,
-    PrivacyLedger,
     StepEvent,
-    StoppingRule,
     run_with_resume,
 )
+from edge_sdk.steps import StoppingRule
 from edge_sdk.transport import CloudConnection, CloudSessionHandler, GrpcChannel, InProcessChannel
 
 __all__ = ["CONTEXT_SEPARATOR", "Credentials", "EdgeClient", "GenerationResult", "GenerationStream", "StreamStep"]
@@ -446,7 +445,7 @@ class EdgeClient:
             # the policy's randomness comes from OS entropy, never from anything on the wire
             rng=rng if rng is not None else np.random.default_rng(),
             stopping=stopping,
-            constraint=JsonConstraint(slm, json_schema) if json_schema is not None else None,
+            processors=[JsonConstraint(slm, json_schema)] if json_schema is not None else (),
         )
 
     def stream(self, public_query: str | Prompts, private_context: str = "", **kwargs: Any) -> GenerationStream:

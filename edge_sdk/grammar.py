@@ -2,8 +2,9 @@
 
 :class:`JsonConstraint` follows one generation: :meth:`~JsonConstraint.allowed` is the set of ids that keep the
 text a prefix of a JSON document valid under the schema (an end-of-generation id only once it is complete), and
-:meth:`~JsonConstraint.consume` advances it by the chosen id.  The decoder masks the fused distribution with it
-before the policy picks (edge-side fusion): a disallowed id gets probability 0 (or the lowest logit), the rest are
+:meth:`~JsonConstraint.consume` advances it by the chosen id.  It is a processor of the decoder's decide step
+(:class:`edge_sdk.steps.ChoiceProcessor`): the decoder masks the fused distribution with it before the policy
+picks (edge-side fusion): a disallowed id gets probability 0 (or the lowest logit), the rest are
 renormalised, so the choice is the policy's among the ids the schema allows.  The schema is public: it depends on
 nothing private, nor does the mask, which follows the generated tokens the cloud already sees.
 

@@ -1,7 +1,7 @@
 """``never_upload``: spans of the private context whose tokens the SLM says nothing about to the cloud.
 
 The session removes the SLM's values for these ids before any policy runs
-(``edge_sdk.session``): no masked id's value is ever sent.  Every other value
+(``edge_sdk.decoding``): no masked id's value is ever sent.  Every other value
 is the SLM's own, computed over the whole context (the span included); in
 probability space it is divided by ``1 - m``, ``m`` the SLM's mass on the
 masked ids, so the row is still a distribution (left as it was, the sum of a

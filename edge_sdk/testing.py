@@ -11,7 +11,7 @@ A generation over the real loop, in milliseconds::
     import numpy as np
     from edge_sdk.leakage import LeakageMeter
     from edge_sdk.policies import CoVeil
-    from edge_sdk.session import CollaborativeDecoder, DecodeSettings, run_with_resume
+    from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_resume
     from edge_sdk.testing import ScriptedCloud, TableSLM
 
     pieces = ["<eos>", " the", " liver", " heart", "."]
@@ -41,7 +41,8 @@ import numpy as np
 from edge_sdk import wire
 from edge_sdk.fusion import check_finite, softmax
 from edge_sdk.logprobs import token_logprobs
-from edge_sdk.transport import CloudConnection, CloudError
+from edge_sdk.status import CloudError
+from edge_sdk.transport import CloudConnection
 
 #: a row of logits, one per vocabulary id
 Row = Sequence[float] | np.ndarray

@@ -10,7 +10,7 @@ messages:
   the same process (tests, the harness), through the same encoding, so byte
   counts and validation are identical.
 
-The decoding loop (:mod:`edge_sdk.session`) is written once against
+The decoding loop (:mod:`edge_sdk.decoding`) is written once against
 :class:`CloudConnection`.
 """
 
@@ -20,35 +20,44 @@ import queue
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol, overload
 
 import numpy as np
 
 from edge_sdk import wire
 from edge_sdk.logprobs import TokenLogprobs
 from edge_sdk.policies.base import CloudUpload
+from edge_sdk.status import RETRYABLE_CODES, CloudError
+
+if TYPE_CHECKING:  # for annotations only: gRPC and the generated code load with the first session
+    import grpc
+
+    from edge_sdk._wire.coveil_pb2 import (
+        CloudMessage,
+        Distribution,
+        EdgeMessage,
+        Finished,
+        SessionOpened,
+        TokenChosen,
+    )
 
 
-class CloudError(RuntimeError):
-    """The cloud refused or broke the session.  ``code`` is the gRPC status name."""
+class _StreamingCall(Protocol):
+    """gRPC's bidirectional call as the channel uses it: the cloud's messages, and whether the call ended."""
 
-    def __init__(self, code: str, message: str, *, retryable: bool = False) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-        self.retryable = retryable
+    def __next__(self) -> CloudMessage: ...
 
+    def done(self) -> bool: ...
 
-#: gRPC status codes after which reopening the session may succeed
-RETRYABLE_CODES = frozenset({"UNAVAILABLE", "ABORTED", "INTERNAL", "UNKNOWN", "DEADLINE_EXCEEDED", "CANCELLED"})
+    def cancel(self) -> bool: ...
 
 
 class MessageChannel(Protocol):
     """Moves protobuf messages of one session: ``EdgeMessage`` out, ``CloudMessage`` in."""
 
-    def send(self, message: Any) -> None: ...
+    def send(self, message: EdgeMessage) -> None: ...
 
-    def receive(self) -> Any: ...
+    def receive(self) -> CloudMessage: ...
 
     def close(self) -> None: ...
 
@@ -56,7 +65,7 @@ class MessageChannel(Protocol):
 class CloudSessionHandler(Protocol):
     """The cloud side of one session as an in-process object (``cloud_adapter.engine.SessionHandler``)."""
 
-    def handle(self, message: Any) -> Iterable[Any]: ...
+    def handle(self, message: EdgeMessage) -> Iterable[CloudMessage]: ...
 
     def abandon(self, reason: str) -> None: ...
 
@@ -66,23 +75,17 @@ class InProcessChannel:
 
     def __init__(self, handler: CloudSessionHandler) -> None:
         self._handler = handler
-        self._replies: list[Any] = []
+        self._replies: list[CloudMessage] = []
 
-    def send(self, message: Any) -> None:
+    def send(self, message: EdgeMessage) -> None:
         # round-trip through bytes: the same validation and sizes as on the wire
         edge_message = type(message).FromString(message.SerializeToString())
         try:
             self._replies.extend(self._handler.handle(edge_message))
-        except CloudError:
-            raise
-        except Exception as exc:
-            code = getattr(exc, "code", None)
-            if isinstance(code, str):  # the engine's ProtocolError: the status a server would send
-                message = getattr(exc, "message", str(exc))
-                raise CloudError(code, message, retryable=code in RETRYABLE_CODES) from exc
-            raise
+        except CloudError as exc:  # the status a server would end the stream with, as the edge receives it
+            raise CloudError(exc.code, exc.message, retryable=exc.code in RETRYABLE_CODES) from exc
 
-    def receive(self) -> Any:
+    def receive(self) -> CloudMessage:
         if not self._replies:
             raise CloudError("FAILED_PRECONDITION", "the cloud sent nothing for this request")
         reply = self._replies.pop(0)
@@ -91,8 +94,6 @@ class InProcessChannel:
     def close(self) -> None:
         self._handler.abandon("closed")
 
-
-_CLOSED = object()
 
 
 class GrpcChannel:
@@ -114,40 +115,42 @@ class GrpcChannel:
     _POLL_S = 0.05
 
     def __init__(
-        self, grpc_channel: Any, *, metadata: tuple[tuple[str, str], ...] = (), timeout_s: float | None = None
+        self, grpc_channel: grpc.Channel, *, metadata: tuple[tuple[str, str], ...] = (), timeout_s: float | None = None
     ) -> None:
         import grpc
 
         from edge_sdk._wire import coveil_pb2_grpc
 
         self._grpc = grpc
-        self._outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._outbox: queue.SimpleQueue[EdgeMessage | None] = queue.SimpleQueue()  # None: the stream is closed
         self._written = threading.Semaphore(0)  # one release per message gRPC has finished sending
         self._stub = coveil_pb2_grpc.CollaborativeDecodingStub(grpc_channel)
         self._metadata, self._timeout_s = metadata, timeout_s
-        self._call: Any = None  # begun by the first send
+        # begun by the first send (a defence: the stream's start would otherwise tell the cloud when the edge
+        # began its prefill, whose length grows with the private context)
+        self._call: _StreamingCall | None = None
 
-    def _begun(self) -> Any:
+    def _begun(self) -> _StreamingCall:
         if self._call is None:
             self._call = self._stub.Decode(self._outgoing(), metadata=self._metadata, timeout=self._timeout_s)
         return self._call
 
-    def _outgoing(self) -> Iterator[Any]:
+    def _outgoing(self) -> Iterator[EdgeMessage]:
         while True:
             message = self._outbox.get()
-            if message is _CLOSED:
+            if message is None:
                 return
             yield message
             self._written.release()  # gRPC asks for the next message once this one is sent
 
-    def send(self, message: Any) -> None:
+    def send(self, message: EdgeMessage) -> None:
         self._outbox.put(message)
         call = self._begun()
         while not self._written.acquire(timeout=self._POLL_S):
             if call.done():  # the stream broke: receive() reports why
                 return
 
-    def receive(self) -> Any:
+    def receive(self) -> CloudMessage:
         try:
             return next(self._begun())
         except StopIteration:
@@ -157,7 +160,7 @@ class GrpcChannel:
             raise CloudError(code, exc.details() or "", retryable=code in RETRYABLE_CODES) from exc
 
     def close(self) -> None:
-        self._outbox.put(_CLOSED)
+        self._outbox.put(None)
         if self._call is not None:
             self._call.cancel()
 
@@ -188,11 +191,21 @@ class CloudConnection:
         #: cloud-side fusion with logprobs asked for: those the cloud sent with the last token it picked
         self.chosen_logprobs: TokenLogprobs | None = None
 
-    def _send(self, message: Any) -> None:
+    def _send(self, message: EdgeMessage) -> None:
         self.bytes.edge_to_cloud += message.ByteSize()
         self._channel.send(message)
 
-    def _receive(self, expected: str) -> Any:
+    @overload
+    def _receive(self, expected: Literal["opened"]) -> SessionOpened: ...
+    @overload
+    def _receive(self, expected: Literal["distribution"]) -> Distribution: ...
+    @overload
+    def _receive(self, expected: Literal["token"]) -> TokenChosen: ...
+    @overload
+    def _receive(self, expected: Literal["finished"]) -> Finished: ...
+
+    def _receive(self, expected: str) -> SessionOpened | Distribution | TokenChosen | Finished:
+        """The next message, which must be of kind ``expected`` (the part of ``CloudMessage`` it sets)."""
         message = self._channel.receive()
         self.bytes.cloud_to_edge += message.ByteSize()
         kind = message.WhichOneof("kind")
@@ -213,7 +226,7 @@ class CloudConnection:
         """The cloud's (sparse) distribution for the next step."""
         return self._decode_distribution(self._receive("distribution"))
 
-    def _decode_distribution(self, message: Any) -> wire.CloudDistribution:
+    def _decode_distribution(self, message: Distribution) -> wire.CloudDistribution:
         """Parse a distribution and check it against what was asked; anything else ends the session.
 
         Malformed (NaN, infinities, bad lengths, ids out of order), fewer
@@ -262,7 +275,7 @@ class CloudConnection:
         self.chosen_logprobs = self._chosen_logprobs(chosen)
         return int(chosen.token_id), bool(chosen.finished)
 
-    def _chosen_logprobs(self, chosen: Any) -> TokenLogprobs | None:
+    def _chosen_logprobs(self, chosen: TokenChosen) -> TokenLogprobs | None:
         """The log-probabilities sent with a picked token, checked; ``None`` when the session asked for none
         (``DATA_LOSS`` when asked for and missing or malformed, or sent unasked)."""
         assert self.info is not None and self._request is not None

@@ -8,14 +8,27 @@ generated protobuf code lazily: ``import edge_sdk`` stays numpy-only.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from edge_sdk.fusion import FusionSpace, check_finite, top_k_ids
 from edge_sdk.logprobs import MAX_TOP_LOGPROBS, TokenLogprobs
 from edge_sdk.policies.base import CloudUpload, FusionMode, Observation
+
+if TYPE_CHECKING:  # the generated message classes (edge_sdk/_wire/coveil_pb2.pyi), for annotations only
+    from edge_sdk._wire.coveil_pb2 import (
+        CloudMessage,
+        Distribution,
+        EdgeMessage,
+        OpenSession,
+        SessionOpened,
+        TokenChosen,
+        Upload,
+    )
 
 PROTOCOL_VERSION = 1
 #: cloud probabilities per sparse step unless the session asks otherwise
@@ -25,7 +38,7 @@ _U32 = np.dtype("<u4")
 _F32 = np.dtype("<f4")
 
 
-def pb() -> Any:
+def pb() -> ModuleType:
     """The generated ``coveil_pb2`` module (built from proto/ at install time)."""
     try:
         from edge_sdk._wire import coveil_pb2
@@ -215,7 +228,7 @@ def step_exposure(signal: Observation, dist: CloudDistribution, k: int) -> np.nd
     return dist.top_ids(k)
 
 
-def encode_open(req: SessionRequest) -> Any:
+def encode_open(req: SessionRequest) -> EdgeMessage:
     m = pb()
     open_msg = m.OpenSession(
         protocol_version=PROTOCOL_VERSION,
@@ -239,7 +252,7 @@ def encode_open(req: SessionRequest) -> Any:
     return m.EdgeMessage(open=open_msg)
 
 
-def decode_open(msg: Any, tokenize: Any = None) -> SessionRequest:
+def decode_open(msg: OpenSession, tokenize: Callable[[str], Sequence[int]] | None = None) -> SessionRequest:
     """``OpenSession`` → :class:`SessionRequest`; ``tokenize(text)`` handles a text query.
 
     Raises ``ValueError`` with a clear message on any malformed field.
@@ -274,7 +287,7 @@ def decode_open(msg: Any, tokenize: Any = None) -> SessionRequest:
     )
 
 
-def encode_opened(info: SessionInfo) -> Any:
+def encode_opened(info: SessionInfo) -> CloudMessage:
     m = pb()
     return m.CloudMessage(
         opened=m.SessionOpened(
@@ -289,7 +302,7 @@ def encode_opened(info: SessionInfo) -> Any:
     )
 
 
-def decode_opened(msg: Any) -> SessionInfo:
+def decode_opened(msg: SessionOpened) -> SessionInfo:
     return SessionInfo(
         session_id=msg.session_id,
         cloud_model=msg.cloud_model,
@@ -301,7 +314,7 @@ def decode_opened(msg: Any) -> SessionInfo:
     )
 
 
-def encode_distribution(dist: CloudDistribution) -> Any:
+def encode_distribution(dist: CloudDistribution) -> CloudMessage:
     m = pb()
     if dist.dense is not None:
         body = m.Distribution(step=dist.step, dense=values_to_bytes(dist.dense), forward_ns=dist.forward_ns)
@@ -317,7 +330,7 @@ def encode_distribution(dist: CloudDistribution) -> Any:
     return m.CloudMessage(distribution=body)
 
 
-def decode_distribution(msg: Any, vocab_size: int) -> CloudDistribution:
+def decode_distribution(msg: Distribution, vocab_size: int) -> CloudDistribution:
     if msg.dense:
         dense = values_from_bytes(msg.dense)
         if dense.shape[0] != vocab_size:
@@ -349,7 +362,9 @@ def decode_distribution(msg: Any, vocab_size: int) -> CloudDistribution:
     )
 
 
-def encode_upload(step: int, upload: CloudUpload, *, vocab_size: int | None = None, no_stop: bool = False) -> Any:
+def encode_upload(
+    step: int, upload: CloudUpload, *, vocab_size: int | None = None, no_stop: bool = False
+) -> EdgeMessage:
     """An upload of every id of the vocabulary (``0..vocab_size-1``) travels dense (values only); any other
     upload sparse (a dense one names no ids: only one that covers the whole vocabulary can be read back).
 
@@ -364,7 +379,7 @@ def encode_upload(step: int, upload: CloudUpload, *, vocab_size: int | None = No
     return m.EdgeMessage(signal=m.StepSignal(step=step, upload=body, no_stop=no_stop))
 
 
-def decode_upload(msg: Any, vocab_size: int, space: FusionSpace = "prob") -> CloudUpload:
+def decode_upload(msg: Upload, vocab_size: int, space: FusionSpace = "prob") -> CloudUpload:
     """``Upload`` → :class:`CloudUpload`, the inverse of :func:`encode_upload` (a dense one lists ids
     ``0..vocab_size-1``).  Raises ``ValueError`` on malformed bytes or mismatched lengths."""
     values = values_from_bytes(msg.values)
@@ -374,22 +389,22 @@ def decode_upload(msg: Any, vocab_size: int, space: FusionSpace = "prob") -> Clo
     return CloudUpload(ids, values, space)
 
 
-def encode_token(step: int, token_id: int) -> Any:
+def encode_token(step: int, token_id: int) -> EdgeMessage:
     m = pb()
     return m.EdgeMessage(signal=m.StepSignal(step=step, token_id=int(token_id)))
 
 
-def encode_request_full(step: int) -> Any:
+def encode_request_full(step: int) -> EdgeMessage:
     m = pb()
     return m.EdgeMessage(request_full=m.FullDistributionRequest(step=step))
 
 
-def encode_close() -> Any:
+def encode_close() -> EdgeMessage:
     m = pb()
     return m.EdgeMessage(close=m.Close())
 
 
-def encode_token_chosen(step: int, token_id: int, finished: bool, logprobs: TokenLogprobs | None = None) -> Any:
+def encode_token_chosen(step: int, token_id: int, finished: bool, logprobs: TokenLogprobs | None = None) -> CloudMessage:
     m = pb()
     chosen = m.TokenChosen(step=step, token_id=token_id, finished=finished)
     if logprobs is not None:
@@ -400,7 +415,7 @@ def encode_token_chosen(step: int, token_id: int, finished: bool, logprobs: Toke
     return m.CloudMessage(token=chosen)
 
 
-def decode_token_logprobs(msg: Any, vocab_size: int, top_n: int) -> TokenLogprobs | None:
+def decode_token_logprobs(msg: TokenChosen, vocab_size: int, top_n: int) -> TokenLogprobs | None:
     """A ``TokenChosen``'s log-probabilities (``None`` when it carries none); ``ValueError`` when they are not
     log-probabilities (positive or NaN), name an id outside the vocabulary, are out of order or more than
     ``top_n`` (<= 20)."""
@@ -418,6 +433,6 @@ def decode_token_logprobs(msg: Any, vocab_size: int, top_n: int) -> TokenLogprob
     return TokenLogprobs(int(msg.token_id), logprob, tuple(zip(ids.tolist(), values.tolist(), strict=True)))
 
 
-def encode_finished(steps: int, reason: str) -> Any:
+def encode_finished(steps: int, reason: str) -> CloudMessage:
     m = pb()
     return m.CloudMessage(finished=m.Finished(steps=steps, reason=reason))

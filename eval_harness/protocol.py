@@ -42,7 +42,7 @@ _ANSWER = re.compile(r"(?i:answer)[ \t]*:[ \t]*(?:\(([A-Za-z])\)|<([A-Za-z])>|([
 class AnswerLetterRule:
     """An end-of-generation token may come only once ``Answer: X`` has been written; the generation ends there.
 
-    Implements :class:`edge_sdk.session.StoppingRule`.
+    Implements :class:`edge_sdk.steps.StoppingRule`.
     """
 
     letters: str = "".join(LETTERS)

@@ -28,8 +28,8 @@ from typing import Any
 from cloud_adapter.local import cloud_or_local, split_cores
 from edge_sdk.backends.llama_cpp import LlamaCppSLM
 from edge_sdk.client import Credentials, EdgeClient
+from edge_sdk.ledger import PrivacyLedger
 from edge_sdk.policies import CoVeil
-from edge_sdk.session import PrivacyLedger
 
 PRIVATE_NOTE = (
     "Visit note, 12 March: Daniel Okafor, 58, retired welder. Type 2 diabetes on metformin. Reports numbness "

@@ -16,7 +16,7 @@ import pytest
 from edge_sdk.accountant import PrivacyAccountant, ReleaseEvent, randomized_response_noise
 from edge_sdk.leakage import LeakageMeter
 from edge_sdk.policies import CoGenesis, CoVeil, DPFusion, DPLogit, InvisibleInk, LDPSampler, Undefended
-from edge_sdk.session import CollaborativeDecoder, DecodeSettings
+from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings
 
 
 def spent(policy, mode: str, releases: int, **kwargs) -> PrivacyAccountant:

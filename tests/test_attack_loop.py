@@ -16,7 +16,7 @@ from edge_sdk import wire
 from edge_sdk.leakage import LeakageMeter
 from edge_sdk.masking import folded_vocabulary, never_upload_ids
 from edge_sdk.policies import Policy, make_policy
-from edge_sdk.session import CollaborativeDecoder, DecodeSettings, run_with_resume
+from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_resume
 from edge_sdk.transport import CloudConnection, CloudError, InProcessChannel
 from tests.test_malicious_cloud import LyingCloud, PeakSLM, SlowSLM, policies
 

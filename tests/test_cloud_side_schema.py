@@ -11,7 +11,7 @@ import pytest
 from edge_sdk.grammar import JsonConstraint
 from edge_sdk.leakage import LeakageMeter
 from edge_sdk.policies import CoVeil, Undefended
-from edge_sdk.session import CollaborativeDecoder, DecodeSettings, run_with_resume
+from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_resume
 from edge_sdk.testing import ScriptedCloud, TableSLM
 from edge_sdk.transport import CloudError
 
@@ -34,7 +34,7 @@ def run(policy, *, schema: dict | None, picks: list[int], max_new_tokens: int = 
     decoder = CollaborativeDecoder(
         slm, policy, DecodeSettings(mode="cloud", alpha=0.9, max_new_tokens=max_new_tokens, top_m=3, exposure_k=3),
         slm_prompt=[X, OPEN], cloud_prompt=[OPEN], meter=LeakageMeter(frozenset({X})),
-        constraint=JsonConstraint(slm, schema) if schema is not None else None)
+        processors=[JsonConstraint(slm, schema)] if schema is not None else ())
     tokens = [event.token_id for event in run_with_resume(decoder, cloud.connect, backoff_s=0.0)]
     return tokens, cloud
 

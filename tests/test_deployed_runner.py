@@ -21,9 +21,9 @@ from cloud_adapter.runners import StepBatcher
 from cloud_adapter.server import TlsConfig, build_server
 from edge_sdk.client import GenerationResult
 from edge_sdk.leakage import ExposureTrace
+from edge_sdk.ledger import LedgerEntry, PrivacyLedger
 from edge_sdk.models import embedded_gguf_path
 from edge_sdk.policies import CoVeil
-from edge_sdk.session import LedgerEntry, PrivacyLedger
 from eval_harness.cli.decodeleak import main
 from eval_harness.datasets import load_task
 from eval_harness.metrics import Vocabulary, evidence_recall

@@ -8,7 +8,8 @@ import pytest
 from edge_sdk.client import EdgeClient
 from edge_sdk.fusion import fuse, softmax
 from edge_sdk.policies import CloudUpload, CoVeil, Undefended, make_policy
-from edge_sdk.transport import CloudConnection, CloudError, InProcessChannel
+from edge_sdk.status import CloudError
+from edge_sdk.transport import CloudConnection, InProcessChannel
 
 from tests.conftest import PRIVATE_CONTEXT, PUBLIC_PROMPT
 
@@ -107,9 +108,9 @@ def test_never_upload_spans_and_exposure_budget(client, slm) -> None:
     masked = client.generate(PUBLIC, PRIVATE, mode="cloud", policy=Undefended(), max_new_tokens=4,
                              never_upload=["jaundice", "bilirubin"])
     decoder = client.decoder(PUBLIC, PRIVATE, never_upload=["jaundice", "bilirubin"])
-    assert decoder.masked.size > 0
+    assert decoder.view.masked.size > 0
     for entry in masked.ledger.entries:
-        assert not set(entry.exposure) & set(decoder.masked.tolist())
+        assert not set(entry.exposure) & set(decoder.view.masked.tolist())
     budget = client.generate(PUBLIC, PRIVATE, mode="cloud", policy=lam0, max_new_tokens=4, exposure_budget=0.0)
     assert all(e.withheld and e.values_uploaded == 0 for e in budget.ledger.entries)
     with pytest.raises(ValueError, match="does not occur"):
@@ -134,7 +135,7 @@ def test_a_cancelled_stream_closes_its_cloud_session(client, engine) -> None:
 
 def test_a_dropped_connection_resumes_with_public_data_only(slm, engine) -> None:
     """The first connection dies after two steps; the session reopens with the chosen tokens."""
-    from edge_sdk.session import run_with_resume
+    from edge_sdk.decoding import run_with_resume
 
     class DropAfter:
         def __init__(self, handler, steps: int) -> None:
@@ -276,7 +277,6 @@ def test_budget_fallback_never_picks_a_token_the_cloud_left_out(client, engine) 
 
 
 def test_non_finite_logits_are_refused_on_both_ends(slm, engine) -> None:
-    from cloud_adapter.validation import ProtocolError
     from edge_sdk import wire
     from edge_sdk.fusion import NonFiniteError
 
@@ -309,6 +309,6 @@ def test_non_finite_logits_are_refused_on_both_ends(slm, engine) -> None:
     request = client.decoder(PUBLIC, PRIVATE, mode="cloud", policy=Undefended()).request()
     list(handler.handle(wire.encode_open(request)))
     bad = CloudUpload(np.array([1, 2]), np.array([0.5, np.nan], np.float32))
-    with pytest.raises(ProtocolError, match="finite"):
+    with pytest.raises(CloudError, match="finite"):
         list(handler.handle(wire.encode_upload(0, bad)))
     handler.abandon("error")

@@ -397,7 +397,7 @@ class HeldStream:
     """A generation that waits for ``release``, then decides one token."""
 
     def __init__(self, release) -> None:
-        from edge_sdk.session import PrivacyLedger
+        from edge_sdk.ledger import PrivacyLedger
 
         self.release = release
         self.ledger = PrivacyLedger(mode="cloud", policy="coveil")
@@ -420,7 +420,7 @@ class HeldStream:
 
 
 def ledger_entry(step: int, values: int = 3):
-    from edge_sdk.session import LedgerEntry
+    from edge_sdk.ledger import LedgerEntry
 
     return LedgerEntry(step=step, token_id=7, policy="coveil", signal="upload", values_uploaded=values,
                        full_requested=False, withheld=False, steered=False, bytes_up=10, bytes_down=20,
@@ -497,7 +497,7 @@ def test_a_generation_that_fails_after_steps_were_sent_returns_the_ledger_of_wha
     had already seen.  Ollama's route answers in its own shape: ``{"error": message, "coveil": ledger}``, as the
     whole body or as the stream's last line."""
     from edge_sdk.server.app import create_app, running
-    from edge_sdk.transport import CloudError
+    from edge_sdk.status import CloudError
 
     class FailingStream(HeldStream):
         def steps(self):

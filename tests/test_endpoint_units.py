@@ -19,9 +19,10 @@ from edge_sdk.prompts import Prompts
 from edge_sdk.server.errors import EndpointError, from_cloud_error
 from edge_sdk.server.protocol import ChatCompletionRequest, CompletionRequest
 from edge_sdk.server.serving import EdgeServing, Generation, StopText, cloud_saw, step_report
+from edge_sdk.ledger import LedgerEntry, PrivacyLedger
 from edge_sdk.server.settings import ServerSettings
-from edge_sdk.session import LedgerEntry, PrivacyLedger, StepEvent
-from edge_sdk.transport import CloudError
+from edge_sdk.decoding import StepEvent
+from edge_sdk.status import CloudError
 
 
 def entry(step: int = 0, *, signal: str = "token", values: int = 0, full: bool = False) -> LedgerEntry:

@@ -12,7 +12,7 @@ from cloud_adapter.local import free_loopback_port
 from cloud_adapter.server import build_server
 from edge_sdk.client import Credentials, EdgeClient
 from edge_sdk.policies import CoVeil
-from edge_sdk.transport import CloudError
+from edge_sdk.status import CloudError
 
 from tests.conftest import PRIVATE_CONTEXT, PUBLIC_PROMPT
 

@@ -1,6 +1,6 @@
 """Bounded fuzzing of everything that parses outside input: the adapter's messages, the dataset loader, the CLIs.
 
-Each case must end in a proper status (a ``ProtocolError`` naming a gRPC
+Each case must end in a proper status (a ``CloudError`` naming a gRPC
 code, a ``ValueError`` naming the line, argparse's exit 2), never another
 exception, and the adapter must serve a good session correctly afterwards.
 """
@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from cloud_adapter.engine import CloudEngine
 from cloud_adapter.llm import TransformersLLM
-from cloud_adapter.validation import ProtocolError
 from edge_sdk import wire
 from edge_sdk._wire import coveil_pb2
+from edge_sdk.status import CloudError
 
 from tests.tiny_models import bpe_tokenizer, random_qwen
 
@@ -88,7 +88,7 @@ def test_the_adapter_answers_every_malformed_session_with_a_status(tiny_llm) -> 
             for message in [open_message, *rest]:
                 message = coveil_pb2.EdgeMessage.FromString(message.SerializeToString())
                 list(handler.handle(message))
-        except ProtocolError as exc:
+        except CloudError as exc:
             assert exc.code in STATUS_CODES and exc.message
         finally:
             handler.abandon("error")

@@ -21,10 +21,10 @@ from cloud_adapter.llm import TransformersLLM
 from cloud_adapter.runners import StepBatcher
 from cloud_adapter.server import SERVICE_NAME, _Inbox, build_server
 from cloud_adapter.transcript import SessionTranscript, StepRecord, TranscriptStore
-from cloud_adapter.validation import ProtocolError
 from edge_sdk import wire
 from edge_sdk._wire import coveil_pb2_grpc
 from edge_sdk.policies.base import CloudUpload
+from edge_sdk.status import CloudError
 
 from tests.tiny_models import bpe_tokenizer, random_qwen
 
@@ -103,7 +103,7 @@ def test_oversized_prompts_are_refused_before_any_work(tiny_llm) -> None:
 
     def refused(message) -> str:
         handler = engine.session("tests")
-        with pytest.raises(ProtocolError) as caught:
+        with pytest.raises(CloudError) as caught:
             list(handler.handle(message))
         assert caught.value.code == "INVALID_ARGUMENT"
         return caught.value.message
@@ -268,7 +268,7 @@ def test_one_client_cannot_lock_others_out_with_silent_streams(tiny_llm) -> None
 def test_open_fields_that_would_fill_memory_are_refused(tiny_llm) -> None:
     engine = CloudEngine(tiny_llm)
     for overrides in ({"edge_model": "x" * 300}, {"stop_token_ids": tuple(range(300))}):
-        with pytest.raises(ProtocolError) as caught:
+        with pytest.raises(CloudError) as caught:
             list(engine.session("tests").handle(wire.encode_open(open_request(tiny_llm, **overrides))))
         assert caught.value.code == "INVALID_ARGUMENT"
 
@@ -277,7 +277,6 @@ def test_a_malicious_cloud_gets_a_status_not_a_crash_on_the_edge(tiny_llm) -> No
     """Rows shorter than asked, out of order, not a distribution, or a chosen token outside the vocabulary."""
     from cloud_adapter.llm import TransformersSLM
     from edge_sdk.client import EdgeClient
-    from edge_sdk.transport import CloudError
 
     engine = CloudEngine(tiny_llm)
 

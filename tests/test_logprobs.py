@@ -11,7 +11,7 @@ import pytest
 from edge_sdk.leakage import LeakageMeter
 from edge_sdk.logprobs import log_distribution, token_logprobs
 from edge_sdk.policies import Undefended
-from edge_sdk.session import CollaborativeDecoder, DecodeSettings, run_with_resume
+from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_resume
 from edge_sdk.testing import ScriptedCloud, TableSLM
 from edge_sdk.transport import CloudError
 
@@ -135,7 +135,7 @@ def test_more_than_twenty_alternatives_are_refused() -> None:
 
 def test_edge_side_logprobs_are_read_only_after_the_signal_left(monkeypatch) -> None:
     """Their top-n search takes a time that varies with the private row: it must not run before the send."""
-    import edge_sdk.session as session_module
+    import edge_sdk.decoding as session_module
 
     slm = TableSLM(PIECES, {(): np.log(P_SLM)}, eos_ids={0})
     cloud = ScriptedCloud(len(PIECES), {(): np.log(P_LLM)}, eos_ids={0})

@@ -21,7 +21,7 @@ from edge_sdk import wire
 from edge_sdk.fusion import softmax
 from edge_sdk.leakage import LeakageMeter
 from edge_sdk.policies import CoGenesis, CoVeil, DPLogit, Policy, Undefended
-from edge_sdk.session import CollaborativeDecoder, DecodeSettings, run_with_resume
+from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_resume
 from edge_sdk.testing import ScriptedCloud, TableSLM
 
 EOS = 0
@@ -363,7 +363,7 @@ def test_the_scripted_cloud_lies_as_told_and_the_edge_refuses_a_malformed_row() 
     id 3 .5 * .125 + .5 * .5 = .3125: id 2 (the full row would give id 3, .375: the fill's cost).  A cloud
     claiming a tail bound of 0 fills at 0: id 3 .25, still id 2, and the messages are the same.
     """
-    from edge_sdk.transport import CloudError
+    from edge_sdk.status import CloudError
 
     def claims_an_empty_tail(dist: wire.CloudDistribution) -> wire.CloudDistribution:
         return wire.CloudDistribution(dist.step, dist.ids, dist.values, tail_bound=0.0, tail_mass=dist.tail_mass)
@@ -436,3 +436,42 @@ def test_the_fakes_module_example_runs_as_written() -> None:
     namespace: dict[str, Any] = {}
     exec(compile(code, "edge_sdk.testing example", "exec"), namespace)
     assert len(namespace["tokens"]) == 3 and namespace["decoder"].ledger.entries[0].values_uploaded <= 1
+
+
+# -- the decide step's processors ----------------------------------------------------------------------------
+class AllowOnly:
+    """A processor allowing a fixed set of ids; it records the tokens it was advanced by."""
+
+    def __init__(self, vocab: int, ids: set[int]) -> None:
+        self.row = np.isin(np.arange(vocab), sorted(ids))
+        self.consumed: list[int] = []
+
+    def allowed(self) -> np.ndarray:
+        return self.row.copy()
+
+    def consume(self, token_id: int) -> None:
+        self.consumed.append(token_id)
+
+
+def test_two_processors_leave_the_choice_to_the_ids_both_allow() -> None:
+    """Edge-side undefended, alpha = 0.3: argmax of 0.3 * p_llm + 0.7 * p_slm over the allowed ids, each row
+    renormalised over them.  p_llm = (.02, .6, .06, .12, .2), p_slm = (.05, .3, .15, .05, .45).
+    A = {1, 2, 3} and B = {2, 3, 4}: over {2, 3}, p_llm' = (1/3, 2/3), p_slm' = (3/4, 1/4); fused 2: 0.1 + 0.525 =
+    0.625, 3: 0.2 + 0.175 = 0.375, so 2.  A alone: p_llm' = (.6, .06, .12) / .78, p_slm' = (.6, .3, .1); fused
+    1: .2308 + .42 = .6508 wins (2: .0231 + .21, 3: .0462 + .07), so 1.  B alone: p_llm' = (.06, .12, .2) / .38,
+    p_slm' = (.15, .05, .45) / .65; fused 4: .1579 + .4846 = .6425 wins, so 4."""
+    p_llm = np.array([.02, .6, .06, .12, .2])
+    p_slm = np.array([.05, .3, .15, .05, .45])
+    chosen = {}
+    for name, allow in {"both": ({1, 2, 3}, {2, 3, 4}), "A": ({1, 2, 3},), "B": ({2, 3, 4},)}.items():
+        processors = [AllowOnly(5, ids) for ids in allow]
+        slm = TableSLM(pieces(5), default=np.log(p_slm), eos_ids={EOS})
+        cloud = ScriptedCloud(5, default=np.log(p_llm), eos_ids={EOS})
+        decoder = CollaborativeDecoder(
+            slm, Undefended(), DecodeSettings(mode="edge", alpha=0.3, max_new_tokens=1, exposure_k=1),
+            slm_prompt=PROMPT_PRIVATE, cloud_prompt=PROMPT_PUBLIC, meter=LeakageMeter(frozenset()),
+            processors=processors,
+        )
+        chosen[name] = [event.token_id for event in run_with_resume(decoder, cloud.connect, backoff_s=0.0)]
+        assert all(processor.consumed == chosen[name] for processor in processors)
+    assert chosen == {"both": [2], "A": [1], "B": [4]}

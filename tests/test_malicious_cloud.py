@@ -21,8 +21,9 @@ import pytest
 from edge_sdk import wire
 from edge_sdk.leakage import LeakageMeter
 from edge_sdk.policies import CusText, EmbeddingNeighbours, Policy, available_policies, make_policy, policy_class
-from edge_sdk.session import CollaborativeDecoder, DecodeSettings, run_with_resume
-from edge_sdk.transport import CloudConnection, CloudError, InProcessChannel
+from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_resume
+from edge_sdk.status import CloudError
+from edge_sdk.transport import CloudConnection, InProcessChannel
 
 VOCAB = 512
 TOP = 100  # the SLM's argmax: the token the lying cloud hunts for
@@ -236,7 +237,7 @@ def test_a_masked_row_in_probability_space_is_renormalised_as_the_readme_says() 
     slm = PeakSLM(vocab_size=4)
     decoder = CollaborativeDecoder(slm, make_policy("undefended"), DecodeSettings(mode="cloud"), slm_prompt=[1],
                                    cloud_prompt=[1], meter=LeakageMeter(frozenset()), masked_ids=frozenset({1}))
-    row = decoder._edge_arrays(np.log(np.array([4.0, 2.0, 1.0, 1.0], np.float32)))
+    row = decoder.view.arrays(np.log(np.array([4.0, 2.0, 1.0, 1.0], np.float32)))
     assert row == pytest.approx([2 / 3, 0.0, 1 / 6, 1 / 6], abs=1e-6)
 
 

@@ -24,8 +24,8 @@ def imported_after(statement: str) -> set[str]:
 
 def test_import_edge_sdk_is_light() -> None:
     modules = imported_after(
-        "import edge_sdk, edge_sdk.fusion, edge_sdk.policies, edge_sdk.models, edge_sdk.leakage, edge_sdk.session, "
-        "edge_sdk.testing"
+        "import edge_sdk, edge_sdk.fusion, edge_sdk.policies, edge_sdk.models, edge_sdk.leakage, edge_sdk.decoding, "
+        "edge_sdk.steps, edge_sdk.ledger, edge_sdk.status, edge_sdk.wire, edge_sdk.transport, edge_sdk.testing"
     )
     loaded = sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in HEAVY))
     assert loaded == [], f"import edge_sdk pulled in {loaded}"

@@ -114,7 +114,7 @@ def test_the_adapter_refuses_a_schema_it_cannot_compile_or_one_for_edge_side_fus
     64 KiB, or a schema (or logprobs) in an edge-side session, where the edge applies them itself."""
     from dataclasses import replace
 
-    from cloud_adapter.validation import ProtocolError
+    from edge_sdk.status import CloudError
     from edge_sdk import wire
 
     engine = cloud.engine
@@ -126,7 +126,7 @@ def test_the_adapter_refuses_a_schema_it_cannot_compile_or_one_for_edge_side_fus
                           ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
                           ({"json_schema": json.dumps({"enum": ["x" * 70_000]})}, "longer than")):
         handler = engine.session("refusals")
-        with pytest.raises(ProtocolError, match=says) as caught:
+        with pytest.raises(CloudError, match=says) as caught:
             list(handler.handle(wire.encode_open(replace(base, **changes))))
         assert caught.value.code == "INVALID_ARGUMENT" and handler.session_id is None
 

@@ -82,3 +82,50 @@ def test_send_on_a_broken_stream_returns_instead_of_hanging(fake_grpc: FakeGrpc)
     channel.send("token")  # never written: must come back once the call is over
     assert time.monotonic() - started < 2.0
     assert [m for m, _ in fake_grpc.calls[-1].written] == ["open"]
+
+
+# -- one status error at both ends -------------------------------------------------------------------------------
+class RefusingHandler:
+    """A cloud session handler that refuses every message with the status it was given."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def handle(self, message: Any) -> Iterator[Any]:
+        raise self.error
+
+    def abandon(self, reason: str) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("code", "retryable"), [("UNAVAILABLE", True), ("INTERNAL", True),
+                                                 ("INVALID_ARGUMENT", False), ("RESOURCE_EXHAUSTED", False)])
+def test_an_in_process_refusal_reaches_the_edge_as_a_served_status_would(code: str, retryable: bool) -> None:
+    """The cloud's handler raises the one status error; in process the edge receives what a gRPC stream ending with
+    that status gives it: the same type, code and message, retryable by the code alone (what the handler said
+    about retrying is its own business: a server sends only the code)."""
+    from edge_sdk import wire
+    from edge_sdk.status import CloudError
+
+    channel = transport.InProcessChannel(RefusingHandler(CloudError(code, "no", retryable=not retryable)))
+    with pytest.raises(CloudError) as caught:
+        channel.send(wire.encode_close())
+    assert (caught.value.code, caught.value.message, caught.value.retryable) == (code, "no", retryable)
+
+
+def wire_open_message(**fields: Any) -> Any:
+    from edge_sdk import wire
+
+    return wire.pb().OpenSession(protocol_version=wire.PROTOCOL_VERSION, **fields)
+
+
+def test_the_cloud_adapter_refuses_with_the_status_error_the_edge_catches() -> None:
+    """One type at both ends: a check of the cloud adapter raises the error the SDK exports."""
+    import edge_sdk
+    from cloud_adapter.limits import Limits
+    from cloud_adapter.validation import check_open_message
+
+    message = wire_open_message(edge_model="x" * 300)
+    with pytest.raises(edge_sdk.CloudError) as caught:
+        check_open_message(message, cloud_model="m", fingerprint=b"", limits=Limits())
+    assert caught.value.code == "INVALID_ARGUMENT" and "longer than" in caught.value.message

@@ -20,8 +20,9 @@ import pytest
 from edge_sdk import wire
 from edge_sdk.client import Credentials, EdgeClient
 from edge_sdk.policies import available_policies, make_policy
-from edge_sdk.session import run_with_resume
-from edge_sdk.transport import CloudConnection, CloudError, GrpcChannel
+from edge_sdk.decoding import run_with_resume
+from edge_sdk.status import CloudError
+from edge_sdk.transport import CloudConnection, GrpcChannel
 
 from tests.conftest import PRIVATE_CONTEXT, PUBLIC_PROMPT
 

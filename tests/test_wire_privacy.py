@@ -144,7 +144,7 @@ class LoseReplyAt:
         self.handler, self.step = handler, step
 
     def handle(self, message):
-        from edge_sdk.transport import CloudError
+        from edge_sdk.status import CloudError
 
         replies = list(self.handler.handle(message))
         if message.WhichOneof("kind") == "signal" and message.signal.step == self.step:
@@ -156,7 +156,7 @@ class LoseReplyAt:
 
 
 def test_a_retried_step_sends_exactly_the_bytes_it_sent_before(client, engine) -> None:
-    from edge_sdk.session import run_with_resume
+    from edge_sdk.decoding import run_with_resume
 
     sessions = []
 
@@ -248,7 +248,7 @@ def test_a_cloud_cannot_misstate_its_own_top_token(client, engine, slm) -> None:
     """The budget and the fallback read the cloud's top token off the order of its sparse row; a row whose ids
     are not listed by decreasing value ends the session instead of being believed."""
     from edge_sdk import wire
-    from edge_sdk.transport import CloudError
+    from edge_sdk.status import CloudError
 
     class Reordering:
         def __init__(self, handler) -> None:

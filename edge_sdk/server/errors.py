@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from edge_sdk.server.protocol import ErrorDetail, ErrorResponse
-from edge_sdk.transport import CloudError
+from edge_sdk.status import CloudError
 
 
 class EndpointError(Exception):

@@ -54,7 +54,7 @@ class CoveilOptions(BaseModel):
     epsilon_delta: float | None = Field(default=None, ge=0.0, lt=1.0)
     never_upload: list[str] = Field(default_factory=list)
     alpha: float | None = Field(default=None, ge=0.0, le=1.0)
-    # each signal leaves on a public schedule of this many ms (edge_sdk.session.DecodeSettings.pace_ms)
+    # each signal leaves on a public schedule of this many ms (edge_sdk.decoding.DecodeSettings.pace_ms)
     pace_ms: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
 
 
@@ -305,7 +305,7 @@ class StepReport(BaseModel):
 
 
 class EpsilonLedger(BaseModel):
-    """What the generation spent (:meth:`edge_sdk.session.PrivacyLedger.privacy`): ``epsilon_spent`` at ``delta``
+    """What the generation spent (:meth:`edge_sdk.ledger.PrivacyLedger.privacy`): ``epsilon_spent`` at ``delta``
     over ``events`` releases, null with ``guarantee`` "non-private" for a policy with no DP guarantee."""
 
     guarantee: Literal["dp", "non-private"]

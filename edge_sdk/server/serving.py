@@ -31,6 +31,7 @@ from typing import Any
 
 from edge_sdk.client import EdgeClient, GenerationStream
 from edge_sdk.grammar import GrammarError
+from edge_sdk.ledger import LedgerEntry, PrivacyLedger
 from edge_sdk.logprobs import TokenLogprobs
 from edge_sdk.policies import available_policies, make_policy
 from edge_sdk.prompts import ChatRenderer, Prompts, chat_prompts, plain_prompts
@@ -47,8 +48,8 @@ from edge_sdk.server.protocol import (
     Usage,
 )
 from edge_sdk.server.settings import ServerSettings
-from edge_sdk.session import CollaborativeDecoder, LedgerEntry, PrivacyLedger
-from edge_sdk.transport import CloudError
+from edge_sdk.decoding import CollaborativeDecoder
+from edge_sdk.status import CloudError
 
 log = logging.getLogger("coveil.edge.server")
 
@@ -94,7 +95,7 @@ _REWRITTEN_TAIL = 16
 
 class StopStrings:
     """OpenAI's ``stop``: the generation is complete once its text holds one of ``stops``
-    (an :class:`edge_sdk.session.StoppingRule`; ending early is always allowed).
+    (an :class:`edge_sdk.steps.StoppingRule`; ending early is always allowed).
 
     Called with the whole text after each token, it searches only what could hold a new occurrence: from
     ``longest stop + a rewritten tail`` characters before the end of the text it searched last, so a generation

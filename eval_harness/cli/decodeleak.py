@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except RuntimeError as exc:  # the cloud adapter refused or broke a session (edge_sdk.transport.CloudError)
         from eval_harness.cli.coveil import explain
-        from edge_sdk.transport import CloudError
+        from edge_sdk.status import CloudError
 
         if args.verbose or not isinstance(exc, CloudError):
             raise

@@ -19,7 +19,7 @@ import numpy as np
 
 from edge_sdk.backends.base import SLMBackend
 from edge_sdk.policies.base import FusionMode, Policy
-from edge_sdk.session import StoppingRule
+from edge_sdk.steps import StoppingRule
 from eval_harness.compare.drift import StepDrift, StepReference
 
 if TYPE_CHECKING:

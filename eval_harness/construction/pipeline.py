@@ -128,11 +128,14 @@ class StageCounts:
                 "asked_this_run": self.asked}
 
 
-class EndpointError(ValueError):
-    """The endpoint refused a request for good (after the client's retries): the build stops, rows kept."""
+class JudgeEndpointError(ValueError):
+    """The judge's endpoint refused a request for good (after the client's retries): the build stops, rows kept.
+
+    (Not :class:`edge_sdk.server.errors.EndpointError`, the OpenAI-style error the edge endpoint answers with.)
+    """
 
 
-def _explain(exc: BaseException, stage: str, json_mode: str) -> EndpointError | None:
+def _explain(exc: BaseException, stage: str, json_mode: str) -> JudgeEndpointError | None:
     """A one-line error for a failure of the endpoint (``None`` for anything else)."""
     status = getattr(exc, "status_code", None)
     full_message = str(getattr(exc, "message", exc))
@@ -145,14 +148,14 @@ def _explain(exc: BaseException, stage: str, json_mode: str) -> EndpointError | 
             hint = {"schema": "; if it has no OpenAI structured outputs, try --json-mode object-schema "
                               "(llama-cpp-python) or object", "object-schema": "; try --json-mode schema or object"
                     }.get(json_mode, "")
-        return EndpointError(f"the endpoint refused a {stage} request ({status}: {message}){hint}")
+        return JudgeEndpointError(f"the endpoint refused a {stage} request ({status}: {message}){hint}")
     if status in (401, 403):
-        return EndpointError(f"the endpoint refused the key ({status}: {message}); set it in the variable "
+        return JudgeEndpointError(f"the endpoint refused the key ({status}: {message}); set it in the variable "
                              "--api-key-env names")
     if status is not None:
-        return EndpointError(f"the endpoint failed a {stage} request ({status}: {message})")
+        return JudgeEndpointError(f"the endpoint failed a {stage} request ({status}: {message})")
     if type(exc).__name__ in ("APIConnectionError", "APITimeoutError"):
-        return EndpointError(f"cannot reach the endpoint for a {stage} request ({message})")
+        return JudgeEndpointError(f"cannot reach the endpoint for a {stage} request ({message})")
     return None
 
 
@@ -163,7 +166,7 @@ def run_stage(counts: StageCounts, items: Sequence[SplitItem], store: ResultStor
 
     ``counts`` takes every item's row, those already stored first; ``on_row`` is called after each. When a call
     fails for good, the items not started are cancelled, the calls in flight are let finish and their rows
-    written, and the failure is raised (as an :class:`EndpointError` when the endpoint refused).
+    written, and the failure is raised (as an :class:`JudgeEndpointError` when the endpoint refused).
     """
     pending = [item for item in items if item.item_id not in store]
     executor = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix=f"judge-{counts.name}")

@@ -2,7 +2,7 @@
 
 When a session opens, the cloud adapter hands the edge the session's id
 (``SessionInfo.session_id``); the edge keeps it in its ledger
-(:attr:`edge_sdk.session.PrivacyLedger.session_ids`, one id per session, so a
+(:attr:`edge_sdk.ledger.PrivacyLedger.session_ids`, one id per session, so a
 resumed generation has several).  An adapter run with ``--transcript-dir DIR``
 writes each finished session's observation transcript to
 ``DIR/<session_id>.json``.  The audit reads those files, stitches the

@@ -1,0 +1,497 @@
+"""The collaborative decoding loop, written once for every transport.
+
+Per step ``t`` the edge has ``p_slm`` (private context + public query + the
+shared prefix) and receives the cloud's ``p_llm`` (public query + prefix).
+Its policy turns them into the one signal that leaves the device; the loop
+records that in the :class:`~edge_sdk.ledger.PrivacyLedger` and the
+:class:`~edge_sdk.leakage.LeakageMeter`.
+
+A step is four named parts (:meth:`CollaborativeDecoder.steps`): receive the
+cloud's row, decide the signal, send it, record and advance.  Each concern is
+an object of :mod:`edge_sdk.steps` (the SLM's view, the exposure budget, the
+pending signal, the pacer, the stop control, the step's meter).
+
+Both models only need the last token to go on, so the loop sends its signal
+first and then runs its own model while the cloud runs its own: a step costs
+about ``max(edge, cloud) + one round trip``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from edge_sdk import wire
+from edge_sdk.accountant import PrivacyAccountant
+from edge_sdk.backends.base import SLMBackend
+from edge_sdk.fusion import fuse
+from edge_sdk.grammar import JsonConstraint, mask_row
+from edge_sdk.leakage import LeakageMeter
+from edge_sdk.ledger import LedgerEntry, PrivacyLedger
+from edge_sdk.logprobs import MAX_TOP_LOGPROBS, TokenLogprobs, token_logprobs
+from edge_sdk.masking import FULL_UPLOAD_LIMIT
+from edge_sdk.policies.base import CloudUpload, FusionMode, Policy, SyncedToken
+from edge_sdk.steps import (
+    ChoiceProcessor,
+    ExposureBudget,
+    Pacer,
+    PendingSignal,
+    SLMView,
+    StepDecision,
+    StepMeter,
+    StopControl,
+    StoppingRule,
+)
+from edge_sdk.status import CloudError
+from edge_sdk.transport import CloudConnection
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """Per-generation settings shared by both ends (all public)."""
+
+    mode: FusionMode = "cloud"
+    alpha: float = 0.3
+    max_new_tokens: int = 256
+    top_m: int = wire.DEFAULT_TOP_M
+    temperature: float = 0.0  # cloud-side sampling when the cloud picks
+    seed: int = 0  # the cloud's sampling seed (cloud-side fusion only); the edge never uses it
+    exposure_k: int = 100  # DecodeLeak's K for the meter's exposure sets
+    # the largest share of the generation's steps (of max_new_tokens) whose signal the private context may steer
+    # (a non-empty upload, a token other than the cloud's own top); after that only signals the cloud could
+    # produce alone are sent.  The cloud can count those steps itself: the switch tells it nothing new.
+    exposure_budget: float | None = None
+    # a privacy budget for the DP policies: before one more release would spend more than max_epsilon (at
+    # epsilon_delta; None: the policy's own delta) only cloud-only signals are sent, as for exposure_budget
+    max_epsilon: float | None = None
+    epsilon_delta: float | None = None
+    # pacing: step t's signal leaves at the first point of the grid ``S + n * pace_ms`` (n >= 1; ``S`` the previous
+    # signal's slot, or when the cloud's answer to the open arrived) at or after it is ready, so its send time
+    # depends on the public schedule and the cloud's own timing, not on how long the SLM took (which grows with
+    # the private context).  ``None``: each signal leaves as soon as it is decided.
+    pace_ms: float | None = None
+    # log-probabilities of each chosen token and of the ``logprobs`` best ids of the fused row it was chosen from
+    # (edge_sdk.logprobs; 0: the token's alone); cloud-side the cloud sends them, so the session asks for them
+    logprobs: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.pace_ms is not None and not self.pace_ms > 0:
+            raise ValueError(f"pace_ms must be positive (or None for no pacing), got {self.pace_ms}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must lie in 0..{MAX_TOP_LOGPROBS} (or None for none), got {self.logprobs}")
+
+
+@dataclass
+class StepEvent:
+    """One decided token as the loop yields it."""
+
+    token_id: int
+    entry: LedgerEntry
+    logprobs: TokenLogprobs | None = None  # when DecodeSettings.logprobs asks for them
+
+
+class CollaborativeDecoder:
+    """Runs one generation: holds the shared prefix and can resume on a new connection.
+
+    Args:
+        slm: the edge model backend.
+        policy: the defence deciding each step's signal.
+        settings: :class:`DecodeSettings`.
+        slm_prompt: ids the SLM conditions on (private context + public query).
+        cloud_prompt: ids the cloud conditions on (public query only).
+        meter: the live leakage meter for this private context.
+        masked_ids: ids of ``never_upload`` spans: the SLM's values for them are removed before the policy
+            runs (see :meth:`edge_sdk.steps.SLMView.arrays`).
+        rng: the generator randomised policies draw from (seed it from OS entropy: anything derived from
+            what crosses the wire would let the cloud replay the policy's noise).
+        stopping: when the generation may end and when it is complete (``None``: at an end-of-generation
+            token or ``max_new_tokens``).
+        processors: hooks restricting the ids the chosen token may take at each step, such as a JSON schema's
+            :class:`~edge_sdk.grammar.JsonConstraint`.  Edge-side the edge masks where it picks; cloud-side only
+            one JSON schema can apply: it is sent with the session, the cloud masks where it picks, and the edge
+            checks each token the cloud picks against its own copy of the grammar.
+    """
+
+    def __init__(
+        self,
+        slm: SLMBackend,
+        policy: Policy,
+        settings: DecodeSettings,
+        *,
+        slm_prompt: list[int],
+        cloud_prompt: list[int],
+        meter: LeakageMeter,
+        masked_ids: frozenset[int] = frozenset(),
+        rng: np.random.Generator | None = None,
+        stopping: StoppingRule | None = None,
+        processors: Sequence[ChoiceProcessor] = (),
+    ) -> None:
+        if settings.mode not in policy.modes:
+            raise ValueError(f"policy {policy.name!r} does not support {settings.mode}-side fusion")
+        if settings.mode == "cloud" and (len(processors) > 1 or any(not isinstance(p, JsonConstraint)
+                                                                      for p in processors)):
+            raise ValueError("cloud-side the cloud picks the token: only one JSON schema (sent with the session) "
+                             "can constrain it")
+        policy = policy.for_generation(settings.max_new_tokens)  # a budget spread over T tokens: this T
+        self.slm = slm
+        self.policy = policy
+        self.accountant = PrivacyAccountant(
+            policy.release_event(settings.mode), delta=settings.epsilon_delta, max_epsilon=settings.max_epsilon
+        )
+        self.settings = settings
+        self.slm_prompt = list(slm_prompt)
+        self.cloud_prompt = list(cloud_prompt)
+        self.meter = meter
+        self.rng = rng
+        self.processors = tuple(processors)
+        self.view = SLMView(slm, policy.space, masked_ids)
+        self.budget = ExposureBudget(settings.exposure_budget, self.accountant)
+        self.pacer = Pacer(settings.pace_ms)
+        self.stop = StopControl(slm, stopping)
+        self.tokens: list[int] = []
+        self.ledger = PrivacyLedger(mode=settings.mode, policy=policy.describe(), exposure_k=settings.exposure_k,
+                                    accountant=self.accountant)
+        self.finish_reason: str | None = None
+        self._p_llm_buffer = np.zeros(slm.vocab_size, dtype=np.float32)  # the sparse cloud view, reused
+        self._pending: PendingSignal | None = None  # begun, but the cloud has not acknowledged its signal
+
+    @property
+    def top_m(self) -> int:
+        """How many cloud values to ask for per sparse step.
+
+        Edge-side the exposure set ``E_t^K`` is the cloud's own top ``K``, so at
+        least ``K`` values are asked for: the ledger then records ``K`` ids per
+        step whatever ``settings.top_m`` says.
+        """
+        s = self.settings
+        if self.processors and s.mode == "edge":  # a masked row needs every value (public: the processors decide)
+            return self.slm.vocab_size
+        top_m = max(s.top_m, s.exposure_k) if s.mode == "edge" else s.top_m
+        return min(top_m, self.slm.vocab_size)
+
+    def request(self) -> wire.SessionRequest:
+        s = self.settings
+        return wire.SessionRequest(
+            prompt_ids=tuple(self.cloud_prompt),
+            mode=s.mode,
+            alpha=s.alpha,
+            space=self.policy.space,
+            temperature=s.temperature,
+            seed=s.seed if s.mode == "cloud" else 0,  # the cloud's own sampling seed: it samples only cloud-side
+            max_new_tokens=s.max_new_tokens,
+            vocab_fingerprint=self.slm.vocab_fingerprint(),
+            edge_model=self.slm.name,
+            vocab_size=self.slm.vocab_size,
+            top_m=self.top_m,
+            resume_prefix=tuple(self.tokens),
+            stop_token_ids=tuple(sorted(self.slm.eos_token_ids)),  # the cloud stops where the edge would
+            # cloud-side only (edge-side the edge picks, and computes or applies them itself): what the app asked
+            logprobs=s.mode == "cloud" and s.logprobs is not None,
+            top_logprobs=(s.logprobs or 0) if s.mode == "cloud" else 0,
+            json_schema=self._cloud_schema(),
+        )
+
+    def _cloud_schema(self) -> str:
+        """Cloud-side, the JSON schema the cloud masks its pick with (public); ``""`` for none."""
+        if self.settings.mode != "cloud" or not self.processors:
+            return ""
+        constraint = self.processors[0]
+        assert isinstance(constraint, JsonConstraint)
+        return json.dumps(constraint.schema, sort_keys=True, separators=(",", ":"))
+
+    # -- the loop ------------------------------------------------------------------------------------
+    def steps(self, connection: CloudConnection) -> Iterator[StepEvent]:
+        """Open (or resume) the session on ``connection`` and decode until the end.
+
+        Per step: receive the cloud's row, decide the signal (once: a step
+        whose signal was sent but never acknowledged sends exactly that signal
+        again on the next connection, since a fresh draw would hand the cloud a
+        second sample of the same step), send it, record what the cloud could
+        read off it, advance.  A step whose full-row request got no reply asks
+        again; every send of either is on the step's ledger entry.
+        """
+        if self.view.row is None:
+            # a defence: the SLM prefills the private prompt *before* the session opens, so the cloud's clock
+            # starts after the only step whose duration grows with the private context's length (or drops when
+            # a repeated prompt is served from the cache): step 0's timing tells it nothing of either
+            self.view.prefill(self.slm_prompt + self.tokens)
+        max_steps = self._open(connection)
+        while len(self.tokens) < max_steps:
+            step = len(self.tokens)
+            step_meter = StepMeter(connection.bytes)
+            dist = self._receive(connection, step, step_meter)
+            with step_meter.on_edge():
+                no_stop = not self.stop.allows_end(self.tokens)
+                pending = self._pending_signal(step, max_steps)
+            try:
+                with step_meter.on_edge():
+                    dist, request_overrun = self._decide(connection, pending, dist, no_stop, step_meter)
+                overrun = self.pacer.wait_for_slot()  # a defence: paced, the send time is the public schedule's
+                token, finished = self._send(connection, pending, no_stop, max_steps, step_meter)
+            except CloudError:
+                pending.keep_bytes(step_meter)
+                raise
+            self._pending = None
+            overrun = overrun or request_overrun
+            logprobs = self._logprobs(connection, pending)  # after the send: reading them never delays a signal
+            steered = self._record(pending, dist, token)
+            finished = self._advance(token, finished, step_meter)
+            entry = step_meter.entry(pending, token, policy=self.policy.name, steered=steered,
+                                     leak_share=self.meter.share, pace_overrun=overrun)
+            self.ledger.entries.append(entry)
+            yield StepEvent(token, entry, logprobs)
+            if finished:
+                self._finish(connection, token)
+                return
+        self.finish_reason = "max_new_tokens"
+
+    # -- the loop's steps, in its order --------------------------------------------------------------
+    def _open(self, connection: CloudConnection) -> int:
+        """Open the session; the number of steps it may run (the edge's and the cloud's limit)."""
+        info = connection.open(self.request())
+        self.pacer.start()  # the cloud's reply, after its own prefill (the SLM's came before)
+        self.ledger.session_ids.append(info.session_id)
+        self.ledger.cloud_model = info.cloud_model
+        if info.vocab_size != self.slm.vocab_size:  # the fingerprint matched; the sizes must too
+            raise CloudError(
+                "FAILED_PRECONDITION",
+                f"the cloud model {info.cloud_model!r} reports a vocabulary of {info.vocab_size} tokens, the edge "
+                f"model {self.slm.name!r} has {self.slm.vocab_size}",
+            )
+        self.stop.open(info.eos_token_ids)
+        return min(self.settings.max_new_tokens, info.max_new_tokens)
+
+    def _receive(self, connection: CloudConnection, step: int, step_meter: StepMeter) -> wire.CloudDistribution:
+        """The cloud's row for ``step``."""
+        with step_meter.waiting():
+            dist = connection.distribution()
+        if dist.step != step:
+            raise CloudError("INTERNAL", f"the cloud sent step {dist.step}, expected {step}")
+        step_meter.cloud_forward_ns = dist.forward_ns  # a full row sent on request carries no forward of its own
+        return dist
+
+    def _pending_signal(self, step: int, max_steps: int) -> PendingSignal:
+        """``step``'s signal as begun on an earlier connection (it is re-sent byte for byte), or a new one that the
+        exposure budget may withhold."""
+        if self._pending is None or self._pending.step != step:
+            self._pending = PendingSignal(step, withheld=self.budget.withholds(step, max_steps))
+        return self._pending
+
+    def _decide(
+        self, connection: CloudConnection, pending: PendingSignal, dist: wire.CloudDistribution, no_stop: bool,
+        step_meter: StepMeter,
+    ) -> tuple[wire.CloudDistribution, bool]:
+        """Decide ``pending``'s signal unless it was already (a resend); the row it was decided on, and whether a
+        paced full-row request missed its first slot.
+
+        A policy that reads full rows asks for the full row at every step
+        (:meth:`~edge_sdk.policies.base.Policy.needs_full_row`: the policy and
+        the mode alone decide, never ``p_slm``).  Paced, the request leaves on
+        a slot too (a defence: else it would leave one SLM step after the row
+        arrived, on the private context's clock).
+        """
+        if pending.decision is not None:
+            return dist, False
+        decision = self._decision(dist, pending.withheld, no_stop)
+        overrun = False
+        if decision is None:
+            pending.full_requests += 1
+            with step_meter.pacing():
+                overrun = self.pacer.wait_for_slot()
+            with step_meter.waiting():
+                dist = connection.request_full(pending.step)
+            decision = self._decision(dist, pending.withheld, no_stop)
+            if decision is None:
+                raise CloudError("DATA_LOSS", f"the cloud answered step {pending.step}'s full-row request with a "
+                                 "sparse row")
+        pending.decision = decision
+        if not pending.withheld:
+            self.budget.record_release(pending.step, decision.signal, dist)
+        return dist, overrun
+
+    def _send(
+        self, connection: CloudConnection, pending: PendingSignal, no_stop: bool, max_steps: int, step_meter: StepMeter
+    ) -> tuple[int, bool]:
+        """Send the step's signal (the same bytes on every attempt): the token, and whether the generation ended."""
+        assert pending.decision is not None
+        signal, step = pending.decision.signal, pending.step
+        pending.sends += 1
+        if isinstance(signal, CloudUpload):
+            with step_meter.waiting():  # the cloud answers with its pick
+                return connection.upload(step, signal, no_stop=no_stop)
+        connection.sync_token(step, signal.token_id)  # the cloud's answer is the next step's row
+        return signal.token_id, signal.token_id in self.stop.ids or step + 1 >= max_steps
+
+    def _logprobs(self, connection: CloudConnection, pending: PendingSignal) -> TokenLogprobs | None:
+        """The chosen token's log-probabilities when asked for: edge-side read off the decision's fused row,
+        cloud-side as the cloud sent them with its pick."""
+        assert pending.decision is not None
+        if pending.decision.logprobs is not None:
+            return pending.decision.logprobs()
+        return connection.chosen_logprobs if isinstance(pending.decision.signal, CloudUpload) else None
+
+    def _record(self, pending: PendingSignal, dist: wire.CloudDistribution, token: int) -> bool:
+        """What the cloud can read off the acknowledged step, on the leakage meter; whether it counts as steered."""
+        assert pending.decision is not None
+        self.meter.observe(pending.decision.exposure)  # reported, never decides anything
+        if isinstance(pending.decision.signal, SyncedToken):
+            self.meter.observe([token])
+        return self.budget.count_steered(pending.decision.signal, dist)
+
+    def _advance(self, token: int, finished: bool, step_meter: StepMeter) -> bool:
+        """Append ``token`` wherever the generation is followed; whether the generation has ended."""
+        self.tokens.append(token)
+        for processor in self.processors:
+            try:
+                processor.consume(token)
+            except ValueError:
+                if self.settings.mode == "edge":
+                    raise
+                raise CloudError("DATA_LOSS", f"the cloud chose token {token}, outside the JSON schema's "
+                                 "grammar") from None
+        if self.stop.is_done(self.tokens) and not finished:  # the rule ends it here: the edge closes the session
+            finished, self.finish_reason = True, "stop_rule"
+        if not finished:
+            with step_meter.on_edge():
+                # a defence: the SLM's next step runs after the send, so when the signal left does not include
+                # it (its cost grows with the private context); it runs while the cloud computes its own
+                self.view.advance(token)
+        return finished
+
+    def _finish(self, connection: CloudConnection, token: int) -> None:
+        if self.finish_reason == "stop_rule":
+            return  # the session is closed by whoever owns the connection (run_with_resume does)
+        try:
+            self.finish_reason = connection.finished()
+        except CloudError:  # the stream broke after the last token: the generation itself is complete
+            self.finish_reason = "eos" if token in self.stop.ids else "max_new_tokens"
+
+    # -- the decide step -----------------------------------------------------------------------------
+    def _decision(self, dist: wire.CloudDistribution, withheld: bool, no_stop: bool) -> StepDecision | None:
+        """The step's decision from the SLM's row and ``dist``, or ``None`` when the policy reads the full row and
+        ``dist`` is sparse.
+
+        A sparse row is read with every omitted id at its public fill
+        (:meth:`~edge_sdk.wire.CloudDistribution.filled`).  ``no_stop``
+        (edge-side): end-of-generation ids are out of the choice this step;
+        cloud-side the cloud is told instead.  The processors' ``allowed()``
+        ids mask both rows the policy fuses.
+        """
+        stops = self.stop.id_array if no_stop and self.settings.mode == "edge" else None
+        allowed = self._allowed()
+        if withheld:
+            signal, fused = self._cloud_only_signal(dist, stops, allowed)
+        elif not dist.is_full and self.policy.needs_full_row(self.settings.mode):
+            return None
+        else:
+            signal, fused = self._policy_signal(dist, stops, allowed)
+        return StepDecision(signal, exposure=wire.step_exposure(signal, dist, self.settings.exposure_k),
+                            logprobs=self._logprob_reader(signal, fused))
+
+    def _logprob_reader(self, signal: CloudUpload | SyncedToken,
+                        fused: Callable[[], np.ndarray]) -> Callable[[], TokenLogprobs] | None:
+        """Edge-side with logprobs asked for: how to read the token's log-probabilities under ``fused()``, the
+        masked row it was chosen from (:mod:`edge_sdk.logprobs`).  Cloud-side the cloud sends them."""
+        if self.settings.logprobs is None or not isinstance(signal, SyncedToken):
+            return None
+        top_n, space, token = self.settings.logprobs, self.policy.space, signal.token_id
+        return lambda: token_logprobs(fused(), space, token, top_n)
+
+    def _allowed(self) -> np.ndarray | None:
+        """The ids every processor allows this step (``None``: none, or cloud-side, where the cloud masks)."""
+        if not self.processors or self.settings.mode == "cloud":
+            return None
+        return np.logical_and.reduce([processor.allowed() for processor in self.processors])
+
+    def _cloud_only_signal(
+        self, dist: wire.CloudDistribution, stops: np.ndarray | None, allowed: np.ndarray | None
+    ) -> tuple[CloudUpload | SyncedToken, Callable[[], np.ndarray]]:
+        """The budget is spent: a signal the cloud could have produced on its own (nothing uploaded, or the
+        cloud's own top token: its best one the stop rule and the processors allow); and the row it was chosen
+        from (the cloud's, at its public fill, masked)."""
+        lowest = self.view.lowest
+
+        def cloud_row() -> np.ndarray:
+            row = dist.filled(self.slm.vocab_size, self.policy.space).copy()
+            if stops is not None:
+                row[stops] = lowest
+            return mask_row(row, allowed, lowest=lowest) if allowed is not None else row
+
+        if self.settings.mode == "cloud":
+            return CloudUpload.empty(self.policy.space), cloud_row
+        token = dist.top_id()
+        if (stops is not None and token in self.stop.ids) or (allowed is not None and not allowed[token]):
+            row = dist.lower_dense(self.slm.vocab_size, out=self._p_llm_buffer, fill=lowest).copy()
+            if stops is not None:
+                row[stops] = lowest
+            if allowed is not None:
+                row = mask_row(row, allowed, lowest=lowest)
+            token = int(np.argmax(row))
+        return SyncedToken(token), cloud_row
+
+    def _policy_signal(
+        self, dist: wire.CloudDistribution, stops: np.ndarray | None, allowed: np.ndarray | None
+    ) -> tuple[CloudUpload | SyncedToken, Callable[[], np.ndarray]]:
+        """The policy's signal from the SLM's view and the cloud's row, both restricted to the ids allowed; and
+        the fused row ``alpha * p_llm + (1 - alpha) * p_slm`` of those two (edge-side, the row a token was chosen
+        from)."""
+        lowest, p_slm = self.view.lowest, self.view.row
+        assert p_slm is not None, "the SLM prefills before the first step"
+        p_llm = dist.filled(self.slm.vocab_size, self.policy.space, out=self._p_llm_buffer)
+        if stops is not None:
+            p_llm = p_llm.copy() if p_llm is dist.dense else p_llm
+            p_llm[stops] = lowest
+            p_slm = p_slm.copy()
+            p_slm[stops] = lowest
+        if allowed is not None:
+            p_llm = mask_row(p_llm, allowed, lowest=lowest)
+            p_slm = mask_row(p_slm, allowed, lowest=lowest)
+        signal = self.policy.decide(self.settings.mode, p_slm, p_llm, alpha=self.settings.alpha, rng=self.rng)
+        if isinstance(signal, CloudUpload) and len(signal) >= self.slm.vocab_size and (
+            self.policy.space == "prob" or self.view.masked.size
+        ):
+            # every id listed: masked ones (at the floor) would stand out.  Probability space cuts whether or
+            # not a mask is active (else the cut says one is); logit space only under a mask, since the cloud
+            # counts an id left out as a logit of 0, which would change the release's fusion of every row
+            signal = signal.largest(FULL_UPLOAD_LIMIT)
+        if allowed is not None and isinstance(signal, SyncedToken) and not allowed[signal.token_id]:
+            raise ValueError(f"policy {self.policy.name!r} chose a token its processors do not allow (a JSON schema's "
+                             "grammar)")
+        alpha = self.settings.alpha
+        return signal, lambda: fuse(p_llm, p_slm, alpha)
+
+
+def run_with_resume(
+    decoder: CollaborativeDecoder,
+    connect: Callable[[], CloudConnection],
+    *,
+    max_reconnects: int = 3,
+    backoff_s: float = 0.5,
+) -> Iterator[StepEvent]:
+    """Drive ``decoder`` over connections from ``connect``, reopening after a retryable failure.
+
+    A reopened session replays only public data: the public prompt and the
+    tokens already chosen.  After ``max_reconnects`` failed attempts the last
+    error propagates.  The connection is closed however the loop ends
+    (including when the consumer stops iterating).
+    """
+    attempts = 0
+    while True:
+        connection: CloudConnection | None = None
+        try:
+            connection = connect()
+            yield from decoder.steps(connection)
+            return
+        except CloudError as exc:
+            if not exc.retryable or attempts >= max_reconnects:
+                raise
+            attempts += 1
+            decoder.ledger.reconnects += 1
+            time.sleep(backoff_s * attempts)
+        finally:
+            if connection is not None:
+                connection.close()

@@ -1,0 +1,329 @@
+"""The parts of one decoding step, one object per concern (the loop in :mod:`edge_sdk.decoding` strings them).
+
+* :class:`SLMView`: the SLM's next-token row as the policy may read it (``never_upload`` ids removed);
+* :class:`ChoiceProcessor`: a hook at the decide step restricting the ids the edge may choose (the JSON
+  grammar, :class:`edge_sdk.grammar.JsonConstraint`), as transformers hands ``LogitsProcessor`` objects to its
+  sampling loop;
+* :class:`StepDecision`: what the decide step settled (the signal, and ``E_t^K`` the cloud can read off it);
+* :class:`ExposureBudget`: whether a step may send only a cloud-only signal (the share of steered steps,
+  with the epsilon accountant beside it), and the count of steered steps;
+* :class:`PendingSignal`: a step's signal from its first attempt until the cloud acknowledges it, re-sent
+  byte for byte after a broken stream;
+* :class:`Pacer`: the public schedule signals leave on (``pace_ms``);
+* :class:`StopControl`: the text so far, whether the generation may end, whether it is done, the end ids;
+* :class:`StepMeter`: one step's timings and bytes, and the :class:`~edge_sdk.ledger.LedgerEntry` they end in.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from edge_sdk.fusion import FusionSpace, check_finite, softmax
+from edge_sdk.ledger import LedgerEntry
+from edge_sdk.policies.base import CloudUpload, SyncedToken
+
+if TYPE_CHECKING:
+    from edge_sdk.accountant import PrivacyAccountant
+    from edge_sdk.backends.base import SLMBackend
+    from edge_sdk.logprobs import TokenLogprobs
+    from edge_sdk.transport import ByteCounter
+    from edge_sdk.wire import CloudDistribution
+
+
+class SLMView:
+    """The SLM's row for the next step in the policy's space, with what it says of masked ids removed.
+
+    ``row`` is set by :meth:`prefill` and replaced by each :meth:`advance`;
+    ``lowest`` is the lowest value a row can hold in that space (0 for
+    probabilities, float32's minimum for logits).
+    """
+
+    def __init__(self, slm: SLMBackend, space: FusionSpace, masked_ids: Collection[int]) -> None:
+        self.slm = slm
+        self.space = space
+        self.masked = np.fromiter(sorted(masked_ids), dtype=np.int64)
+        self.lowest = float(np.finfo(np.float32).min) if space == "logit" else 0.0  # exact in float32
+        self.row: np.ndarray | None = None
+
+    def prefill(self, ids: list[int]) -> None:
+        self.row = self.arrays(self.slm.prefill(ids))
+
+    def advance(self, token_id: int) -> None:
+        self.row = self.arrays(self.slm.append(token_id))
+
+    def arrays(self, logits: np.ndarray) -> np.ndarray:
+        """The SLM's logits as the policy reads them.
+
+        Probability space: ``softmax(z)`` with masked ids zeroed and the rest
+        renormalised.  Logit space: the raw logits (what the authors' release
+        fuses), masked ids lowered to float32's minimum.  The policy then
+        decides as if the SLM gave the masked span nothing: a masked token
+        can only be chosen on the cloud's own probability, exactly as a word
+        the private context never mentions, so neither a masked value nor a
+        refusal of a token the cloud pushes tells the cloud anything.
+        """
+        logits = check_finite(np.asarray(logits, dtype=np.float32)[: self.slm.vocab_size], "the SLM's logits")
+        if self.space == "logit":
+            z = logits.copy()
+            if self.masked.size:
+                z[self.masked] = self.lowest
+            return z
+        p = softmax(logits)
+        if self.masked.size:
+            p[self.masked] = 0.0
+            total = p.sum(dtype=np.float64)
+            if total > 0:
+                p /= np.float32(total)
+        return p
+
+
+class ChoiceProcessor(Protocol):
+    """A hook at the decide step: which ids the chosen token may take.
+
+    Edge-side the decoder masks both rows the policy fuses to ``allowed()``
+    (and the cloud's own top token when a budget withholds); cloud-side, where
+    the cloud picks, only a JSON schema's processor can apply (it is sent with
+    the session and the cloud masks its fused row).  Either way the decoder
+    calls :meth:`consume` with each token appended.  It must read only public
+    data (its own rules and the generated tokens): the mask shapes what is sent.
+    """
+
+    def allowed(self) -> np.ndarray:
+        """A boolean row over the vocabulary: ``True`` where the id may come next."""
+        ...
+
+    def consume(self, token_id: int) -> None: ...
+
+
+@dataclass(frozen=True, eq=False)
+class StepDecision:
+    """What the decide step settled: ``signal`` leaves the device; ``exposure`` is DecodeLeak's ``E_t^K``, the
+    top-``K`` ids the cloud can read off it (:func:`edge_sdk.wire.step_exposure`).
+
+    ``logprobs`` (edge-side, when asked for): reads the chosen token's log-probabilities off the row it was
+    chosen from; the loop calls it once the signal has left, so its cost (a top-n search whose time varies with
+    the private row) never delays what is sent.
+    """
+
+    signal: CloudUpload | SyncedToken
+    exposure: np.ndarray
+    logprobs: Callable[[], TokenLogprobs] | None = None
+
+
+def is_steered(signal: CloudUpload | SyncedToken, dist: CloudDistribution) -> bool:
+    """Whether the private context steered this step's signal, as the cloud itself can tell.
+
+    Cloud-side: anything was uploaded.  Edge-side: the token is not the
+    cloud's own top token.  The exposure budget counts only these steps, so
+    when it switches depends on nothing the cloud has not already seen
+    (counting private words instead made the switch an oracle: a cloud
+    pushing a probe word learned whether it was one of them).
+    """
+    if isinstance(signal, CloudUpload):
+        return len(signal) > 0
+    return signal.token_id != dist.top_id()
+
+
+class ExposureBudget:
+    """When a step may send only a signal the cloud could produce alone.
+
+    ``share`` (``DecodeSettings.exposure_budget``): at most
+    ``floor(share * max_steps)`` steps may be steered by the private context;
+    beside it the accountant's epsilon budget (``max_epsilon``).  Both read
+    public numbers and counts the cloud can keep itself, never the private
+    context.
+    """
+
+    def __init__(self, share: float | None, accountant: PrivacyAccountant) -> None:
+        self.share = share
+        self.accountant = accountant
+        self.steered_steps = 0
+
+    def withholds(self, step: int, max_steps: int) -> bool:
+        # one more steered step must keep the share within the budget: at most floor(share * max_steps)
+        over_share = self.share is not None and self.steered_steps + 1 > self.share * max_steps
+        return self.accountant.withholds(step) or over_share  # public numbers and the release count only
+
+    def record_release(self, step: int, signal: CloudUpload | SyncedToken, dist: CloudDistribution) -> None:
+        """A signal decided from the private context: the accountant's event (recorded when decided, since a send
+        that broke may still have reached the cloud)."""
+        self.accountant.record(step, steered=is_steered(signal, dist))
+
+    def count_steered(self, signal: CloudUpload | SyncedToken, dist: CloudDistribution) -> bool:
+        """Count an acknowledged step if the cloud can tell the private context steered it; whether it did."""
+        steered = is_steered(signal, dist)
+        self.steered_steps += steered
+        return steered
+
+
+@dataclass(eq=False)
+class PendingSignal:
+    """A step from its first attempt until the cloud acknowledges its signal, over every connection it ran on.
+
+    ``decision`` is made once and its signal then re-sent byte for byte (a
+    fresh draw would hand the cloud a second sample of the same step); a step
+    whose full row was asked for asks again on each new connection until a
+    signal is decided (the same request: the rule that asks is public).
+    """
+
+    step: int
+    withheld: bool
+    decision: StepDecision | None = None
+    full_requests: int = 0
+    sends: int = 0
+    bytes_up: int = 0  # what earlier, broken attempts carried
+    bytes_down: int = 0
+
+    def keep_bytes(self, meter: StepMeter) -> None:
+        """An attempt broke: what it sent and received stays on the record of the step."""
+        self.bytes_up += meter.bytes_up
+        self.bytes_down += meter.bytes_down
+
+
+class Pacer:
+    """Paced signals: step ``t``'s leaves at the first point of ``S + n * pace_ms`` (``n >= 1``) at or after it is
+    ready, ``S`` the previous signal's slot (or when the cloud answered the open).  ``pace_ms=None``: no wait."""
+
+    def __init__(self, pace_ms: float | None) -> None:
+        self.pace_s = None if pace_ms is None else pace_ms / 1e3
+        self.last_slot = 0.0  # perf_counter clock
+
+    def start(self) -> None:
+        """The grid's origin: the cloud's answer to the open."""
+        self.last_slot = time.perf_counter()
+
+    def wait_for_slot(self) -> bool:
+        """Sleep until this step's slot; whether the signal missed its first one."""
+        if self.pace_s is None:
+            return False
+        slots = max(1, math.ceil((time.perf_counter() - self.last_slot) / self.pace_s))
+        self.last_slot += slots * self.pace_s
+        delay = self.last_slot - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        return slots > 1
+
+
+class StoppingRule(Protocol):
+    """When a generation may end and when it is complete, read off the text generated so far.
+
+    Both sides already hold that text, so following the rule reveals nothing
+    private (cloud-side the edge only tells the cloud "not yet").
+    """
+
+    def allows_end(self, text: str) -> bool:
+        """Whether an end-of-generation token may be chosen after ``text``."""
+        ...
+
+    def is_done(self, text: str) -> bool:
+        """Whether the generation is complete once it reads ``text`` (decoding stops there)."""
+        ...
+
+
+class StopControl:
+    """Where a generation may end and where it does: the end-of-generation ids and the optional rule.
+
+    ``ids``: the SLM's end ids, joined at each open by the cloud's; ``id_array``
+    the same within the vocabulary.  The text is detokenised only when a rule
+    reads it, once per length of the generation.
+    """
+
+    def __init__(self, slm: SLMBackend, rule: StoppingRule | None) -> None:
+        self.slm = slm
+        self.rule = rule
+        self.ids: frozenset[int] = frozenset(slm.eos_token_ids)
+        self.id_array = np.empty(0, dtype=np.int64)
+        self._text: tuple[int, str] | None = None  # (how many tokens, their text)
+
+    def open(self, cloud_eos_ids: frozenset[int]) -> None:
+        """A session opened: the cloud's end ids join the SLM's (the cloud stops where the edge would)."""
+        self.ids = frozenset(self.slm.eos_token_ids) | cloud_eos_ids
+        self.id_array = np.fromiter(sorted(i for i in self.ids if i < self.slm.vocab_size), dtype=np.int64)
+
+    def text(self, tokens: list[int]) -> str:
+        if self._text is None or self._text[0] != len(tokens):
+            self._text = len(tokens), self.slm.detokenize(tokens)
+        return self._text[1]
+
+    def allows_end(self, tokens: list[int]) -> bool:
+        """Whether an end id may be chosen after ``tokens``."""
+        return self.rule is None or self.rule.allows_end(self.text(tokens))
+
+    def is_done(self, tokens: list[int]) -> bool:
+        """Whether the rule ends the generation at ``tokens`` (an end id or the length limit aside)."""
+        return self.rule is not None and self.rule.is_done(self.text(tokens))
+
+
+class StepMeter:
+    """One step's timings and bytes (from when it was created), and the ledger entry they end in."""
+
+    def __init__(self, counter: ByteCounter) -> None:
+        self._counter = counter
+        self._up0, self._down0 = counter.edge_to_cloud, counter.cloud_to_edge
+        self.wait_s = 0.0  # blocked on the cloud
+        self.edge_s = 0.0  # own model and policy
+        self.cloud_forward_ns = 0  # as the cloud reports it for the step's distribution
+
+    @property
+    def bytes_up(self) -> int:
+        return self._counter.edge_to_cloud - self._up0
+
+    @property
+    def bytes_down(self) -> int:
+        return self._counter.cloud_to_edge - self._down0
+
+    @contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Time blocked on the cloud."""
+        started = time.perf_counter()
+        yield
+        self.wait_s += time.perf_counter() - started
+
+    @contextmanager
+    def on_edge(self) -> Iterator[None]:
+        """The edge's own time (a wait inside it counts in both)."""
+        started = time.perf_counter()
+        yield
+        self.edge_s += time.perf_counter() - started
+
+    @contextmanager
+    def pacing(self) -> Iterator[None]:
+        """A wait for a pacing slot inside :meth:`on_edge`: not the edge's own time."""
+        started = time.perf_counter()
+        yield
+        self.edge_s -= time.perf_counter() - started
+
+    def entry(
+        self, pending: PendingSignal, token_id: int, *, policy: str, steered: bool, leak_share: float,
+        pace_overrun: bool,
+    ) -> LedgerEntry:
+        """The step's :class:`~edge_sdk.ledger.LedgerEntry`: every attempt's bytes and sends, this one's timings."""
+        assert pending.decision is not None, "a step is recorded once its signal was sent"
+        signal = pending.decision.signal
+        return LedgerEntry(
+            step=pending.step,
+            token_id=token_id,
+            policy=policy,
+            signal="upload" if isinstance(signal, CloudUpload) else "token",
+            values_uploaded=len(signal) if isinstance(signal, CloudUpload) else 0,
+            full_requested=pending.full_requests > 0,
+            withheld=pending.withheld,
+            steered=steered,
+            bytes_up=pending.bytes_up + self.bytes_up,
+            bytes_down=pending.bytes_down + self.bytes_down,
+            leak_share=leak_share,
+            edge_ms=self.edge_s * 1e3,
+            wait_ms=self.wait_s * 1e3,
+            cloud_forward_ms=self.cloud_forward_ns / 1e6,
+            exposure=tuple(int(i) for i in pending.decision.exposure),
+            sends=pending.sends,
+            full_requests=pending.full_requests,
+            pace_overrun=pace_overrun,
+        )
