@@ -19,6 +19,9 @@ from edge_sdk.policies.base import CloudUpload, FusionMode, Observation
 PROTOCOL_VERSION = 1
 #: cloud probabilities per sparse step unless the session asks otherwise
 DEFAULT_TOP_M = 256
+#: the deepest run-ahead (drafted steps past the last confirmed token) an edge accepts unless told otherwise;
+#: the cloud's own cap too (``proto/coveil.proto``: ``OpenSession.lookahead``)
+MAX_LOOKAHEAD = 8
 
 _U32 = np.dtype("<u4")
 _F32 = np.dtype("<f4")
@@ -79,6 +82,7 @@ class SessionRequest:
     top_m: int = DEFAULT_TOP_M
     resume_prefix: tuple[int, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+    lookahead: int = 0  # the deepest run-ahead the edge accepts; 0 = lockstep
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,7 @@ class SessionInfo:
     eos_token_ids: frozenset[int]
     max_new_tokens: int
     protocol_version: int = PROTOCOL_VERSION
+    lookahead: int = 0  # the run-ahead depth the cloud chose (at most the edge's); 0 = lockstep
 
 
 @dataclass(frozen=True, eq=False)
@@ -107,6 +112,8 @@ class CloudDistribution:
     tail_mass: float = 0.0
     dense: np.ndarray | None = None
     forward_ns: int = 0
+    #: run-ahead: the token at ``step - 1`` this row was computed after (``None``: lockstep, or the first step)
+    assumes_token: int | None = None
 
     @property
     def is_full(self) -> bool:
@@ -226,6 +233,7 @@ def encode_open(req: SessionRequest) -> Any:
         top_m=req.top_m,
         resume_prefix=m.TokenIds(ids=ids_to_bytes(np.array(req.resume_prefix))),
         stop_token_ids=m.TokenIds(ids=ids_to_bytes(np.array(req.stop_token_ids))),
+        lookahead=req.lookahead,
     )
     return m.EdgeMessage(open=open_msg)
 
@@ -259,6 +267,7 @@ def decode_open(msg: Any, tokenize: Any = None) -> SessionRequest:
         top_m=int(msg.top_m) or DEFAULT_TOP_M,
         resume_prefix=tuple(int(i) for i in ids_from_bytes(msg.resume_prefix.ids)),
         stop_token_ids=tuple(int(i) for i in ids_from_bytes(msg.stop_token_ids.ids)),
+        lookahead=int(msg.lookahead),
     )
 
 
@@ -273,6 +282,7 @@ def encode_opened(info: SessionInfo) -> Any:
             prompt_tokens=info.prompt_tokens,
             eos_token_ids=m.TokenIds(ids=ids_to_bytes(np.array(sorted(info.eos_token_ids)))),
             max_new_tokens=info.max_new_tokens,
+            lookahead=info.lookahead,
         )
     )
 
@@ -286,6 +296,7 @@ def decode_opened(msg: Any) -> SessionInfo:
         eos_token_ids=frozenset(int(i) for i in ids_from_bytes(msg.eos_token_ids.ids)),
         max_new_tokens=int(msg.max_new_tokens),
         protocol_version=int(msg.protocol_version),
+        lookahead=int(msg.lookahead),
     )
 
 
@@ -302,16 +313,19 @@ def encode_distribution(dist: CloudDistribution) -> Any:
             tail_mass=dist.tail_mass,
             forward_ns=dist.forward_ns,
         )
+    if dist.assumes_token is not None:
+        body.assumes_token = dist.assumes_token
     return m.CloudMessage(distribution=body)
 
 
 def decode_distribution(msg: Any, vocab_size: int) -> CloudDistribution:
+    assumes = int(msg.assumes_token) if msg.HasField("assumes_token") else None
     if msg.dense:
         dense = values_from_bytes(msg.dense)
         if dense.shape[0] != vocab_size:
             raise ValueError(f"full distribution has {dense.shape[0]} entries, vocabulary has {vocab_size}")
         check_finite(dense, "the cloud's full distribution")
-        return CloudDistribution(step=int(msg.step), dense=dense, forward_ns=int(msg.forward_ns))
+        return CloudDistribution(step=int(msg.step), dense=dense, forward_ns=int(msg.forward_ns), assumes_token=assumes)
     ids, values = ids_from_bytes(msg.ids), values_from_bytes(msg.values)
     if ids.shape != values.shape:
         raise ValueError(f"sparse distribution has {ids.size} ids but {values.size} values")
@@ -334,6 +348,7 @@ def decode_distribution(msg: Any, vocab_size: int) -> CloudDistribution:
         tail_bound=float(msg.tail_bound),
         tail_mass=float(msg.tail_mass),
         forward_ns=int(msg.forward_ns),
+        assumes_token=assumes,
     )
 
 
