@@ -321,12 +321,14 @@ class CloudConnection:
         assert self.info is not None, "open the session first"
         self._send(wire.encode_upload(step, upload, vocab_size=self.info.vocab_size, no_stop=no_stop))
         certain = self._certified_pick(step, upload, no_stop) if self.run_ahead else None
-        if certain is not None:  # the cloud's pick is pinned down: go on without waiting for it (checked later)
-            finished = certain in self.info.eos_token_ids or step + 1 >= self.info.max_new_tokens
+        finished = certain is not None and (certain in self.info.eos_token_ids or step + 1 >= self.info.max_new_tokens)
+        if certain is not None and not finished:  # the pick is pinned down: go on without waiting (checked later)
             self._unread_picks.append((step, certain, finished))
             self._follows = (step + 1, certain)
             self.picks_certified += 1
             return certain, finished
+        # the last token is always read from the cloud: every pick taken from a certificate is checked before the
+        # generation ends (a mismatch found after the end would be taken for a stream that broke there)
         chosen = self._receive("token", hold=True)
         if chosen.step != step:
             raise CloudError("INTERNAL", f"the cloud answered step {chosen.step} to step {step}")
