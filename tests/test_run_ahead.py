@@ -323,3 +323,15 @@ def test_in_process_channel_without_draft_methods_still_decodes() -> None:
                                    slm_prompt=[2], cloud_prompt=[1], meter=LeakageMeter(frozenset()))
     list(decoder.steps(CloudConnection(InProcessChannel(Plain()), lookahead=2)))
     assert decoder.tokens == [1, 1]
+
+
+def test_coveil_edge_serve_takes_lookahead_and_refuses_a_negative_one(capsys: pytest.CaptureFixture[str]) -> None:
+    from edge_sdk.server.settings import ServerSettings
+    from eval_harness.cli import main
+
+    assert main(["edge", "serve", "--cloud", "127.0.0.1:1", "--lookahead", "-1"]) == 1
+    assert capsys.readouterr().err.strip() == "coveil edge: --lookahead must be 0 (lockstep) or more, got -1"
+    assert ServerSettings(cloud="127.0.0.1:1").lookahead == wire.MAX_LOOKAHEAD  # run-ahead on by default
+    with pytest.raises(SystemExit):
+        main(["edge", "serve", "--help"])
+    assert "--lookahead N" in capsys.readouterr().out
