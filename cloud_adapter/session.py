@@ -96,6 +96,8 @@ class SessionHandler:
         self._last_signal_at = 0.0
         self.forwards = 0  # decode forwards run for this session (drafts included; the prefill not)
         self.drafts_dropped = 0  # drafted forwards rolled back
+        self.draft_agreements = 0  # confirmed tokens that were the cloud's draft token (run-ahead sessions)
+        self.depth_sum = 0  # rows drafted past the awaited step when each signal arrived (run-ahead sessions)
         self._bytes_up = 0
         self._bytes_down = 0
         self.started_at = time.monotonic()  # when the stream began
@@ -251,6 +253,9 @@ class SessionHandler:
                     "INVALID_ARGUMENT", f"token id {token} is outside the vocabulary of {self.engine.llm.vocab_size}"
                 )
             observation = SyncedToken(token)
+        if self._lookahead:
+            self.draft_agreements += token == self._draft_token(row)
+            self.depth_sum += len(self._drafts)
         record.exposure = wire.step_exposure(observation, row.ranking, self.engine.exposure_k)
         record.token_id = token
         record.bytes_up += size
@@ -418,6 +423,8 @@ class SessionHandler:
         self._transcript.finish_reason = reason
         self._transcript.forwards = self.forwards
         self._transcript.drafts_dropped = self.drafts_dropped
+        self._transcript.draft_agreements = self.draft_agreements
+        self._transcript.depth_sum = self.depth_sum
         self._transcript.bytes_up = self._bytes_up
         self._transcript.bytes_down = self._bytes_down
         self.engine.retire(self, self._transcript)

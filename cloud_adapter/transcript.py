@@ -58,6 +58,8 @@ class SessionTranscript:
     lookahead: int = 0  # the run-ahead depth agreed when the session opened (0 = lockstep)
     forwards: int = 0  # decode forwards the cloud ran (drafts included, the prefill not)
     drafts_dropped: int = 0  # drafted forwards rolled back (the edge confirmed another token)
+    draft_agreements: int = 0  # confirmed tokens that were the cloud's draft token
+    depth_sum: int = 0  # over the confirmed tokens, the rows drafted past the awaited step when each arrived
 
     def as_dict(self) -> dict[str, Any]:
         req = self.request
@@ -81,6 +83,8 @@ class SessionTranscript:
             "forwards": self.forwards,
             "drafts_dropped": self.drafts_dropped,
             "forwards_per_token": round(self.forwards / len(self.steps), 4) if self.steps else 0.0,
+            "draft_agreements": self.draft_agreements,
+            "mean_depth": round(self.depth_sum / len(self.steps), 4) if self.steps else 0.0,
         }
 
 
