@@ -335,3 +335,29 @@ def test_coveil_edge_serve_takes_lookahead_and_refuses_a_negative_one(capsys: py
     with pytest.raises(SystemExit):
         main(["edge", "serve", "--help"])
     assert "--lookahead N" in capsys.readouterr().out
+
+
+def test_no_client_makes_the_adapter_draft_past_its_limit(tiny_pair_engine) -> None:
+    """An edge offering 8 rows gets the adapter's --max-lookahead (2); after a slow turnaround (the depth rule
+    then wants every row it may) the adapter drafts exactly 2 rows past the awaited step and stops."""
+    import time
+
+    from cloud_adapter.engine import CloudEngine
+    from cloud_adapter.limits import Limits
+
+    engine = CloudEngine(tiny_pair_engine[0].llm, Limits(max_lookahead=2))
+    request = wire.SessionRequest(prompt_ids=tuple(engine.llm.tokenize("the patient")), mode="edge",
+                                  max_new_tokens=20, vocab_fingerprint=engine.fingerprint,
+                                  vocab_size=engine.llm.vocab_size, top_m=16, lookahead=8)
+    handler = engine.session("greedy-client")
+    opened = list(handler.handle(wire.encode_open(request)))[0].opened
+    assert opened.lookahead == 2
+    for step in range(3):
+        time.sleep(0.3)  # an edge far slower than a forward: the turnaround asks for the deepest drafts
+        list(handler.handle(wire.encode_token(step, 7)))  # not the tiny model's top at these steps: each draft misses
+        drafted = 0
+        while handler.can_draft():
+            list(handler.draft())
+            drafted += 1
+        assert drafted == 2
+    handler.abandon("closed")
