@@ -256,7 +256,9 @@ class EdgeClient:
         max_reconnects: how often a broken session is reopened before giving up.
         lookahead: the deepest run-ahead this edge accepts (rows the cloud drafts past the last confirmed
             token, so a round trip is not paid per token; the cloud adapts the depth to the link); 0 = lockstep.
-            What the edge sends is the same either way.  ``generate``/``stream`` take ``lookahead=`` per call.
+            What the edge sends is the same either way.  Default: ``wire.MAX_LOOKAHEAD`` (8) to a remote adapter,
+            0 in process (no round trip to hide: drafts would only add work).  ``generate``/``stream`` take
+            ``lookahead=`` per call.
     """
 
     def __init__(
@@ -267,8 +269,10 @@ class EdgeClient:
         credentials: Credentials | None = None,
         timeout_s: float | None = DEFAULT_SESSION_TIMEOUT_S,
         max_reconnects: int = 3,
-        lookahead: int = wire.MAX_LOOKAHEAD,
+        lookahead: int | None = None,
     ) -> None:
+        if lookahead is None:
+            lookahead = 0 if callable(cloud) else wire.MAX_LOOKAHEAD
         if lookahead < 0:
             raise ValueError(f"lookahead must be non-negative (0 = lockstep), got {lookahead}")
         self.lookahead = lookahead
