@@ -25,10 +25,10 @@ Every drafted row depends on the public prompt and the confirmed tokens only.
 from __future__ import annotations
 
 import enum
+import math
 import time
 import uuid
 from collections.abc import Iterator
-import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -93,7 +93,6 @@ class SessionHandler:
         self._lookahead = 0  # the deepest run-ahead agreed for this session (0 = lockstep)
         self._turnaround_s = 0.0  # average seconds from a row sent on a confirmation to the next signal
         self._forward_s = 0.0  # average seconds of one forward
-        self._last_signal_at = 0.0
         self.forwards = 0  # decode forwards run for this session (drafts included; the prefill not)
         self.drafts_dropped = 0  # drafted forwards rolled back
         self.draft_agreements = 0  # confirmed tokens that were the cloud's draft token (run-ahead sessions)
@@ -264,7 +263,6 @@ class SessionHandler:
         now = time.monotonic()
         if not row.drafted:  # the edge waited for this row: the link's whole turnaround
             self._turnaround_s = self._average(self._turnaround_s, now - row.sent_at)
-        self._last_signal_at = now
 
         step = self._step
         self._step = step + 1
