@@ -6,11 +6,13 @@
 (b) The real thing: 1, 4 and 8 concurrent edge-mode sessions with different
     prompt lengths through the gRPC server on loopback (``cloud_adapter.loadgen``:
     each client answers every distribution at once with its best id that does
-    not end the generation, so every session runs the full length).
+    not end the generation, so every session runs the full length), with run-ahead as the SDK's default
+    (``--lookahead 8``: the clients confirm the cloud's draft, so the drafted forwards are the batches) or in
+    lockstep (``--lookahead 0``).
 (c) batch8_vs_ideal = batch8_speedup / ideal_batch8_speedup (target >= 0.8), computed in each round from
     that round's own runs; the median over the rounds is reported with its spread (min..max).
 
-Usage: python benchmarks/cloud_batching.py [--tokens N] [--dtype auto|bf16|fp16|fp32] [--repeats R]
+Usage: python benchmarks/cloud_batching.py [--tokens N] [--dtype auto|bf16|fp16|fp32] [--repeats R] [--lookahead N]
 The last lines are batch4_speedup, ideal_batch8_speedup, batch8_speedup, batch8_vs_ideal (medians over rounds)
 and batch8_vs_ideal_min, batch8_vs_ideal_max.
 """
@@ -31,6 +33,7 @@ from cloud_adapter.runners import StepBatcher
 from cloud_adapter.llm import TransformersLLM
 from cloud_adapter.loadgen import run_load
 from cloud_adapter.server import build_server
+from edge_sdk import wire
 
 TEXT = (
     "The history of the printing press begins in the fifteenth century, when movable metal type made it possible "
@@ -70,12 +73,12 @@ def ideal_tokens_per_s(llm: TransformersLLM, batch: int, tokens: int) -> float:
 # -- (b) sessions through the server -----------------------------------------------------------------
 
 
-def served_decode(llm: TransformersLLM, channel: grpc.Channel, sessions: int, tokens: int) -> float:
+def served_decode(llm: TransformersLLM, channel: grpc.Channel, sessions: int, tokens: int, lookahead: int) -> float:
     """Seconds ``sessions`` concurrent sessions take from their common start (all prefilled) to the last finish."""
     text_ids = llm.tokenize(TEXT)
     prompts = [text_ids[:length] for length in PROMPT_LENGTHS[:sessions]]
     report = run_load(channel, prompts, fingerprint=llm.vocab_fingerprint(), vocab_size=llm.vocab_size,
-                      tokens=tokens, top_m=8)
+                      tokens=tokens, top_m=8, lookahead=lookahead)
     if report.errors:
         raise RuntimeError(f"{len(report.errors)} of {sessions} sessions failed: {report.errors[0]}")
     return report.wall_seconds
@@ -88,11 +91,13 @@ def main() -> None:
                         help="model dtype (auto = what coveil-cloud serve picks)")
     parser.add_argument("--batch-window-ms", type=float, default=10.0, help="the server's batching window")
     parser.add_argument("--repeats", type=int, default=5, help="rounds; each configuration runs once per round")
+    parser.add_argument("--lookahead", type=int, default=wire.MAX_LOOKAHEAD,
+                        help="run-ahead depth the sessions accept (0 = lockstep)")
     args = parser.parse_args()
 
     llm = TransformersLLM(dtype=args.dtype)
     print(f"model {llm.name}, dtype {llm.dtype}, torch threads {torch.get_num_threads()}, {args.tokens} tokens, "
-          f"median of {args.repeats} rounds")
+          f"median of {args.repeats} rounds, lookahead {args.lookahead}")
 
     configs = [f"ideal batch {b}" for b in IDEAL_BATCHES] + [f"server, {n} session(s)" for n in SESSION_COUNTS]
     runs: dict[str, list[float]] = {name: [] for name in configs}
@@ -105,7 +110,7 @@ def main() -> None:
         try:
             with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
                 ideal_tokens_per_s(llm, 1, 4)  # warm-ups
-                served_decode(llm, channel, 1, 4)
+                served_decode(llm, channel, 1, 4, args.lookahead)
                 # rounds interleave the configurations, so that a burst of other load on a shared
                 # machine does not fall on one configuration only
                 for _ in range(args.repeats):
@@ -114,7 +119,7 @@ def main() -> None:
                     for sessions in SESSION_COUNTS:
                         name = f"server, {sessions} session(s)"
                         batcher.batch_sizes.clear()
-                        elapsed = served_decode(llm, channel, sessions, args.tokens)
+                        elapsed = served_decode(llm, channel, sessions, args.tokens, args.lookahead)
                         runs[name].append(sessions * args.tokens / elapsed)
                         batches = sum(batcher.batch_sizes.values())
                         mean_batches[name].append(sum(size * n for size, n in batcher.batch_sizes.items()) / batches)

@@ -37,7 +37,7 @@ The SLM and the adapter share this machine: by default they split its cores (--e
 llama.cpp, --cloud-threads for torch in the adapter and in this process), so that neither starves the
 other while both run their step at the same time.
 
-Usage: python benchmarks/edge_step.py [--items 3] [--tokens 32] [--edge-threads N] [--cloud-threads N]
+Usage: python benchmarks/edge_step.py [--items 3] [--tokens 32] [--edge-threads N] [--cloud-threads N] [--lookahead N]
 The last four lines are sdk_vs_raw, latency_vs_max, median_bytes_cloud_to_edge and decision_mismatches.
 """
 
@@ -53,6 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from cloud_adapter.local import local_cloud, split_cores
+from edge_sdk import wire
 
 WARM_UP_TOKENS = 4
 
@@ -185,6 +186,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32, help="new tokens per generation")
     parser.add_argument("--edge-threads", type=int, help="llama.cpp threads (default: cores - cloud threads)")
     parser.add_argument("--cloud-threads", type=int, help="torch threads of the adapter (default: half the cores)")
+    parser.add_argument("--lookahead", type=int, default=wire.MAX_LOOKAHEAD,
+                        help="run-ahead depth the edge accepts over loopback (0 = lockstep; default: the SDK's)")
     args = parser.parse_args()
 
     default_edge, default_cloud = split_cores()
@@ -211,7 +214,8 @@ def main() -> None:
         llm = TransformersLLM(dtype="auto")  # what `coveil-cloud serve --dtype auto` loads
         dtype = str(llm.dtype).removeprefix("torch.")
         timed_slm = TimedSLM(slm)
-        with EdgeClient(address, slm=timed_slm, credentials=Credentials(plaintext=True)) as client:
+        with EdgeClient(address, slm=timed_slm, credentials=Credentials(plaintext=True),
+                        lookahead=args.lookahead) as client:
 
             def generate(item, mode: str, top_m: int | None, tokens: int):  # noqa: ANN001, ANN202
                 extra = {} if top_m is None else {"top_m": top_m}

@@ -41,6 +41,10 @@ class Limits:
     )
     max_upload: int | None = _limit(None, "most ids one upload may carry; None: the vocabulary size")  # type: ignore[assignment]
     max_message_bytes: int = _limit(8 * _MiB, "largest gRPC message accepted or sent")  # type: ignore[assignment]
+    max_lookahead: int = _limit(  # type: ignore[assignment]
+        8, "deepest run-ahead one session may have the server draft (steps past its last confirmed token; 0 = "
+        "lockstep only): each draft is a forward the edge may never use"
+    )
     inbox_messages: int = _limit(  # type: ignore[assignment]
         4, "messages of one stream read ahead of its session (beyond that, gRPC flow control holds the edge)"
     )
@@ -57,6 +61,8 @@ class Limits:
                      "transcript_dir_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Limits.{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_lookahead < 0:
+            raise ValueError(f"Limits.max_lookahead must be non-negative, got {self.max_lookahead}")
         for name in ("open_timeout_s", "idle_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"Limits.{name} must be positive, got {getattr(self, name)}")

@@ -497,6 +497,54 @@ class TransformersLLM:
             seq.ids.append(t)
             seq.next_logits = rows[slot.row]
 
+    @torch.inference_mode()
+    def truncate(self, seq: CloudSequence, length: int) -> None:
+        """Drop ``seq``'s tokens past the first ``length`` (a run-ahead draft the edge did not confirm).
+
+        The kept KV moves to a batch of its own (its row in the old batch goes stale and is freed when that
+        batch is next compacted), bit for bit what the kept tokens' forwards wrote, so the next ``step`` gives
+        the logits a sequence that never held the dropped tokens gets.  A sliding-window layer holds only its
+        last ``window - 1`` positions: where the kept tokens' window is no longer held (or the cache cannot be
+        re-padded) the kept ids are prefilled again.  ``seq.next_logits`` is stale until the next ``step``.
+        """
+        if not 1 <= length <= len(seq.ids):
+            raise ValueError(f"cannot keep {length} of the sequence's {len(seq.ids)} tokens")
+        drop = len(seq.ids) - length
+        if drop == 0:
+            return
+        slot = self._slot(seq)
+        source = slot.batch
+        kept = self._kept_layers(slot, drop) if self._check_batchable(source.cache) else None
+        if kept is None:  # the window moved past what is held: recompute the kept prefix
+            fresh = self.open(seq.ids[:length])
+            seq.cache, seq.next_logits = fresh.cache, fresh.next_logits
+        else:
+            cache = self._new_cache()
+            for layer, (keys, values) in zip(cache.layers, kept):
+                _fill_layer(layer, keys, values, length)
+            batch = KVBatch(cache, [length], self.device)
+            batch.bind([slot])
+        del seq.ids[length:]
+
+    def _kept_layers(self, slot: KVSlot, drop: int) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """Per layer, copies of ``slot``'s keys/values without its last ``drop`` tokens (``None`` where a
+        sliding-window layer no longer holds a kept position its window needs)."""
+        n, row = slot.length, slot.row
+        length = n - drop
+        kept = []
+        for layer in slot.batch.cache.layers:
+            held = layer.keys.shape[-2]
+            mine = min(n, held)  # this row's tokens are the last `mine` held positions
+            window = getattr(layer, "sliding_window", None)
+            need = length if window is None else min(length, window - 1)
+            if mine - drop < need:
+                return None
+            stop = held - drop
+            keys = layer.keys[row : row + 1, :, stop - need : stop].clone()  # [1, H_kv, need, D]
+            values = layer.values[row : row + 1, :, stop - need : stop].clone()
+            kept.append((keys, values))
+        return kept
+
     def _step_each(self, seqs: list[CloudSequence], slots: list[KVSlot], tokens: list[int]) -> None:
         """Fallback for caches we cannot re-pad: one forward per sequence (each a batch of one)."""
         for seq, slot, t in zip(seqs, slots, tokens):

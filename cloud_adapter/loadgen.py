@@ -8,7 +8,6 @@ adapter's own latency is what is measured.  Used by ``tests/test_load.py``
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections.abc import Sequence
@@ -18,8 +17,7 @@ from typing import Any
 import numpy as np
 
 from edge_sdk import wire
-
-_END = object()
+from edge_sdk.transport import CloudConnection, GrpcChannel
 
 
 @dataclass
@@ -41,39 +39,39 @@ class LoadReport:
 
 
 def _session(channel: Any, request: wire.SessionRequest, start: threading.Barrier, report: LoadReport,
-             lock: threading.Lock) -> None:
-    from edge_sdk._wire import coveil_pb2_grpc
-
-    outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+             lock: threading.Lock, lookahead: int) -> None:
+    connection = CloudConnection(GrpcChannel(channel, timeout_s=600), lookahead=lookahead)
     steps: list[float] = []
     try:
-        replies = coveil_pb2_grpc.CollaborativeDecodingStub(channel).Decode(iter(outbox.get, _END), timeout=600)
-        outbox.put(wire.encode_open(request))
-        info = wire.decode_opened(next(replies).opened)
-        dist = wire.decode_distribution(next(replies).distribution, info.vocab_size)
+        info = connection.open(request)
+        dist = connection.distribution()
         start.wait()
         while True:
             token = next(int(i) for i in dist.ids if int(i) not in info.eos_token_ids)
             sent = time.perf_counter()
-            outbox.put(wire.encode_token(dist.step, token))
-            reply = next(replies)
-            steps.append(time.perf_counter() - sent)
-            if reply.WhichOneof("kind") == "finished":
+            connection.sync_token(dist.step, token)
+            if dist.step + 1 >= info.max_new_tokens:
+                connection.finished()
+                steps.append(time.perf_counter() - sent)
                 break
-            dist = wire.decode_distribution(reply.distribution, info.vocab_size)
+            dist = connection.distribution()
+            steps.append(time.perf_counter() - sent)
     except Exception as exc:  # noqa: BLE001 - reported, not raised: one failure must not hide the others
         with lock:
             report.errors.append(f"{type(exc).__name__}: {exc}")
         start.abort()
     finally:
-        outbox.put(_END)
+        connection.close()
         with lock:
             report.step_seconds.extend(steps)
 
 
 def run_load(channel: Any, prompts: Sequence[Sequence[int]], *, fingerprint: bytes, vocab_size: int,
-             tokens: int, top_m: int = 16) -> LoadReport:
-    """One edge-side session per prompt, all at once after every one has opened; returns the timings."""
+             tokens: int, top_m: int = 16, lookahead: int = 0) -> LoadReport:
+    """One edge-side session per prompt, all at once after every one has opened; returns the timings.
+
+    ``lookahead``: the run-ahead depth each session accepts (0 = lockstep); a session confirms the cloud's draft
+    whenever its top id does not end the generation, so run-ahead then hides every round trip."""
     report = LoadReport(sessions=len(prompts), tokens=tokens)
     lock = threading.Lock()
     start = threading.Barrier(len(prompts) + 1)
@@ -82,7 +80,8 @@ def run_load(channel: Any, prompts: Sequence[Sequence[int]], *, fingerprint: byt
                             vocab_size=vocab_size, top_m=top_m, edge_model="loadgen")
         for prompt in prompts
     ]
-    threads = [threading.Thread(target=_session, args=(channel, request, start, report, lock)) for request in requests]
+    threads = [threading.Thread(target=_session, args=(channel, request, start, report, lock, lookahead))
+               for request in requests]
     for thread in threads:
         thread.start()
     try:

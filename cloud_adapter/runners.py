@@ -29,8 +29,12 @@ class ModelRunner(Protocol):
         """Open a sequence on ``prompt_ids``; returns it and the forward time in ns."""
         ...
 
-    def forward(self, seq: CloudSequence, token_id: int) -> int:
-        """Append ``token_id`` to ``seq`` (refreshing ``seq.next_logits``); returns the forward time in ns."""
+    def forward(self, seq: CloudSequence, token_id: int, *, truncate_to: int | None = None) -> int:
+        """Append ``token_id`` to ``seq`` (refreshing ``seq.next_logits``); returns the forward time in ns.
+
+        ``truncate_to``: first drop ``seq``'s tokens past that many (drafted tokens the edge did not confirm),
+        in the same turn on the model's thread, so no other forward sees the sequence half rolled back.
+        """
         ...
 
     def release(self, seq: CloudSequence) -> None:
@@ -51,8 +55,10 @@ class DirectRunner:
             seq = self._llm.open(prompt_ids)
             return seq, time.perf_counter_ns() - start
 
-    def forward(self, seq: CloudSequence, token_id: int) -> int:
+    def forward(self, seq: CloudSequence, token_id: int, *, truncate_to: int | None = None) -> int:
         with self._lock:
+            if truncate_to is not None:
+                self._llm.truncate(seq, truncate_to)
             start = time.perf_counter_ns()
             self._llm.step([(seq, token_id)])
             return time.perf_counter_ns() - start
@@ -65,6 +71,7 @@ class DirectRunner:
 class _StepRequest:
     seq: CloudSequence
     token_id: int
+    truncate_to: int | None = None  # drop the sequence's tokens past this many first (a rolled-back draft)
     result: Future[int] = field(default_factory=Future)
 
 
@@ -143,6 +150,10 @@ class _ModelQueue:
         of them."""
         start = time.perf_counter_ns()
         try:
+            for request in steps:
+                if request.truncate_to is not None:
+                    self.llm.truncate(request.seq, request.truncate_to)
+                    request.truncate_to = None
             if self.per_sequence:
                 for request in steps:
                     self.llm.step([(request.seq, request.token_id)])
@@ -323,8 +334,8 @@ class StepBatcher(_ModelWorker):
         self._submit(self._queue, request)
         return request.result.result()
 
-    def forward(self, seq: CloudSequence, token_id: int) -> int:
-        request = _StepRequest(seq, int(token_id))
+    def forward(self, seq: CloudSequence, token_id: int, *, truncate_to: int | None = None) -> int:
+        request = _StepRequest(seq, int(token_id), truncate_to)
         with self._cond:
             self._require_open()
             delivered = self._delivered_at.get(id(seq))
@@ -409,8 +420,8 @@ class ModelLane:
         self._batcher._submit(self._queue, request)  # noqa: SLF001 - the batcher's own queue entry point
         return request.result.result()
 
-    def forward(self, seq: CloudSequence, token_id: int) -> int:
-        request = _StepRequest(seq, int(token_id))
+    def forward(self, seq: CloudSequence, token_id: int, *, truncate_to: int | None = None) -> int:
+        request = _StepRequest(seq, int(token_id), truncate_to)
         self._batcher._submit(self._queue, request)  # noqa: SLF001 - the batcher's own queue entry point
         return request.result.result()
 

@@ -127,8 +127,9 @@ class _Inbox:
             except queue.Full:
                 pass  # nobody reads any more: the handler has gone
 
-    def get(self, timeout: float) -> Any | None:
-        item = self._queue.get(timeout=timeout)
+    def get(self, timeout: float | None) -> Any | None:
+        """``timeout=None``: do not wait (``queue.Empty`` when nothing is there yet)."""
+        item = self._queue.get(block=False) if timeout is None else self._queue.get(timeout=timeout)
         return None if item is self._END else item
 
     def close(self) -> None:
@@ -192,7 +193,8 @@ class DecodeServicer(coveil_pb2_grpc.CollaborativeDecodingServicer):
             if handler.session_id is not None:
                 log_event(logging.INFO, "session_ended", session_id=handler.session_id, reason=handler.finish_reason,
                           steps=handler.steps, duration_ms=round(1000 * (time.monotonic() - handler.started_at), 1),
-                          bytes_up=handler.bytes_up, bytes_down=handler.bytes_down)
+                          bytes_up=handler.bytes_up, bytes_down=handler.bytes_down, forwards=handler.forwards,
+                          forwards_per_token=round(handler.forwards / max(1, handler.confirmed), 3))
         if status is not None:
             context.abort(*status)
 
@@ -202,7 +204,14 @@ class DecodeServicer(coveil_pb2_grpc.CollaborativeDecodingServicer):
             opening = handler.session_id is None
             timeout_s = limits.open_timeout_s if opening else limits.idle_timeout_s
             try:
-                message = inbox.get(timeout=timeout_s)
+                if not opening and handler.can_draft():  # run-ahead: draft while the edge has not spoken
+                    try:
+                        message = inbox.get(timeout=None)
+                    except queue.Empty:
+                        yield from handler.draft()
+                        continue
+                else:
+                    message = inbox.get(timeout=timeout_s)
             except queue.Empty:
                 what = "stream sent no open" if opening else "session idle"
                 raise CloudError("DEADLINE_EXCEEDED", f"{what} for {timeout_s:g} s") from None

@@ -10,16 +10,27 @@ Message sequence of one session (steps start at ``len(resume_prefix)``)::
     edge  request_full(t) ──►  cloud: distribution(t, dense)          (optional, once)
     edge  signal(t) ────────►  cloud: [token(t)] then finished | forward + distribution(t+1)
     edge  close ────────────►  cloud: finished("closed")
+
+Run-ahead (``lookahead`` > 0 on both sides): between the edge's messages the
+cloud drafts (:meth:`SessionHandler.draft`): it assumes its own draft token
+``d`` at the last row it sent (edge-side fusion: that row's top token;
+cloud-side: its greedy pick from the row alone, as if the upload were empty),
+forwards it and sends the next row naming ``d`` (``assumes_token``), up to
+its depth past the awaited step.  A signal whose token is the draft confirms
+it (the next row already went out); any other token drops every draft (the
+KV cache rolls back) and the row after that token follows, as in lockstep.
+Every drafted row depends on the public prompt and the confirmed tokens only.
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import math
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -42,6 +53,18 @@ class _State(enum.Enum):
     AWAITING_OPEN = "awaiting open"
     DECODING = "decoding"
     FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class _Row:
+    """One step's row as the cloud sent it, kept until the step is confirmed (drafted rows included)."""
+
+    record: StepRecord  # what the cloud observes at this step
+    logits: np.ndarray  # the model's raw row (kept for a resumed stream's full-row request)
+    values: np.ndarray  # what the cloud sends and fuses: p_llm, or raw z_llm in logit space
+    ranking: wire.CloudDistribution  # the row E_t^K is read off (the sent ids when enough, else dense)
+    sent_at: float  # monotonic clock when the row's message was built
+    drafted: bool  # computed on a draft token (not on the confirmed prefix alone)
 
 
 class SessionHandler:
@@ -69,9 +92,16 @@ class SessionHandler:
         self._rng: np.random.Generator | None = None
         self._constraint: JsonConstraint | None = None  # the session's public JSON schema, where the cloud picks
         self._step = 0
-        self._pending: StepRecord | None = None  # the step whose distribution the edge holds
-        self._llm_values = np.empty(0, np.float32)  # what the cloud sends and fuses: p_llm or raw z_llm
-        self._ranking: wire.CloudDistribution | None = None  # this step's row, for E_t^K (sent ids or dense)
+        # the rows sent and not yet confirmed: [0] is the awaited step's, the rest drafted ones (one per draft)
+        self._rows: list[_Row] = []
+        self._drafts: list[int] = []  # tokens the cloud appended past the confirmed ones (run-ahead)
+        self._lookahead = 0  # the deepest run-ahead agreed for this session (0 = lockstep)
+        self._turnaround_s = 0.0  # average seconds from a row sent on a confirmation to the next signal
+        self._forward_s = 0.0  # average seconds of one forward
+        self.forwards = 0  # decode forwards run for this session (drafts included; the prefill not)
+        self.drafts_dropped = 0  # drafted forwards rolled back
+        self.draft_agreements = 0  # confirmed tokens that were the cloud's draft token (run-ahead sessions)
+        self.depth_sum = 0  # rows drafted past the awaited step when each signal arrived (run-ahead sessions)
         self._bytes_up = 0
         self._bytes_down = 0
         self.started_at = time.monotonic()  # when the stream began
@@ -88,6 +118,11 @@ class SessionHandler:
     @property
     def finish_reason(self) -> str | None:
         return self._transcript.finish_reason if self._transcript is not None else None
+
+    @property
+    def confirmed(self) -> int:
+        """Tokens confirmed in this session (the resume prefix not counted)."""
+        return self._step - (len(self._request.resume_prefix) if self._request is not None else 0)
 
     @property
     def bytes_up(self) -> int:
@@ -149,6 +184,7 @@ class SessionHandler:
         self._eos = llm.eos_token_ids | frozenset(request.stop_token_ids)
         self._rng = np.random.default_rng(request.seed)
         self._constraint = constraint
+        self._lookahead = self._agreed_lookahead(request)
         self._step = len(request.resume_prefix)
         self._seq, forward_ns = engine.runner.prefill(list(request.prompt_ids) + list(request.resume_prefix))
         if request.resume_prefix:  # a step whose full row was sent before the stream broke: that row again
@@ -163,7 +199,9 @@ class SessionHandler:
             prompt_tokens=len(request.prompt_ids),
             eos_token_ids=self._eos,
             max_new_tokens=max_new_tokens,
+            lookahead=self._lookahead,
         )
+        transcript.lookahead = self._lookahead
         yield self._count_down(wire.encode_opened(info))
         yield self._next_distribution(forward_ns)
 
@@ -186,24 +224,35 @@ class SessionHandler:
             raise CloudError("INVALID_ARGUMENT", str(exc)) from None
         return constraint
 
+    def _agreed_lookahead(self, request: wire.SessionRequest) -> int:
+        """The run-ahead depth for this session: the edge's largest, within the server's cap; 0 (lockstep) where
+        a draft could change what the cloud would do in lockstep (cloud-side sampling draws from the session's
+        seeded generator, which a draft must not advance) or would need the grammar's state past the awaited
+        step (a cloud-side JSON schema)."""
+        if request.mode == "cloud" and (request.temperature > 0 or request.json_schema):
+            return 0
+        return min(request.lookahead, self.engine.limits.max_lookahead)
+
     # -- steps ---------------------------------------------------------------------------------------
-    def _check_step(self, step: int) -> StepRecord:
+    def _check_step(self, step: int) -> _Row:
         if step != self._step:
             raise CloudError("INVALID_ARGUMENT", f"expected step {self._step}, got {step}")
-        assert self._pending is not None
-        return self._pending
+        assert self._rows, "a decoding session always holds the awaited step's row"
+        return self._rows[0]
 
     def _send_full(self, step: int, size: int) -> Iterator[Any]:
-        record = self._check_step(step)
+        row = self._check_step(step)
+        record = row.record
         if record.full_requested:
             raise CloudError("INVALID_ARGUMENT", f"the full distribution of step {step} was already sent")
         record.full_requested = True
         record.bytes_up += size
-        full = wire.CloudDistribution(step=step, dense=self._llm_values)
+        full = wire.CloudDistribution(step=step, dense=row.values)
         yield self._count_down(wire.encode_distribution(full), record)
 
     def _apply_signal(self, signal: Any, size: int) -> Iterator[Any]:
-        record = self._check_step(signal.step)
+        row = self._check_step(signal.step)
+        record = row.record
         request = self._request
         assert request is not None and self._seq is not None and self._transcript is not None
         kind = signal.WhichOneof("signal")
@@ -215,7 +264,7 @@ class SessionHandler:
                 )
             observation = upload = parse_upload(signal.upload, vocab_size=self.engine.llm.vocab_size,
                                                 max_upload=self.engine.max_upload, space=request.space)
-            token, logprobs = self._pick(upload, no_stop=signal.no_stop)
+            token, logprobs = self._choose(upload, row.values, no_stop=signal.no_stop)
             record.upload_size = len(upload)
             record.upload = upload.largest(self.engine.transcript_upload_limit)
         else:
@@ -230,11 +279,17 @@ class SessionHandler:
                     "INVALID_ARGUMENT", f"token id {token} is outside the vocabulary of {self.engine.llm.vocab_size}"
                 )
             observation, logprobs = SyncedToken(token), None
-        record.exposure = wire.step_exposure(observation, self._ranking, self.engine.exposure_k)
+        if self._lookahead:
+            self.draft_agreements += token == self._draft_token(row)
+            self.depth_sum += len(self._drafts)
+        record.exposure = wire.step_exposure(observation, row.ranking, self.engine.exposure_k)
         record.token_id = token
         record.bytes_up += size
         self._transcript.steps.append(record)
-        self._pending = None
+        self._rows.pop(0)
+        now = time.monotonic()
+        if not row.drafted:  # the edge waited for this row: the link's whole turnaround
+            self._turnaround_s = self._average(self._turnaround_s, now - row.sent_at)
 
         step = self._step
         self._step = step + 1
@@ -244,33 +299,107 @@ class SessionHandler:
         if reason is not None:
             yield self._finish(reason, steps=self._step)
             return
-        forward_ns = self.engine.runner.forward(self._seq, token)
-        yield self._next_distribution(forward_ns)
+        if self._drafts and self._drafts[0] == token:  # the draft holds: its row already went out
+            self._drafts.pop(0)
+            return
+        truncate_to = None
+        if self._drafts:  # a miss: drop every draft (and its KV) and go on from the confirmed token
+            truncate_to = len(self._seq.ids) - len(self._drafts)
+            self.drafts_dropped += len(self._drafts)
+            self._drafts.clear()
+            self._rows.clear()
+        forward_ns = (self.engine.runner.forward(self._seq, token) if truncate_to is None else
+                      self.engine.runner.forward(self._seq, token, truncate_to=truncate_to))
+        self._count_forward(forward_ns)
+        yield self._next_distribution(forward_ns, assumes=token if self._lookahead else None)
 
-    def _pick(self, upload: CloudUpload, *, no_stop: bool = False) -> tuple[int, TokenLogprobs | None]:
-        """The cloud-side token: ``argmax`` (or a draw) of ``alpha * row_llm + (1 - alpha) * m * upload``, and its
-        log-probabilities under that row when the session asked (:mod:`edge_sdk.logprobs`).
+    # -- run-ahead -----------------------------------------------------------------------------------
+    #: weight of the newest sample in the turnaround and forward-time averages
+    SMOOTHING = 0.3
+
+    @classmethod
+    def _average(cls, previous: float, sample: float) -> float:
+        return sample if previous == 0.0 else previous + cls.SMOOTHING * (sample - previous)
+
+    def _count_forward(self, forward_ns: int) -> None:
+        self.forwards += 1
+        self._forward_s = self._average(self._forward_s, forward_ns / 1e9)
+
+    @property
+    def depth(self) -> int:
+        """How far past the awaited step the cloud drafts now: ``ceil(turnaround / forward) + 1`` within the
+        agreed lookahead (the rows the edge would otherwise wait a round trip for, plus one), 1 before either
+        is measured.  The turnaround is read only on rows the edge waited for (sent on its confirmation)."""
+        if not self._lookahead:
+            return 0
+        if self._turnaround_s == 0.0 or self._forward_s == 0.0:
+            return 1
+        return max(1, min(self._lookahead, math.ceil(self._turnaround_s / self._forward_s) + 1))
+
+    def _draft_token(self, row: _Row) -> int:
+        """The token the cloud assumes the edge confirms at ``row``: edge-side its top token, cloud-side its
+        greedy pick from the row alone (the pick of an empty upload)."""
+        request = self._request
+        assert request is not None
+        if request.mode == "cloud":
+            return self._pick(CloudUpload.empty(request.space), row.values)
+        return int(np.argmax(row.values))
+
+    def can_draft(self) -> bool:
+        """Whether :meth:`draft` has work: decoding, below the depth, before the token limit, and the last
+        row's draft token does not end the generation (nothing is drafted past an end)."""
+        if self._state is not _State.DECODING or not self._rows or len(self._drafts) >= self.depth:
+            return False
+        if self._step + len(self._drafts) + 1 >= self._max_new_tokens:
+            return False
+        return self._draft_token(self._rows[-1]) not in self._eos
+
+    def draft(self) -> Iterator[Any]:
+        """One run-ahead step: forward the last row's draft token and yield the next row, naming that token."""
+        assert self._seq is not None and self.can_draft()
+        token = self._draft_token(self._rows[-1])
+        self._drafts.append(token)
+        forward_ns = self.engine.runner.forward(self._seq, token)
+        self._count_forward(forward_ns)
+        yield self._next_distribution(forward_ns, assumes=token, drafted=True)
+
+    def _scores(self, upload: CloudUpload, values: np.ndarray, *, no_stop: bool) -> tuple[np.ndarray, bool]:
+        """The row the cloud-side token is picked from, ``alpha * row_llm + (1 - alpha) * m * upload``, and whether
+        it holds raw fused logits (greedy in logit space) rather than probabilities.
 
         With ``alpha = 0`` and nothing uploaded the fusion holds no information
         at all; the cloud then picks from its own row rather than from zeros.
-        ``no_stop`` takes the end-of-generation ids out of the choice, the
-        session's JSON schema every id its grammar does not allow next
-        (:func:`edge_sdk.grammar.mask_row`: probabilities renormalised).
+        ``no_stop`` takes the end-of-generation ids out of the choice.
         """
         request = self._request
         assert request is not None
         if request.alpha == 0.0 and not len(upload):
-            scores = self._llm_values.copy()
+            scores = values.copy()
         else:
-            scores = upload.fuse_with(self._llm_values, request.alpha)
+            scores = upload.fuse_with(values, request.alpha)
         if request.space == "logit" and request.temperature > 0:
             scores = softmax(scores)  # pick_token samples from p**(1/T): softmax(z)**(1/T) ∝ exp(z/T)
-        # scores are probabilities here, or raw fused logits when greedy in logit space
         raw_logits = request.space == "logit" and request.temperature == 0
-        lowest = np.finfo(np.float32).min if raw_logits else 0.0
         if no_stop:
             stops = np.fromiter(self._eos, dtype=np.int64)
-            scores[stops[stops < scores.shape[0]]] = lowest
+            scores[stops[stops < scores.shape[0]]] = np.finfo(np.float32).min if raw_logits else 0.0
+        return scores, raw_logits
+
+    def _pick(self, upload: CloudUpload, values: np.ndarray, *, no_stop: bool = False) -> int:
+        """The greedy cloud-side token of :meth:`_scores` (a draft's: drafts run only where the cloud is greedy and
+        no schema applies)."""
+        scores, _ = self._scores(upload, values, no_stop=no_stop)
+        return int(np.argmax(scores))
+
+    def _choose(self, upload: CloudUpload, values: np.ndarray, *, no_stop: bool) -> tuple[int, TokenLogprobs | None]:
+        """The awaited step's cloud-side token: ``argmax`` (or a draw) of :meth:`_scores` with every id the
+        session's JSON schema does not allow next masked (:func:`edge_sdk.grammar.mask_row`: probabilities
+        renormalised), and its log-probabilities under that row when the session asked (:mod:`edge_sdk.logprobs`).
+        """
+        request = self._request
+        assert request is not None
+        scores, raw_logits = self._scores(upload, values, no_stop=no_stop)
+        lowest = np.finfo(np.float32).min if raw_logits else 0.0
         if self._constraint is not None:
             scores = mask_row(scores, self._constraint.allowed(), lowest=lowest)
         token = pick_token(scores, temperature=request.temperature, rng=self._rng)
@@ -280,8 +409,9 @@ class SessionHandler:
             return token, None
         return token, token_logprobs(scores, "logit" if raw_logits else "prob", token, request.top_logprobs)
 
-    def _next_distribution(self, forward_ns: int) -> Any:
-        """Read the current step's row off the sequence and build its distribution message.
+    def _next_distribution(self, forward_ns: int, *, assumes: int | None = None, drafted: bool = False) -> Any:
+        """Read the next row off the sequence (the awaited step's, or a drafted one past it) and build its
+        distribution message; ``assumes``: the token before it the message names (run-ahead sessions).
 
         The row is ``p_llm`` in probability space and the raw logits ``z_llm``
         in logit space (both rank tokens alike).  Sparse (the top ``top_m``
@@ -290,24 +420,27 @@ class SessionHandler:
         """
         request, seq = self._request, self._seq
         assert request is not None and seq is not None
+        step = self._step + len(self._drafts)
         try:
-            logits = check_finite(seq.next_logits, f"the cloud model's logits at step {self._step}")
+            logits = check_finite(seq.next_logits, f"the cloud model's logits at step {step}")
         except NonFiniteError as exc:
             raise CloudError("INTERNAL", str(exc)) from None
         p_llm = softmax(logits)
-        self._llm_values = np.asarray(logits, dtype=np.float32) if request.space == "logit" else p_llm
-        self._pending = StepRecord(self._step)
+        values = np.asarray(logits, dtype=np.float32) if request.space == "logit" else p_llm
+        record = StepRecord(step)
         if request.top_m >= p_llm.size:  # every entry: dense, half the bytes of listing each id
-            self._ranking = wire.CloudDistribution(step=self._step, dense=self._llm_values, forward_ns=forward_ns)
-            return self._count_down(wire.encode_distribution(self._ranking), self._pending)
-        sparse = wire.CloudDistribution.sparse_from(  # the certificate's tail mass stays a probability
-            self._step, self._llm_values, request.top_m, forward_ns,
-            probabilities=p_llm if request.space == "logit" else None,
-        )
-        # E_t^K is read off the sent ids when they are enough, else off the whole row
-        enough = len(sparse.ids) >= self.engine.exposure_k
-        self._ranking = sparse if enough else wire.CloudDistribution(step=self._step, dense=self._llm_values)
-        return self._count_down(wire.encode_distribution(sparse), self._pending)
+            ranking = sent = wire.CloudDistribution(step=step, dense=values, forward_ns=forward_ns)
+        else:
+            sent = wire.CloudDistribution.sparse_from(  # the certificate's tail mass stays a probability
+                step, values, request.top_m, forward_ns, probabilities=p_llm if request.space == "logit" else None,
+            )
+            # E_t^K is read off the sent ids when they are enough, else off the whole row
+            enough = len(sent.ids) >= self.engine.exposure_k
+            ranking = sent if enough else wire.CloudDistribution(step=step, dense=values)
+        self._rows.append(_Row(record, seq.next_logits, values, ranking, time.monotonic(), drafted))
+        if assumes is not None:
+            sent = replace(sent, assumes_token=assumes)
+        return self._count_down(wire.encode_distribution(sent), record)
 
     # -- ending --------------------------------------------------------------------------------------
     def _finish(self, reason: str, *, steps: int) -> Any:
@@ -320,22 +453,28 @@ class SessionHandler:
         """This session's current step as :class:`~cloud_adapter.engine.ResumableRows` knows it."""
         request, seq = self._request, self._seq
         assert request is not None and seq is not None
-        prompt = len(request.prompt_ids)
-        return self.client_id, request.space, tuple(seq.ids[:prompt]), tuple(seq.ids[prompt:])
+        prompt, confirmed = len(request.prompt_ids), len(seq.ids) - len(self._drafts)
+        return self.client_id, request.space, tuple(seq.ids[:prompt]), tuple(seq.ids[prompt:confirmed])
 
     def _end(self, reason: str) -> None:
         self._state = _State.FINISHED
         if self._transcript is None:  # never admitted: nothing to free or record
             return
-        if self._pending is not None and self._pending.full_requested and self._seq is not None and reason != "closed":
-            self.engine.resumable_rows.keep(self._row_key(), self._seq.next_logits)
+        pending = self._rows[0] if self._rows else None  # the awaited step's row
+        if pending is not None and pending.record.full_requested and self._seq is not None and reason != "closed":
+            self.engine.resumable_rows.keep(self._row_key(), pending.logits)
         if self._seq is not None:
             self.engine.runner.release(self._seq)
             self._seq = None  # the KV cache goes with its last reference
-        if self._pending is not None and self._pending.full_requested:
-            self._transcript.steps.append(self._pending)  # the edge asked for the full row, then stopped
-        self._pending = None
+        if pending is not None and pending.record.full_requested:
+            self._transcript.steps.append(pending.record)  # the edge asked for the full row, then stopped
+        self.drafts_dropped += len(self._drafts)
+        self._rows, self._drafts = [], []
         self._transcript.finish_reason = reason
+        self._transcript.forwards = self.forwards
+        self._transcript.drafts_dropped = self.drafts_dropped
+        self._transcript.draft_agreements = self.draft_agreements
+        self._transcript.depth_sum = self.depth_sum
         self._transcript.bytes_up = self._bytes_up
         self._transcript.bytes_down = self._bytes_down
         self.engine.retire(self, self._transcript)

@@ -55,6 +55,11 @@ class SessionTranscript:
     finish_reason: str | None = None
     bytes_up: int = 0
     bytes_down: int = 0
+    lookahead: int = 0  # the run-ahead depth agreed when the session opened (0 = lockstep)
+    forwards: int = 0  # decode forwards the cloud ran (drafts included, the prefill not)
+    drafts_dropped: int = 0  # drafted forwards rolled back (the edge confirmed another token)
+    draft_agreements: int = 0  # confirmed tokens that were the cloud's draft token
+    depth_sum: int = 0  # over the confirmed tokens, the rows drafted past the awaited step when each arrived
 
     def as_dict(self) -> dict[str, Any]:
         req = self.request
@@ -78,6 +83,12 @@ class SessionTranscript:
             "finish_reason": self.finish_reason,
             "bytes_up": self.bytes_up,
             "bytes_down": self.bytes_down,
+            "lookahead": self.lookahead,
+            "forwards": self.forwards,
+            "drafts_dropped": self.drafts_dropped,
+            "forwards_per_token": round(self.forwards / len(self.steps), 4) if self.steps else 0.0,
+            "draft_agreements": self.draft_agreements,
+            "mean_depth": round(self.depth_sum / len(self.steps), 4) if self.steps else 0.0,
         }
 
 

@@ -255,6 +255,11 @@ class EdgeClient:
         timeout_s: per-session deadline on the gRPC stream (``None`` = none); the channel also pings the
             adapter every 20 s, so a dead connection is noticed within half a minute, not at the deadline.
         max_reconnects: how often a broken session is reopened before giving up.
+        lookahead: the deepest run-ahead this edge accepts (rows the cloud drafts past the last confirmed
+            token, so a round trip is not paid per token; the cloud adapts the depth to the link); 0 = lockstep.
+            What the edge sends is the same either way.  Default: ``wire.MAX_LOOKAHEAD`` (8) to a remote adapter,
+            0 in process (no round trip to hide: drafts would only add work).  ``generate``/``stream`` take
+            ``lookahead=`` per call.
     """
 
     def __init__(
@@ -265,7 +270,13 @@ class EdgeClient:
         credentials: Credentials | None = None,
         timeout_s: float | None = DEFAULT_SESSION_TIMEOUT_S,
         max_reconnects: int = 3,
+        lookahead: int | None = None,
     ) -> None:
+        if lookahead is None:
+            lookahead = 0 if callable(cloud) else wire.MAX_LOOKAHEAD
+        if lookahead < 0:
+            raise ValueError(f"lookahead must be non-negative (0 = lockstep), got {lookahead}")
+        self.lookahead = lookahead
         self.slm = slm
         self.credentials = credentials or Credentials()
         self.timeout_s = timeout_s
@@ -276,13 +287,17 @@ class EdgeClient:
         self._folded_vocabulary: dict[str, tuple[int, ...]] | None = None  # built at the first never_upload
 
     # -- connections -------------------------------------------------------------------------------
-    def _connect(self) -> CloudConnection:
+    def _connect(self, lookahead: int | None = None) -> CloudConnection:
+        lookahead = self.lookahead if lookahead is None else lookahead
+        if lookahead < 0:
+            raise ValueError(f"lookahead must be non-negative (0 = lockstep), got {lookahead}")
         if callable(self._cloud):
-            return CloudConnection(InProcessChannel(self._cloud()))
+            return CloudConnection(InProcessChannel(self._cloud()), lookahead=lookahead)
         if self._grpc_channel is None:
             self._grpc_channel = self._open_grpc_channel(self._cloud)
         return CloudConnection(
-            GrpcChannel(self._grpc_channel, metadata=self.credentials.metadata, timeout_s=self.timeout_s)
+            GrpcChannel(self._grpc_channel, metadata=self.credentials.metadata, timeout_s=self.timeout_s),
+            lookahead=lookahead,
         )
 
     def _open_grpc_channel(self, target: str) -> Any:
@@ -453,20 +468,23 @@ class EdgeClient:
 
         The stream's ``ledger`` fills in step by step; :meth:`GenerationStream.close`
         (or leaving a ``with`` block, or stopping the iteration and dropping the
-        stream) closes the cloud session.  Arguments as for :meth:`decoder`.
+        stream) closes the cloud session.  Arguments as for :meth:`decoder`, and ``lookahead`` (this generation's run-ahead depth,
+        default the client's).
         """
-        return self.run(self.decoder(public_query, private_context, **kwargs))
+        lookahead = kwargs.pop("lookahead", None)
+        return self.run(self.decoder(public_query, private_context, **kwargs), lookahead=lookahead)
 
-    def run(self, decoder: CollaborativeDecoder) -> GenerationStream:
+    def run(self, decoder: CollaborativeDecoder, *, lookahead: int | None = None) -> GenerationStream:
         """Stream a decoder built by :meth:`decoder` (build it first to check a request's settings before any
         model or network work; the stream runs on this client's connections, resuming as :meth:`stream` does)."""
-        return GenerationStream(self.slm, decoder, run_with_resume(decoder, self._connect,
+        return GenerationStream(self.slm, decoder, run_with_resume(decoder, lambda: self._connect(lookahead),
                                                                   max_reconnects=self.max_reconnects))
 
     def generate(self, public_query: str | Prompts, private_context: str = "", **kwargs: Any) -> GenerationResult:
-        """Decode to the end; return the text and the privacy ledger."""
+        """Decode to the end; return the text and the privacy ledger (``lookahead`` as for :meth:`stream`)."""
+        lookahead = kwargs.pop("lookahead", None)
         decoder = self.decoder(public_query, private_context, **kwargs)
-        for _event in run_with_resume(decoder, self._connect, max_reconnects=self.max_reconnects):
+        for _event in run_with_resume(decoder, lambda: self._connect(lookahead), max_reconnects=self.max_reconnects):
             pass
         return GenerationResult(
             text=self.slm.detokenize(decoder.tokens),

@@ -209,6 +209,52 @@ def certify_fused_top_k(
     return kth > upper + rounding_margin(terms + abs(alpha * tail_bound) + abs((1.0 - alpha) * slm_omitted))
 
 
+def certified_fused_argmax(
+    known_ids: np.ndarray,
+    known_llm: np.ndarray,
+    tail_bound: float,
+    upload_ids: np.ndarray,
+    upload_values: np.ndarray,
+    alpha: float,
+    vocab_size: int,
+    excluded: np.ndarray,
+) -> int | None:
+    """The cloud's greedy pick ``argmax s`` from a sparse row and an upload when the row pins it down, else ``None``.
+
+    ``s(i) = alpha * p_llm(i) + (1 - alpha) * m(i) * u(i)`` (:func:`fuse_upload`; ``u`` the uploaded values,
+    ``m`` 1 where uploaded), with the ``excluded`` ids (end-of-generation ids on a ``no_stop`` step) out of the
+    choice.  Known ids have ``s`` exactly; an omitted id ``j`` has ``p_llm(j) <= tail_bound``, so::
+
+        s(j) <= alpha * tail_bound + (1 - alpha) * max(u(j) over omitted uploaded j, 0 if some omitted j is not)
+
+    The best known id is the pick when its score exceeds that bound and the second known score, each by a
+    rounding margin (:func:`rounding_margin`; in doubt: ``None``).  Everything read here is what the cloud holds
+    (its own row and the upload it received): whether the pick is certain tells it nothing.
+    """
+    allowed = ~np.isin(known_ids, excluded)
+    ids, llm = known_ids[allowed], np.asarray(known_llm, np.float32)[allowed]
+    if not len(ids):
+        return None
+    slm = np.zeros(vocab_size, np.float32)
+    uploaded = np.zeros(vocab_size, bool)
+    slm[upload_ids], uploaded[upload_ids] = upload_values, True
+    scores = np.float32(alpha) * llm + np.float32(1.0 - alpha) * slm[ids]
+    order = np.argsort(-scores, kind="stable")
+    best = float(scores[order[0]])
+    rivals = [float(scores[order[1]])] if len(order) > 1 else []
+    omitted = np.ones(vocab_size, bool)
+    omitted[known_ids] = False
+    if omitted.any():
+        upload_part = slm[omitted & uploaded]
+        if (omitted & ~uploaded).any():
+            upload_part = np.append(upload_part, np.float32(0.0))
+        rivals.append(alpha * tail_bound + (1.0 - alpha) * float(upload_part.max()))
+    if not rivals:
+        return int(ids[order[0]])
+    rival = max(rivals)
+    return int(ids[order[0]]) if best > rival + rounding_margin(abs(best) + abs(rival) + abs(tail_bound)) else None
+
+
 def max_omitted(values: np.ndarray, known_ids: np.ndarray) -> float:
     """``max values[j]`` over the ids ``j`` not in ``known_ids`` (``-inf`` if there are none).
 

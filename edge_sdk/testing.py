@@ -34,6 +34,7 @@ import hashlib
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,7 @@ import numpy as np
 from edge_sdk import wire
 from edge_sdk.fusion import check_finite, softmax
 from edge_sdk.logprobs import token_logprobs
+from edge_sdk.policies.base import CloudUpload
 from edge_sdk.status import CloudError
 from edge_sdk.transport import CloudConnection
 
@@ -203,6 +205,9 @@ class ScriptedCloud:
             answered; a step listed twice breaks twice).
         break_after_full_request: the same for a step's full-row request.
         name: the model name the cloud reports.
+        max_lookahead: the deepest run-ahead the cloud agrees to (0: lockstep only).  When a session runs
+            ahead, the cloud drafts after each message as deep as agreed: edge-side on its row's top token,
+            cloud-side on its pick from the row alone, each drafted row naming the token it assumes.
 
     ``sent`` holds every message the edge sent, as bytes, in order, over all sessions;
     :meth:`edge_messages` decodes them.  ``sessions`` holds each session opened, in order.
@@ -221,8 +226,10 @@ class ScriptedCloud:
         break_after_signal: Iterable[int] = (),
         break_after_full_request: Iterable[int] = (),
         name: str = "scripted-cloud",
+        max_lookahead: int = wire.MAX_LOOKAHEAD,
     ) -> None:
         self.vocab_size = vocab_size
+        self.max_lookahead = max_lookahead
         if isinstance(rows, Mapping):
             self.by_step: list[np.ndarray] = []
             self.table = _SuffixTable(rows, default, vocab_size, "ScriptedCloud")
@@ -249,9 +256,10 @@ class ScriptedCloud:
         self.sessions.append(session)
         return session
 
-    def connect(self) -> CloudConnection:
-        """A connection to a fresh session whose replies (and the delays before them) come as the edge reads."""
-        return CloudConnection(ScriptedChannel(self.session()))
+    def connect(self, lookahead: int = 0) -> CloudConnection:
+        """A connection to a fresh session whose replies (and the delays before them) come as the edge reads;
+        ``lookahead``: the deepest run-ahead the edge accepts (0: lockstep)."""
+        return CloudConnection(ScriptedChannel(self.session()), lookahead=lookahead)
 
     def edge_messages(self) -> list[Any]:
         """Every message the edge sent, decoded from :attr:`sent` (``EdgeMessage`` protos)."""
@@ -283,7 +291,9 @@ class ScriptedSession:
         self.step = 0
         self.eos: frozenset[int] = frozenset()
         self.max_new_tokens = 0
-        self.values = np.empty(0, np.float32)  # the current step's row as sent: probabilities or logits
+        self.rows: list[np.ndarray] = []  # the rows sent and not yet confirmed ([0]: the awaited step's)
+        self.drafts: list[int] = []  # run-ahead: the tokens assumed past the confirmed ones (in ``sequence``)
+        self.lookahead = 0
         self.full_sent = False
         self.finish_reason: str | None = None  # "broken" after a scripted break
 
@@ -307,7 +317,7 @@ class ScriptedSession:
             if self.full_sent:
                 raise CloudError("INVALID_ARGUMENT", f"the full row of step {self.step} was already sent")
             self.full_sent = True
-            return _replies([(0.0, wire.encode_distribution(wire.CloudDistribution(self.step, dense=self.values)))])
+            return _replies([(0.0, wire.encode_distribution(wire.CloudDistribution(self.step, dense=self.rows[0])))])
         if kind == "signal":
             self._check_step(message.signal.step, "signal")
             return _replies(self._apply(message.signal))
@@ -337,28 +347,56 @@ class ScriptedSession:
         self.step = len(request.resume_prefix)
         self.eos = self.cloud.eos_ids | frozenset(request.stop_token_ids)
         self.max_new_tokens = min(request.max_new_tokens or self.cloud.max_new_tokens, self.cloud.max_new_tokens)
+        self.lookahead = min(request.lookahead, self.cloud.max_lookahead)
         info = wire.SessionInfo(self.session_id, self.cloud.name, self.cloud.vocab_size, len(request.prompt_ids),
-                                self.eos, self.max_new_tokens)
+                                self.eos, self.max_new_tokens, lookahead=self.lookahead)
         return [(0.0, wire.encode_opened(info)), self._distribution()]
 
-    def _distribution(self) -> tuple[float, Any]:
-        """This step's distribution message, after the scripted delay: sparse top ``top_m``, dense if all."""
+    def _distribution(self, assumes: int | None = None) -> tuple[float, Any]:
+        """The next row's distribution message (the awaited step's, or a drafted one past it), after the scripted
+        delay: sparse top ``top_m``, dense if all; ``assumes``: the token before it the message names."""
         assert self.request is not None
-        logits = self.cloud.row(self.step, self.sequence)
+        step = self.step + len(self.drafts)
+        logits = self.cloud.row(step, self.sequence)
         probabilities = softmax(logits)
-        self.values = logits.copy() if self.request.space == "logit" else probabilities
-        self.full_sent = False
-        seconds = _seconds(self.cloud.delay_s, self.step)
+        values = logits.copy() if self.request.space == "logit" else probabilities
+        self.rows.append(values)
+        seconds = _seconds(self.cloud.delay_s, step)
         forward_ns = int(seconds * 1e9)
         if self.request.top_m >= self.cloud.vocab_size:
-            dist = wire.CloudDistribution(self.step, dense=self.values, forward_ns=forward_ns)
+            dist = wire.CloudDistribution(step, dense=values, forward_ns=forward_ns)
         else:
             dist = wire.CloudDistribution.sparse_from(
-                self.step, self.values, self.request.top_m, forward_ns,
+                step, values, self.request.top_m, forward_ns,
                 probabilities=probabilities if self.request.space == "logit" else None)
             if self.cloud.lie is not None:
                 dist = self.cloud.lie(dist)
+        if assumes is not None:
+            dist = replace(dist, assumes_token=assumes)
         return seconds, wire.encode_distribution(dist)
+
+    def _draft_token(self) -> int:
+        """The token assumed after the last row sent: edge-side its top, cloud-side the pick of an empty upload."""
+        assert self.request is not None
+        row = self.rows[-1]
+        if self.request.mode == "cloud":
+            return self._pick(CloudUpload.empty(self.request.space), row, no_stop=False)
+        return int(np.argmax(row))
+
+    def can_draft(self) -> bool:
+        """Whether the session runs ahead and has a row left to draft (within the depth, before an end)."""
+        if self.finish_reason is not None or not self.rows or len(self.drafts) >= self.lookahead:
+            return False
+        if self.step + len(self.drafts) + 1 >= self.max_new_tokens:
+            return False
+        return self._draft_token() not in self.eos
+
+    def draft(self) -> Iterator[Any]:
+        """One drafted row, naming the token it assumes."""
+        token = self._draft_token()
+        self.drafts.append(token)
+        self.sequence.append(token)
+        return _replies([self._distribution(assumes=token)])
 
     def _apply(self, signal: Any) -> list[tuple[float, Any]]:
         assert self.request is not None
@@ -367,26 +405,41 @@ class ScriptedSession:
         logprobs = None
         if self.request.mode == "cloud":
             upload = wire.decode_upload(signal.upload, self.cloud.vocab_size, self.request.space)
-            scores = self._fused(upload, no_stop=signal.no_stop)
+            scores = self._fused(upload, self.rows[0], no_stop=signal.no_stop)
             token = int(np.argmax(scores))
             if self.request.logprobs:
                 logprobs = token_logprobs(scores, self.request.space, token, self.request.top_logprobs)
         else:
             token = int(signal.token_id)
-        self.sequence.append(token)
+        self.rows.pop(0)
+        self.full_sent = False
         self.step += 1
         reason = "eos" if token in self.eos else "max_new_tokens" if self.step >= self.max_new_tokens else None
         if self.request.mode == "cloud":
             replies.append((0.0, wire.encode_token_chosen(step, token, reason is not None, logprobs)))
-        replies.append((0.0, self._finish(reason)) if reason is not None else self._distribution())
+        if reason is not None:
+            replies.append((0.0, self._finish(reason)))
+            return replies
+        if self.drafts and self.drafts[0] == token:  # the draft holds: its row already went out
+            self.drafts.pop(0)
+            return replies
+        if self.drafts:  # a miss: drop every draft
+            del self.sequence[len(self.sequence) - len(self.drafts):]
+            self.drafts, self.rows = [], []
+        self.sequence.append(token)
+        replies.append(self._distribution(assumes=token if self.lookahead else None))
         return replies
 
-    def _fused(self, upload: Any, *, no_stop: bool) -> np.ndarray:
+    def _pick(self, upload: Any, values: np.ndarray, *, no_stop: bool) -> int:
+        """The token the cloud picks: the argmax of :meth:`_fused`."""
+        return int(np.argmax(self._fused(upload, values, no_stop=no_stop)))
+
+    def _fused(self, upload: Any, values: np.ndarray, *, no_stop: bool) -> np.ndarray:
         """``alpha * row + (1 - alpha) * upload`` (the row alone at ``alpha = 0`` with nothing uploaded), stop ids at
-        the space's lowest value on ``no_stop``: the row the token is picked from (its argmax)."""
+        the space's lowest value on ``no_stop``: the row the token is picked from."""
         assert self.request is not None
         alpha = self.request.alpha
-        scores = self.values.copy() if alpha == 0.0 and not len(upload) else upload.fuse_with(self.values, alpha)
+        scores = values.copy() if alpha == 0.0 and not len(upload) else upload.fuse_with(values, alpha)
         if no_stop:
             stops = np.fromiter((i for i in self.eos if i < scores.shape[0]), dtype=np.int64)
             scores[stops] = np.finfo(np.float32).min if self.request.space == "logit" else 0.0
@@ -418,6 +471,8 @@ class ScriptedChannel:
 
     def send(self, message: Any) -> None:
         self._pending.append(self._session.handle(type(message).FromString(message.SerializeToString())))
+        while self._session.can_draft():  # run-ahead: as deep as agreed before the edge's next message
+            self._pending.append(self._session.draft())
 
     def receive(self) -> Any:
         while self._pending:

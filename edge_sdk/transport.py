@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal, Protocol, overload
 
 import numpy as np
 
 from edge_sdk import wire
+from edge_sdk.fusion import certified_fused_argmax
 from edge_sdk.logprobs import TokenLogprobs
 from edge_sdk.policies.base import CloudUpload
 from edge_sdk.status import RETRYABLE_CODES, CloudError
@@ -71,7 +73,12 @@ class CloudSessionHandler(Protocol):
 
 
 class InProcessChannel:
-    """Hands each message to a cloud session handler in this process and queues its replies."""
+    """Hands each message to a cloud session handler in this process and queues its replies.
+
+    A handler that runs ahead (``can_draft()``/``draft()``, as the cloud adapter's session does) drafts after
+    each message as deep as it will before the edge's next one: the schedule of a cloud infinitely quicker than
+    the edge.
+    """
 
     def __init__(self, handler: CloudSessionHandler) -> None:
         self._handler = handler
@@ -82,6 +89,9 @@ class InProcessChannel:
         edge_message = type(message).FromString(message.SerializeToString())
         try:
             self._replies.extend(self._handler.handle(edge_message))
+            can_draft = getattr(self._handler, "can_draft", None)
+            while can_draft is not None and can_draft():
+                self._replies.extend(self._handler.draft())  # type: ignore[attr-defined]
         except CloudError as exc:  # the status a server would end the stream with, as the edge receives it
             raise CloudError(exc.code, exc.message, retryable=exc.code in RETRYABLE_CODES) from exc
 
@@ -182,49 +192,100 @@ class CloudConnection:
     :meth:`upload` (cloud-side fusion) or :meth:`sync_token` (edge-side).
     """
 
-    def __init__(self, channel: MessageChannel) -> None:
+    def __init__(self, channel: MessageChannel, *, lookahead: int = 0) -> None:
+        if lookahead < 0:
+            raise ValueError(f"lookahead must be non-negative (0 = lockstep), got {lookahead}")
         self._channel = channel
+        self.lookahead = lookahead  # the deepest run-ahead this edge accepts (sent when the session opens)
         self.bytes = ByteCounter()
         self.info: wire.SessionInfo | None = None
         self._request: wire.SessionRequest | None = None
         self.finish_reason: str | None = None
+        self._held: deque[CloudMessage] = deque()  # distributions read while waiting for another message, in order
+        # run-ahead: the (step, token) the next row must name: the step after the last confirmed token, that token
+        self._follows: tuple[int, int] | None = None
+        # cloud-side run-ahead: picks taken from the certificate, each (step, token, finished), whose TokenChosen
+        # is still to be read and checked
+        self._unread_picks: deque[tuple[int, int, bool]] = deque()
+        self._current: wire.CloudDistribution | None = None  # the row the edge decides the awaited step from
+        self.rows_dropped = 0  # drafted rows that assumed another token than the one confirmed
+        self.picks_certified = 0  # cloud-side steps whose pick the edge read off the certificate without waiting
         #: cloud-side fusion with logprobs asked for: those the cloud sent with the last token it picked
         self.chosen_logprobs: TokenLogprobs | None = None
+
+    @property
+    def run_ahead(self) -> bool:
+        """Whether the cloud agreed to run ahead in this session."""
+        return self.info is not None and self.info.lookahead > 0
 
     def _send(self, message: EdgeMessage) -> None:
         self.bytes.edge_to_cloud += message.ByteSize()
         self._channel.send(message)
 
-    @overload
-    def _receive(self, expected: Literal["opened"]) -> SessionOpened: ...
-    @overload
-    def _receive(self, expected: Literal["distribution"]) -> Distribution: ...
-    @overload
-    def _receive(self, expected: Literal["token"]) -> TokenChosen: ...
-    @overload
-    def _receive(self, expected: Literal["finished"]) -> Finished: ...
-
-    def _receive(self, expected: str) -> SessionOpened | Distribution | TokenChosen | Finished:
-        """The next message, which must be of kind ``expected`` (the part of ``CloudMessage`` it sets)."""
+    def _next_message(self) -> CloudMessage:
         message = self._channel.receive()
         self.bytes.cloud_to_edge += message.ByteSize()
         kind = message.WhichOneof("kind")
-        if kind == "finished" and expected != "finished":
-            self.finish_reason = message.finished.reason
-            raise CloudError("ABORTED", f"the cloud finished the session early ({message.finished.reason})")
-        if kind != expected:
-            raise CloudError("INTERNAL", f"protocol violation: expected {expected}, the cloud sent {kind}")
-        return getattr(message, kind)
+        if kind == "token" and self._unread_picks:  # a pick taken from the certificate: the cloud must agree
+            step, token, finished = self._unread_picks.popleft()
+            chosen = message.token
+            if (chosen.step, chosen.token_id, chosen.finished) != (step, token, finished):
+                raise CloudError("DATA_LOSS", f"the cloud chose token {chosen.token_id} at step {chosen.step} where "
+                                 f"its row and the upload certify {token} at step {step}")
+            return self._next_message()
+        return message
+
+    @overload
+    def _receive(self, expected: Literal["opened"], *, hold: bool = False) -> SessionOpened: ...
+    @overload
+    def _receive(self, expected: Literal["distribution"], *, hold: bool = False) -> Distribution: ...
+    @overload
+    def _receive(self, expected: Literal["token"], *, hold: bool = False) -> TokenChosen: ...
+    @overload
+    def _receive(self, expected: Literal["finished"], *, hold: bool = False) -> Finished: ...
+
+    def _receive(self, expected: str, *, hold: bool = False) -> SessionOpened | Distribution | TokenChosen | Finished:
+        """The next message, which must be ``expected``.  ``hold``: distributions read first are kept for
+        :meth:`distribution` (drafted rows that arrive before a token or a full row)."""
+        while True:
+            message = self._held.popleft() if expected == "distribution" and self._held else self._next_message()
+            kind = message.WhichOneof("kind")
+            if hold and kind == "distribution" and expected != "distribution":
+                self._held.append(message)
+                continue
+            if kind == "finished" and expected != "finished":
+                self.finish_reason = message.finished.reason
+                raise CloudError("ABORTED", f"the cloud finished the session early ({message.finished.reason})")
+            if kind != expected:
+                raise CloudError("INTERNAL", f"protocol violation: expected {expected}, the cloud sent {kind}")
+            return getattr(message, kind)
 
     def open(self, request: wire.SessionRequest) -> wire.SessionInfo:
+        request = replace(request, lookahead=self.lookahead)
         self._request = request
         self._send(wire.encode_open(request))
-        self.info = wire.decode_opened(self._receive("opened"))
-        return self.info
+        info = wire.decode_opened(self._receive("opened"))
+        if info.lookahead > self.lookahead:
+            raise CloudError("INTERNAL", f"the cloud chose run-ahead depth {info.lookahead}, more than the "
+                             f"{self.lookahead} asked for")
+        self.info = info
+        return info
 
     def distribution(self) -> wire.CloudDistribution:
-        """The cloud's (sparse) distribution for the next step."""
-        return self._decode_distribution(self._receive("distribution"))
+        """The cloud's (sparse) distribution for the next step.
+
+        Run-ahead: the first row that follows the token last confirmed (it names that token); drafted rows that
+        assumed another token, and rows past the next step, are dropped (they came before the cloud learned the
+        confirmed token, whose row follows them).
+        """
+        while True:
+            dist = self._decode_distribution(self._receive("distribution"))
+            if self._follows is None or (dist.step, dist.assumes_token) == self._follows:
+                self._current = dist
+                return dist
+            if dist.step < self._follows[0] or dist.step > self._follows[0] + self.lookahead:
+                raise CloudError("INTERNAL", f"the cloud sent step {dist.step}, expected {self._follows[0]}")
+            self.rows_dropped += 1
 
     def _decode_distribution(self, message: Distribution) -> wire.CloudDistribution:
         """Parse a distribution and check it against what was asked; anything else ends the session.
@@ -254,11 +315,27 @@ class CloudConnection:
         """Ask for the full distribution of ``step`` (the cloud learns that we asked)."""
         assert self.info is not None, "open the session first"
         self._send(wire.encode_request_full(step))
-        dist = self._decode_distribution(self._receive("distribution"))
-        if not dist.is_full or dist.step != step:
+        full = self._decode_distribution(self._receive_for_step(step))
+        if not full.is_full or full.step != step:
             raise CloudError("DATA_LOSS", f"the cloud answered the full-row request of step {step} with a "
-                             f"{'full' if dist.is_full else 'sparse'} row of step {dist.step}")
-        return dist
+                             f"{'full' if full.is_full else 'sparse'} row of step {full.step}")
+        self._current = full
+        return full
+
+    def _receive_for_step(self, step: int) -> Distribution:
+        """The distribution of ``step`` (a full row asked for); drafted rows of later steps read first are held."""
+        while True:
+            message = self._next_message()
+            kind = message.WhichOneof("kind")
+            if kind == "distribution" and message.distribution.step > step:
+                self._held.append(message)
+                continue
+            if kind == "finished":
+                self.finish_reason = message.finished.reason
+                raise CloudError("ABORTED", f"the cloud finished the session early ({message.finished.reason})")
+            if kind != "distribution":
+                raise CloudError("INTERNAL", f"protocol violation: expected distribution, the cloud sent {kind}")
+            return message.distribution
 
     def upload(self, step: int, upload: CloudUpload, *, no_stop: bool = False) -> tuple[int, bool]:
         """Cloud-side fusion: send the upload, return ``(token the cloud picked, finished)``.
@@ -267,11 +344,22 @@ class CloudConnection:
         """
         assert self.info is not None, "open the session first"
         self._send(wire.encode_upload(step, upload, vocab_size=self.info.vocab_size, no_stop=no_stop))
-        chosen = self._receive("token")
+        certain = self._certified_pick(step, upload, no_stop) if self.run_ahead else None
+        finished = certain is not None and (certain in self.info.eos_token_ids or step + 1 >= self.info.max_new_tokens)
+        if certain is not None and not finished:  # the pick is pinned down: go on without waiting (checked later)
+            self._unread_picks.append((step, certain, finished))
+            self._follows = (step + 1, certain)
+            self.picks_certified += 1
+            return certain, finished
+        # the last token is always read from the cloud: every pick taken from a certificate is checked before the
+        # generation ends (a mismatch found after the end would be taken for a stream that broke there)
+        chosen = self._receive("token", hold=True)
         if chosen.step != step:
             raise CloudError("INTERNAL", f"the cloud answered step {chosen.step} to step {step}")
         if chosen.token_id >= self.info.vocab_size:
             raise CloudError("DATA_LOSS", f"the cloud chose token {chosen.token_id}, outside the vocabulary")
+        if self.run_ahead:
+            self._follows = (step + 1, int(chosen.token_id))
         self.chosen_logprobs = self._chosen_logprobs(chosen)
         return int(chosen.token_id), bool(chosen.finished)
 
@@ -287,13 +375,37 @@ class CloudConnection:
             raise CloudError("DATA_LOSS", "the cloud's log-probabilities do not match what the session asked for")
         return logprobs
 
+    def _certified_pick(self, step: int, upload: CloudUpload, no_stop: bool) -> int | None:
+        """Cloud-side greedy fusion: the token the cloud picks with ``upload``, when this step's row certifies it
+        (:func:`~edge_sdk.fusion.certified_fused_argmax`), else ``None``.  Reads only what the cloud holds (its
+        row, the upload and the public settings), so when the edge waits tells the cloud nothing.  With logprobs
+        asked for (public) the edge waits for them: they come with the cloud's pick."""
+        request, info, dist = self._request, self.info, self._current
+        assert request is not None and info is not None
+        if request.temperature != 0.0 or request.logprobs or dist is None or dist.step != step:
+            return None
+        alpha = request.alpha
+        if alpha == 0.0 and not len(upload):
+            alpha = 1.0  # the cloud then picks from its own row
+        if dist.dense is not None:
+            known_ids, known_llm, tail_bound = np.arange(info.vocab_size), dist.dense, 0.0
+        else:
+            known_ids, known_llm, tail_bound = dist.ids, dist.values, dist.tail_bound
+        excluded = np.fromiter(sorted(info.eos_token_ids), np.int64) if no_stop else np.empty(0, np.int64)
+        return certified_fused_argmax(known_ids, known_llm, tail_bound, upload.ids, upload.values, alpha,
+                                      info.vocab_size, excluded)
+
     def sync_token(self, step: int, token_id: int) -> None:
         """Edge-side fusion: send the chosen token (the reply is the next distribution)."""
         self._send(wire.encode_token(step, token_id))
+        if self.run_ahead:
+            self._follows = (step + 1, int(token_id))
 
     def finished(self) -> str:
-        """Read the cloud's end-of-session message; return its reason."""
-        self.finish_reason = self._receive("finished").reason
+        """Read the cloud's end-of-session message (drafted rows before it are dropped); return its reason."""
+        self._held.clear()
+        self.finish_reason = self._receive("finished", hold=True).reason
+        self._held.clear()
         return self.finish_reason
 
     def close(self) -> None:
@@ -301,7 +413,8 @@ class CloudConnection:
         try:
             if self.info is not None and self.finish_reason is None:
                 self._send(wire.encode_close())
-                self.finish_reason = self._receive("finished").reason
+                self._held.clear()
+                self.finish_reason = self._receive("finished", hold=True).reason
         except CloudError:
             pass  # the stream is already gone; nothing left to release remotely
         finally:

@@ -33,6 +33,9 @@ if TYPE_CHECKING:  # the generated message classes (edge_sdk/_wire/coveil_pb2.py
 PROTOCOL_VERSION = 1
 #: cloud probabilities per sparse step unless the session asks otherwise
 DEFAULT_TOP_M = 256
+#: the deepest run-ahead (drafted steps past the last confirmed token) an edge accepts unless told otherwise;
+#: the cloud's own cap too (``proto/coveil.proto``: ``OpenSession.lookahead``)
+MAX_LOOKAHEAD = 8
 
 _U32 = np.dtype("<u4")
 _F32 = np.dtype("<f4")
@@ -98,6 +101,7 @@ class SessionRequest:
     top_logprobs: int = 0
     #: cloud-side fusion: the public JSON schema (JSON text) the cloud masks its fused row by; "" for free text
     json_schema: str = ""
+    lookahead: int = 0  # the deepest run-ahead the edge accepts; 0 = lockstep
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,7 @@ class SessionInfo:
     eos_token_ids: frozenset[int]
     max_new_tokens: int
     protocol_version: int = PROTOCOL_VERSION
+    lookahead: int = 0  # the run-ahead depth the cloud chose (at most the edge's); 0 = lockstep
 
 
 @dataclass(frozen=True, eq=False)
@@ -126,6 +131,8 @@ class CloudDistribution:
     tail_mass: float = 0.0
     dense: np.ndarray | None = None
     forward_ns: int = 0
+    #: run-ahead: the token at ``step - 1`` this row was computed after (``None``: lockstep, or the first step)
+    assumes_token: int | None = None
 
     @property
     def is_full(self) -> bool:
@@ -248,6 +255,7 @@ def encode_open(req: SessionRequest) -> EdgeMessage:
         logprobs=req.logprobs,
         top_logprobs=req.top_logprobs,
         json_schema=req.json_schema,
+        lookahead=req.lookahead,
     )
     return m.EdgeMessage(open=open_msg)
 
@@ -284,6 +292,7 @@ def decode_open(msg: OpenSession, tokenize: Callable[[str], Sequence[int]] | Non
         logprobs=bool(msg.logprobs),
         top_logprobs=int(msg.top_logprobs),
         json_schema=msg.json_schema,
+        lookahead=int(msg.lookahead),
     )
 
 
@@ -298,6 +307,7 @@ def encode_opened(info: SessionInfo) -> CloudMessage:
             prompt_tokens=info.prompt_tokens,
             eos_token_ids=m.TokenIds(ids=ids_to_bytes(np.array(sorted(info.eos_token_ids)))),
             max_new_tokens=info.max_new_tokens,
+            lookahead=info.lookahead,
         )
     )
 
@@ -311,6 +321,7 @@ def decode_opened(msg: SessionOpened) -> SessionInfo:
         eos_token_ids=frozenset(int(i) for i in ids_from_bytes(msg.eos_token_ids.ids)),
         max_new_tokens=int(msg.max_new_tokens),
         protocol_version=int(msg.protocol_version),
+        lookahead=int(msg.lookahead),
     )
 
 
@@ -327,16 +338,19 @@ def encode_distribution(dist: CloudDistribution) -> CloudMessage:
             tail_mass=dist.tail_mass,
             forward_ns=dist.forward_ns,
         )
+    if dist.assumes_token is not None:
+        body.assumes_token = dist.assumes_token
     return m.CloudMessage(distribution=body)
 
 
 def decode_distribution(msg: Distribution, vocab_size: int) -> CloudDistribution:
+    assumes = int(msg.assumes_token) if msg.HasField("assumes_token") else None
     if msg.dense:
         dense = values_from_bytes(msg.dense)
         if dense.shape[0] != vocab_size:
             raise ValueError(f"full distribution has {dense.shape[0]} entries, vocabulary has {vocab_size}")
         check_finite(dense, "the cloud's full distribution")
-        return CloudDistribution(step=int(msg.step), dense=dense, forward_ns=int(msg.forward_ns))
+        return CloudDistribution(step=int(msg.step), dense=dense, forward_ns=int(msg.forward_ns), assumes_token=assumes)
     ids, values = ids_from_bytes(msg.ids), values_from_bytes(msg.values)
     if ids.shape != values.shape:
         raise ValueError(f"sparse distribution has {ids.size} ids but {values.size} values")
@@ -359,6 +373,7 @@ def decode_distribution(msg: Distribution, vocab_size: int) -> CloudDistribution
         tail_bound=float(msg.tail_bound),
         tail_mass=float(msg.tail_mass),
         forward_ns=int(msg.forward_ns),
+        assumes_token=assumes,
     )
 
 

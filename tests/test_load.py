@@ -6,6 +6,7 @@ import gc
 import weakref
 
 import grpc
+import pytest
 
 from cloud_adapter.engine import CloudEngine
 from cloud_adapter.limits import Limits
@@ -19,7 +20,9 @@ from tests.tiny_models import CORPUS, bpe_tokenizer, random_qwen
 SESSIONS = 32
 
 
-def test_32_concurrent_sessions_decode_and_leave_no_kv_cache_behind() -> None:
+@pytest.mark.parametrize("lookahead", [0, 4])
+def test_32_concurrent_sessions_decode_and_leave_no_kv_cache_behind(lookahead: int) -> None:
+    """In lockstep and with run-ahead (drafted forwards batched with the others; misses roll the KV back)."""
     tokenizer = bpe_tokenizer()
     llm = TransformersLLM.from_loaded(random_qwen(tokenizer, output_rows=448, seed=21), tokenizer, "tiny-bpe")
     text = " ".join(CORPUS)
@@ -41,7 +44,7 @@ def test_32_concurrent_sessions_decode_and_leave_no_kv_cache_behind() -> None:
         try:
             with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
                 report = run_load(channel, prompts, fingerprint=llm.vocab_fingerprint(), vocab_size=llm.vocab_size,
-                                  tokens=12)
+                                  tokens=12, lookahead=lookahead)
         finally:
             server.stop(None)
         assert report.errors == []

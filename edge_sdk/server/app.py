@@ -84,7 +84,8 @@ def build_client(settings: ServerSettings) -> tuple[EdgeClient, SLMBackend, Chat
     slm = LlamaCppSLM(resolve_model(settings.model), n_ctx=settings.n_ctx, n_threads=settings.threads)
     template = LlamaCppChatTemplate.for_model(slm, settings.chat_template)
     target = settings.cloud_addresses
-    client = EdgeClient(target if len(target) > 1 else target[0], slm=slm, credentials=settings.credentials())
+    client = EdgeClient(target if len(target) > 1 else target[0], slm=slm, credentials=settings.credentials(),
+                        lookahead=settings.lookahead)
     return client, slm, template
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_sdk.client import Credentials, is_loopback
+from edge_sdk.wire import MAX_LOOKAHEAD
 
 #: the environment variable an API key may come from instead of ``--api-key-file``
 API_KEY_ENV = "COVEIL_API_KEY"
@@ -45,6 +46,10 @@ class ServerSettings:
     tls_ca: Path | None = _option(None, "CA certificate (PEM) of the adapter's TLS (default: the system's roots)",
                                   metavar="PEM", type=Path)
     plaintext: bool = _option(False, "talk to the adapter without TLS (accepted for a loopback --cloud only)")
+    lookahead: int = _option(
+        MAX_LOOKAHEAD, "deepest run-ahead accepted: rows the adapter drafts past the last confirmed token so a "
+        "token does not wait a round trip (the adapter adapts the depth to the link); 0 = lockstep. What the edge "
+        "sends is the same either way", metavar="N", type=int)
     # -- the edge model
     model: str | None = _option(None, "the edge SLM: a .gguf path (default: the embedded Gemma-3 270M)",
                                 metavar="GGUF")
@@ -91,6 +96,8 @@ class ServerSettings:
         if self.plaintext and not all(is_loopback(address) for address in self.cloud_addresses):
             raise ValueError(f"--plaintext is accepted for a loopback --cloud only, got {self.cloud}: give the "
                              "adapter's CA (--tls-ca) or rely on the system's trust roots")
+        if self.lookahead < 0:
+            raise ValueError(f"--lookahead must be 0 (lockstep) or more, got {self.lookahead}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"--threads must be at least 1, got {self.threads}")
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):

@@ -1,0 +1,369 @@
+"""Run-ahead (issue 21): the cloud drafts rows past the awaited step; the edge's messages and tokens stay lockstep's.
+
+The loop properties run on the public fakes (a :class:`~edge_sdk.testing.TableSLM` and a
+:class:`~edge_sdk.testing.ScriptedCloud` whose rows depend on the token before them, so a row drafted on the
+wrong token differs from the right one); the rest on the real cloud engine over the tiny transformers pair, in
+process and over real gRPC.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from edge_sdk import wire
+from edge_sdk.leakage import LeakageMeter
+from edge_sdk.policies import CoVeil, EmbeddingNeighbours, Policy, Undefended, available_policies, make_policy
+from edge_sdk.session import CollaborativeDecoder, DecodeSettings, run_with_resume
+from edge_sdk.testing import ScriptedCloud, TableSLM
+from edge_sdk.transport import CloudConnection, InProcessChannel
+
+EOS = 0
+PROMPT_PRIVATE, PROMPT_PUBLIC = [5, 3, 1], [1]
+PROPERTY = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+#: every registered policy in each mode it defines, and the logit-space variants of the two that have them
+CASES: list[tuple[str, str, dict[str, Any]]] = [
+    *((mode, name, {}) for mode in ("cloud", "edge") for name in available_policies(mode)),
+    ("cloud", "undefended", {"space": "logit"}), ("edge", "undefended", {"space": "logit"}),
+    ("cloud", "coveil", {"lam": 1.0}), ("edge", "coveil", {"lam": 1.0}),
+]
+
+
+def make(name: str, params: dict[str, Any], vocab: int) -> Policy:
+    if name == "custext":  # CusText reads token embeddings: a fixed random table over this vocabulary
+        embeddings = np.random.default_rng(3).normal(size=(vocab, 4)).astype(np.float32)
+        return make_policy(name, neighbours=EmbeddingNeighbours(embeddings), **params)
+    return make_policy(name, **params)
+
+
+def pieces(vocab: int) -> list[str]:
+    return ["<eos>"] + [f" w{i}" for i in range(1, vocab)]
+
+
+@st.composite
+def scenarios(draw: Any) -> dict[str, Any]:
+    """A vocabulary, the SLM's and the cloud's rows after each id (so every row depends on the token before it)."""
+    vocab = draw(st.integers(4, 8))
+    row = hnp.arrays(np.float32, vocab, elements=st.floats(-5, 5, width=32))
+    slm_rows = draw(st.lists(row, min_size=vocab + 1, max_size=vocab + 1))
+    cloud_rows = draw(st.lists(row, min_size=vocab + 1, max_size=vocab + 1))
+    if draw(st.booleans()):  # most runs go the whole length; the others may end at EOS
+        for r in (*slm_rows, *cloud_rows):
+            r[EOS] = -30.0
+    steps = draw(st.integers(1, 7))
+    breaks = draw(st.lists(st.integers(0, steps - 1), max_size=2))  # streams that break after a step's signal
+    return {"vocab": vocab, "slm_rows": slm_rows, "cloud_rows": cloud_rows, "steps": steps, "breaks": breaks,
+            "top_m": draw(st.integers(1, vocab)), "lookahead": draw(st.integers(1, 4))}
+
+
+def build(scenario: dict[str, Any]) -> tuple[TableSLM, ScriptedCloud]:
+    vocab = scenario["vocab"]
+    slm = TableSLM(pieces(vocab), {(i,): r for i, r in enumerate(scenario["slm_rows"][1:])},
+                   default=scenario["slm_rows"][0], eos_ids={EOS})
+    cloud = ScriptedCloud(vocab, {(i,): r for i, r in enumerate(scenario["cloud_rows"][1:])},
+                          default=scenario["cloud_rows"][0], eos_ids={EOS},
+                          break_after_signal=scenario.get("breaks", ()))
+    return slm, cloud
+
+
+def run(scenario: dict[str, Any], mode: str, policy: Policy, lookahead: int) -> tuple[CollaborativeDecoder,
+                                                                                      ScriptedCloud, list[Any]]:
+    slm, cloud = build(scenario)
+    settings_ = DecodeSettings(mode=mode, max_new_tokens=scenario["steps"], top_m=scenario["top_m"], exposure_k=1)
+    decoder = CollaborativeDecoder(slm, policy, settings_, slm_prompt=PROMPT_PRIVATE, cloud_prompt=PROMPT_PUBLIC,
+                                   meter=LeakageMeter(frozenset()), rng=np.random.default_rng(11))
+    connections: list[CloudConnection] = []
+
+    def connect() -> CloudConnection:
+        connections.append(cloud.connect(lookahead=lookahead))
+        return connections[-1]
+
+    list(run_with_resume(decoder, connect, max_reconnects=len(scenario.get("breaks", ())), backoff_s=0.0))
+    return decoder, cloud, connections
+
+
+def observed_steps(transcript: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the cloud observed at each step (its bytes down, drafts included, left out)."""
+    return [{key: value for key, value in step.items() if key != "bytes_down"} for step in transcript["steps"]]
+
+
+def ledger_view(decoder: CollaborativeDecoder) -> list[tuple[Any, ...]]:
+    """What each ledger entry says left the device (timings and bytes down, which run-ahead changes, left out)."""
+    return [(e.step, e.token_id, e.signal, e.values_uploaded, e.full_requested, e.withheld, e.steered, e.bytes_up,
+             e.exposure, e.sends, e.full_requests) for e in decoder.ledger.entries]
+
+
+@PROPERTY
+@given(scenario=scenarios(), case=st.sampled_from(CASES))
+def test_run_ahead_sends_the_same_bytes_in_the_same_order_and_decides_the_same_tokens(scenario, case) -> None:
+    mode, name, params = case
+    lockstep, lock_cloud, _ = run(scenario, mode, make(name, params, scenario["vocab"]), 0)
+    ahead, ahead_cloud, connections = run(scenario, mode, make(name, params, scenario["vocab"]),
+                                          scenario["lookahead"])
+    assert connections[0].info.lookahead == scenario["lookahead"]  # the cloud agreed: this run did run ahead
+    assert ahead.tokens == lockstep.tokens
+    assert ledger_view(ahead) == ledger_view(lockstep)
+    # every message byte for byte (a broken stream's resume included); the opens differ in the depth offered alone
+    assert len(ahead_cloud.sent) == len(lock_cloud.sent)
+    for ahead_bytes, lock_bytes in zip(ahead_cloud.sent, lock_cloud.sent, strict=True):
+        message = wire.pb().EdgeMessage.FromString(ahead_bytes)
+        if message.WhichOneof("kind") == "open":
+            assert message.open.lookahead == scenario["lookahead"]
+            message.open.ClearField("lookahead")
+            ahead_bytes = message.SerializeToString()
+        assert ahead_bytes == lock_bytes
+
+
+def test_a_draft_the_edge_does_not_confirm_is_dropped_and_the_row_after_its_token_is_used() -> None:
+    """Hand-worked, edge-side undefended fusion (alpha = 0.5, full rows), ids {0 eos, 1 a, 2 b, 3 prompt}.
+
+    Step 0, cloud row (0, 2, 0, -9): p ~ (.107, .787, .107, 0); SLM (0, 0, 5, -9): p ~ (.0066, .0066, .987, 0).
+    Fused a = (.787 + .0066) / 2 = .397 < b = (.107 + .987) / 2 = .547: the edge takes b; the cloud drafted
+    its top, a.  Step 1, the SLM after b is (0, 5, 0, -9): p ~ (.0066, .987, .0066, 0).  The right cloud row
+    (after b) is (0, 4, 0, -9): p ~ (.018, .965, .018, 0), fused a = (.965 + .987) / 2 = .976: a.  The
+    drafted row (after a) is (0, 0, 8, -9): p ~ (.0003, .0003, .9993, 0), fused a = .494 < b = .503: used,
+    the stale row would give b.
+    """
+    vocab = 4
+    slm = TableSLM(pieces(vocab), {(2,): [0.0, 5.0, 0.0, -9.0]}, default=[0.0, 0.0, 5.0, -9.0], eos_ids={EOS})
+    cloud = ScriptedCloud(vocab, {(1,): [0.0, 0.0, 8.0, -9.0], (2,): [0.0, 4.0, 0.0, -9.0]},
+                          default=[0.0, 2.0, 0.0, -9.0], eos_ids={EOS})
+    settings_ = DecodeSettings(mode="edge", alpha=0.5, max_new_tokens=2, top_m=vocab, exposure_k=1)
+    decoder = CollaborativeDecoder(slm, Undefended(), settings_, slm_prompt=[3], cloud_prompt=[3],
+                                   meter=LeakageMeter(frozenset()))
+    connection = cloud.connect(lookahead=1)
+    list(decoder.steps(connection))
+    assert decoder.tokens == [2, 1]
+    assert connection.rows_dropped == 1  # the row drafted after a
+
+
+def test_an_older_sdk_gets_lockstep_from_a_newer_adapter(tiny_pair_engine) -> None:
+    """An open without the lookahead field (what an older SDK sends: proto3 leaves a 0 out) is answered with 0
+    and no row names an assumed token."""
+    engine, slm = tiny_pair_engine
+    request = wire.SessionRequest(prompt_ids=tuple(engine.llm.tokenize("the patient")), mode="edge",
+                                  max_new_tokens=6, vocab_fingerprint=engine.fingerprint, vocab_size=slm.vocab_size,
+                                  top_m=16)
+    message = wire.encode_open(request)
+    assert 16 not in {field.number for field, _ in message.open.ListFields()}  # the field is not on the wire
+    handler = engine.session("old-sdk")
+    replies = list(handler.handle(message))
+    assert [r.WhichOneof("kind") for r in replies] == ["opened", "distribution"]
+    assert replies[0].opened.lookahead == 0 and not handler.can_draft()
+    for step in range(5):
+        replies = list(handler.handle(wire.encode_token(step, 7)))
+        assert [r.WhichOneof("kind") for r in replies] == ["distribution"]
+        assert not replies[0].distribution.HasField("assumes_token")
+        assert not handler.can_draft()
+
+
+class OlderAdapter:
+    """A session handler as an adapter from before run-ahead answers: the offered depth is never read (the open
+    reaches it without the field), its opened message carries none, and it never drafts."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def handle(self, message: Any) -> Any:
+        if message.WhichOneof("kind") == "open":
+            message.open.ClearField("lookahead")
+        replies = list(self.inner.handle(message))
+        for reply in replies:
+            assert reply.WhichOneof("kind") != "opened" or 8 not in {f.number for f, _ in
+                                                                   reply.opened.ListFields()}
+        return replies
+
+    def abandon(self, reason: str) -> None:
+        self.inner.abandon(reason)
+
+
+def test_a_newer_sdk_decodes_in_lockstep_with_an_older_adapter(tiny_pair_engine) -> None:
+    from edge_sdk.client import EdgeClient
+
+    engine, slm = tiny_pair_engine
+    newer = EdgeClient(lambda: OlderAdapter(engine.session("t")), slm=slm, lookahead=4)
+    plain = EdgeClient(lambda: engine.session("t"), slm=slm, lookahead=0)
+    result = newer.generate("the patient", "private note", mode="edge", policy="undefended", max_new_tokens=8)
+    assert result.token_ids == plain.generate("the patient", "private note", mode="edge", policy="undefended",
+                                              max_new_tokens=8).token_ids
+    assert engine.transcript(result.ledger.session_ids[-1])["lookahead"] == 0
+    assert engine.transcript(result.ledger.session_ids[-1])["forwards"] == len(result.token_ids) - 1
+
+
+@pytest.fixture(scope="module")
+def tiny_pair_engine() -> tuple[Any, Any]:
+    from cloud_adapter.engine import CloudEngine
+    from cloud_adapter.llm import TransformersSLM
+
+    from tests.tiny_models import tiny_pair
+
+    edge, cloud = tiny_pair()
+    return CloudEngine(cloud), TransformersSLM(edge)
+
+
+@pytest.mark.parametrize("mode", ["edge", "cloud"])
+def test_the_real_engine_with_run_ahead_observes_what_it_observes_in_lockstep(tiny_pair_engine, mode) -> None:
+    """Greedy tokens are lockstep's token for token, the cloud's transcript (what it observed) is the same, and the
+    run-ahead session did draft: more forwards than confirmed tokens, some rolled back (the tiny models disagree
+    often)."""
+    from edge_sdk.client import EdgeClient
+
+    engine, slm = tiny_pair_engine
+    client = EdgeClient(lambda: engine.session("t"), slm=slm)
+    observed = {}
+    for lookahead in (0, 3):
+        result = client.generate("the patient has", "canary zebra", mode=mode, policy=CoVeil(lam=1.0),
+                                 max_new_tokens=16, lookahead=lookahead)
+        transcript = engine.transcript(result.ledger.session_ids[-1])
+        observed[lookahead] = (result.token_ids, observed_steps(transcript))
+        if lookahead:
+            assert transcript["lookahead"] == 3
+            assert transcript["forwards"] > len(result.token_ids) - 1 and transcript["drafts_dropped"] > 0
+    assert observed[3] == observed[0]
+
+
+def test_a_rolled_back_sequence_decodes_as_one_that_never_held_the_draft(tiny_pair_engine) -> None:
+    """TransformersLLM.truncate: the logits after a rollback and a new token equal, bit for bit, those of a
+    sequence that stepped the same confirmed tokens without the draft."""
+    engine, _ = tiny_pair_engine
+    llm = engine.llm
+    prompt = llm.tokenize("the patient has")
+    plain, drafted = llm.open(prompt), llm.open(prompt)
+    for token in (5, 9):
+        llm.step([(plain, token)])
+        llm.step([(drafted, token)])
+    for token in (11, 12, 13):  # three drafts the edge did not confirm
+        llm.step([(drafted, token)])
+    llm.truncate(drafted, len(plain.ids))
+    llm.step([(plain, 20)])
+    llm.step([(drafted, 20)])
+    assert drafted.ids == plain.ids
+    np.testing.assert_array_equal(drafted.next_logits, plain.next_logits)
+
+
+def test_run_ahead_over_real_grpc_changes_nothing_the_cloud_observes(tiny_pair_engine) -> None:
+    """The canary over a real gRPC stream: with a private canary in the context, the cloud's transcript and the
+    tokens are those of lockstep, while the adapter drafted (its transcript counts the forwards)."""
+    from cloud_adapter.server import build_server
+    from edge_sdk.client import Credentials, EdgeClient
+
+    engine, slm = tiny_pair_engine
+    server, port = build_server(engine, address="127.0.0.1:0")
+    server.start()
+    try:
+        with EdgeClient(f"127.0.0.1:{port}", slm=slm, credentials=Credentials(plaintext=True)) as client:
+            seen = {}
+            for lookahead in (0, 4):
+                result = client.generate("the patient has", "canary: the patient is Zebulon Quark", mode="edge",
+                                         policy="coveil", max_new_tokens=12, lookahead=lookahead)
+                transcript = engine.transcript(result.ledger.session_ids[-1])
+                seen[lookahead] = (result.token_ids, observed_steps(transcript))
+                assert transcript["lookahead"] == lookahead
+                if lookahead:
+                    assert transcript["forwards"] > len(result.token_ids) - 1
+    finally:
+        server.stop(None)
+    assert seen[4] == seen[0]
+
+
+def certified_run(channel_type: Any = None) -> tuple[CollaborativeDecoder, CloudConnection]:
+    """Cloud-side undefended fusion (alpha = 0.3, probabilities) of a uniform SLM (every upload value 0.2) with the
+    cloud's top-3 row (.7, .2, .098) at ids (1, 2, 3), the rest at most .098: fused 1 = .21 + .14 = .35 beats
+    2 (.06 + .14 = .2) and any omitted id (at most .3 * .098 + .14 = .169): the pick, 1, is certain."""
+    from edge_sdk.testing import ScriptedChannel
+
+    vocab = 5
+    rows = [np.log([1e-3, 0.7, 0.2, 0.098, 1e-3])] * 3
+    slm = TableSLM(pieces(vocab), {}, default=[0.0] * vocab, eos_ids={EOS})
+    cloud = ScriptedCloud(vocab, rows, eos_ids={EOS})
+    decoder = CollaborativeDecoder(slm, Undefended(), DecodeSettings(mode="cloud", max_new_tokens=3, top_m=3),
+                                   slm_prompt=[2], cloud_prompt=[1], meter=LeakageMeter(frozenset()))
+    connection = CloudConnection((channel_type or ScriptedChannel)(cloud.session()), lookahead=2)
+    list(decoder.steps(connection))
+    return decoder, connection
+
+
+def test_a_cloud_side_pick_certified_by_the_row_is_taken_without_waiting_and_checked_later() -> None:
+    decoder, connection = certified_run()
+    assert decoder.tokens == [1, 1, 1]
+    assert connection.picks_certified == 2  # the last pick, which ends the generation, is read from the cloud
+
+
+def test_a_cloud_that_names_another_token_than_the_certified_pick_is_caught() -> None:
+    from edge_sdk.testing import ScriptedChannel
+    from edge_sdk.transport import CloudError
+
+    class Lying(ScriptedChannel):
+        def receive(self) -> Any:
+            reply = super().receive()
+            if reply.WhichOneof("kind") == "token":
+                reply.token.token_id = 2
+            return reply
+
+    with pytest.raises(CloudError) as caught:
+        certified_run(Lying)
+    assert caught.value.code == "DATA_LOSS"
+
+
+def test_in_process_channel_without_draft_methods_still_decodes() -> None:
+    """A handler that cannot draft (no can_draft) is served in lockstep by the in-process channel."""
+    cloud = ScriptedCloud(4, [np.log([0.1, 0.6, 0.2, 0.1])] * 2, eos_ids={EOS})
+    session = cloud.session()
+
+    class Plain:
+        def handle(self, message: Any) -> Any:
+            return list(session.handle(message))
+
+        def abandon(self, reason: str) -> None:
+            session.abandon(reason)
+
+    slm = TableSLM(pieces(4), {}, default=[0.0, 1.0, 0.0, 0.0], eos_ids={EOS})
+    decoder = CollaborativeDecoder(slm, Undefended(), DecodeSettings(mode="edge", max_new_tokens=2, top_m=4,
+                                                                     exposure_k=1),
+                                   slm_prompt=[2], cloud_prompt=[1], meter=LeakageMeter(frozenset()))
+    list(decoder.steps(CloudConnection(InProcessChannel(Plain()), lookahead=2)))
+    assert decoder.tokens == [1, 1]
+
+
+def test_coveil_edge_serve_takes_lookahead_and_refuses_a_negative_one(capsys: pytest.CaptureFixture[str]) -> None:
+    from edge_sdk.server.settings import ServerSettings
+    from eval_harness.cli import main
+
+    assert main(["edge", "serve", "--cloud", "127.0.0.1:1", "--lookahead", "-1"]) == 1
+    assert capsys.readouterr().err.strip() == "coveil edge: --lookahead must be 0 (lockstep) or more, got -1"
+    assert ServerSettings(cloud="127.0.0.1:1").lookahead == wire.MAX_LOOKAHEAD  # run-ahead on by default
+    with pytest.raises(SystemExit):
+        main(["edge", "serve", "--help"])
+    assert "--lookahead N" in capsys.readouterr().out
+
+
+def test_no_client_makes_the_adapter_draft_past_its_limit(tiny_pair_engine) -> None:
+    """An edge offering 8 rows gets the adapter's --max-lookahead (2); after a slow turnaround (the depth rule
+    then wants every row it may) the adapter drafts exactly 2 rows past the awaited step and stops."""
+    import time
+
+    from cloud_adapter.engine import CloudEngine
+    from cloud_adapter.limits import Limits
+
+    engine = CloudEngine(tiny_pair_engine[0].llm, Limits(max_lookahead=2))
+    request = wire.SessionRequest(prompt_ids=tuple(engine.llm.tokenize("the patient")), mode="edge",
+                                  max_new_tokens=20, vocab_fingerprint=engine.fingerprint,
+                                  vocab_size=engine.llm.vocab_size, top_m=16, lookahead=8)
+    handler = engine.session("greedy-client")
+    opened = list(handler.handle(wire.encode_open(request)))[0].opened
+    assert opened.lookahead == 2
+    for step in range(3):
+        time.sleep(0.3)  # an edge far slower than a forward: the turnaround asks for the deepest drafts
+        list(handler.handle(wire.encode_token(step, 7)))  # not the tiny model's top at these steps: each draft misses
+        drafted = 0
+        while handler.can_draft():
+            list(handler.draft())
+            drafted += 1
+        assert drafted == 2
+    handler.abandon("closed")
