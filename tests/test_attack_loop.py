@@ -17,7 +17,8 @@ from edge_sdk.leakage import LeakageMeter
 from edge_sdk.masking import folded_vocabulary, never_upload_ids
 from edge_sdk.policies import Policy, make_policy
 from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_resume
-from edge_sdk.transport import CloudConnection, CloudError, InProcessChannel
+from edge_sdk.status import CloudError
+from edge_sdk.transport import CloudConnection, InProcessChannel
 from tests.test_malicious_cloud import LyingCloud, PeakSLM, SlowSLM, policies
 
 # -- pacing: a full-row request is a message the cloud times too ----------------------------------------------

@@ -19,7 +19,7 @@ from hypothesis.extra import numpy as hnp
 from edge_sdk import wire
 from edge_sdk.leakage import LeakageMeter
 from edge_sdk.policies import CoVeil, EmbeddingNeighbours, Policy, Undefended, available_policies, make_policy
-from edge_sdk.session import CollaborativeDecoder, DecodeSettings, run_with_resume
+from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_resume
 from edge_sdk.testing import ScriptedCloud, TableSLM
 from edge_sdk.transport import CloudConnection, InProcessChannel
 
@@ -297,7 +297,7 @@ def test_a_cloud_side_pick_certified_by_the_row_is_taken_without_waiting_and_che
 
 def test_a_cloud_that_names_another_token_than_the_certified_pick_is_caught() -> None:
     from edge_sdk.testing import ScriptedChannel
-    from edge_sdk.transport import CloudError
+    from edge_sdk.status import CloudError
 
     class Lying(ScriptedChannel):
         def receive(self) -> Any:
