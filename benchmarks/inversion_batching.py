@@ -31,7 +31,7 @@ from edge_sdk.leakage import piece_reader
 from edge_sdk.policies import Undefended
 from eval_harness.attacks.inversion import CloudObservation, TransformersInversion, exposure_lines
 from eval_harness.datasets import load_task
-from eval_harness.protocol import DecodingProtocol
+from eval_harness.decoding_protocol import DecodingProtocol
 from eval_harness.runners.reference import ItemRun, ReferenceRunner
 
 

@@ -66,7 +66,7 @@ from cloud_adapter.llm import TransformersLLM
 from edge_sdk.policies import CoVeil
 from edge_sdk.policies.coveil import coveil_select
 from eval_harness.datasets import load_task
-from eval_harness.protocol import DecodingProtocol
+from eval_harness.decoding_protocol import DecodingProtocol
 from eval_harness.runners.reference import ItemRun, ReferenceRunner
 
 ALPHA = 0.3

@@ -27,7 +27,7 @@ from edge_sdk.session import LedgerEntry, PrivacyLedger
 from eval_harness.cli.decodeleak import main
 from eval_harness.datasets import load_task
 from eval_harness.metrics import Vocabulary, evidence_recall
-from eval_harness.protocol import DecodingProtocol
+from eval_harness.decoding_protocol import DecodingProtocol
 from eval_harness.runners.audit import FROM_LEDGER, FROM_TRANSCRIPT, audit_generation
 from eval_harness.runners.deployed import DeployedRunner
 from eval_harness.runners.reference import ItemRun

@@ -11,7 +11,7 @@ import pytest
 
 from eval_harness.cli.decodeleak import main, parse
 from eval_harness.datasets import load_task
-from eval_harness.protocol import DecodingProtocol
+from eval_harness.decoding_protocol import DecodingProtocol
 from eval_harness.sweep.execute import ReferenceSpec
 from eval_harness.sweep.grid import Setting, row_key
 from eval_harness.sweep.ray import RowInbox, code_digest, connect, plan_shards, run_shard

@@ -6,7 +6,7 @@ Q4_K_M, so **every other variant is requantised from the Q4_K_M file**, and the 
 **that same file dequantised**: the Q4_K_M line measures llama.cpp's arithmetic, the others that plus their
 own rounding of Q4_K_M's weights (none can be closer to the original model than Q4_K_M).
 
-Three passes (:mod:`eval_harness.compare.audit`): the reference in the collaborative loop; every variant
+Three passes (:mod:`eval_harness.compare.quant_audit`): the reference in the collaborative loop; every variant
 teacher-forced along the reference's CoVeil generations (per step: KL(p_ref || p_quant), top-1 agreement,
 top-10/100 overlap, CoVeil's decision given the same cloud row); every variant in the collaborative loop
 (cloud LLM in transformers, the same for all), with the change in accuracy and each DecodeLeak metric.
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from eval_harness.cli.shared import csv_list, progress_bar
-from eval_harness.compare.audit import POLICIES
+from eval_harness.compare.quant_audit import POLICIES
 
 DEFAULT_VARIANTS = "Q8_0,Q4_K_M,Q3_K,Q2_K"
 
@@ -67,10 +67,10 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Run the three passes with a progress bar, then write the table, the summary and the figure."""
     from edge_sdk.models import resolve_model
-    from eval_harness.compare.audit import QuantAudit, QuantComparison
+    from eval_harness.compare.quant_audit import QuantAudit, QuantComparison
     from eval_harness.compare.quantize import cached_info, derive_variant
     from eval_harness.datasets import load_task
-    from eval_harness.protocol import DecodingProtocol
+    from eval_harness.decoding_protocol import DecodingProtocol
     from eval_harness.report.quant import drift_figure, markdown, summarise, write_summary
     from eval_harness.sweep.execute import ReferenceSpec, file_digest
 

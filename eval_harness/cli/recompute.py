@@ -107,7 +107,7 @@ class Rescorer:
     def rescore(self, row: Mapping[str, Any]) -> dict[str, Any]:
         """What the row's stored fields should be, recomputed: ``{"metrics": {...}, "evidence": {...}, ...}``."""
         from eval_harness.metrics import evidence_counts
-        from eval_harness.protocol import DecodingProtocol
+        from eval_harness.decoding_protocol import DecodingProtocol
         from eval_harness.sweep.execute import _metrics
         from eval_harness.sweep.exposure_codec import decode_trace
 

@@ -193,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
     files, the results file's run); with nothing left to do no model loads at all.
     """
     from eval_harness.datasets import load_task
-    from eval_harness.protocol import DecodingProtocol
+    from eval_harness.decoding_protocol import DecodingProtocol
     from eval_harness.sweep.grid import pending_pairs, parse_shard
     from eval_harness.sweep.store import ResultStore
 

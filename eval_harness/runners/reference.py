@@ -40,7 +40,7 @@ from edge_sdk.client import EdgeClient, GenerationResult
 from edge_sdk.prompts import Prompts, plain_prompts
 from edge_sdk.policies import Policy
 from eval_harness.datasets import DecodeLeakItem
-from eval_harness.protocol import DecodingProtocol
+from eval_harness.decoding_protocol import DecodingProtocol
 from eval_harness.runners import mechanism
 
 

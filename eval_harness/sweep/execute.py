@@ -35,7 +35,7 @@ from edge_sdk.policies import Policy, make_policy, policy_class
 from eval_harness.attacks.inversion import CloudObservation, InversionAttack, inversion_cell
 from eval_harness.datasets import DecodeLeakItem
 from eval_harness.metrics import Vocabulary, evidence_counts, evidence_recall
-from eval_harness.protocol import DecodingProtocol
+from eval_harness.decoding_protocol import DecodingProtocol
 from eval_harness.runners.audit import AuditedResult
 from eval_harness.runners.reference import ItemRun, ReferenceRunner
 from eval_harness.sweep.exposure_codec import encode_trace

@@ -62,7 +62,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from eval_harness.datasets import DecodeLeakItem
-from eval_harness.protocol import DecodingProtocol
+from eval_harness.decoding_protocol import DecodingProtocol
 from eval_harness.sweep.grid import Setting, pending_pairs, row_key
 from eval_harness.sweep.store import ResultStore
 

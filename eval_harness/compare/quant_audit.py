@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from eval_harness.compare.quantize import Variant
 from eval_harness.datasets import DecodeLeakItem
-from eval_harness.protocol import DecodingProtocol
+from eval_harness.decoding_protocol import DecodingProtocol
 from eval_harness.sweep.grid import Setting, row_key
 from eval_harness.sweep.store import ResultStore, read_rows
 
