@@ -18,17 +18,15 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk import wire
 from edge_sdk.backends.base import SLMBackend
+from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.grammar import JsonConstraint
 from edge_sdk.leakage import LeakageMeter, content_token_ids, piece_reader
 from edge_sdk.masking import folded_vocabulary, never_upload_ids
 from edge_sdk.policies import Policy, make_policy
-from edge_sdk.policies.base import FusionMode
 from edge_sdk.prompts import CONTEXT_SEPARATOR, Prompts, plain_prompts
 from edge_sdk.session import (
     CollaborativeDecoder,
-    DecodeSettings,
     LedgerEntry,
     PrivacyLedger,
     StepEvent,
@@ -346,24 +344,20 @@ class EdgeClient:
         public_query: str | Prompts,
         private_context: str = "",
         *,
-        mode: FusionMode = "cloud",
+        settings: DecodeSettings | None = None,
         policy: Policy | str = "coveil",
-        alpha: float = 0.3,
-        max_new_tokens: int = 256,
-        temperature: float = 0.0,
         never_upload: Sequence[str] = (),
-        exposure_budget: float | None = None,
-        max_epsilon: float | None = None,
-        epsilon_delta: float | None = None,
-        top_m: int = wire.DEFAULT_TOP_M,
-        seed: int = 0,
         rng: np.random.Generator | None = None,
         stopping: StoppingRule | None = None,
-        exposure_k: int = 100,
-        pace_ms: float | None = None,
         json_schema: dict[str, Any] | None = None,
+        **overrides: Any,
     ) -> CollaborativeDecoder:
         """Build the decoder for one generation (what :meth:`stream` runs).
+
+        ``settings`` (default :class:`~edge_sdk.decode_settings.DecodeSettings`'s defaults: ``alpha`` 0.3,
+        cloud-side fusion, 256 tokens ...) with ``overrides`` applied to a copy: ``mode=``, ``alpha=``,
+        ``max_new_tokens=``, ``temperature=``, ``top_m=``, ``seed=``, ``exposure_k=``, ``exposure_budget=``,
+        ``max_epsilon=``, ``epsilon_delta=``, ``pace_ms=``; a name that is not a setting is a ``TypeError``.
 
         ``seed`` is the *cloud's* sampling seed for cloud-side fusion at
         ``temperature > 0``; it is public (sent when the session opens, never in
@@ -391,6 +385,7 @@ class EdgeClient:
         the fused distribution is masked to the ids the schema allows before the policy picks
         (:mod:`edge_sdk.grammar`); a schema that cannot be compiled raises :class:`edge_sdk.grammar.GrammarError`.
         """
+        settings = (settings or DecodeSettings()).overridden(**overrides)
         if isinstance(policy, str):
             policy = make_policy(policy, backend=self.slm)  # a policy that needs the model builds from it
         slm = self.slm
@@ -409,21 +404,6 @@ class EdgeClient:
             self._folded_vocabulary = folded_vocabulary(piece, slm.vocab_size)
         masked = never_upload_ids(never_upload, private_context, lambda t: slm.tokenize(t, add_bos=False), piece,
                                   self._folded_vocabulary)
-        if exposure_budget is not None and not 0.0 <= exposure_budget <= 1.0:
-            raise ValueError(f"exposure_budget must lie in [0, 1], got {exposure_budget}")
-        settings = DecodeSettings(
-            mode=mode,
-            alpha=alpha,
-            max_new_tokens=max_new_tokens,
-            top_m=top_m,
-            temperature=temperature,
-            seed=seed,
-            exposure_budget=exposure_budget,
-            max_epsilon=max_epsilon,
-            epsilon_delta=epsilon_delta,
-            exposure_k=exposure_k,
-            pace_ms=pace_ms,
-        )
         return CollaborativeDecoder(
             slm,
             policy,
@@ -438,14 +418,15 @@ class EdgeClient:
             constraint=JsonConstraint(slm, json_schema) if json_schema is not None else None,
         )
 
-    def stream(self, public_query: str | Prompts, private_context: str = "", **kwargs: Any) -> GenerationStream:
+    def stream(self, public_query: str | Prompts, private_context: str = "", *,
+               settings: DecodeSettings | None = None, **kwargs: Any) -> GenerationStream:
         """Decode token by token: iterate the returned stream for each token's text as it is decided.
 
         The stream's ``ledger`` fills in step by step; :meth:`GenerationStream.close`
         (or leaving a ``with`` block, or stopping the iteration and dropping the
         stream) closes the cloud session.  Arguments as for :meth:`decoder`.
         """
-        return self.run(self.decoder(public_query, private_context, **kwargs))
+        return self.run(self.decoder(public_query, private_context, settings=settings, **kwargs))
 
     def run(self, decoder: CollaborativeDecoder) -> GenerationStream:
         """Stream a decoder built by :meth:`decoder` (build it first to check a request's settings before any
@@ -453,9 +434,10 @@ class EdgeClient:
         return GenerationStream(self.slm, decoder, run_with_resume(decoder, self._connect,
                                                                   max_reconnects=self.max_reconnects))
 
-    def generate(self, public_query: str | Prompts, private_context: str = "", **kwargs: Any) -> GenerationResult:
-        """Decode to the end; return the text and the privacy ledger."""
-        decoder = self.decoder(public_query, private_context, **kwargs)
+    def generate(self, public_query: str | Prompts, private_context: str = "", *,
+                 settings: DecodeSettings | None = None, **kwargs: Any) -> GenerationResult:
+        """Decode to the end; return the text and the privacy ledger.  Arguments as for :meth:`decoder`."""
+        decoder = self.decoder(public_query, private_context, settings=settings, **kwargs)
         for _event in run_with_resume(decoder, self._connect, max_reconnects=self.max_reconnects):
             pass
         return GenerationResult(

@@ -13,12 +13,11 @@ from typing import Any
 
 import numpy as np
 
+from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.fusion import FusionSpace, check_finite, top_k_ids
 from edge_sdk.policies.base import CloudUpload, FusionMode, Observation
 
 PROTOCOL_VERSION = 1
-#: cloud probabilities per sparse step unless the session asks otherwise
-DEFAULT_TOP_M = 256
 
 _U32 = np.dtype("<u4")
 _F32 = np.dtype("<f4")
@@ -68,15 +67,15 @@ class SessionRequest:
 
     prompt_ids: tuple[int, ...]
     mode: FusionMode
-    alpha: float = 0.3
+    alpha: float = DecodeSettings.alpha
     space: FusionSpace = "prob"
-    temperature: float = 0.0
-    seed: int = 0
-    max_new_tokens: int = 256
+    temperature: float = DecodeSettings.temperature
+    seed: int = DecodeSettings.seed
+    max_new_tokens: int = DecodeSettings.max_new_tokens
     vocab_fingerprint: bytes = b""
     edge_model: str = ""
     vocab_size: int = 0
-    top_m: int = DEFAULT_TOP_M
+    top_m: int = DecodeSettings.top_m  # the cloud's values per sparse step unless the session asks otherwise
     resume_prefix: tuple[int, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
 
@@ -256,7 +255,7 @@ def decode_open(msg: Any, tokenize: Any = None) -> SessionRequest:
         vocab_fingerprint=bytes(msg.vocab_fingerprint),
         edge_model=msg.edge_model,
         vocab_size=int(msg.vocab_size),
-        top_m=int(msg.top_m) or DEFAULT_TOP_M,
+        top_m=int(msg.top_m) or DecodeSettings.top_m,
         resume_prefix=tuple(int(i) for i in ids_from_bytes(msg.resume_prefix.ids)),
         stop_token_ids=tuple(int(i) for i in ids_from_bytes(msg.stop_token_ids.ids)),
     )

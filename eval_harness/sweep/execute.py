@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from edge_sdk.client import GenerationResult
+from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.leakage import ExposureTrace
 from edge_sdk.models import ModelSource, tokenizer_vocab_size, vocab_fingerprint
 from edge_sdk.policies import Policy, make_policy, policy_class
@@ -257,7 +258,7 @@ class Runner(Protocol):
 
     def run(self, runs: Sequence[ItemRun], *, mode: str, alpha: float, max_new_tokens: int,
             on_result: Callable[[ItemRun, GenerationResult], None] | None = None,
-            exposure_k: int = 100) -> Sequence[GenerationResult]: ...
+            exposure_k: int = DecodeSettings.exposure_k) -> Sequence[GenerationResult]: ...
 
     def mechanism(self, item: ItemRun, result: GenerationResult, *, mode: str,
                   alpha: float) -> Mapping[str, Any] | None: ...
