@@ -27,6 +27,7 @@ import time
 import torch
 
 from cloud_adapter.llm import TransformersLLM
+from edge_sdk.cli_flags import add_dtype_flag
 from edge_sdk.leakage import piece_reader
 from edge_sdk.policies import Undefended
 from eval_harness.attacks.inversion import CloudObservation, TransformersInversion, exposure_lines
@@ -52,7 +53,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=100, help="top-K of each step shown to the attacker")
     parser.add_argument("--new-tokens", type=int, default=48, help="tokens the attacker writes per item")
     parser.add_argument("--batch", type=int, default=8, help="observations per generate call in the batched run")
-    parser.add_argument("--dtype", default="fp32", choices=["auto", "bf16", "fp16", "fp32"])
+    add_dtype_flag(parser, default="fp32", help="model dtype")
     args = parser.parse_args()
 
     slm, llm = TransformersLLM(dtype=args.dtype), TransformersLLM(dtype=args.dtype)

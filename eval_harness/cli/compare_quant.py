@@ -19,6 +19,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from edge_sdk.cli_flags import add_dataclass_flags, add_dtype_flag
+from edge_sdk.decode_settings import DecodeSettings
 from eval_harness.cli.shared import csv_list, progress_bar
 from eval_harness.compare.quant_audit import POLICIES
 
@@ -45,14 +47,13 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     parser.add_argument("--lam", type=float, default=1.0, help="CoVeil's privacy weight λ (default: 1)")
     parser.add_argument("--space", choices=["prob", "logit"], default="prob",
                         help="fusion space of both policies (default: prob, the paper's)")
-    parser.add_argument("--alpha", type=float, default=0.3, help="the cloud LLM's fusion weight (default: 0.3)")
-    parser.add_argument("--max-new-tokens", type=int, default=256,
-                        help="tokens per answer (default: the protocol's 256; lower it on a small machine)")
+    add_dataclass_flags(parser, DecodeSettings, names=["alpha", "max_new_tokens"], helps={
+        "max_new_tokens": "tokens per answer (default: the protocol's {default}; lower it on a small machine)"})
     parser.add_argument("--slm", default="embedded",
                         help="the edge model: 'embedded' or a GGUF file (the variants are derived from it)")
     parser.add_argument("--llm", default="embedded", help="the cloud model, in transformers (same family)")
-    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"],
-                        help="the transformers models' dtype (default: fp32, a full-precision reference)")
+    add_dtype_flag(parser, default="fp32", auto=False,
+                   help="the transformers models' dtype (default: fp32, a full-precision reference)")
     parser.add_argument("--concurrency", type=int, default=8, help="items decoded at once (default: 8)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the per-item generators (row format)")
     parser.add_argument("--cache-dir", type=Path,

@@ -14,7 +14,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from cloud_adapter.cli import _positive_float, _positive_int
+from edge_sdk.cli_flags import add_dataclass_flags, add_dtype_flag, positive_float, positive_int
+from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.policies import FUSION_MODES
 from eval_harness.cli.shared import csv_list, progress_bar
 
@@ -51,16 +52,6 @@ def _inversion(text: str) -> str:
     raise argparse.ArgumentTypeError(f"--inversion takes none, local or an http(s) URL, got {text!r}")
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register ``sweep`` and ``run`` on the ``decodeleak`` subcommand table."""
     sweep = commands.add_parser("sweep", help="a grid of settings over a dataset",
@@ -77,7 +68,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--policy", required=True, help="a registered policy name")
     run.add_argument("--param", type=_param, action="append", default=[], metavar="NAME=VALUE",
                      help="a policy parameter, e.g. --param lam=1 (repeatable)")
-    run.add_argument("--alpha", type=float, default=0.3, help="the cloud LLM's fusion weight (default: 0.3)")
+    add_dataclass_flags(run, DecodeSettings, names=["alpha"])
     _common(run)
 
 
@@ -89,10 +80,10 @@ def _ray_flags(sweep: argparse.ArgumentParser) -> None:
                          help="a Ray cluster: ray://HOST:10001 (Ray Client), HOST:6379, or 'auto' (the cluster "
                               "'ray start' made on this node, or $RAY_ADDRESS); --ray alone starts a new local "
                               "instance")
-    cluster.add_argument("--ray-shards", type=_positive_int, metavar="N",
+    cluster.add_argument("--ray-shards", type=positive_int, metavar="N",
                          help="tasks to cut the pending pairs into (default: as many as the cluster runs at once "
                               "with the resources below)")
-    cluster.add_argument("--ray-cpus-per-task", type=_positive_float, default=1.0, metavar="N",
+    cluster.add_argument("--ray-cpus-per-task", type=positive_float, default=1.0, metavar="N",
                          help="CPUs each task asks for; torch uses that many threads (default: 1)")
     cluster.add_argument("--ray-gpus-per-task", type=float, default=0.0, metavar="N",
                          help="GPUs each task asks for (default: 0); with --device cuda or --device-map auto")
@@ -109,16 +100,16 @@ def _inversion_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--inversion-model", metavar="NAME", help="the model name the endpoint serves (with a URL)")
     group.add_argument("--inversion-key-env", default="OPENAI_API_KEY", metavar="VAR",
                        help="the environment variable holding the endpoint's key (default: OPENAI_API_KEY)")
-    group.add_argument("--inversion-k", type=_positive, default=100, metavar="K",
+    group.add_argument("--inversion-k", type=positive_int, default=100, metavar="K",
                        help="top-K ids of each step shown to the attacker (default: 100, the paper's)")
     group.add_argument("--inversion-sequence", choices=("full", "compact"), default="full",
                        help="how the exposure sequence is written into the attack's prompt: full (every step's "
                             "top-K, then the distinct tokens, as the paper and the authors' release give it) or "
                             "compact (each step's top token and only tokens no earlier step showed; ~20x shorter) "
                             "(default: full)")
-    group.add_argument("--inversion-max-tokens", type=_positive, default=256, metavar="N",
+    group.add_argument("--inversion-max-tokens", type=positive_int, default=256, metavar="N",
                        help="the most tokens one reconstruction may take (default: 256)")
-    group.add_argument("--inversion-batch", type=_positive, default=8, metavar="N",
+    group.add_argument("--inversion-batch", type=positive_int, default=8, metavar="N",
                        help="local: observations per batched generate call; URL: requests in flight (default: 8)")
     group.add_argument("--inversion-cache", type=Path, metavar="DIR",
                        help="where endpoint calls are cached, 0600 files in 0700 folders, each kept 30 days, 1 GiB "
@@ -135,20 +126,20 @@ def _common(parser: argparse.ArgumentParser) -> None:
                              "flags given on the command line win")
     parser.add_argument("--tasks", type=csv_list, default=["medpriv"],
                         help="benchmarks or JSONL files (default: medpriv)")
-    parser.add_argument("--limit", type=_positive, help="the first N items of each task")
+    parser.add_argument("--limit", type=positive_int, help="the first N items of each task")
     parser.add_argument("--out", type=Path, default=Path("runs/decodeleak/results.jsonl"),
                         help="the JSONL results file (appended to; pairs already in it are skipped)")
     parser.add_argument("--shard", default="1/1", help="run only shard i of N (e.g. 2/8), into its own --out")
     parser.add_argument("--seed", type=int, default=0, help="seed of the randomised policies' per-item generators")
-    parser.add_argument("--concurrency", type=_positive, default=8,
+    parser.add_argument("--concurrency", type=positive_int, default=8,
                         help="items decoded at once (reference: each model's batch; deployed: llama.cpp "
                              "instances, one EdgeClient each)")
-    parser.add_argument("--max-new-tokens", type=_positive, default=256, help="tokens per answer (the paper: 256)")
+    add_dataclass_flags(parser, DecodeSettings, names=["max_new_tokens"])
     parser.add_argument("--slm", default="embedded", help="the edge model: 'embedded', a GGUF or a transformers dir")
     parser.add_argument("--llm", default="embedded", help="the cloud model (same family as --slm)")
-    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"],
-                        help="both models' dtype (default: fp32, a full-precision reference; bf16 or fp16 only when "
-                             "asked for, and every row and report says which)")
+    add_dtype_flag(parser, default="fp32", auto=False,
+                   help="both models' dtype (default: fp32, a full-precision reference; bf16 or fp16 only when "
+                        "asked for, and every row and report says which)")
     parser.add_argument("--padded-batches", action="store_true",
                         help="reference: run each lockstep batch as one padded forward (faster) instead of one "
                              "forward per item; a row then depends on which items shared its batches (rows say "
