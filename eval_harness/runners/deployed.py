@@ -22,6 +22,7 @@ threads are split between them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import secrets
@@ -46,7 +47,7 @@ LOCAL_EXPOSURE_K = 1000
 class LocalAdapter:
     """A real cloud adapter on loopback in this process: the gRPC server over ``llm``, transcripts in a directory.
 
-    The same server ``coveil-cloud serve`` runs (:func:`cloud_adapter.server.build_server`,
+    The same server ``coveil-cloud serve`` runs (:func:`cloud_adapter.inprocess.serving`,
     forwards batched by a :class:`~cloud_adapter.runners.StepBatcher`), bound to
     ``127.0.0.1`` on a free port, plaintext (loopback only) and guarded by a
     fresh random bearer token.
@@ -62,23 +63,22 @@ class LocalAdapter:
                  exposure_k: int = LOCAL_EXPOSURE_K) -> None:
         from cloud_adapter.engine import CloudEngine
         from cloud_adapter.limits import Limits
+        from cloud_adapter.inprocess import serving
         from cloud_adapter.runners import StepBatcher
-        from cloud_adapter.server import build_server
 
         self.llm, self.transcript_dir = llm, Path(transcript_dir)
         self._batcher = StepBatcher(llm)
         limits = Limits(max_sessions=sessions, max_sessions_per_client=sessions)
         self.engine = CloudEngine(llm, limits, self.transcript_dir, exposure_k, runner=self._batcher)
         token = secrets.token_urlsafe(24)
-        self._server, port = build_server(self.engine, address="127.0.0.1:0", token=token,
-                                          max_workers=sessions + limits.max_unopened_streams + 8)
-        self._server.start()
-        self.address = f"127.0.0.1:{port}"
+        self._serving = contextlib.ExitStack()
+        self.address = self._serving.enter_context(serving(
+            self.engine, token=token, max_workers=sessions + limits.max_unopened_streams + 8, grace_s=1.0)).address
         self.credentials = Credentials(token=token, plaintext=True)
 
     def close(self) -> None:
         """Stop the server (sessions still open get a second to finish) and the batcher."""
-        self._server.stop(1.0).wait()
+        self._serving.close()
         self._batcher.close()
 
     def __enter__(self) -> LocalAdapter:
