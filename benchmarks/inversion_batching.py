@@ -28,6 +28,7 @@ import torch
 
 from cloud_adapter.llm import TransformersLLM
 from edge_sdk.cli_flags import add_dtype_flag
+from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.leakage import piece_reader
 from edge_sdk.policies import Undefended
 from eval_harness.attacks.inversion import CloudObservation, TransformersInversion, exposure_lines
@@ -61,7 +62,7 @@ def main() -> None:
     items = load_task("medpriv", args.items)
     runs = [ItemRun.of(protocol, item, Undefended()) for item in items]
     with ReferenceRunner(slm, llm, concurrency=min(8, args.items)) as runner:
-        results = runner.run(runs, mode="cloud", alpha=0.3, max_new_tokens=args.steps, exposure_k=args.k)
+        results = runner.run(runs, mode="cloud", alpha=DecodeSettings.alpha, max_new_tokens=args.steps, exposure_k=args.k)
     observations = [CloudObservation(run.public_prompt, result.ledger.exposure_trace())
                     for run, result in zip(runs, results)]
 

@@ -64,13 +64,14 @@ from _common import ideal_tokens_per_s, text_prompts
 
 from cloud_adapter.llm import TransformersLLM
 from edge_sdk.cli_flags import add_dtype_flag
+from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.policies import CoVeil
 from edge_sdk.policies.coveil import coveil_select
 from eval_harness.datasets import load_task
 from eval_harness.decoding_protocol import DecodingProtocol
 from eval_harness.runners.reference import ItemRun, ReferenceRunner
 
-ALPHA = 0.3
+ALPHA = DecodeSettings.alpha
 T = TypeVar("T")
 
 
