@@ -73,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
     from eval_harness.datasets import load_task
     from eval_harness.decoding_protocol import DecodingProtocol
     from eval_harness.report.quant import drift_figure, markdown, summarise, write_summary
-    from eval_harness.sweep.execute import ReferenceSpec, file_digest
+    from eval_harness.provenance import file_digest
+    from eval_harness.sweep.execute import ReferenceSpec
 
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be at least 1, got {args.limit}")
@@ -96,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
     items = {task: load_task(task, args.limit) for task in args.tasks}
     # the reference pass: both models in transformers, on this machine's CPU (or where --dtype puts them)
     spec = ReferenceSpec(slm=args.slm, llm=args.llm, dtype=args.dtype, concurrency=args.concurrency)
-    runner, vocab, metadata = spec.build(protocol, seed=args.seed)
+    runner, vocab, run = spec.build(protocol, seed=args.seed)
+    metadata = run.row()
     args.out.mkdir(parents=True, exist_ok=True)
     with runner:
         comparison = QuantComparison(runner, vocab, metadata, protocol, items, audit, variants, args.out,

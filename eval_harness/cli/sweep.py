@@ -321,23 +321,7 @@ def _check_deployed(args: argparse.Namespace) -> None:
 def _run_identity(args: argparse.Namespace, protocol) -> dict:  # noqa: ANN001
     """The :data:`~eval_harness.sweep.store.RUN_FIELDS` the rows will carry, from the options and model files
     alone (no model loaded): what a results file from another run is refused by."""
-    if args.runner == "reference":
-        return _spec(args).run_identity(protocol, seed=args.seed)
-    from cloud_adapter.hf_loading import resolve_dtype
-    from edge_sdk.models import resolve_model
-    from eval_harness.sweep.execute import model_digest
-
-    slm_source = resolve_model(args.slm)
-    if args.cloud is None:
-        llm_source = resolve_model(args.llm)
-        llm_model: dict = {"name": llm_source.name, "sha256": model_digest(llm_source)}
-        dtype = str(resolve_dtype(args.dtype, "cpu")).removeprefix("torch.")  # the local adapter's, on the CPU
-    else:
-        llm_model = {"name": None, "sha256": None,
-                     "note": "a remote adapter's model: each row's audit.cloud_model, as the adapter reported it"}
-        dtype = None
-    return {"models": {"slm": {"name": slm_source.name, "sha256": model_digest(slm_source)}, "llm": llm_model},
-            "dtype": dtype, "backend": "deployed", "protocol": protocol.describe(), "seed": args.seed}
+    return _spec(args).run_identity(protocol, seed=args.seed)
 
 
 def audit_summary(audits: Counter[str]) -> str:
@@ -356,18 +340,26 @@ def audit_summary(audits: Counter[str]) -> str:
 def _runner(args: argparse.Namespace, protocol, identity: dict):  # noqa: ANN001, ANN202
     """The runner ``--runner`` names (its models loaded), the vocabulary the metrics read, and the rows' metadata
     (``identity``, :func:`_run_identity`, and the rest)."""
-    if args.runner == "deployed":
-        return _deployed(args, identity)
-    return _spec(args).build(protocol, seed=args.seed, identity=identity)
+    if args.runner == "deployed" and args.cloud is not None and args.transcripts is None:
+        print(f"decodeleak {args.command}: no --transcripts for the adapter at {args.cloud}: the audit rests on "
+              "the edge's ledger alone (rows say audit.exposure_source = 'edge ledger')", file=sys.stderr)
+    runner, vocab, metadata = _spec(args).build(protocol, seed=args.seed, identity=identity)
+    return runner, vocab, metadata.row()
 
 
 def _spec(args: argparse.Namespace):  # noqa: ANN202
-    """What the reference runner loads, from the command line (the Ray path sends it to each worker)."""
-    from eval_harness.sweep.execute import ReferenceSpec
+    """The spec of the runner ``--runner`` names (:data:`eval_harness.runners.RUNNERS`), from the command line;
+    nothing is loaded (the Ray path sends a reference spec to each worker)."""
+    from eval_harness.runners import runner_spec
 
-    return ReferenceSpec(slm=args.slm, llm=args.llm, dtype=args.dtype, device=args.device,
-                         device_map=args.device_map, concurrency=args.concurrency,
-                         padded_batches=args.padded_batches)
+    spec = runner_spec(args.runner)
+    if args.runner == "deployed":
+        local_transcripts = args.out.with_name(args.out.stem + ".transcripts") if args.cloud is None else None
+        return spec(slm=args.slm, llm=args.llm, dtype=args.dtype, concurrency=args.concurrency, cloud=args.cloud,
+                    token_file=args.token_file, tls_ca=args.tls_ca, plaintext=args.plaintext,
+                    transcripts=args.transcripts or local_transcripts, transcript_wait=args.transcript_wait)
+    return spec(slm=args.slm, llm=args.llm, dtype=args.dtype, device=args.device, device_map=args.device_map,
+                concurrency=args.concurrency, padded_batches=args.padded_batches)
 
 
 def _attacker(args: argparse.Namespace, runner):  # noqa: ANN001, ANN202
@@ -392,74 +384,6 @@ def _attacker(args: argparse.Namespace, runner):  # noqa: ANN001, ANN202
                         allow_insecure_http=args.allow_insecure_http)
     return EndpointInversion(client, piece, k=args.inversion_k, max_new_tokens=args.inversion_max_tokens,
                              parallel=args.inversion_batch, sequence=args.inversion_sequence)
-
-
-def _deployed(args: argparse.Namespace, identity: dict):  # noqa: ANN202
-    """The deployed runner (over a local adapter or ``--cloud``), the vocabulary and the rows' metadata (the
-    options were checked by :func:`_check_deployed`)."""
-    import threading
-
-    from edge_sdk.client import Credentials
-    from edge_sdk.models import resolve_model
-    from eval_harness.metrics import Vocabulary
-    from eval_harness.runners.deployed import DeployedRunner
-    from eval_harness.sweep.execute import SEED_POLICY, package_version, source_digest
-
-    slm_source = resolve_model(args.slm)
-    common = {"edge_model": slm_source, "concurrency": args.concurrency, "transcript_wait_s": args.transcript_wait}
-    if args.cloud is None:
-        runner = _local_deployed(args, common)
-        adapter = {"address": runner.address, "started_by": "decodeleak (in-process, loopback)",
-                   "exposure_k": runner.local_adapter.engine.exposure_k}
-    else:
-        if args.transcripts is None:
-            print(f"decodeleak {args.command}: no --transcripts for the adapter at {args.cloud}: the audit rests on "
-                  "the edge's ledger alone (rows say audit.exposure_source = 'edge ledger')", file=sys.stderr)
-        credentials = Credentials.from_files(token_file=args.token_file, root_cert=args.tls_ca,
-                                             plaintext=args.plaintext)
-        runner = DeployedRunner(args.cloud, credentials=credentials, transcripts=args.transcripts, **common)
-        adapter = {"address": args.cloud, "started_by": "its operator", "tls": not args.plaintext,
-                   "exposure_k": None}
-    adapter["transcripts"] = str(runner.transcripts) if runner.transcripts is not None else None
-    edge = runner.policy_backend
-    tokenizer_lock = threading.Lock()  # result rows are built in several item threads at once
-
-    def tokenize(text: str) -> list[int]:
-        with tokenizer_lock:
-            return edge.tokenize(text, add_bos=False)
-
-    vocab = Vocabulary(tokenize, Vocabulary.from_slm(edge).piece)
-    metadata = {
-        **identity,
-        "edge": {"runtime": "llama.cpp", "instances": args.concurrency},
-        "adapter": adapter,
-        "seed_policy": SEED_POLICY,
-        "version": package_version(),
-        "code": {"sha256": source_digest()},
-    }
-    return runner, vocab, metadata
-
-
-def _local_deployed(args: argparse.Namespace, common: dict):  # noqa: ANN202
-    """A deployed runner over an adapter of its own on loopback, its cloud model in the run's dtype.
-
-    Both halves share this machine's cores: the cloud's torch threads and the edge's llama.cpp threads
-    each get their share (:func:`cloud_adapter.local.split_cores`), since oversubscribed cores make both
-    spin against each other.
-    """
-    import torch
-
-    from cloud_adapter.hf_loading import resolve_dtype
-    from cloud_adapter.llm import TransformersLLM
-    from cloud_adapter.local import split_cores
-    from edge_sdk.models import resolve_model
-    from eval_harness.runners.deployed import DeployedRunner
-
-    edge_threads, cloud_threads = split_cores()
-    torch.set_num_threads(cloud_threads)
-    llm = TransformersLLM(resolve_model(args.llm), dtype=resolve_dtype(args.dtype, "cpu"))
-    transcripts = args.transcripts or args.out.with_name(args.out.stem + ".transcripts")
-    return DeployedRunner.with_local_adapter(llm, transcripts, edge_threads=edge_threads, **common)
 
 
 def sweep_on_ray(args: argparse.Namespace, settings, items, protocol, shard_of) -> int:  # noqa: ANN001
