@@ -20,75 +20,36 @@ and batch8_vs_ideal_min, batch8_vs_ideal_max.
 from __future__ import annotations
 
 import argparse
-import time
 
 import grpc
 import numpy as np
 import torch
 
+from _common import ideal_tokens_per_s, served_load, text_prompts
 from cloud_adapter.engine import CloudEngine
-from cloud_adapter.hf_loading import forward_with_cache
+from cloud_adapter.inprocess import serving
 from cloud_adapter.limits import Limits
-from cloud_adapter.runners import StepBatcher
 from cloud_adapter.llm import TransformersLLM
-from cloud_adapter.loadgen import run_load
-from cloud_adapter.server import build_server
+from cloud_adapter.runners import StepBatcher
 from edge_sdk import wire
+from edge_sdk.cli_flags import add_dtype_flag
 
-TEXT = (
-    "The history of the printing press begins in the fifteenth century, when movable metal type made it possible "
-    "to reproduce books quickly and cheaply. Within a few decades presses had spread across Europe, and the price "
-    "of a book fell so far that ordinary merchants could afford small libraries of their own."
-)
 #: prompt lengths of the concurrent sessions (all different)
 PROMPT_LENGTHS = (9, 14, 20, 27, 33, 38, 44, 51)
-IDEAL_PROMPT_LENGTH = 32
 SESSION_COUNTS = (1, 4, 8)
 IDEAL_BATCHES = (1, 8)
 
 
-# -- (a) the ideal batched forward -------------------------------------------------------------------
-
-
-@torch.inference_mode()
-def ideal_tokens_per_s(llm: TransformersLLM, batch: int, tokens: int) -> float:
-    """Tokens/s of a bare equal-length batched greedy decode of ``batch`` sequences."""
-    from transformers import DynamicCache
-
-    text_ids = llm.tokenize(TEXT)
-    prompts = [text_ids[i : i + IDEAL_PROMPT_LENGTH] for i in range(batch)]
-    model = llm.model
-    cache = DynamicCache(config=model.config)
-    logits, cache = forward_with_cache(model, cache, input_ids=torch.tensor(prompts, device=llm.device),
-                                       logits_to_keep=1)
-    rows = logits[:, -1, : llm.vocab_size].float().cpu().numpy()
-    start = time.perf_counter()
-    for _ in range(tokens):
-        next_ids = torch.from_numpy(rows.argmax(axis=1)).to(llm.device)[:, None]
-        logits, cache = forward_with_cache(model, cache, input_ids=next_ids, logits_to_keep=1)
-        rows = logits[:, -1, : llm.vocab_size].float().cpu().numpy()
-    return batch * tokens / (time.perf_counter() - start)
-
-
-# -- (b) sessions through the server -----------------------------------------------------------------
-
-
 def served_decode(llm: TransformersLLM, channel: grpc.Channel, sessions: int, tokens: int, lookahead: int) -> float:
     """Seconds ``sessions`` concurrent sessions take from their common start (all prefilled) to the last finish."""
-    text_ids = llm.tokenize(TEXT)
-    prompts = [text_ids[:length] for length in PROMPT_LENGTHS[:sessions]]
-    report = run_load(channel, prompts, fingerprint=llm.vocab_fingerprint(), vocab_size=llm.vocab_size,
-                      tokens=tokens, top_m=8, lookahead=lookahead)
-    if report.errors:
-        raise RuntimeError(f"{len(report.errors)} of {sessions} sessions failed: {report.errors[0]}")
-    return report.wall_seconds
+    prompts = [text_prompts(llm, 1, length)[0] for length in PROMPT_LENGTHS[:sessions]]
+    return served_load(llm, channel, prompts, tokens=tokens, top_m=8, lookahead=lookahead).wall_seconds
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=32, help="tokens decoded per sequence")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
-                        help="model dtype (auto = what coveil-cloud serve picks)")
+    add_dtype_flag(parser, default="auto", help="model dtype (auto = what coveil-cloud serve picks)")
     parser.add_argument("--batch-window-ms", type=float, default=10.0, help="the server's batching window")
     parser.add_argument("--repeats", type=int, default=5, help="rounds; each configuration runs once per round")
     parser.add_argument("--lookahead", type=int, default=wire.MAX_LOOKAHEAD,
@@ -105,26 +66,22 @@ def main() -> None:
     with StepBatcher(llm, batch_window_ms=args.batch_window_ms) as batcher:
         limits = Limits(max_sessions=max(SESSION_COUNTS), max_new_tokens=max(args.tokens, 1))
         engine = CloudEngine(llm, limits, runner=batcher)
-        server, port = build_server(engine, address="127.0.0.1:0", max_workers=max(SESSION_COUNTS) + 16)
-        server.start()
-        try:
-            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-                ideal_tokens_per_s(llm, 1, 4)  # warm-ups
-                served_decode(llm, channel, 1, 4, args.lookahead)
-                # rounds interleave the configurations, so that a burst of other load on a shared
-                # machine does not fall on one configuration only
-                for _ in range(args.repeats):
-                    for batch in IDEAL_BATCHES:  # the server is idle meanwhile: nothing else uses the model
-                        runs[f"ideal batch {batch}"].append(ideal_tokens_per_s(llm, batch, args.tokens))
-                    for sessions in SESSION_COUNTS:
-                        name = f"server, {sessions} session(s)"
-                        batcher.batch_sizes.clear()
-                        elapsed = served_decode(llm, channel, sessions, args.tokens, args.lookahead)
-                        runs[name].append(sessions * args.tokens / elapsed)
-                        batches = sum(batcher.batch_sizes.values())
-                        mean_batches[name].append(sum(size * n for size, n in batcher.batch_sizes.items()) / batches)
-        finally:
-            server.stop(None)
+        with serving(engine, max_workers=max(SESSION_COUNTS) + 16) as adapter, \
+                grpc.insecure_channel(adapter.address) as channel:
+            ideal_tokens_per_s(llm, text_prompts(llm, 1), 4)  # warm-ups
+            served_decode(llm, channel, 1, 4, args.lookahead)
+            # rounds interleave the configurations, so that a burst of other load on a shared
+            # machine does not fall on one configuration only
+            for _ in range(args.repeats):
+                for batch in IDEAL_BATCHES:  # the server is idle meanwhile: nothing else uses the model
+                    runs[f"ideal batch {batch}"].append(ideal_tokens_per_s(llm, text_prompts(llm, batch), args.tokens))
+                for sessions in SESSION_COUNTS:
+                    name = f"server, {sessions} session(s)"
+                    batcher.batch_sizes.clear()
+                    elapsed = served_decode(llm, channel, sessions, args.tokens, args.lookahead)
+                    runs[name].append(sessions * args.tokens / elapsed)
+                    batches = sum(batcher.batch_sizes.values())
+                    mean_batches[name].append(sum(size * n for size, n in batcher.batch_sizes.items()) / batches)
 
     def per_round(numerator: str, denominator: str) -> np.ndarray:
         return np.array(runs[numerator]) / np.array(runs[denominator])

@@ -23,18 +23,19 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 import numpy as np
 import torch
 
+from _common import ideal_tokens_per_s, served_load
 from cloud_adapter.engine import CloudEngine
+from cloud_adapter.inprocess import serving
 from cloud_adapter.limits import Limits
 from cloud_adapter.llm import TransformersLLM
-from cloud_adapter.loadgen import run_load
 from cloud_adapter.runners import StepBatcher
-from cloud_adapter.server import build_server
 
 #: published configurations (the models' config.json), by name; "tiny" checks the script on a CPU
 SHAPES: dict[str, dict[str, Any]] = {
@@ -85,41 +86,21 @@ def build_llm(shape: str, device: str, dtype: torch.dtype) -> TransformersLLM:
     return TransformersLLM.from_loaded(model, SyntheticTokenizer(TOKENIZER_SIZE[shape]), name=shape)
 
 
-def synchronize(llm: TransformersLLM) -> None:
-    if llm.device.type == "cuda":
-        torch.cuda.synchronize(llm.device)
+def random_prompts(llm: TransformersLLM, count: int, lengths: Callable[[int], int], seed: int) -> list[list[int]]:
+    """``count`` prompts of random ids (a synthetic tokenizer has no text), the i-th ``lengths(i)`` long."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(1, llm.vocab_size, size=lengths(i)).tolist() for i in range(count)]
 
 
-@torch.inference_mode()
-def ideal_tokens_per_s(llm: TransformersLLM, batch: int, tokens: int, prompt_length: int = 64) -> float:
-    """Tokens/s of a bare equal-length batched greedy decode of ``batch`` sequences."""
-    from transformers import DynamicCache
-
-    rng = np.random.default_rng(batch)
-    prompts = torch.from_numpy(rng.integers(1, llm.vocab_size, size=(batch, prompt_length))).to(llm.device)
-    model = llm.model
-    cache = DynamicCache(config=model.config)
-    out = model(input_ids=prompts, past_key_values=cache, use_cache=True, logits_to_keep=1)
-    rows = out.logits[:, -1, : llm.vocab_size].float().cpu().numpy()
-    synchronize(llm)
-    start = time.perf_counter()
-    for _ in range(tokens):
-        next_ids = torch.from_numpy(rows.argmax(axis=1)).to(llm.device)[:, None]
-        out = model(input_ids=next_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        rows = out.logits[:, -1, : llm.vocab_size].float().cpu().numpy()
-    synchronize(llm)
-    return batch * tokens / (time.perf_counter() - start)
+def ideal(llm: TransformersLLM, batch: int, tokens: int) -> float:
+    """Tokens/s of a bare batched decode of ``batch`` random prompts of 64 ids."""
+    return ideal_tokens_per_s(llm, random_prompts(llm, batch, lambda i: 64, seed=batch), tokens)
 
 
 def served_tokens_per_s(llm: TransformersLLM, channel: grpc.Channel, sessions: int, tokens: int) -> float:
     """Tokens/s of ``sessions`` concurrent edge-side sessions (prompt lengths 48..79) from their common start."""
-    rng = np.random.default_rng(1000 + sessions)
-    prompts = [rng.integers(1, llm.vocab_size, size=48 + (i % 32)).tolist() for i in range(sessions)]
-    report = run_load(channel, prompts, fingerprint=llm.vocab_fingerprint(), vocab_size=llm.vocab_size,
-                      tokens=tokens, top_m=16)
-    if report.errors:
-        raise RuntimeError(f"{len(report.errors)} of {sessions} sessions failed: {report.errors[0]}")
-    return sessions * tokens / report.wall_seconds
+    prompts = random_prompts(llm, sessions, lambda i: 48 + (i % 32), seed=1000 + sessions)
+    return sessions * tokens / served_load(llm, channel, prompts, tokens=tokens, top_m=16).wall_seconds
 
 
 def measure(shape: str, args: argparse.Namespace) -> dict[str, float]:
@@ -133,30 +114,26 @@ def measure(shape: str, args: argparse.Namespace) -> dict[str, float]:
                     max_unopened_streams=max(args.sessions) + 8, max_new_tokens=args.tokens)
     with StepBatcher(llm, batch_window_ms=args.batch_window_ms) as batcher:
         engine = CloudEngine(llm, limits, runner=batcher)
-        server, port = build_server(engine, address="127.0.0.1:0", max_workers=max(args.sessions) + 16)
-        server.start()
-        try:
-            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-                ideal_tokens_per_s(llm, 1, 4)  # warm-ups
-                served_tokens_per_s(llm, channel, 1, 4)
-                print(f"{'B':>4}{'ideal tok/s':>14}{'served tok/s':>14}{'served/ideal':>14}{'mean batch':>12}")
-                for sessions in args.sessions:
-                    ideal = max(ideal_tokens_per_s(llm, sessions, args.tokens) for _ in range(args.repeats))
-                    served, batches = [], []
-                    for _ in range(args.repeats):
-                        batcher.batch_sizes.clear()
-                        served.append(served_tokens_per_s(llm, channel, sessions, args.tokens))
-                        counts = batcher.batch_sizes
-                        batches.append(sum(s * n for s, n in counts.items()) / max(sum(counts.values()), 1))
-                    best = int(np.argmax(served))
-                    ratio = served[best] / ideal
-                    print(f"{sessions:>4}{ideal:>14.1f}{served[best]:>14.1f}{ratio:>14.3f}{batches[best]:>12.2f}",
-                          flush=True)
-                    figures[f"{shape}_served_tok_s_{sessions}"] = served[best]
-                    figures[f"{shape}_ideal_tok_s_{sessions}"] = ideal
-                    figures[f"{shape}_served_vs_ideal_{sessions}"] = ratio
-        finally:
-            server.stop(None)
+        with serving(engine, max_workers=max(args.sessions) + 16) as adapter, \
+                grpc.insecure_channel(adapter.address) as channel:
+            ideal(llm, 1, 4)  # warm-ups
+            served_tokens_per_s(llm, channel, 1, 4)
+            print(f"{'B':>4}{'ideal tok/s':>14}{'served tok/s':>14}{'served/ideal':>14}{'mean batch':>12}")
+            for sessions in args.sessions:
+                best_ideal = max(ideal(llm, sessions, args.tokens) for _ in range(args.repeats))
+                served, batches = [], []
+                for _ in range(args.repeats):
+                    batcher.batch_sizes.clear()
+                    served.append(served_tokens_per_s(llm, channel, sessions, args.tokens))
+                    counts = batcher.batch_sizes
+                    batches.append(sum(s * n for s, n in counts.items()) / max(sum(counts.values()), 1))
+                best = int(np.argmax(served))
+                ratio = served[best] / best_ideal
+                print(f"{sessions:>4}{best_ideal:>14.1f}{served[best]:>14.1f}{ratio:>14.3f}{batches[best]:>12.2f}",
+                      flush=True)
+                figures[f"{shape}_served_tok_s_{sessions}"] = served[best]
+                figures[f"{shape}_ideal_tok_s_{sessions}"] = best_ideal
+                figures[f"{shape}_served_vs_ideal_{sessions}"] = ratio
     del llm, engine
     if args.device.startswith("cuda"):
         torch.cuda.empty_cache()

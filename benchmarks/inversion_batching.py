@@ -27,11 +27,13 @@ import time
 import torch
 
 from cloud_adapter.llm import TransformersLLM
+from edge_sdk.cli_flags import add_dtype_flag
+from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.leakage import piece_reader
 from edge_sdk.policies import Undefended
 from eval_harness.attacks.inversion import CloudObservation, TransformersInversion, exposure_lines
 from eval_harness.datasets import load_task
-from eval_harness.protocol import DecodingProtocol
+from eval_harness.decoding_protocol import DecodingProtocol
 from eval_harness.runners.reference import ItemRun, ReferenceRunner
 
 
@@ -52,7 +54,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=100, help="top-K of each step shown to the attacker")
     parser.add_argument("--new-tokens", type=int, default=48, help="tokens the attacker writes per item")
     parser.add_argument("--batch", type=int, default=8, help="observations per generate call in the batched run")
-    parser.add_argument("--dtype", default="fp32", choices=["auto", "bf16", "fp16", "fp32"])
+    add_dtype_flag(parser, default="fp32", help="model dtype")
     args = parser.parse_args()
 
     slm, llm = TransformersLLM(dtype=args.dtype), TransformersLLM(dtype=args.dtype)
@@ -60,7 +62,7 @@ def main() -> None:
     items = load_task("medpriv", args.items)
     runs = [ItemRun.of(protocol, item, Undefended()) for item in items]
     with ReferenceRunner(slm, llm, concurrency=min(8, args.items)) as runner:
-        results = runner.run(runs, mode="cloud", alpha=0.3, max_new_tokens=args.steps, exposure_k=args.k)
+        results = runner.run(runs, mode="cloud", alpha=DecodeSettings.alpha, max_new_tokens=args.steps, exposure_k=args.k)
     observations = [CloudObservation(run.public_prompt, result.ledger.exposure_trace())
                     for run, result in zip(runs, results)]
 

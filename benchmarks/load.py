@@ -23,11 +23,11 @@ import numpy as np
 import torch
 
 from cloud_adapter.engine import CloudEngine
+from cloud_adapter.inprocess import serving
 from cloud_adapter.limits import Limits
 from cloud_adapter.llm import TransformersLLM
 from cloud_adapter.loadgen import run_load
 from cloud_adapter.runners import StepBatcher
-from cloud_adapter.server import build_server
 from eval_harness.datasets import load_task
 
 
@@ -55,23 +55,18 @@ def main() -> None:
           f"x {args.tokens} tokens, prompts {min(map(len, prompts))}-{max(map(len, prompts))} tokens")
     with StepBatcher(llm) as batcher:
         engine = CloudEngine(llm, limits, runner=batcher)
-        server, port = build_server(engine, address="127.0.0.1:0",
-                                    max_workers=args.sessions + limits.max_unopened_streams + 8)
-        server.start()
-        try:
-            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-                common = dict(fingerprint=llm.vocab_fingerprint(), vocab_size=llm.vocab_size, tokens=args.tokens)
-                run_load(channel, prompts, **common)  # warm-up: allocator pools reach their working size
+        with serving(engine, max_workers=args.sessions + limits.max_unopened_streams + 8) as adapter, \
+                grpc.insecure_channel(adapter.address) as channel:
+            common = dict(fingerprint=llm.vocab_fingerprint(), vocab_size=llm.vocab_size, tokens=args.tokens)
+            run_load(channel, prompts, **common)  # warm-up: allocator pools reach their working size
+            gc.collect()
+            baseline = rss_mib()
+            batcher.batch_sizes.clear()
+            reports, after = [], []
+            for _ in range(args.rounds):
+                reports.append(run_load(channel, prompts, **common))
                 gc.collect()
-                baseline = rss_mib()
-                batcher.batch_sizes.clear()
-                reports, after = [], []
-                for _ in range(args.rounds):
-                    reports.append(run_load(channel, prompts, **common))
-                    gc.collect()
-                    after.append(rss_mib())
-        finally:
-            server.stop(None)
+                after.append(rss_mib())
     sizes = batcher.batch_sizes
     mean_batch = sum(size * n for size, n in sizes.items()) / max(sum(sizes.values()), 1)
     steps = [s for report in reports for s in report.step_seconds]

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.fusion import softmax
 from edge_sdk.policies import EmbeddingNeighbours, available_policies, make_policy
 
@@ -63,7 +64,7 @@ def main() -> None:
             # one argmax and a 20-row similarity (64-d rows here, 640 in Gemma-3)
             policy = make_policy(name, neighbours=neighbours) if name == "custext" else make_policy(name)
             for mode in sorted(policy.modes):
-                seconds = best_time(lambda: policy.decide(mode, p_slm, p_llm, alpha=0.3, rng=rng),  # noqa: B023
+                seconds = best_time(lambda: policy.decide(mode, p_slm, p_llm, alpha=DecodeSettings.alpha, rng=rng),  # noqa: B023
                                     args.repeats)
                 ratio = seconds / floor
                 print(f"  {name:<16}{mode:<7}{seconds * 1e6:>10.1f}{ratio:>10.1f}")

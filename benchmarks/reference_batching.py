@@ -9,7 +9,7 @@ the embedded Gemma-3 270M in transformers (dtype as ``--dtype``), edge-side CoVe
     below has no prefill in its clock either; prefill gains nothing from batching (its forward is already
     [L] tokens wide), and at a few dozen tokens it would otherwise be half of both runs.
 (b) the ideal: a plain equal-length batched greedy decode of one model, batch 8 against batch 1
-    (``cloud_batching.ideal_tokens_per_s``), in the same dtype.
+    (``_common.ideal_tokens_per_s``), in the same dtype.
 (c) the authors' release's way (``leakage_fusion_core/runtime.py``): one item at a time, every step a full
     forward of both models over the whole sequence (``model(ids).logits[0, -1]``: no KV cache, logits at
     every position), then the fusion and CoVeil's edge-side rule.  Against it, the runner decodes
@@ -60,16 +60,18 @@ from typing import TypeVar
 
 import numpy as np
 import torch
-from cloud_batching import ideal_tokens_per_s
+from _common import ideal_tokens_per_s, text_prompts
 
 from cloud_adapter.llm import TransformersLLM
+from edge_sdk.cli_flags import add_dtype_flag
+from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.policies import CoVeil
 from edge_sdk.policies.coveil import coveil_select
 from eval_harness.datasets import load_task
-from eval_harness.protocol import DecodingProtocol
+from eval_harness.decoding_protocol import DecodingProtocol
 from eval_harness.runners.reference import ItemRun, ReferenceRunner
 
-ALPHA = 0.3
+ALPHA = DecodeSettings.alpha
 T = TypeVar("T")
 
 
@@ -134,7 +136,7 @@ def main() -> None:
                              "compares the release on a sample of the items with the runner on all of them)")
     parser.add_argument("--release-samples", type=int, default=5,
                         help="release steps timed per item (at evenly spaced lengths)")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
+    add_dtype_flag(parser, default="auto", help="model dtype")
     parser.add_argument("--padded-batches", action="store_true",
                         help="the runner's padded batched forwards (decodeleak --padded-batches) instead of its "
                              "default of one forward per item, which keeps rows independent of their batch")
@@ -156,7 +158,7 @@ def main() -> None:
         one, one_e2e, _ = runner_tokens_per_s(slm, llm, runs, 1, args.tokens, args.padded_batches)
         eight, eight_e2e, fixed_continuations = runner_tokens_per_s(slm, llm, runs, 8, args.tokens,
                                                                     args.padded_batches)
-        ideal_one, ideal_eight = (off_main_thread(ideal_tokens_per_s, llm, batch, args.tokens) for batch in (1, 8))
+        ideal_one, ideal_eight = (off_main_thread(ideal_tokens_per_s, llm, text_prompts(llm, batch), args.tokens) for batch in (1, 8))
         speedups.append(eight / one)
         vs_ideal.append(speedups[-1] / (ideal_eight / ideal_one))
         rows.append((one, eight, one_e2e, eight_e2e, ideal_one, ideal_eight))

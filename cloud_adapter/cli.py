@@ -8,7 +8,6 @@ Example::
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cloud_adapter.limits import Limits
+from edge_sdk.cli_flags import add_dataclass_flags, add_dtype_flag, dataclass_from_args, positive_int
+from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.models import ModelSource, resolve_model
 
 if TYPE_CHECKING:
@@ -105,20 +106,6 @@ def read_tokens(token_file: Path | None) -> list[str]:
     return [env] if env else []
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
-
-
 def _limit_flag(name: str) -> str:
     """``Limits`` field → flag: ``idle_timeout_s`` → ``--idle-timeout``."""
     return "--" + name.removesuffix("_s").replace("_", "-")
@@ -126,15 +113,11 @@ def _limit_flag(name: str) -> str:
 
 def add_limit_flags(group: argparse._ArgumentGroup) -> None:
     """One flag per :class:`~cloud_adapter.limits.Limits` field, its default and help taken from the field."""
-    for spec in dataclasses.fields(Limits):
-        seconds = spec.name.endswith("_s")
-        kind = _positive_float if seconds else _positive_int
-        group.add_argument(_limit_flag(spec.name), dest=spec.name, type=kind, default=spec.default,
-                           metavar="SECONDS" if seconds else "N", help=spec.metadata["help"])
+    add_dataclass_flags(group, Limits, flag=_limit_flag, show_defaults=False)  # the formatter shows them
 
 
 def limits_from_args(args: argparse.Namespace) -> Limits:
-    return Limits(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(Limits)})
+    return dataclass_from_args(Limits, args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -155,11 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "name, or a .gguf file (dequantised once and cached)")
     model.add_argument("--gguf-file", metavar="NAME",
                        help="load this GGUF file from inside the --model directory")
-    model.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
-                       help="weights and compute dtype; auto = bf16 on GPUs and on CPUs with native bf16 kernels "
-                            "(AMX/AVX512-BF16), else float32")
+    add_dtype_flag(model, default="auto",
+                   help="weights and compute dtype; auto = bf16 on GPUs and on CPUs with native bf16 kernels "
+                        "(AMX/AVX512-BF16), else float32")
     model.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (ignored with --device-map)")
-    model.add_argument("--threads", type=_positive_int, metavar="N",
+    model.add_argument("--threads", type=positive_int, metavar="N",
                        help="torch CPU threads (default: torch's choice, every core); when the edge model runs on "
                             "the same machine give each half its share")
     model.add_argument("--device-map", metavar="MAP",
@@ -185,8 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     sessions.add_argument("--transcript-dir", type=Path, metavar="DIR",
                           help="write each session's observation transcript (what the cloud saw) to "
                                "DIR/<session_id>.json")
-    sessions.add_argument("--exposure-k", type=_positive_int, default=100,
-                          help="K of the per-step exposure set recorded in transcripts")
+    add_dataclass_flags(sessions, DecodeSettings, names=["exposure_k"], show_defaults=False,
+                        helps={"exposure_k": "K of the per-step exposure set recorded in transcripts"})
     sessions.add_argument("--shutdown-grace", type=float, default=10.0, metavar="SECONDS",
                           help="on SIGTERM/SIGINT, how long in-flight sessions may continue")
 

@@ -24,6 +24,7 @@ from cloud_adapter.llm import TransformersLLM
 from cloud_adapter.runners import DirectRunner, ModelRunner
 from cloud_adapter.session import SessionHandler
 from cloud_adapter.transcript import SessionTranscript, TranscriptStore
+from edge_sdk.decode_settings import DecodeSettings
 
 #: finished transcripts kept in memory for :meth:`CloudEngine.transcript` (within ``Limits.transcript_bytes``)
 TRANSCRIPTS_KEPT = 1000
@@ -85,7 +86,7 @@ class CloudEngine:
         llm: TransformersLLM,
         limits: Limits | None = None,
         transcript_dir: Path | None = None,
-        exposure_k: int = 100,
+        exposure_k: int = DecodeSettings.exposure_k,
         *,
         runner: ModelRunner | None = None,
         transcript_upload_limit: int = 1000,

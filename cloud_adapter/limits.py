@@ -11,13 +11,16 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
+from edge_sdk.cli_flags import positive_float, positive_int
 from edge_sdk.status import CloudError
 
 _MiB = 1024 * 1024
 
 
-def _limit(default: float | int | None, help: str) -> object:
-    return field(default=default, metadata={"help": help})
+def _limit(default: float | int | None, help: str, *, seconds: bool = False) -> object:
+    """A limit's field: its default, help, and how ``coveil-cloud serve`` reads its flag."""
+    kind = {"type": positive_float, "metavar": "SECONDS"} if seconds else {"type": positive_int, "metavar": "N"}
+    return field(default=default, metadata={"help": help, **kind})
 
 
 @dataclass(frozen=True)
@@ -29,9 +32,9 @@ class Limits:
     max_unopened_streams: int = _limit(  # type: ignore[assignment]
         32, "streams that have sent nothing yet (each holds a server thread until its first message)"
     )
-    open_timeout_s: float = _limit(10.0, "seconds a new stream may take to send its first message")  # type: ignore[assignment]
+    open_timeout_s: float = _limit(10.0, "seconds a new stream may take to send its first message", seconds=True)  # type: ignore[assignment]
     idle_timeout_s: float = _limit(  # type: ignore[assignment]
-        300.0, "seconds a session may stay silent before it is evicted and its KV cache freed"
+        300.0, "seconds a session may stay silent before it is evicted and its KV cache freed", seconds=True
     )
     max_new_tokens: int = _limit(  # type: ignore[assignment]
         1024, "most tokens one session may decode (also the default when the edge asks for 0)"

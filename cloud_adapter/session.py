@@ -39,6 +39,7 @@ from cloud_adapter.llm import CloudSequence
 from cloud_adapter.transcript import SessionTranscript, StepRecord
 from cloud_adapter.validation import check_open_message, parse_upload, validate_request
 from edge_sdk import wire
+from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.fusion import NonFiniteError, check_finite, pick_token, softmax
 from edge_sdk.grammar import GrammarError, JsonConstraint, mask_row
 from edge_sdk.logprobs import TokenLogprobs, token_logprobs
@@ -168,7 +169,7 @@ class SessionHandler:
         except ValueError as exc:
             raise CloudError("INVALID_ARGUMENT", str(exc)) from None
         if msg.top_m == 0:  # the server default, within this vocabulary
-            request = replace(request, top_m=min(wire.DEFAULT_TOP_M, llm.vocab_size))
+            request = replace(request, top_m=min(DecodeSettings.top_m, llm.vocab_size))
         max_new_tokens = validate_request(request, vocab_size=llm.vocab_size, eos_ids=llm.eos_token_ids,
                                           limits=engine.limits)
         constraint = self._compile_schema(request) if request.json_schema else None

@@ -18,24 +18,19 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk import wire
 from edge_sdk.backends.base import SLMBackend
+from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.grammar import JsonConstraint
 from edge_sdk.leakage import LeakageMeter, content_token_ids, piece_reader
 from edge_sdk.ledger import LedgerEntry, PrivacyLedger
 from edge_sdk.logprobs import TokenLogprobs
 from edge_sdk.masking import folded_vocabulary, never_upload_ids
 from edge_sdk.policies import Policy, make_policy
-from edge_sdk.policies.base import FusionMode
 from edge_sdk.prompts import CONTEXT_SEPARATOR, Prompts, plain_prompts
-from edge_sdk.decoding import (
-    CollaborativeDecoder,
-    DecodeSettings,
-    StepEvent,
-    run_with_resume,
-)
+from edge_sdk.decoding import CollaborativeDecoder, StepEvent, run_with_resume
 from edge_sdk.steps import StoppingRule
 from edge_sdk.transport import CloudConnection, CloudSessionHandler, GrpcChannel, InProcessChannel
+from edge_sdk.wire import MAX_LOOKAHEAD
 
 __all__ = ["CONTEXT_SEPARATOR", "Credentials", "EdgeClient", "GenerationResult", "GenerationStream", "StreamStep"]
 
@@ -273,7 +268,7 @@ class EdgeClient:
         lookahead: int | None = None,
     ) -> None:
         if lookahead is None:
-            lookahead = 0 if callable(cloud) else wire.MAX_LOOKAHEAD
+            lookahead = 0 if callable(cloud) else MAX_LOOKAHEAD
         if lookahead < 0:
             raise ValueError(f"lookahead must be non-negative (0 = lockstep), got {lookahead}")
         self.lookahead = lookahead
@@ -362,25 +357,20 @@ class EdgeClient:
         public_query: str | Prompts,
         private_context: str = "",
         *,
-        mode: FusionMode = "cloud",
+        settings: DecodeSettings | None = None,
         policy: Policy | str = "coveil",
-        alpha: float = 0.3,
-        max_new_tokens: int = 256,
-        temperature: float = 0.0,
         never_upload: Sequence[str] = (),
-        exposure_budget: float | None = None,
-        max_epsilon: float | None = None,
-        epsilon_delta: float | None = None,
-        top_m: int = wire.DEFAULT_TOP_M,
-        seed: int = 0,
         rng: np.random.Generator | None = None,
         stopping: StoppingRule | None = None,
-        exposure_k: int = 100,
-        pace_ms: float | None = None,
         json_schema: dict[str, Any] | None = None,
-        logprobs: int | None = None,
+        **overrides: Any,
     ) -> CollaborativeDecoder:
         """Build the decoder for one generation (what :meth:`stream` runs).
+
+        ``settings`` (default :class:`~edge_sdk.decode_settings.DecodeSettings`'s defaults: ``alpha`` 0.3,
+        cloud-side fusion, 256 tokens ...) with ``overrides`` applied to a copy: ``mode=``, ``alpha=``,
+        ``max_new_tokens=``, ``temperature=``, ``top_m=``, ``seed=``, ``exposure_k=``, ``exposure_budget=``,
+        ``max_epsilon=``, ``epsilon_delta=``, ``pace_ms=``; a name that is not a setting is a ``TypeError``.
 
         ``seed`` is the *cloud's* sampling seed for cloud-side fusion at
         ``temperature > 0``; it is public (sent when the session opens, never in
@@ -415,6 +405,7 @@ class EdgeClient:
         (:mod:`edge_sdk.logprobs`): edge-side computed on the device (nothing sent changes), cloud-side sent by
         the cloud with each token it picks (the session asks for them).
         """
+        settings = (settings or DecodeSettings()).overridden(**overrides)
         if isinstance(policy, str):
             policy = make_policy(policy, backend=self.slm)  # a policy that needs the model builds from it
         slm = self.slm
@@ -433,22 +424,6 @@ class EdgeClient:
             self._folded_vocabulary = folded_vocabulary(piece, slm.vocab_size)
         masked = never_upload_ids(never_upload, private_context, lambda t: slm.tokenize(t, add_bos=False), piece,
                                   self._folded_vocabulary)
-        if exposure_budget is not None and not 0.0 <= exposure_budget <= 1.0:
-            raise ValueError(f"exposure_budget must lie in [0, 1], got {exposure_budget}")
-        settings = DecodeSettings(
-            mode=mode,
-            alpha=alpha,
-            max_new_tokens=max_new_tokens,
-            top_m=top_m,
-            temperature=temperature,
-            seed=seed,
-            exposure_budget=exposure_budget,
-            max_epsilon=max_epsilon,
-            epsilon_delta=epsilon_delta,
-            exposure_k=exposure_k,
-            pace_ms=pace_ms,
-            logprobs=logprobs,
-        )
         return CollaborativeDecoder(
             slm,
             policy,
@@ -463,7 +438,8 @@ class EdgeClient:
             processors=[JsonConstraint(slm, json_schema)] if json_schema is not None else (),
         )
 
-    def stream(self, public_query: str | Prompts, private_context: str = "", **kwargs: Any) -> GenerationStream:
+    def stream(self, public_query: str | Prompts, private_context: str = "", *,
+               settings: DecodeSettings | None = None, **kwargs: Any) -> GenerationStream:
         """Decode token by token: iterate the returned stream for each token's text as it is decided.
 
         The stream's ``ledger`` fills in step by step; :meth:`GenerationStream.close`
@@ -472,7 +448,7 @@ class EdgeClient:
         default the client's).
         """
         lookahead = kwargs.pop("lookahead", None)
-        return self.run(self.decoder(public_query, private_context, **kwargs), lookahead=lookahead)
+        return self.run(self.decoder(public_query, private_context, settings=settings, **kwargs), lookahead=lookahead)
 
     def run(self, decoder: CollaborativeDecoder, *, lookahead: int | None = None) -> GenerationStream:
         """Stream a decoder built by :meth:`decoder` (build it first to check a request's settings before any
@@ -480,10 +456,12 @@ class EdgeClient:
         return GenerationStream(self.slm, decoder, run_with_resume(decoder, lambda: self._connect(lookahead),
                                                                   max_reconnects=self.max_reconnects))
 
-    def generate(self, public_query: str | Prompts, private_context: str = "", **kwargs: Any) -> GenerationResult:
-        """Decode to the end; return the text and the privacy ledger (``lookahead`` as for :meth:`stream`)."""
+    def generate(self, public_query: str | Prompts, private_context: str = "", *,
+                 settings: DecodeSettings | None = None, **kwargs: Any) -> GenerationResult:
+        """Decode to the end; return the text and the privacy ledger.  Arguments as for :meth:`decoder`, and
+        ``lookahead`` as for :meth:`stream`."""
         lookahead = kwargs.pop("lookahead", None)
-        decoder = self.decoder(public_query, private_context, **kwargs)
+        decoder = self.decoder(public_query, private_context, settings=settings, **kwargs)
         for _event in run_with_resume(decoder, lambda: self._connect(lookahead), max_reconnects=self.max_reconnects):
             pass
         return GenerationResult(

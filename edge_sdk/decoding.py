@@ -28,13 +28,14 @@ import numpy as np
 from edge_sdk import wire
 from edge_sdk.accountant import PrivacyAccountant
 from edge_sdk.backends.base import SLMBackend
+from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.fusion import fuse
 from edge_sdk.grammar import JsonConstraint, mask_row
 from edge_sdk.leakage import LeakageMeter
 from edge_sdk.ledger import LedgerEntry, PrivacyLedger
-from edge_sdk.logprobs import MAX_TOP_LOGPROBS, TokenLogprobs, token_logprobs
+from edge_sdk.logprobs import TokenLogprobs, token_logprobs
 from edge_sdk.masking import FULL_UPLOAD_LIMIT
-from edge_sdk.policies.base import CloudUpload, FusionMode, Policy, SyncedToken
+from edge_sdk.policies.base import CloudUpload, Policy, SyncedToken
 from edge_sdk.steps import (
     ChoiceProcessor,
     ExposureBudget,
@@ -48,41 +49,6 @@ from edge_sdk.steps import (
 )
 from edge_sdk.status import CloudError
 from edge_sdk.transport import CloudConnection
-
-
-@dataclass(frozen=True)
-class DecodeSettings:
-    """Per-generation settings shared by both ends (all public)."""
-
-    mode: FusionMode = "cloud"
-    alpha: float = 0.3
-    max_new_tokens: int = 256
-    top_m: int = wire.DEFAULT_TOP_M
-    temperature: float = 0.0  # cloud-side sampling when the cloud picks
-    seed: int = 0  # the cloud's sampling seed (cloud-side fusion only); the edge never uses it
-    exposure_k: int = 100  # DecodeLeak's K for the meter's exposure sets
-    # the largest share of the generation's steps (of max_new_tokens) whose signal the private context may steer
-    # (a non-empty upload, a token other than the cloud's own top); after that only signals the cloud could
-    # produce alone are sent.  The cloud can count those steps itself: the switch tells it nothing new.
-    exposure_budget: float | None = None
-    # a privacy budget for the DP policies: before one more release would spend more than max_epsilon (at
-    # epsilon_delta; None: the policy's own delta) only cloud-only signals are sent, as for exposure_budget
-    max_epsilon: float | None = None
-    epsilon_delta: float | None = None
-    # pacing: step t's signal leaves at the first point of the grid ``S + n * pace_ms`` (n >= 1; ``S`` the previous
-    # signal's slot, or when the cloud's answer to the open arrived) at or after it is ready, so its send time
-    # depends on the public schedule and the cloud's own timing, not on how long the SLM took (which grows with
-    # the private context).  ``None``: each signal leaves as soon as it is decided.
-    pace_ms: float | None = None
-    # log-probabilities of each chosen token and of the ``logprobs`` best ids of the fused row it was chosen from
-    # (edge_sdk.logprobs; 0: the token's alone); cloud-side the cloud sends them, so the session asks for them
-    logprobs: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.pace_ms is not None and not self.pace_ms > 0:
-            raise ValueError(f"pace_ms must be positive (or None for no pacing), got {self.pace_ms}")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
-            raise ValueError(f"logprobs must lie in 0..{MAX_TOP_LOGPROBS} (or None for none), got {self.logprobs}")
 
 
 @dataclass

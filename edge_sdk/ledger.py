@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from edge_sdk.accountant import PrivacyAccountant
+from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.leakage import ExposureTrace
 from edge_sdk.policies.base import FusionMode
 
@@ -46,7 +47,7 @@ class PrivacyLedger:
 
     mode: FusionMode
     policy: str
-    exposure_k: int = 100  # K of every entry's exposure set E_t^K
+    exposure_k: int = DecodeSettings.exposure_k  # K of every entry's exposure set E_t^K
     entries: list[LedgerEntry] = field(default_factory=list)
     reconnects: int = 0
     #: the id the cloud gave each session this generation ran in (one, plus one per resume), in order: the cloud

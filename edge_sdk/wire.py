@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.fusion import FusionSpace, check_finite, top_k_ids
 from edge_sdk.logprobs import MAX_TOP_LOGPROBS, TokenLogprobs
 from edge_sdk.policies.base import CloudUpload, FusionMode, Observation
@@ -31,8 +32,6 @@ if TYPE_CHECKING:  # the generated message classes (edge_sdk/_wire/coveil_pb2.py
     )
 
 PROTOCOL_VERSION = 1
-#: cloud probabilities per sparse step unless the session asks otherwise
-DEFAULT_TOP_M = 256
 #: the deepest run-ahead (drafted steps past the last confirmed token) an edge accepts unless told otherwise;
 #: the cloud's own cap too (``proto/coveil.proto``: ``OpenSession.lookahead``)
 MAX_LOOKAHEAD = 8
@@ -85,15 +84,15 @@ class SessionRequest:
 
     prompt_ids: tuple[int, ...]
     mode: FusionMode
-    alpha: float = 0.3
+    alpha: float = DecodeSettings.alpha
     space: FusionSpace = "prob"
-    temperature: float = 0.0
-    seed: int = 0
-    max_new_tokens: int = 256
+    temperature: float = DecodeSettings.temperature
+    seed: int = DecodeSettings.seed
+    max_new_tokens: int = DecodeSettings.max_new_tokens
     vocab_fingerprint: bytes = b""
     edge_model: str = ""
     vocab_size: int = 0
-    top_m: int = DEFAULT_TOP_M
+    top_m: int = DecodeSettings.top_m  # the cloud's values per sparse step unless the session asks otherwise
     resume_prefix: tuple[int, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     #: cloud-side fusion: the cloud sends the picked token's log-probability (and ``top_logprobs`` best ids')
@@ -286,7 +285,7 @@ def decode_open(msg: OpenSession, tokenize: Callable[[str], Sequence[int]] | Non
         vocab_fingerprint=bytes(msg.vocab_fingerprint),
         edge_model=msg.edge_model,
         vocab_size=int(msg.vocab_size),
-        top_m=int(msg.top_m) or DEFAULT_TOP_M,
+        top_m=int(msg.top_m) or DecodeSettings.top_m,
         resume_prefix=tuple(int(i) for i in ids_from_bytes(msg.resume_prefix.ids)),
         stop_token_ids=tuple(int(i) for i in ids_from_bytes(msg.stop_token_ids.ids)),
         logprobs=bool(msg.logprobs),

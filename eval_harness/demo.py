@@ -26,7 +26,7 @@ from edge_sdk.leakage import piece_reader
 from edge_sdk.policies import CoVeil, Policy, Undefended
 from eval_harness.datasets import DecodeLeakItem, load_task
 from eval_harness.metrics import Vocabulary, evidence_recall
-from eval_harness.protocol import DecodingProtocol
+from eval_harness.decoding_protocol import DecodingProtocol
 from eval_harness.runners.reference import ItemRun
 
 

@@ -17,7 +17,7 @@ import pytest
 from cloud_adapter.engine import CloudEngine
 from cloud_adapter.limits import Limits
 from cloud_adapter.runners import StepBatcher
-from cloud_adapter.server import build_server
+from cloud_adapter.inprocess import serving
 from edge_sdk.backends.chat_template import LlamaCppChatTemplate
 from edge_sdk.backends.llama_cpp import LlamaCppSLM
 from edge_sdk.client import EdgeClient
@@ -102,13 +102,8 @@ def start_cloud(transcript_dir: Path, gemma_llm) -> Iterator[Cloud]:
     batcher = StepBatcher(gemma_llm)
     engine = CloudEngine(gemma_llm, Limits(max_sessions_per_client=SESSIONS_PER_CLIENT, max_new_tokens=64),
                          transcript_dir, 10, runner=batcher)
-    server, port = build_server(engine, address="127.0.0.1:0", token=TOKEN, max_workers=8)
-    server.start()
-    try:
-        yield Cloud(f"127.0.0.1:{port}", engine, transcript_dir)
-    finally:
-        server.stop(None)
-        batcher.close()
+    with batcher, serving(engine, token=TOKEN, max_workers=8) as adapter:
+        yield Cloud(adapter.address, engine, transcript_dir)
 
 
 @contextlib.contextmanager

@@ -39,20 +39,16 @@ class Adapter:
 def adapter() -> Iterator[Adapter]:
     from cloud_adapter.engine import CloudEngine
     from cloud_adapter.llm import TransformersLLM, TransformersSLM
-    from cloud_adapter.server import TlsConfig, build_server
+    from cloud_adapter.inprocess import serving
+    from cloud_adapter.server import TlsConfig
 
     tokenizer = bpe_tokenizer()
     llm = TransformersLLM.from_loaded(random_qwen(tokenizer, output_rows=448, seed=9), tokenizer, "tiny-bpe")
     ca_key, ca_cert, _, ca_pem = pem_pair("coveil test CA", None, is_ca=True)
     _, _, key_pem, cert_pem = pem_pair("coveil cloud", (ca_key, ca_cert))
     _, _, _, other_ca_pem = pem_pair("some other CA", None, is_ca=True)
-    server, port = build_server(CloudEngine(llm), address="127.0.0.1:0", token=TOKEN, tls=TlsConfig(cert_pem, key_pem),
-                                max_workers=16)
-    server.start()
-    try:
-        yield Adapter(f"127.0.0.1:{port}", ca_pem, other_ca_pem, TransformersSLM(llm))
-    finally:
-        server.stop(None)
+    with serving(CloudEngine(llm), token=TOKEN, tls=TlsConfig(cert_pem, key_pem), max_workers=16) as adapter:
+        yield Adapter(adapter.address, ca_pem, other_ca_pem, TransformersSLM(llm))
 
 
 def generate(adapter: Adapter, credentials: Credentials) -> list[int]:

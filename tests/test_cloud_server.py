@@ -26,7 +26,8 @@ from cloud_adapter.engine import CloudEngine
 from cloud_adapter.limits import Limits
 from cloud_adapter.runners import StepBatcher
 from cloud_adapter.llm import CloudSequence, TransformersLLM
-from cloud_adapter.server import SERVICE_NAME, TlsConfig, build_server
+from cloud_adapter.inprocess import serving
+from cloud_adapter.server import SERVICE_NAME, TlsConfig
 from edge_sdk import wire
 from edge_sdk._wire import coveil_pb2, coveil_pb2_grpc
 from edge_sdk.fusion import softmax, top_k_ids
@@ -76,15 +77,9 @@ def cloud(tmp_path_factory: pytest.TempPathFactory, gemma_llm: TransformersLLM) 
     batcher = StepBatcher(llm)
     engine = CloudEngine(llm, Limits(max_sessions_per_client=2, max_new_tokens=64), transcript_dir, EXPOSURE_K,
                          runner=batcher)
-    server, port = build_server(engine, address="127.0.0.1:0", token=TOKEN, max_workers=8)
-    server.start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    try:
+    with batcher, serving(engine, token=TOKEN, max_workers=8) as adapter, \
+            grpc.insecure_channel(adapter.address) as channel:
         yield Cloud(llm, engine, batcher, channel, transcript_dir, reference, prompt_logits)
-    finally:
-        channel.close()
-        server.stop(None)
-        batcher.close()
 
 
 # -- a bare client ---------------------------------------------------------------------------------
@@ -461,10 +456,8 @@ def test_sessions_beyond_the_client_limit_are_refused(cloud: Cloud) -> None:
 
 def test_idle_session_is_evicted(cloud: Cloud) -> None:
     engine = CloudEngine(cloud.llm, Limits(idle_timeout_s=0.3), runner=cloud.batcher)
-    server, port = build_server(engine, address="127.0.0.1:0", max_workers=4)
-    server.start()
-    try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+    with serving(engine, max_workers=4) as adapter:
+        with grpc.insecure_channel(adapter.address) as channel:
             stream = Stream(channel, token=None)
             stream.send(wire.encode_open(open_request(cloud.llm, "edge")))
             info = wire.decode_opened(stream.recv("opened"))
@@ -474,8 +467,6 @@ def test_idle_session_is_evicted(cloud: Cloud) -> None:
             assert time.monotonic() - started < 5
         assert engine.transcript(info.session_id)["finish_reason"] == "idle"
         assert engine.active_sessions == 0
-    finally:
-        server.stop(None)
 
 
 def test_mutual_tls_admits_only_clients_with_a_certificate(cloud: Cloud) -> None:
@@ -484,18 +475,13 @@ def test_mutual_tls_admits_only_clients_with_a_certificate(cloud: Cloud) -> None
     _, _, server_key_pem, server_cert_pem = pem_pair("coveil cloud", (ca_key, ca_cert))
     _, _, client_key_pem, client_cert_pem = pem_pair("coveil edge", (ca_key, ca_cert))
     engine = CloudEngine(cloud.llm, runner=cloud.batcher)
-    server, port = build_server(engine, address="127.0.0.1:0", max_workers=4,
-                                tls=TlsConfig(server_cert_pem, server_key_pem, client_ca=ca_pem))
-    server.start()
     request = health_pb2.HealthCheckRequest(service=SERVICE_NAME)
-    try:
+    with serving(engine, max_workers=4, tls=TlsConfig(server_cert_pem, server_key_pem, client_ca=ca_pem)) as adapter:
         with_cert = grpc.ssl_channel_credentials(ca_pem, client_key_pem, client_cert_pem)
-        with grpc.secure_channel(f"127.0.0.1:{port}", with_cert) as channel:
+        with grpc.secure_channel(adapter.address, with_cert) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(request, timeout=10)
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
-        with grpc.secure_channel(f"127.0.0.1:{port}", grpc.ssl_channel_credentials(ca_pem)) as channel:
+        with grpc.secure_channel(adapter.address, grpc.ssl_channel_credentials(ca_pem)) as channel:
             with pytest.raises(grpc.RpcError) as caught:
                 health_pb2_grpc.HealthStub(channel).Check(request, timeout=10)
             assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
-    finally:
-        server.stop(None)

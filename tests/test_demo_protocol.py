@@ -2,7 +2,7 @@
 
 The demo once asked a base model for the answer letter first with no stopping rule: the model went on writing
 more "Answer:" lines and questions after its own, and the demo read its accuracy off the first character.  Now
-it uses :class:`~eval_harness.protocol.DecodingProtocol`: the cloud reads the worked example and the question, the
+it uses :class:`~eval_harness.decoding_protocol.DecodingProtocol`: the cloud reads the worked example and the question, the
 generation ends once ``Answer: (X)`` is written, and the letter is read by the protocol's rule.
 """
 
@@ -18,7 +18,7 @@ from edge_sdk.testing import ScriptedCloud, TableSLM
 from eval_harness.datasets import DecodeLeakItem
 from eval_harness.demo import RunRow, decode_item
 from eval_harness.metrics import Vocabulary
-from eval_harness.protocol import WORKED_EXAMPLE, DecodingProtocol
+from eval_harness.decoding_protocol import WORKED_EXAMPLE, DecodingProtocol
 
 #: every printable character, so that any prompt tokenizes, and four pieces the scripted cloud writes
 SCRIPTED = [" because", " Answer: (B)", "\nQuestion: next?", "\nAnswer: (C)"]

@@ -18,7 +18,8 @@ from cloud_adapter.engine import CloudEngine
 from cloud_adapter.limits import Limits
 from cloud_adapter.llm import TransformersLLM
 from cloud_adapter.runners import StepBatcher
-from cloud_adapter.server import TlsConfig, build_server
+from cloud_adapter.inprocess import serving
+from cloud_adapter.server import TlsConfig
 from edge_sdk.client import GenerationResult
 from edge_sdk.leakage import ExposureTrace
 from edge_sdk.ledger import LedgerEntry, PrivacyLedger
@@ -27,7 +28,7 @@ from edge_sdk.policies import CoVeil
 from eval_harness.cli.decodeleak import main
 from eval_harness.datasets import load_task
 from eval_harness.metrics import Vocabulary, evidence_recall
-from eval_harness.protocol import DecodingProtocol
+from eval_harness.decoding_protocol import DecodingProtocol
 from eval_harness.runners.audit import FROM_LEDGER, FROM_TRANSCRIPT, audit_generation
 from eval_harness.runners.deployed import DeployedRunner
 from eval_harness.runners.reference import ItemRun
@@ -153,13 +154,8 @@ def remote_adapter(tmp_path: Path, gemma_llm: TransformersLLM, one_torch_thread:
     (tmp_path / "token").write_text(TOKEN + "\n")
     with StepBatcher(gemma_llm) as batcher:
         engine = CloudEngine(gemma_llm, Limits(max_sessions=2), tmp_path / "transcripts", 100, runner=batcher)
-        server, port = build_server(engine, address="127.0.0.1:0", token=TOKEN, tls=TlsConfig(cert_pem, key_pem),
-                                    max_workers=8)
-        server.start()
-        try:
-            yield f"127.0.0.1:{port}", tmp_path
-        finally:
-            server.stop(None).wait()
+        with serving(engine, token=TOKEN, tls=TlsConfig(cert_pem, key_pem), max_workers=8) as adapter:
+            yield adapter.address, tmp_path
 
 
 @pytest.mark.model

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from cloud_adapter.engine import CloudEngine
 from cloud_adapter.runners import StepBatcher
 from cloud_adapter.local import free_loopback_port
-from cloud_adapter.server import build_server
+from cloud_adapter.inprocess import serving
 from edge_sdk.client import Credentials, EdgeClient
 from edge_sdk.policies import CoVeil
 from edge_sdk.status import CloudError
@@ -28,29 +29,19 @@ def engine(gemma_llm) -> Iterator[CloudEngine]:
         yield CloudEngine(gemma_llm, runner=batcher)
 
 
-def start_server(engine: CloudEngine, port: int):
-    server, bound = build_server(engine, address=f"127.0.0.1:{port}", max_workers=8)
-    assert bound == port
-    server.start()
-    return server
-
-
 @pytest.mark.parametrize("mode", ["cloud", "edge"])
 def test_a_cloud_restart_mid_generation_is_resumed(slm, engine: CloudEngine, mode: str) -> None:
     port = free_loopback_port()
-    server = start_server(engine, port)
-    try:
-        with EdgeClient(f"127.0.0.1:{port}", slm=slm, credentials=Credentials(plaintext=True)) as client:
-            uninterrupted = client.generate(PUBLIC, PRIVATE, mode=mode, policy=CoVeil(lam=1.0), max_new_tokens=STEPS)
-            stream = client.stream(PUBLIC, PRIVATE, mode=mode, policy=CoVeil(lam=1.0), max_new_tokens=STEPS)
-            pieces = iter(stream)
-            for _ in range(3):
-                next(pieces)
-            server.stop(None)  # the cloud goes down mid-session ...
-            server = start_server(engine, port)  # ... and comes back on the same address
+    with serving(engine, port=port, max_workers=8) as first, \
+            EdgeClient(first.address, slm=slm, credentials=Credentials(plaintext=True)) as client:
+        uninterrupted = client.generate(PUBLIC, PRIVATE, mode=mode, policy=CoVeil(lam=1.0), max_new_tokens=STEPS)
+        stream = client.stream(PUBLIC, PRIVATE, mode=mode, policy=CoVeil(lam=1.0), max_new_tokens=STEPS)
+        pieces = iter(stream)
+        for _ in range(3):
+            next(pieces)
+        first.server.stop(None).wait()  # the cloud goes down mid-session ...
+        with serving(engine, port=port, max_workers=8):  # ... and comes back on the same address
             list(pieces)
-    finally:
-        server.stop(None)
     assert stream.ledger.reconnects >= 1
     assert stream.token_ids == uninterrupted.token_ids
 
@@ -67,23 +58,18 @@ def test_a_cloud_that_stays_away_fails_with_a_clear_error(slm) -> None:
 def test_a_session_resumes_on_another_replica_when_its_own_dies(slm, engine: CloudEngine, mode: str) -> None:
     """Two adapters on loopback behind gRPC's round_robin; the one serving the session is killed mid-generation."""
     replicas = [engine, CloudEngine(engine.llm, runner=engine.runner)]
-    ports = [free_loopback_port() for _ in replicas]
-    servers = [start_server(e, port) for e, port in zip(replicas, ports)]
-    try:
-        addresses = [f"127.0.0.1:{port}" for port in ports]
-        with EdgeClient(addresses, slm=slm, credentials=Credentials(plaintext=True)) as client:
+    with contextlib.ExitStack() as stack:
+        adapters = [stack.enter_context(serving(e, max_workers=8)) for e in replicas]
+        with EdgeClient([a.address for a in adapters], slm=slm, credentials=Credentials(plaintext=True)) as client:
             uninterrupted = client.generate(PUBLIC, PRIVATE, mode=mode, policy=CoVeil(lam=1.0), max_new_tokens=STEPS)
             stream = client.stream(PUBLIC, PRIVATE, mode=mode, policy=CoVeil(lam=1.0), max_new_tokens=STEPS)
             pieces = iter(stream)
             for _ in range(3):
                 next(pieces)
-            serving = next(i for i, e in enumerate(replicas) if e.active_sessions == 1)
-            servers[serving].stop(None)  # the replica holding the session dies and stays down
+            holder = next(i for i, e in enumerate(replicas) if e.active_sessions == 1)
+            adapters[holder].server.stop(None)  # the replica holding the session dies and stays down
             list(pieces)
-            assert replicas[1 - serving].transcripts  # the other replica finished the session
-    finally:
-        for server in servers:
-            server.stop(None)
+            assert replicas[1 - holder].transcripts  # the other replica finished the session
     assert stream.ledger.reconnects >= 1
     assert stream.token_ids == uninterrupted.token_ids
 

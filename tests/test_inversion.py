@@ -303,7 +303,7 @@ def tiny_reference():
     from cloud_adapter.llm import TransformersLLM
     from edge_sdk.leakage import piece_reader
     from eval_harness.metrics import Vocabulary
-    from eval_harness.protocol import DecodingProtocol
+    from eval_harness.decoding_protocol import DecodingProtocol
     from eval_harness.runners.reference import ReferenceRunner
 
     from tests.tiny_models import bpe_tokenizer, random_qwen

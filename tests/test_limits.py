@@ -19,7 +19,8 @@ from cloud_adapter.engine import CloudEngine
 from cloud_adapter.limits import Limits
 from cloud_adapter.llm import TransformersLLM
 from cloud_adapter.runners import StepBatcher
-from cloud_adapter.server import SERVICE_NAME, _Inbox, build_server
+from cloud_adapter.inprocess import serving
+from cloud_adapter.server import SERVICE_NAME, _Inbox
 from cloud_adapter.transcript import SessionTranscript, StepRecord, TranscriptStore
 from edge_sdk import wire
 from edge_sdk._wire import coveil_pb2_grpc
@@ -70,10 +71,7 @@ def test_streams_that_never_open_cannot_starve_the_server(tiny_llm) -> None:
     a handful froze the server, health checks included."""
     limits = Limits(max_sessions=2, max_unopened_streams=2, open_timeout_s=1.5)
     engine = CloudEngine(tiny_llm, limits)
-    server, port = build_server(engine, address="127.0.0.1:0", max_workers=8)
-    server.start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    try:
+    with serving(engine, max_workers=8) as adapter, grpc.insecure_channel(adapter.address) as channel:
         silent = [SilentStream(channel) for _ in range(10)]
         time.sleep(0.3)
         health = health_pb2_grpc.HealthStub(channel)
@@ -90,9 +88,6 @@ def test_streams_that_never_open_cannot_starve_the_server(tiny_llm) -> None:
         stream.finish()
         for stream in silent:
             stream.finish()
-    finally:
-        channel.close()
-        server.stop(None)
 
 
 def test_oversized_prompts_are_refused_before_any_work(tiny_llm) -> None:
@@ -175,12 +170,9 @@ def test_a_dead_model_worker_turns_health_to_not_serving_and_fails_sessions_fast
 
     with StepBatcher(tiny_llm) as batcher:
         engine = CloudEngine(tiny_llm, runner=batcher)
-        server, port = build_server(engine, address="127.0.0.1:0", max_workers=16)
-        server.start()
-        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-        health = health_pb2_grpc.HealthStub(channel)
-        request = health_pb2.HealthCheckRequest(service=SERVICE_NAME)
-        try:
+        with serving(engine, max_workers=16) as adapter, grpc.insecure_channel(adapter.address) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            request = health_pb2.HealthCheckRequest(service=SERVICE_NAME)
             assert health.Check(request, timeout=5).status == health_pb2.HealthCheckResponse.SERVING
             seq, _ = batcher.prefill(tiny_llm.tokenize(PROMPT))
             original = tiny_llm.step
@@ -200,9 +192,6 @@ def test_a_dead_model_worker_turns_health_to_not_serving_and_fails_sessions_fast
                 time.sleep(0.1)
             with pytest.raises(RuntimeError, match="died"):
                 batcher.prefill(tiny_llm.tokenize(PROMPT))  # later sessions fail at once
-        finally:
-            channel.close()
-            server.stop(None)
 
 
 def test_a_drop_after_the_last_token_does_not_undo_the_generation(tiny_llm) -> None:
@@ -235,10 +224,8 @@ def test_a_drop_after_the_last_token_does_not_undo_the_generation(tiny_llm) -> N
 def test_one_client_cannot_lock_others_out_with_silent_streams(tiny_llm) -> None:
     limits = Limits(max_sessions=4, max_sessions_per_client=2, max_unopened_streams=10, open_timeout_s=3)
     engine = CloudEngine(tiny_llm, limits)
-    server, port = build_server(engine, address="127.0.0.1:0", token=["attacker", "victim"], max_workers=24)
-    server.start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    try:
+    with serving(engine, token=["attacker", "victim"], max_workers=24) as adapter, \
+            grpc.insecure_channel(adapter.address) as channel:
         stub = coveil_pb2_grpc.CollaborativeDecodingStub(channel)
         silent = []
         for _ in range(5):
@@ -260,9 +247,6 @@ def test_one_client_cannot_lock_others_out_with_silent_streams(tiny_llm) -> None
             except grpc.RpcError as exc:
                 codes.append(exc.code())
         assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 3  # beyond the attacker's own 2
-    finally:
-        channel.close()
-        server.stop(None)
 
 
 def test_open_fields_that_would_fill_memory_are_refused(tiny_llm) -> None:
@@ -320,11 +304,8 @@ def test_streams_of_bytes_that_are_not_protobuf_are_refused_and_the_server_still
     leaking the stream's state, and after 8-12 such streams ``server.stop()`` never returned (the adapter hung on
     SIGTERM). Raw bytes over real gRPC, through a generic stub with identity serializers."""
     engine = CloudEngine(tiny_llm, Limits(max_sessions=4, max_unopened_streams=4))
-    server, port = build_server(engine, address="127.0.0.1:0", max_workers=12)
-    server.start()
-    stopped = False
-    try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+    with serving(engine, max_workers=12) as adapter:
+        with grpc.insecure_channel(adapter.address) as channel:
             decode = channel.stream_stream(f"/{SERVICE_NAME}/Decode", request_serializer=None,
                                            response_deserializer=None)
             not_protobuf = [b"\xff\xff\xff\xff", b"\x0a\x05ab", b"\x08" + b"\x80" * 11, b"\x0f"]
@@ -339,13 +320,9 @@ def test_streams_of_bytes_that_are_not_protobuf_are_refused_and_the_server_still
             assert isinstance(first, bytes) and len(first) > 0
             replies.cancel()
         started = time.monotonic()
-        server.stop(2).wait(timeout=10)
-        stopped = True
+        adapter.server.stop(2).wait(timeout=10)
         assert time.monotonic() - started < 5
         assert engine.active_sessions == 0
-    finally:
-        if not stopped:
-            server.stop(None)
 
 
 def test_the_transcript_directory_is_capped_on_disk_oldest_first(tiny_llm, tmp_path) -> None:

@@ -13,7 +13,7 @@ from cloud_adapter.limits import Limits
 from cloud_adapter.llm import TransformersLLM
 from cloud_adapter.loadgen import run_load
 from cloud_adapter.runners import StepBatcher
-from cloud_adapter.server import build_server
+from cloud_adapter.inprocess import serving
 
 from tests.tiny_models import CORPUS, bpe_tokenizer, random_qwen
 
@@ -39,14 +39,10 @@ def test_32_concurrent_sessions_decode_and_leave_no_kv_cache_behind(lookahead: i
 
         batcher.prefill = recording_prefill  # type: ignore[method-assign]
         engine = CloudEngine(llm, limits, runner=batcher)
-        server, port = build_server(engine, address="127.0.0.1:0", max_workers=SESSIONS + limits.max_unopened_streams + 8)
-        server.start()
-        try:
-            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-                report = run_load(channel, prompts, fingerprint=llm.vocab_fingerprint(), vocab_size=llm.vocab_size,
-                                  tokens=12, lookahead=lookahead)
-        finally:
-            server.stop(None)
+        with serving(engine, max_workers=SESSIONS + limits.max_unopened_streams + 8) as adapter, \
+                grpc.insecure_channel(adapter.address) as channel:
+            report = run_load(channel, prompts, fingerprint=llm.vocab_fingerprint(), vocab_size=llm.vocab_size,
+                              tokens=12, lookahead=lookahead)
         assert report.errors == []
         assert len(report.step_seconds) == SESSIONS * 12
         assert report.percentile_ms(50) <= report.percentile_ms(95) < 5_000

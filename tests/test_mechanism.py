@@ -22,7 +22,7 @@ from edge_sdk.ledger import LedgerEntry, PrivacyLedger
 from edge_sdk.policies import CoVeil, Undefended
 from eval_harness.datasets import DecodeLeakItem
 from eval_harness.metrics import Vocabulary
-from eval_harness.protocol import DecodingProtocol
+from eval_harness.decoding_protocol import DecodingProtocol
 from eval_harness.runners.mechanism import RANK_BINS, rank_bin, step_decisions, summarise, teacher_forced_logits
 from eval_harness.runners.reference import ItemRun, ReferenceRunner
 from eval_harness.sweep.execute import METRIC_KS, result_row

@@ -174,7 +174,7 @@ def test_a_checkpoint_directory_has_a_digest_of_its_files_names_and_bytes(tmp_pa
     import hashlib
 
     from edge_sdk.models import ModelSource
-    from eval_harness.sweep.execute import model_digest
+    from eval_harness.provenance import model_digest
 
     monkeypatch.setenv("COVEIL_CACHE_DIR", str(tmp_path / "cache"))
     model = tmp_path / "model"

@@ -11,10 +11,11 @@ import pytest
 
 from eval_harness.cli.decodeleak import main, parse
 from eval_harness.datasets import load_task
-from eval_harness.protocol import DecodingProtocol
+from eval_harness.decoding_protocol import DecodingProtocol
 from eval_harness.sweep.execute import ReferenceSpec
 from eval_harness.sweep.grid import Setting, row_key
-from eval_harness.sweep.ray import RowInbox, code_digest, connect, plan_shards, run_shard
+from eval_harness.provenance import code_digest
+from eval_harness.sweep.ray import RowInbox, connect, plan_shards, run_shard
 from eval_harness.sweep.store import ResultStore, read_rows
 
 #: two deterministic settings (greedy decoding): 2 settings x 2 items = 4 rows

@@ -58,16 +58,11 @@ class RecordingChannel:
 def adapter(gemma_llm) -> Iterator[str]:
     from cloud_adapter.engine import CloudEngine
     from cloud_adapter.runners import StepBatcher
-    from cloud_adapter.server import build_server
+    from cloud_adapter.inprocess import serving
 
     llm = gemma_llm
-    with StepBatcher(llm) as batcher:
-        server, port = build_server(CloudEngine(llm, runner=batcher), address="127.0.0.1:0", max_workers=8)
-        server.start()
-        try:
-            yield f"127.0.0.1:{port}"
-        finally:
-            server.stop(None)
+    with StepBatcher(llm) as batcher, serving(CloudEngine(llm, runner=batcher), max_workers=8) as adapter:
+        yield adapter.address
 
 
 def decode_all(sent: list[bytes]) -> list[Any]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.fusion import (
     FusionSpace,
     certify_fused_top_k,
@@ -51,7 +52,7 @@ def coveil_upload(
     p_slm: np.ndarray,
     p_llm: np.ndarray,
     *,
-    alpha: float = 0.3,
+    alpha: float = DecodeSettings.alpha,
     lam: float = 1.0,
     k: int = 50,
     space: FusionSpace = "prob",
@@ -94,7 +95,7 @@ def coveil_upload_sparse(
     known_llm: np.ndarray,
     tail_bound: float,
     *,
-    alpha: float = 0.3,
+    alpha: float = DecodeSettings.alpha,
     lam: float = 1.0,
     k: int = 50,
 ) -> np.ndarray | None:
@@ -122,7 +123,7 @@ def coveil_select(
     p_slm: np.ndarray,
     p_llm: np.ndarray,
     *,
-    alpha: float = 0.3,
+    alpha: float = DecodeSettings.alpha,
     lam: float = 1.0,
     k: int = 50,
     space: FusionSpace = "prob",
@@ -184,7 +185,7 @@ def coveil_select_sparse(
     known_ids: np.ndarray,
     tail_bound: float,
     *,
-    alpha: float = 0.3,
+    alpha: float = DecodeSettings.alpha,
     lam: float = 1.0,
     k: int = 50,
 ) -> int | None:

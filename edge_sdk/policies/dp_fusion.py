@@ -17,6 +17,7 @@ from typing import ClassVar
 import numpy as np
 
 from edge_sdk.accountant import ReleaseEvent
+from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.fusion import check_alpha, fuse, top_k_ids
 from edge_sdk.policies.base import CloudUpload, FusionMode, Policy, SyncedToken, require_rng
 from edge_sdk.policies.ldp_sampler import sample_index
@@ -290,7 +291,7 @@ class DPFusion(Policy):
     epsilon: float = 2.0
     order: float = 2.0
     delta: float = 1e-5
-    max_new_tokens: int = 256
+    max_new_tokens: int = DecodeSettings.max_new_tokens  # the generation length the budget covers
     upload_k: int = 100
     _bound: float = field(init=False, repr=False)
 

@@ -15,6 +15,7 @@ from typing import ClassVar
 import numpy as np
 
 from edge_sdk.accountant import ReleaseEvent
+from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.fusion import top_k_ids
 from edge_sdk.policies.base import FusionMode, Policy, SyncedToken, require_rng
 from edge_sdk.policies.ldp_sampler import sample_index
@@ -144,7 +145,7 @@ class InvisibleInk(Policy):
     delta: float = 1e-6
     top_k: int | None = None
     temperature: float = DEFAULT_TEMPERATURE
-    max_new_tokens: int = 256
+    max_new_tokens: int = DecodeSettings.max_new_tokens  # the generation length the budget covers
     _clip: float = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

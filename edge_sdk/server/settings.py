@@ -8,14 +8,16 @@ into flags and :func:`settings_from_args` reads them back.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edge_sdk.cli_flags import add_dataclass_flags, dataclass_from_args, flag_name
 from edge_sdk.client import Credentials, is_loopback
+from edge_sdk.decode_settings import DecodeSettings
+from edge_sdk.policies import FUSION_MODES
 from edge_sdk.wire import MAX_LOOKAHEAD
 
 #: the environment variable an API key may come from instead of ``--api-key-file``
@@ -75,10 +77,11 @@ class ServerSettings:
     served_model_name: str = _option("coveil", "the model id apps name in requests and /v1/models lists",
                                      metavar="NAME")
     # -- what a request gets unless it says otherwise
-    default_mode: str = _option("cloud", "fusion mode of a request that names none", choices=["cloud", "edge"])
+    default_mode: str = _option(DecodeSettings.mode, "fusion mode of a request that names none",
+                                choices=list(FUSION_MODES))
     default_policy: str = _option("coveil", "policy of a request that names none (its parameters: the policy's "
                                   "defaults, CoVeil lam=1.0)", metavar="NAME")
-    default_max_tokens: int = _option(256, "reply length of a request that sets no max_tokens (never beyond the "
+    default_max_tokens: int = _option(DecodeSettings.max_new_tokens, "reply length of a request that sets no max_tokens (never beyond the "
                                       "context window)", metavar="N", type=int)
     max_queue: int = _option(16, "requests that may wait for the one SLM; beyond that the answer is 429",
                              metavar="N", type=int)
@@ -105,8 +108,8 @@ class ServerSettings:
         for name in ("ssl_certfile", "ssl_keyfile"):
             path = getattr(self, name)
             if path is not None and not Path(path).is_file():
-                raise ValueError(f"{_flag(name)}: no such file: {path}")
-        if self.default_mode not in ("cloud", "edge"):
+                raise ValueError(f"{flag_name(name)}: no such file: {path}")
+        if self.default_mode not in FUSION_MODES:
             raise ValueError(f"--default-mode is 'cloud' or 'edge', got {self.default_mode!r}")
 
     @property
@@ -144,10 +147,6 @@ class ServerSettings:
                 "in clear across the network; give --ssl-certfile/--ssl-keyfile unless a TLS proxy fronts this")
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def add_settings_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per :class:`ServerSettings` field, its default and help taken from the field."""
     groups = {
@@ -157,18 +156,8 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
         "default_mode": parser.add_argument_group("defaults for requests",
                                                   description=textwrap.fill(UNMARKED_REQUESTS, 78)),
     }
-    group = groups["cloud"]
-    for spec in dataclasses.fields(ServerSettings):
-        group = groups.get(spec.name, group)
-        meta = dict(spec.metadata)
-        help_text = meta.pop("help")
-        if spec.type in ("bool", bool):
-            group.add_argument(_flag(spec.name), dest=spec.name, action="store_true", help=help_text)
-            continue
-        if spec.default is not None and not meta.get("required"):
-            help_text += f" (default: {spec.default})"
-        group.add_argument(_flag(spec.name), dest=spec.name, default=spec.default, help=help_text, **meta)
+    add_dataclass_flags(parser, ServerSettings, groups=groups)
 
 
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
-    return ServerSettings(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(ServerSettings)})
+    return dataclass_from_args(ServerSettings, args)

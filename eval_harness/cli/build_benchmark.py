@@ -7,7 +7,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from cloud_adapter.cli import _positive_float, _positive_int
+from edge_sdk.cli_flags import positive_float, positive_int
 
 DESCRIPTION = """\
 Split each source item into a public query with its options (what the cloud may see) and a private context
@@ -61,7 +61,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
                             "eval_harness/construction/prompts/)")
     judge.add_argument("--extract-prompt", type=Path, metavar="FILE",
                        help="an extraction prompt file of your own (default: the shared built-in one)")
-    judge.add_argument("--max-tokens", type=_positive_int, default=512, metavar="N",
+    judge.add_argument("--max-tokens", type=positive_int, default=512, metavar="N",
                        help="the most tokens one reply may take (default: 512)")
     judge.add_argument("--no-system-role", action="store_true",
                        help="send each prompt as one user message opening with the system text (for chat templates "
@@ -69,21 +69,21 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     bounds = parser.add_argument_group(
         "reply bounds (--json-mode object-schema)", "added to the schema the server's grammar is made from, so a "
         "small model's reply stays short and within --max-tokens")
-    bounds.add_argument("--max-spans", type=_positive_int, default=ReplyBounds.spans, metavar="N",
+    bounds.add_argument("--max-spans", type=positive_int, default=ReplyBounds.spans, metavar="N",
                         help=f"spans per reply (default: {ReplyBounds.spans})")
-    bounds.add_argument("--max-span-chars", type=_positive_int, default=ReplyBounds.span_chars, metavar="N",
+    bounds.add_argument("--max-span-chars", type=positive_int, default=ReplyBounds.span_chars, metavar="N",
                         help=f"characters per span (default: {ReplyBounds.span_chars})")
-    bounds.add_argument("--max-text-chars", type=_positive_int, default=ReplyBounds.text_chars, metavar="N",
+    bounds.add_argument("--max-text-chars", type=positive_int, default=ReplyBounds.text_chars, metavar="N",
                         help=f"characters of the reasons and the clue (default: {ReplyBounds.text_chars})")
-    judge.add_argument("--parallel", type=_positive_int, default=4, metavar="N",
+    judge.add_argument("--parallel", type=positive_int, default=4, metavar="N",
                        help="requests in flight at once (default: 4); a rate-limited endpoint is retried with "
                             "backoff, honouring Retry-After")
-    judge.add_argument("--requests-per-minute", type=_positive_float, metavar="N",
+    judge.add_argument("--requests-per-minute", type=positive_float, metavar="N",
                        help="the most requests started in any minute, retries included (default: no limit): keep "
                             "under a hosted endpoint's rate limit rather than be refused by it")
     judge.add_argument("--max-retries", type=int, default=4, metavar="N",
                        help="retries of a failed call (connection, time-out, 429, 5xx; default: 4)")
-    judge.add_argument("--timeout", type=_positive_float, default=120.0, metavar="SECONDS", help="one call's time limit")
+    judge.add_argument("--timeout", type=positive_float, default=120.0, metavar="SECONDS", help="one call's time limit")
     judge.add_argument("--reasoning-model", action="store_true",
                        help="the judge is an OpenAI reasoning model (o1, o3, o4-mini, GPT-5 ...): send "
                             "max_completion_tokens (reasoning tokens count against --max-tokens: give it room, e.g. "
@@ -96,7 +96,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
                             "all (default: $COVEIL_CACHE_DIR/llm-calls)")
     judge.add_argument("--no-cache", action="store_true",
                        help="cache no judge call on disk (a re-run then asks again for items not in DIR)")
-    parser.add_argument("--limit", type=_positive_int, metavar="N", help="the first N items (a trial run)")
+    parser.add_argument("--limit", type=positive_int, metavar="N", help="the first N items (a trial run)")
     parser.add_argument("-v", "--verbose", action="store_true", help="show the full traceback of an error")
     return parser
 

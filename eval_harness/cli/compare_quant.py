@@ -6,7 +6,7 @@ Q4_K_M, so **every other variant is requantised from the Q4_K_M file**, and the 
 **that same file dequantised**: the Q4_K_M line measures llama.cpp's arithmetic, the others that plus their
 own rounding of Q4_K_M's weights (none can be closer to the original model than Q4_K_M).
 
-Three passes (:mod:`eval_harness.compare.audit`): the reference in the collaborative loop; every variant
+Three passes (:mod:`eval_harness.compare.quant_audit`): the reference in the collaborative loop; every variant
 teacher-forced along the reference's CoVeil generations (per step: KL(p_ref || p_quant), top-1 agreement,
 top-10/100 overlap, CoVeil's decision given the same cloud row); every variant in the collaborative loop
 (cloud LLM in transformers, the same for all), with the change in accuracy and each DecodeLeak metric.
@@ -19,8 +19,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from edge_sdk.cli_flags import add_dataclass_flags, add_dtype_flag
+from edge_sdk.decode_settings import DecodeSettings
 from eval_harness.cli.shared import csv_list, progress_bar
-from eval_harness.compare.audit import POLICIES
+from eval_harness.compare.quant_audit import POLICIES
 
 DEFAULT_VARIANTS = "Q8_0,Q4_K_M,Q3_K,Q2_K"
 
@@ -45,14 +47,13 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     parser.add_argument("--lam", type=float, default=1.0, help="CoVeil's privacy weight λ (default: 1)")
     parser.add_argument("--space", choices=["prob", "logit"], default="prob",
                         help="fusion space of both policies (default: prob, the paper's)")
-    parser.add_argument("--alpha", type=float, default=0.3, help="the cloud LLM's fusion weight (default: 0.3)")
-    parser.add_argument("--max-new-tokens", type=int, default=256,
-                        help="tokens per answer (default: the protocol's 256; lower it on a small machine)")
+    add_dataclass_flags(parser, DecodeSettings, names=["alpha", "max_new_tokens"], helps={
+        "max_new_tokens": "tokens per answer (default: the protocol's {default}; lower it on a small machine)"})
     parser.add_argument("--slm", default="embedded",
                         help="the edge model: 'embedded' or a GGUF file (the variants are derived from it)")
     parser.add_argument("--llm", default="embedded", help="the cloud model, in transformers (same family)")
-    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"],
-                        help="the transformers models' dtype (default: fp32, a full-precision reference)")
+    add_dtype_flag(parser, default="fp32", auto=False,
+                   help="the transformers models' dtype (default: fp32, a full-precision reference)")
     parser.add_argument("--concurrency", type=int, default=8, help="items decoded at once (default: 8)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the per-item generators (row format)")
     parser.add_argument("--cache-dir", type=Path,
@@ -67,12 +68,13 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Run the three passes with a progress bar, then write the table, the summary and the figure."""
     from edge_sdk.models import resolve_model
-    from eval_harness.compare.audit import QuantAudit, QuantComparison
+    from eval_harness.compare.quant_audit import QuantAudit, QuantComparison
     from eval_harness.compare.quantize import cached_info, derive_variant
     from eval_harness.datasets import load_task
-    from eval_harness.protocol import DecodingProtocol
+    from eval_harness.decoding_protocol import DecodingProtocol
     from eval_harness.report.quant import drift_figure, markdown, summarise, write_summary
-    from eval_harness.sweep.execute import ReferenceSpec, file_digest
+    from eval_harness.provenance import file_digest
+    from eval_harness.sweep.execute import ReferenceSpec
 
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be at least 1, got {args.limit}")
@@ -95,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
     items = {task: load_task(task, args.limit) for task in args.tasks}
     # the reference pass: both models in transformers, on this machine's CPU (or where --dtype puts them)
     spec = ReferenceSpec(slm=args.slm, llm=args.llm, dtype=args.dtype, concurrency=args.concurrency)
-    runner, vocab, metadata = spec.build(protocol, seed=args.seed)
+    runner, vocab, run = spec.build(protocol, seed=args.seed)
+    metadata = run.row()
     args.out.mkdir(parents=True, exist_ok=True)
     with runner:
         comparison = QuantComparison(runner, vocab, metadata, protocol, items, audit, variants, args.out,

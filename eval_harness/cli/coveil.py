@@ -7,7 +7,9 @@ import logging
 import sys
 from pathlib import Path
 
+from edge_sdk.cli_flags import add_dataclass_flags
 from edge_sdk.client import Credentials
+from edge_sdk.decode_settings import DecodeSettings
 
 
 def _floats(text: str) -> list[float]:
@@ -49,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="fusion modes, comma-separated: cloud,edge (default: both)")
     demo.add_argument("--lams", type=_floats, default=[1.0],
                       help="CoVeil privacy weights to compare with the undefended run (default: 1.0)")
-    demo.add_argument("--alpha", type=float, default=0.3, help="fusion weight of the cloud LLM (default: 0.3)")
+    add_dataclass_flags(demo, DecodeSettings, names=["alpha"])
     demo.add_argument("--cloud", metavar="HOST:PORT",
                       help="use a running cloud adapter instead of starting one on loopback")
     demo.add_argument("--token-file", type=Path, help="bearer token for --cloud (file holding the token)")

@@ -71,7 +71,8 @@ class Rescorer:
     def _vocabulary(self, row: Mapping[str, Any]) -> Any:
         from cloud_adapter.hf_loading import load_tokenizer
         from edge_sdk.models import resolve_model
-        from eval_harness.sweep.execute import reference_vocabulary, tokenizer_fingerprint
+        from eval_harness.provenance import tokenizer_fingerprint
+        from eval_harness.sweep.execute import reference_vocabulary
 
         recorded = row.get("vocabulary") or {}
         model = self._tokenizer_override or recorded.get("model")
@@ -88,7 +89,7 @@ class Rescorer:
 
     def _item(self, row: Mapping[str, Any]) -> Any:
         from eval_harness.datasets import load_task
-        from eval_harness.sweep.execute import item_digest
+        from eval_harness.provenance import item_digest
 
         task = row["task"]
         if task not in self._tasks:
@@ -107,7 +108,7 @@ class Rescorer:
     def rescore(self, row: Mapping[str, Any]) -> dict[str, Any]:
         """What the row's stored fields should be, recomputed: ``{"metrics": {...}, "evidence": {...}, ...}``."""
         from eval_harness.metrics import evidence_counts
-        from eval_harness.protocol import DecodingProtocol
+        from eval_harness.decoding_protocol import DecodingProtocol
         from eval_harness.sweep.execute import _metrics
         from eval_harness.sweep.exposure_codec import decode_trace
 

@@ -14,7 +14,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from cloud_adapter.cli import _positive_float, _positive_int
+from edge_sdk.cli_flags import add_dataclass_flags, add_dtype_flag, positive_float, positive_int
+from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.policies import FUSION_MODES
 from eval_harness.cli.shared import csv_list, progress_bar
 
@@ -51,16 +52,6 @@ def _inversion(text: str) -> str:
     raise argparse.ArgumentTypeError(f"--inversion takes none, local or an http(s) URL, got {text!r}")
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register ``sweep`` and ``run`` on the ``decodeleak`` subcommand table."""
     sweep = commands.add_parser("sweep", help="a grid of settings over a dataset",
@@ -77,7 +68,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--policy", required=True, help="a registered policy name")
     run.add_argument("--param", type=_param, action="append", default=[], metavar="NAME=VALUE",
                      help="a policy parameter, e.g. --param lam=1 (repeatable)")
-    run.add_argument("--alpha", type=float, default=0.3, help="the cloud LLM's fusion weight (default: 0.3)")
+    add_dataclass_flags(run, DecodeSettings, names=["alpha"])
     _common(run)
 
 
@@ -89,10 +80,10 @@ def _ray_flags(sweep: argparse.ArgumentParser) -> None:
                          help="a Ray cluster: ray://HOST:10001 (Ray Client), HOST:6379, or 'auto' (the cluster "
                               "'ray start' made on this node, or $RAY_ADDRESS); --ray alone starts a new local "
                               "instance")
-    cluster.add_argument("--ray-shards", type=_positive_int, metavar="N",
+    cluster.add_argument("--ray-shards", type=positive_int, metavar="N",
                          help="tasks to cut the pending pairs into (default: as many as the cluster runs at once "
                               "with the resources below)")
-    cluster.add_argument("--ray-cpus-per-task", type=_positive_float, default=1.0, metavar="N",
+    cluster.add_argument("--ray-cpus-per-task", type=positive_float, default=1.0, metavar="N",
                          help="CPUs each task asks for; torch uses that many threads (default: 1)")
     cluster.add_argument("--ray-gpus-per-task", type=float, default=0.0, metavar="N",
                          help="GPUs each task asks for (default: 0); with --device cuda or --device-map auto")
@@ -109,16 +100,16 @@ def _inversion_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--inversion-model", metavar="NAME", help="the model name the endpoint serves (with a URL)")
     group.add_argument("--inversion-key-env", default="OPENAI_API_KEY", metavar="VAR",
                        help="the environment variable holding the endpoint's key (default: OPENAI_API_KEY)")
-    group.add_argument("--inversion-k", type=_positive, default=100, metavar="K",
+    group.add_argument("--inversion-k", type=positive_int, default=100, metavar="K",
                        help="top-K ids of each step shown to the attacker (default: 100, the paper's)")
     group.add_argument("--inversion-sequence", choices=("full", "compact"), default="full",
                        help="how the exposure sequence is written into the attack's prompt: full (every step's "
                             "top-K, then the distinct tokens, as the paper and the authors' release give it) or "
                             "compact (each step's top token and only tokens no earlier step showed; ~20x shorter) "
                             "(default: full)")
-    group.add_argument("--inversion-max-tokens", type=_positive, default=256, metavar="N",
+    group.add_argument("--inversion-max-tokens", type=positive_int, default=256, metavar="N",
                        help="the most tokens one reconstruction may take (default: 256)")
-    group.add_argument("--inversion-batch", type=_positive, default=8, metavar="N",
+    group.add_argument("--inversion-batch", type=positive_int, default=8, metavar="N",
                        help="local: observations per batched generate call; URL: requests in flight (default: 8)")
     group.add_argument("--inversion-cache", type=Path, metavar="DIR",
                        help="where endpoint calls are cached, 0600 files in 0700 folders, each kept 30 days, 1 GiB "
@@ -135,20 +126,20 @@ def _common(parser: argparse.ArgumentParser) -> None:
                              "flags given on the command line win")
     parser.add_argument("--tasks", type=csv_list, default=["medpriv"],
                         help="benchmarks or JSONL files (default: medpriv)")
-    parser.add_argument("--limit", type=_positive, help="the first N items of each task")
+    parser.add_argument("--limit", type=positive_int, help="the first N items of each task")
     parser.add_argument("--out", type=Path, default=Path("runs/decodeleak/results.jsonl"),
                         help="the JSONL results file (appended to; pairs already in it are skipped)")
     parser.add_argument("--shard", default="1/1", help="run only shard i of N (e.g. 2/8), into its own --out")
     parser.add_argument("--seed", type=int, default=0, help="seed of the randomised policies' per-item generators")
-    parser.add_argument("--concurrency", type=_positive, default=8,
+    parser.add_argument("--concurrency", type=positive_int, default=8,
                         help="items decoded at once (reference: each model's batch; deployed: llama.cpp "
                              "instances, one EdgeClient each)")
-    parser.add_argument("--max-new-tokens", type=_positive, default=256, help="tokens per answer (the paper: 256)")
+    add_dataclass_flags(parser, DecodeSettings, names=["max_new_tokens"])
     parser.add_argument("--slm", default="embedded", help="the edge model: 'embedded', a GGUF or a transformers dir")
     parser.add_argument("--llm", default="embedded", help="the cloud model (same family as --slm)")
-    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"],
-                        help="both models' dtype (default: fp32, a full-precision reference; bf16 or fp16 only when "
-                             "asked for, and every row and report says which)")
+    add_dtype_flag(parser, default="fp32", auto=False,
+                   help="both models' dtype (default: fp32, a full-precision reference; bf16 or fp16 only when "
+                        "asked for, and every row and report says which)")
     parser.add_argument("--padded-batches", action="store_true",
                         help="reference: run each lockstep batch as one padded forward (faster) instead of one "
                              "forward per item; a row then depends on which items shared its batches (rows say "
@@ -193,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
     files, the results file's run); with nothing left to do no model loads at all.
     """
     from eval_harness.datasets import load_task
-    from eval_harness.protocol import DecodingProtocol
+    from eval_harness.decoding_protocol import DecodingProtocol
     from eval_harness.sweep.grid import pending_pairs, parse_shard
     from eval_harness.sweep.store import ResultStore
 
@@ -330,23 +321,7 @@ def _check_deployed(args: argparse.Namespace) -> None:
 def _run_identity(args: argparse.Namespace, protocol) -> dict:  # noqa: ANN001
     """The :data:`~eval_harness.sweep.store.RUN_FIELDS` the rows will carry, from the options and model files
     alone (no model loaded): what a results file from another run is refused by."""
-    if args.runner == "reference":
-        return _spec(args).run_identity(protocol, seed=args.seed)
-    from cloud_adapter.hf_loading import resolve_dtype
-    from edge_sdk.models import resolve_model
-    from eval_harness.sweep.execute import model_digest
-
-    slm_source = resolve_model(args.slm)
-    if args.cloud is None:
-        llm_source = resolve_model(args.llm)
-        llm_model: dict = {"name": llm_source.name, "sha256": model_digest(llm_source)}
-        dtype = str(resolve_dtype(args.dtype, "cpu")).removeprefix("torch.")  # the local adapter's, on the CPU
-    else:
-        llm_model = {"name": None, "sha256": None,
-                     "note": "a remote adapter's model: each row's audit.cloud_model, as the adapter reported it"}
-        dtype = None
-    return {"models": {"slm": {"name": slm_source.name, "sha256": model_digest(slm_source)}, "llm": llm_model},
-            "dtype": dtype, "backend": "deployed", "protocol": protocol.describe(), "seed": args.seed}
+    return _spec(args).run_identity(protocol, seed=args.seed)
 
 
 def audit_summary(audits: Counter[str]) -> str:
@@ -365,18 +340,26 @@ def audit_summary(audits: Counter[str]) -> str:
 def _runner(args: argparse.Namespace, protocol, identity: dict):  # noqa: ANN001, ANN202
     """The runner ``--runner`` names (its models loaded), the vocabulary the metrics read, and the rows' metadata
     (``identity``, :func:`_run_identity`, and the rest)."""
-    if args.runner == "deployed":
-        return _deployed(args, identity)
-    return _spec(args).build(protocol, seed=args.seed, identity=identity)
+    if args.runner == "deployed" and args.cloud is not None and args.transcripts is None:
+        print(f"decodeleak {args.command}: no --transcripts for the adapter at {args.cloud}: the audit rests on "
+              "the edge's ledger alone (rows say audit.exposure_source = 'edge ledger')", file=sys.stderr)
+    runner, vocab, metadata = _spec(args).build(protocol, seed=args.seed, identity=identity)
+    return runner, vocab, metadata.row()
 
 
 def _spec(args: argparse.Namespace):  # noqa: ANN202
-    """What the reference runner loads, from the command line (the Ray path sends it to each worker)."""
-    from eval_harness.sweep.execute import ReferenceSpec
+    """The spec of the runner ``--runner`` names (:data:`eval_harness.runners.RUNNERS`), from the command line;
+    nothing is loaded (the Ray path sends a reference spec to each worker)."""
+    from eval_harness.runners import runner_spec
 
-    return ReferenceSpec(slm=args.slm, llm=args.llm, dtype=args.dtype, device=args.device,
-                         device_map=args.device_map, concurrency=args.concurrency,
-                         padded_batches=args.padded_batches)
+    spec = runner_spec(args.runner)
+    if args.runner == "deployed":
+        local_transcripts = args.out.with_name(args.out.stem + ".transcripts") if args.cloud is None else None
+        return spec(slm=args.slm, llm=args.llm, dtype=args.dtype, concurrency=args.concurrency, cloud=args.cloud,
+                    token_file=args.token_file, tls_ca=args.tls_ca, plaintext=args.plaintext,
+                    transcripts=args.transcripts or local_transcripts, transcript_wait=args.transcript_wait)
+    return spec(slm=args.slm, llm=args.llm, dtype=args.dtype, device=args.device, device_map=args.device_map,
+                concurrency=args.concurrency, padded_batches=args.padded_batches)
 
 
 def _attacker(args: argparse.Namespace, runner):  # noqa: ANN001, ANN202
@@ -401,74 +384,6 @@ def _attacker(args: argparse.Namespace, runner):  # noqa: ANN001, ANN202
                         allow_insecure_http=args.allow_insecure_http)
     return EndpointInversion(client, piece, k=args.inversion_k, max_new_tokens=args.inversion_max_tokens,
                              parallel=args.inversion_batch, sequence=args.inversion_sequence)
-
-
-def _deployed(args: argparse.Namespace, identity: dict):  # noqa: ANN202
-    """The deployed runner (over a local adapter or ``--cloud``), the vocabulary and the rows' metadata (the
-    options were checked by :func:`_check_deployed`)."""
-    import threading
-
-    from edge_sdk.client import Credentials
-    from edge_sdk.models import resolve_model
-    from eval_harness.metrics import Vocabulary
-    from eval_harness.runners.deployed import DeployedRunner
-    from eval_harness.sweep.execute import SEED_POLICY, package_version, source_digest
-
-    slm_source = resolve_model(args.slm)
-    common = {"edge_model": slm_source, "concurrency": args.concurrency, "transcript_wait_s": args.transcript_wait}
-    if args.cloud is None:
-        runner = _local_deployed(args, common)
-        adapter = {"address": runner.address, "started_by": "decodeleak (in-process, loopback)",
-                   "exposure_k": runner.local_adapter.engine.exposure_k}
-    else:
-        if args.transcripts is None:
-            print(f"decodeleak {args.command}: no --transcripts for the adapter at {args.cloud}: the audit rests on "
-                  "the edge's ledger alone (rows say audit.exposure_source = 'edge ledger')", file=sys.stderr)
-        credentials = Credentials.from_files(token_file=args.token_file, root_cert=args.tls_ca,
-                                             plaintext=args.plaintext)
-        runner = DeployedRunner(args.cloud, credentials=credentials, transcripts=args.transcripts, **common)
-        adapter = {"address": args.cloud, "started_by": "its operator", "tls": not args.plaintext,
-                   "exposure_k": None}
-    adapter["transcripts"] = str(runner.transcripts) if runner.transcripts is not None else None
-    edge = runner.policy_backend
-    tokenizer_lock = threading.Lock()  # result rows are built in several item threads at once
-
-    def tokenize(text: str) -> list[int]:
-        with tokenizer_lock:
-            return edge.tokenize(text, add_bos=False)
-
-    vocab = Vocabulary(tokenize, Vocabulary.from_slm(edge).piece)
-    metadata = {
-        **identity,
-        "edge": {"runtime": "llama.cpp", "instances": args.concurrency},
-        "adapter": adapter,
-        "seed_policy": SEED_POLICY,
-        "version": package_version(),
-        "code": {"sha256": source_digest()},
-    }
-    return runner, vocab, metadata
-
-
-def _local_deployed(args: argparse.Namespace, common: dict):  # noqa: ANN202
-    """A deployed runner over an adapter of its own on loopback, its cloud model in the run's dtype.
-
-    Both halves share this machine's cores: the cloud's torch threads and the edge's llama.cpp threads
-    each get their share (:func:`cloud_adapter.local.split_cores`), since oversubscribed cores make both
-    spin against each other.
-    """
-    import torch
-
-    from cloud_adapter.hf_loading import resolve_dtype
-    from cloud_adapter.llm import TransformersLLM
-    from cloud_adapter.local import split_cores
-    from edge_sdk.models import resolve_model
-    from eval_harness.runners.deployed import DeployedRunner
-
-    edge_threads, cloud_threads = split_cores()
-    torch.set_num_threads(cloud_threads)
-    llm = TransformersLLM(resolve_model(args.llm), dtype=resolve_dtype(args.dtype, "cpu"))
-    transcripts = args.transcripts or args.out.with_name(args.out.stem + ".transcripts")
-    return DeployedRunner.with_local_adapter(llm, transcripts, edge_threads=edge_threads, **common)
 
 
 def sweep_on_ray(args: argparse.Namespace, settings, items, protocol, shard_of) -> int:  # noqa: ANN001

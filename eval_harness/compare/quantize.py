@@ -180,7 +180,7 @@ def derive_variant(source: str | Path, type_name: str, *, cache_dir: str | Path 
     The cache key is the source file's sha256 and the canonical type, so a changed source never reuses
     an old variant, and a second call with the same pair returns the stored file without quantising.
     """
-    from eval_harness.sweep.execute import file_digest
+    from eval_harness.provenance import file_digest
 
     source = Path(source)
     canonical = quant_type(type_name)

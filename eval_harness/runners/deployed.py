@@ -22,17 +22,23 @@ threads are split between them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edge_sdk.backends.llama_cpp import LlamaCppSLM
 from edge_sdk.client import Credentials, EdgeClient, GenerationResult
-from edge_sdk.models import ModelSource
+from edge_sdk.models import ModelSource, resolve_model
+from eval_harness.decoding_protocol import DecodingProtocol
+from eval_harness.metrics import Vocabulary
+from eval_harness.provenance import model_digest
+from eval_harness.runners import RunMetadata
 from eval_harness.runners.audit import AuditedResult, audit_generation
 from eval_harness.runners.reference import ItemRunner
 
@@ -46,7 +52,7 @@ LOCAL_EXPOSURE_K = 1000
 class LocalAdapter:
     """A real cloud adapter on loopback in this process: the gRPC server over ``llm``, transcripts in a directory.
 
-    The same server ``coveil-cloud serve`` runs (:func:`cloud_adapter.server.build_server`,
+    The same server ``coveil-cloud serve`` runs (:func:`cloud_adapter.inprocess.serving`,
     forwards batched by a :class:`~cloud_adapter.runners.StepBatcher`), bound to
     ``127.0.0.1`` on a free port, plaintext (loopback only) and guarded by a
     fresh random bearer token.
@@ -62,23 +68,22 @@ class LocalAdapter:
                  exposure_k: int = LOCAL_EXPOSURE_K) -> None:
         from cloud_adapter.engine import CloudEngine
         from cloud_adapter.limits import Limits
+        from cloud_adapter.inprocess import serving
         from cloud_adapter.runners import StepBatcher
-        from cloud_adapter.server import build_server
 
         self.llm, self.transcript_dir = llm, Path(transcript_dir)
         self._batcher = StepBatcher(llm)
         limits = Limits(max_sessions=sessions, max_sessions_per_client=sessions)
         self.engine = CloudEngine(llm, limits, self.transcript_dir, exposure_k, runner=self._batcher)
         token = secrets.token_urlsafe(24)
-        self._server, port = build_server(self.engine, address="127.0.0.1:0", token=token,
-                                          max_workers=sessions + limits.max_unopened_streams + 8)
-        self._server.start()
-        self.address = f"127.0.0.1:{port}"
+        self._serving = contextlib.ExitStack()
+        self.address = self._serving.enter_context(serving(
+            self.engine, token=token, max_workers=sessions + limits.max_unopened_streams + 8, grace_s=1.0)).address
         self.credentials = Credentials(token=token, plaintext=True)
 
     def close(self) -> None:
         """Stop the server (sessions still open get a second to finish) and the batcher."""
-        self._server.stop(1.0).wait()
+        self._serving.close()
         self._batcher.close()
 
     def __enter__(self) -> LocalAdapter:
@@ -193,3 +198,102 @@ class DeployedRunner(ItemRunner):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+
+
+@dataclass(frozen=True)
+class DeployedSpec:
+    """What the deployed runner runs (registered as ``"deployed"``, :data:`eval_harness.runners.RUNNERS`).
+
+    Attributes:
+        slm: the edge model: ``"embedded"`` or a GGUF file (llama.cpp).
+        llm: the cloud model of a local adapter (``cloud`` not given).
+        dtype: the local adapter's dtype, by name (``"auto"``: the CPU's choice).
+        concurrency: items at once, each through its own llama.cpp instance and :class:`EdgeClient`.
+        cloud: ``HOST:PORT`` of a running adapter; ``None`` starts one on loopback in this process.
+        token_file, tls_ca, plaintext: how to reach ``cloud`` (:meth:`Credentials.from_files`).
+        transcripts: where the adapter's transcripts are (a local adapter writes them there; ``None`` with
+            ``cloud``: the audit rests on the edge's ledger alone).
+        transcript_wait: seconds to wait for an item's transcript before auditing it from the ledger.
+    """
+
+    slm: str = "embedded"
+    llm: str = "embedded"
+    dtype: str = "fp32"
+    concurrency: int = 2
+    cloud: str | None = None
+    token_file: Path | None = None
+    tls_ca: Path | None = None
+    plaintext: bool = False
+    transcripts: Path | None = None
+    transcript_wait: float = 30.0
+
+    def run_identity(self, protocol: DecodingProtocol, *, seed: int) -> dict[str, Any]:
+        """The rows' :data:`~eval_harness.sweep.store.RUN_FIELDS` from the options and model files alone (no
+        model loaded): what a results file from another run is refused by.  A remote adapter's model is not
+        known before it answers: each row then records it (``audit.cloud_model``)."""
+        from cloud_adapter.hf_loading import resolve_dtype
+        from edge_sdk.models import resolve_model
+
+        slm_source = resolve_model(self.slm)
+        if self.cloud is None:
+            llm_source = resolve_model(self.llm)
+            llm_model: dict[str, Any] = {"name": llm_source.name, "sha256": model_digest(llm_source)}
+            dtype = str(resolve_dtype(self.dtype, "cpu")).removeprefix("torch.")  # the local adapter's, on the CPU
+        else:
+            llm_model = {"name": None, "sha256": None,
+                         "note": "a remote adapter's model: each row's audit.cloud_model, as the adapter reported it"}
+            dtype = None
+        return {"models": {"slm": {"name": slm_source.name, "sha256": model_digest(slm_source)}, "llm": llm_model},
+                "dtype": dtype, "backend": "deployed", "protocol": protocol.describe(), "seed": seed}
+
+    def build(self, protocol: DecodingProtocol, *, seed: int,
+              identity: Mapping[str, Any] | None = None) -> tuple[DeployedRunner, Vocabulary, RunMetadata]:
+        """The runner (over a local adapter or ``cloud``), the vocabulary the metrics read and the rows' metadata
+        (``identity``: the :meth:`run_identity` a caller already has, else computed)."""
+        import threading
+
+        identity = identity if identity is not None else self.run_identity(protocol, seed=seed)
+        common: dict[str, Any] = {"edge_model": resolve_model(self.slm), "concurrency": self.concurrency,
+                                  "transcript_wait_s": self.transcript_wait}
+        if self.cloud is None:
+            runner = self._local(common)
+            adapter: dict[str, Any] = {"address": runner.address, "started_by": "decodeleak (in-process, loopback)",
+                                       "exposure_k": runner.local_adapter.engine.exposure_k}  # type: ignore[union-attr]
+        else:
+            credentials = Credentials.from_files(token_file=self.token_file, root_cert=self.tls_ca,
+                                                 plaintext=self.plaintext)
+            runner = DeployedRunner(self.cloud, credentials=credentials, transcripts=self.transcripts, **common)
+            adapter = {"address": self.cloud, "started_by": "its operator", "tls": not self.plaintext,
+                       "exposure_k": None}
+        adapter["transcripts"] = str(runner.transcripts) if runner.transcripts is not None else None
+        edge = runner.policy_backend
+        tokenizer_lock = threading.Lock()  # result rows are built in several item threads at once
+
+        def tokenize(text: str) -> list[int]:
+            with tokenizer_lock:
+                return edge.tokenize(text, add_bos=False)
+
+        vocab = Vocabulary(tokenize, Vocabulary.from_slm(edge).piece)
+        metadata = RunMetadata.of_run(identity, edge={"runtime": "llama.cpp", "instances": self.concurrency},
+                                      adapter=adapter)
+        return runner, vocab, metadata
+
+    def _local(self, common: dict[str, Any]) -> DeployedRunner:
+        """A runner over an adapter of its own on loopback, its cloud model in the run's dtype.
+
+        Both halves share this machine's cores: the cloud's torch threads and the edge's llama.cpp threads
+        each get their share (:func:`cloud_adapter.local.split_cores`), since oversubscribed cores make both
+        spin against each other.
+        """
+        import torch
+
+        from cloud_adapter.hf_loading import resolve_dtype
+        from cloud_adapter.llm import TransformersLLM
+        from cloud_adapter.local import split_cores
+
+        if self.transcripts is None:
+            raise ValueError("a local adapter writes its transcripts somewhere: give transcripts")
+        edge_threads, cloud_threads = split_cores()
+        torch.set_num_threads(cloud_threads)
+        llm = TransformersLLM(resolve_model(self.llm), dtype=resolve_dtype(self.dtype, "cpu"))
+        return DeployedRunner.with_local_adapter(llm, self.transcripts, edge_threads=edge_threads, **common)

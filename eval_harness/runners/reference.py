@@ -37,10 +37,11 @@ from cloud_adapter.llm import TransformersLLM, TransformersSLM
 from cloud_adapter.runners import BatchStats, LockstepBatcher, ModelLane
 from edge_sdk.backends.base import SLMBackend
 from edge_sdk.client import EdgeClient, GenerationResult
+from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.prompts import Prompts, plain_prompts
 from edge_sdk.policies import Policy
 from eval_harness.datasets import DecodeLeakItem
-from eval_harness.protocol import DecodingProtocol
+from eval_harness.decoding_protocol import DecodingProtocol
 from eval_harness.runners import mechanism
 
 
@@ -150,7 +151,7 @@ class ItemRunner(ABC):
         alpha: float,
         max_new_tokens: int,
         on_result: Callable[[ItemRun, GenerationResult], None] | None = None,
-        exposure_k: int = 100,
+        exposure_k: int = DecodeSettings.exposure_k,
     ) -> list[GenerationResult]:
         """Decode every item; ``on_result`` is called (from a worker thread) as each one finishes."""
 

@@ -15,27 +15,25 @@ the item, and the tokenizer's fingerprint.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
-import json
-import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
 from edge_sdk.client import GenerationResult
+from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.leakage import ExposureTrace
-from edge_sdk.models import ModelSource, tokenizer_vocab_size, vocab_fingerprint
 from edge_sdk.policies import Policy, make_policy, policy_class
 from eval_harness.attacks.inversion import CloudObservation, InversionAttack, inversion_cell
 from eval_harness.datasets import DecodeLeakItem
 from eval_harness.metrics import Vocabulary, evidence_counts, evidence_recall
-from eval_harness.protocol import DecodingProtocol
+from eval_harness.provenance import item_digest, items_digest, model_digest, tokenizer_fingerprint
+from eval_harness.decoding_protocol import DecodingProtocol
+from eval_harness.runners import RunMetadata
 from eval_harness.runners.audit import AuditedResult
 from eval_harness.runners.reference import ItemRun, ReferenceRunner
 from eval_harness.sweep.exposure_codec import encode_trace
@@ -44,93 +42,6 @@ from eval_harness.sweep.store import RowStore
 
 #: the cutoffs K each row's DecodeLeak metrics are given at (the leakage-vs-K curves; the sweep records K = 1000)
 METRIC_KS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
-SEED_POLICY = ("randomised policies draw from numpy's default_rng(SeedSequence([seed, setting key, item id])): "
-               "reproducible in-process audits; the SDK itself seeds from OS entropy")
-
-
-def file_digest(path: str | Path | None) -> str | None:
-    """sha256 of a model file (``None`` when the model has no single file)."""
-    if path is None:
-        return None
-    digest = hashlib.sha256()
-    with Path(path).open("rb") as data:
-        for block in iter(lambda: data.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-#: the files of a transformers checkpoint that decide its outputs: weights, configs, tokenizer
-CHECKPOINT_SUFFIXES = (".safetensors", ".bin", ".json", ".model", ".txt", ".tiktoken", ".gguf")
-
-
-def checkpoint_digest(directory: str | Path) -> str:
-    """sha256 of a transformers checkpoint directory: over the lines ``"<relative path>\t<file sha256>\n"`` of
-    its :data:`CHECKPOINT_SUFFIXES` files (hidden ones aside), in sorted path order.  Each file's digest is kept
-    in ``$COVEIL_CACHE_DIR/file-digests.json`` under its path, size and mtime, so a second run does not read a
-    70B model's weights again."""
-    root = Path(directory)
-    files = sorted(path for path in root.rglob("*") if path.is_file() and path.suffix in CHECKPOINT_SUFFIXES
-                   and not any(part.startswith(".") for part in path.relative_to(root).parts))
-    if not files:
-        raise ValueError(f"{root}: no checkpoint files ({', '.join(CHECKPOINT_SUFFIXES)})")
-    cache_path = Path(os.environ.get("COVEIL_CACHE_DIR", Path.home() / ".cache" / "coveil")).expanduser() / (
-        "file-digests.json")
-    try:
-        cache = json.loads(cache_path.read_text())
-    except (OSError, ValueError):
-        cache = {}
-    if not isinstance(cache, dict):
-        cache = {}
-    lines = []
-    for path in files:
-        stat = path.resolve().stat()
-        key = f"{path.resolve()}\t{stat.st_size}\t{stat.st_mtime_ns}"
-        if key not in cache:
-            cache[key] = file_digest(path)
-        lines.append(f"{path.relative_to(root).as_posix()}\t{cache[key]}\n")
-    try:
-        cache_path.parent.mkdir(parents=True, exist_ok=True)
-        partial = cache_path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps(cache))
-        partial.replace(cache_path)
-    except OSError:  # an unwritable cache (a read-only home) costs the next run a re-read, not this run
-        pass
-    return hashlib.sha256("".join(lines).encode()).hexdigest()
-
-
-def model_digest(source: ModelSource) -> str | None:
-    """The row's ``sha256`` of a model: of its GGUF file, of its checkpoint directory (:func:`checkpoint_digest`;
-    a hub name is looked up in the local cache), ``None`` only for a hub name that is not cached."""
-    if source.gguf_path is not None:
-        return file_digest(source.gguf_path)
-    location = Path(str(source.hf_name_or_dir)).expanduser()
-    if not location.is_dir():
-        from huggingface_hub import snapshot_download
-
-        try:
-            location = Path(snapshot_download(str(source.hf_name_or_dir), local_files_only=True))
-        except Exception:  # noqa: BLE001 - not in the local cache: the row says so with None
-            return None
-    return checkpoint_digest(location)
-
-
-def package_version() -> str:
-    try:
-        return version("coveil")
-    except PackageNotFoundError:  # pragma: no cover - only when run from a bare checkout
-        return "unknown"
-
-
-def item_digest(item: DecodeLeakItem) -> str:
-    """sha256 of one item's fields as canonical JSON (sorted keys, no spaces)."""
-    return hashlib.sha256(json.dumps(dataclasses.asdict(item), sort_keys=True, separators=(",", ":"),
-                                     ensure_ascii=False).encode()).hexdigest()
-
-
-def items_digest(items: Sequence[DecodeLeakItem]) -> str:
-    """sha256 over the items' :func:`item_digest` lines ``"<digest>\\n"``, in dataset order: the dataset a run drew
-    its items from (with ``--limit N``, its first N)."""
-    return hashlib.sha256("".join(f"{item_digest(item)}\n" for item in items).encode()).hexdigest()
 
 
 def policy_parameters(policy: Policy) -> dict[str, Any]:
@@ -148,21 +59,6 @@ def reference_vocabulary(tokenizer: Any) -> Vocabulary:
     from edge_sdk.leakage import piece_reader
 
     return Vocabulary(lambda text: list(tokenizer(text, add_special_tokens=False).input_ids), piece_reader(tokenizer))
-
-
-def tokenizer_fingerprint(tokenizer: Any) -> str:
-    """The tokenizer's :func:`~edge_sdk.models.vocab_fingerprint` as hex: its own entries, output padding aside."""
-    tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
-    return vocab_fingerprint(tokens[: tokenizer_vocab_size(tokens)]).hex()
-
-
-@functools.cache
-def source_digest() -> str:
-    """sha256 of the harness's source (:func:`eval_harness.sweep.ray.code_digest`: every ``.py`` file of
-    ``edge_sdk``, ``cloud_adapter`` and ``eval_harness``), once per process."""
-    from eval_harness.sweep.ray import code_digest
-
-    return code_digest()
 
 
 def item_rng(seed: int, setting: Setting, item_id: str) -> np.random.Generator:
@@ -257,7 +153,7 @@ class Runner(Protocol):
 
     def run(self, runs: Sequence[ItemRun], *, mode: str, alpha: float, max_new_tokens: int,
             on_result: Callable[[ItemRun, GenerationResult], None] | None = None,
-            exposure_k: int = 100) -> Sequence[GenerationResult]: ...
+            exposure_k: int = DecodeSettings.exposure_k) -> Sequence[GenerationResult]: ...
 
     def mechanism(self, item: ItemRun, result: GenerationResult, *, mode: str,
                   alpha: float) -> Mapping[str, Any] | None: ...
@@ -265,7 +161,8 @@ class Runner(Protocol):
 
 @dataclass(frozen=True)
 class ReferenceSpec:
-    """What the reference runner loads: enough to build it again in another process or on another machine.
+    """What the reference runner loads: enough to build it again in another process or on another machine
+    (registered as ``"reference"``, :data:`eval_harness.runners.RUNNERS`).
 
     Attributes:
         slm: the edge model (``"embedded"``, a GGUF file or a transformers directory / hub name).
@@ -310,7 +207,7 @@ class ReferenceSpec:
         }
 
     def build(self, protocol: DecodingProtocol, *, seed: int,
-              identity: Mapping[str, Any] | None = None) -> tuple[ReferenceRunner, Vocabulary, dict[str, Any]]:
+              identity: Mapping[str, Any] | None = None) -> tuple[ReferenceRunner, Vocabulary, RunMetadata]:
         """Load both models: the runner, the vocabulary the metrics read, and the metadata every row carries
         (``identity``, the :meth:`run_identity` a caller already has, else computed, and where the models run)."""
         import torch
@@ -328,15 +225,12 @@ class ReferenceSpec:
         vocab = reference_vocabulary(slm.tokenizer)
         runner = ReferenceRunner(slm, llm, concurrency=self.concurrency, padded_batches=self.padded_batches)
         dtype_name = str(llm.dtype).removeprefix("torch.")
-        metadata = {
-            **identity,
-            "device": f"device_map={self.device_map}" if self.device_map else str(llm.device),
-            "batching": {**runner.batching, "dtype": dtype_name, "torch_threads": torch.get_num_threads()},
-            "vocabulary": {"model": _model_spec(self.slm), "sha256": tokenizer_fingerprint(slm.tokenizer)},
-            "seed_policy": SEED_POLICY,
-            "version": package_version(),
-            "code": {"sha256": source_digest()},
-        }
+        metadata = RunMetadata.of_run(
+            identity,
+            device=f"device_map={self.device_map}" if self.device_map else str(llm.device),
+            batching={**runner.batching, "dtype": dtype_name, "torch_threads": torch.get_num_threads()},
+            vocabulary={"model": _model_spec(self.slm), "sha256": tokenizer_fingerprint(slm.tokenizer)},
+        )
         return runner, vocab, metadata
 
 

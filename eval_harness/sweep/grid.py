@@ -17,6 +17,7 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
+from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.fusion import check_alpha
 from edge_sdk.policies import FUSION_MODES, check_params, policy_class
 
@@ -40,7 +41,7 @@ class Setting:
     mode: str
     policy: str
     params: Mapping[str, Any] = field(default_factory=dict)
-    alpha: float = 0.3
+    alpha: float = DecodeSettings.alpha
 
     def __post_init__(self) -> None:
         if self.mode not in FUSION_MODES:
@@ -116,7 +117,7 @@ def expand(
     a single value instead of a list is fixed.
     """
     chosen = None if policies is None else set(policies)
-    alpha = float(config.get("alpha", 0.3))
+    alpha = float(config.get("alpha", DecodeSettings.alpha))
     settings: list[Setting] = []
     for mode in modes:
         for name, grid in config.get(mode, {}).items():

@@ -43,34 +43,30 @@ to secure (Ray's token authentication, TLS between nodes): the README says how.
 ``cloud_adapter`` and ``eval_harness`` to the workers (``runtime_env``
 ``py_modules``), so the cluster runs the code the driver runs, not a copy
 its image holds; every task compares a digest of the source it imported
-with the driver's (:func:`code_digest`) and refuses to run on a mismatch
+with the driver's (:func:`eval_harness.provenance.code_digest`) and refuses to run on a mismatch
 (e.g. a Ray instance started elsewhere without that ``runtime_env``).  The
 workers' Python still needs the dependencies (``coveil[cloud,harness]``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from eval_harness.datasets import DecodeLeakItem
-from eval_harness.protocol import DecodingProtocol
+from eval_harness.decoding_protocol import DecodingProtocol
+from eval_harness.provenance import code_digest, code_dirs, items_digest
 from eval_harness.sweep.grid import Setting, pending_pairs, row_key
 from eval_harness.sweep.store import ResultStore
 
 if TYPE_CHECKING:  # the driver and the inbox import no model library; a shard task does (run_shard)
     from eval_harness.sweep.execute import ReferenceSpec
 
-#: the packages shipped to the workers and covered by :func:`code_digest`
-CODE_PACKAGES = ("edge_sdk", "cloud_adapter", "eval_harness")
 #: how often the driver pulls the inbox while tasks run (seconds)
 POLL_SECONDS = 0.25
 
@@ -82,23 +78,6 @@ def require_ray() -> ModuleType:
     except ImportError:
         raise ImportError("--ray needs Ray, an optional dependency: pip install 'coveil[ray]'") from None
     return ray
-
-
-def code_dirs() -> list[Path]:
-    """The directories this process imports :data:`CODE_PACKAGES` from."""
-    return [Path(importlib.import_module(name).__file__).parent for name in CODE_PACKAGES]  # type: ignore[arg-type]
-
-
-def code_digest(dirs: Sequence[Path] | None = None) -> str:
-    """sha256 over every ``.py`` file of the packages: ``package/relative/path``, a NUL, the bytes, in path order."""
-    digest = hashlib.sha256()
-    for directory in code_dirs() if dirs is None else dirs:
-        for path in sorted(directory.rglob("*.py")):
-            if "__pycache__" in path.parts:
-                continue
-            digest.update(f"{directory.name}/{path.relative_to(directory).as_posix()}".encode() + b"\0")
-            digest.update(path.read_bytes())
-    return digest.hexdigest()
 
 
 def connect(address: str = "local", **init_options: Any) -> bool:
@@ -278,7 +257,7 @@ def run_shard(
     runner, vocab, metadata = spec.build(protocol, seed=seed)
     with runner:
         outcome = run_sweep(settings, items, runner, RelayStore(inbox, done), protocol=protocol, vocab=vocab,
-                            metadata=metadata, seed=seed, units=units, dataset_sha256=dataset_sha256)
+                            metadata=metadata.row(), seed=seed, units=units, dataset_sha256=dataset_sha256)
     return outcome.written
 
 
@@ -337,7 +316,6 @@ def run_on_ray(
     inbox = ray.remote(num_cpus=0)(RowInbox).remote()
     task = ray.remote(run_shard).options(num_cpus=cpus_per_task, num_gpus=gpus_per_task)
     driver_code = code_digest()
-    from eval_harness.sweep.execute import items_digest
 
     # the rows' dataset digest is over each task's whole item list, which no Ray task is sent
     dataset_sha256 = {task: items_digest(task_items) for task, task_items in items.items()}

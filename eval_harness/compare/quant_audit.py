@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edge_sdk.decode_settings import DecodeSettings
 from eval_harness.compare.quantize import Variant
 from eval_harness.datasets import DecodeLeakItem
-from eval_harness.protocol import DecodingProtocol
+from eval_harness.decoding_protocol import DecodingProtocol
 from eval_harness.sweep.grid import Setting, row_key
 from eval_harness.sweep.store import ResultStore, read_rows
 
@@ -47,7 +48,7 @@ class QuantAudit:
     lam: float = 1.0
     k: int = 50
     space: str = "prob"
-    alpha: float = 0.3
+    alpha: float = DecodeSettings.alpha
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.policies) - set(POLICIES))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
+from edge_sdk.decode_settings import DecodeSettings
 from eval_harness.datasets import LETTERS, DecodeLeakItem
 
 #: One worked example, read before the item by both models.  Small base models (the embedded Gemma-3 270M has no
@@ -78,8 +79,8 @@ class DecodingProtocol:
     name: str = "paper"
     preamble: str = WORKED_EXAMPLE
     template: str = REASON_THEN_ANSWER
-    max_new_tokens: int = 256
-    alpha: float = 0.3
+    max_new_tokens: int = DecodeSettings.max_new_tokens
+    alpha: float = DecodeSettings.alpha
     stop_at_answer: bool = True
 
     def question_prompt(self, item: DecodeLeakItem) -> str:

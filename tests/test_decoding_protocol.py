@@ -12,7 +12,7 @@ from cloud_adapter.llm import TransformersLLM, TransformersSLM
 from edge_sdk.client import EdgeClient
 from eval_harness.datasets import load_task
 from edge_sdk.policies import Undefended
-from eval_harness.protocol import WORKED_EXAMPLE, AnswerLetterRule, DecodingProtocol
+from eval_harness.decoding_protocol import WORKED_EXAMPLE, AnswerLetterRule, DecodingProtocol
 from eval_harness.runners.reference import ItemRun
 
 from tests.tiny_models import END, bpe_tokenizer, random_qwen

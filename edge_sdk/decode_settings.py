@@ -1,0 +1,87 @@
+"""Every decode default, written once: :class:`DecodeSettings`.
+
+The fusion weight ``alpha``, ``max_new_tokens``, the cloud's ``top_m``, DecodeLeak's ``K``
+(``exposure_k``) and the rest have their default here and nowhere else: the wire's
+:class:`~edge_sdk.wire.SessionRequest`, :meth:`EdgeClient.generate <edge_sdk.client.EdgeClient.generate>`,
+the endpoint, the harness's protocol and sweeps, and every CLI read them from this class (as
+transformers' ``GenerationConfig`` is the one home of its generation defaults).  A call overrides a
+copy (:meth:`DecodeSettings.overridden`); a name that is not a setting is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from edge_sdk.cli_flags import positive_float, positive_int
+from edge_sdk.logprobs import MAX_TOP_LOGPROBS
+
+if TYPE_CHECKING:
+    from edge_sdk.policies.base import FusionMode
+
+
+def _setting(default: Any, help: str, **flag: Any) -> Any:
+    return field(default=default, metadata={"help": help, **flag})
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """Per-generation settings shared by both ends (all public).
+
+    Each field's ``metadata`` holds its description (``help``) and how a command line reads it (``type``,
+    ``metavar``): a CLI builds the flag from the field (:func:`edge_sdk.cli_flags.add_dataclass_flags`).
+    """
+
+    mode: FusionMode = _setting("cloud", "fusion mode: 'cloud' (the cloud fuses and picks) or 'edge'")
+    #: the cloud LLM's weight in the fusion ``p = alpha * p_llm + (1 - alpha) * p_slm`` (the paper's 0.3)
+    alpha: float = _setting(0.3, "the cloud LLM's fusion weight", type=float)
+    max_new_tokens: int = _setting(256, "tokens per answer (default: {default}, the paper's)", type=positive_int, metavar="N")
+    #: the cloud's values per sparse step (its top ``top_m``) unless a session asks for more
+    top_m: int = _setting(256, "the cloud's values per step (its top top_m) unless the edge needs more",
+                          type=positive_int, metavar="M")
+    temperature: float = _setting(0.0, "cloud-side sampling temperature when the cloud picks (0: greedy)",
+                                    type=float)
+    #: the cloud's sampling seed (cloud-side fusion only); the edge never uses it
+    seed: int = _setting(0, "the cloud's sampling seed (cloud-side fusion only)", type=int)
+    #: DecodeLeak's K: the size of each step's exposure set E_t^K the meter, the ledger and transcripts record
+    exposure_k: int = _setting(100, "K of the per-step exposure set E_t^K", type=positive_int, metavar="K")
+    #: the largest share of the generation's steps (of max_new_tokens) whose signal the private context may
+    #: steer (a non-empty upload, a token other than the cloud's own top); after that only signals the cloud could
+    #: produce alone are sent.  The cloud can count those steps itself: the switch tells it nothing new.
+    exposure_budget: float | None = _setting(None, "share of steps the private context may steer (0..1)",
+                                            type=float)
+    #: a privacy budget for the DP policies: before one more release would spend more than max_epsilon (at
+    #: epsilon_delta; None: the policy's own delta) only cloud-only signals are sent, as for exposure_budget
+    max_epsilon: float | None = _setting(None, "privacy budget of the DP policies (epsilon)",
+                                        type=positive_float)
+    epsilon_delta: float | None = _setting(None, "the delta max_epsilon is stated at (default: the policy's)",
+                                          type=float)
+    #: pacing: step t's signal leaves at the first point of the grid ``S + n * pace_ms`` (n >= 1; ``S`` the
+    #: previous signal's slot, or when the cloud's answer to the open arrived) at or after it is ready, so its send
+    #: time depends on the public schedule and the cloud's own timing, not on how long the SLM took (which grows
+    #: with the private context).  ``None``: each signal leaves as soon as it is decided.
+    pace_ms: float | None = _setting(None, "send each step's signal on a fixed grid of this many ms",
+                                    type=positive_float, metavar="MS")
+    #: log-probabilities of each chosen token and of the ``logprobs`` best ids of the fused row it was chosen from
+    #: (edge_sdk.logprobs; 0: the token's alone); cloud-side the cloud sends them, so the session asks for them
+    logprobs: int | None = _setting(None, "log-probabilities of each token and of this many best alternatives "
+                                    "(0-20) under the fused row it was chosen from", type=int, metavar="N")
+
+    def __post_init__(self) -> None:
+        if self.pace_ms is not None and not self.pace_ms > 0:
+            raise ValueError(f"pace_ms must be positive (or None for no pacing), got {self.pace_ms}")
+        if self.exposure_budget is not None and not 0.0 <= self.exposure_budget <= 1.0:
+            raise ValueError(f"exposure_budget must lie in [0, 1], got {self.exposure_budget}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must lie in 0..{MAX_TOP_LOGPROBS} (or None for none), got {self.logprobs}")
+
+    def overridden(self, **overrides: Any) -> DecodeSettings:
+        """A copy with ``overrides`` applied; a name that is not a field is a ``TypeError`` naming it and the
+        fields there are (as an unexpected keyword argument is)."""
+        known = [spec.name for spec in dataclasses.fields(self)]
+        unknown = sorted(set(overrides) - set(known))
+        if unknown:
+            raise TypeError(f"unknown decode setting{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
+                            f"(DecodeSettings has: {', '.join(known)})")
+        return dataclasses.replace(self, **overrides) if overrides else self
