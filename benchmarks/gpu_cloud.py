@@ -12,10 +12,11 @@ token strings for the vocabulary fingerprint.
     as the adapter does), B = 1, 8, 32.
 (b) served: B concurrent edge-side sessions of different prompt lengths through
     the gRPC server on loopback (``cloud_adapter.loadgen``: each client answers
-    at once with its best id that does not end the generation), lockstep.
-served_vs_ideal_B = served tokens/s over ideal tokens/s at the same B.
+    at once with its best id that does not end the generation), in lockstep and
+    with run-ahead (``--lookahead``: the cloud drafts; the clients confirm its drafts).
+served_vs_ideal_B (lockstep) and runahead<W>_vs_ideal_B = served tokens/s over ideal tokens/s at the same B.
 
-Usage: python benchmarks/gpu_cloud.py [--shapes qwen2.5-7b qwen2.5-32b] [--tokens 64] [--sessions 1 8 32]
+Usage: python benchmarks/gpu_cloud.py [--shapes qwen2.5-7b qwen2.5-32b] [--tokens 64] [--sessions 1 8 32] [--lookahead 0 8]
 Prints a table per shape, then ``<shape>_served_vs_ideal_<B>=`` and ``<shape>_served_tok_s_<B>=`` lines.
 """
 
@@ -97,10 +98,13 @@ def ideal(llm: TransformersLLM, batch: int, tokens: int) -> float:
     return ideal_tokens_per_s(llm, random_prompts(llm, batch, lambda i: 64, seed=batch), tokens)
 
 
-def served_tokens_per_s(llm: TransformersLLM, channel: grpc.Channel, sessions: int, tokens: int) -> float:
-    """Tokens/s of ``sessions`` concurrent edge-side sessions (prompt lengths 48..79) from their common start."""
+def served_tokens_per_s(llm: TransformersLLM, channel: grpc.Channel, sessions: int, tokens: int,
+                        lookahead: int) -> float:
+    """Tokens/s of ``sessions`` concurrent edge-side sessions (prompt lengths 48..79) from their common start, each
+    accepting run-ahead to ``lookahead`` (0 = lockstep; the load's clients confirm the cloud's draft)."""
     prompts = random_prompts(llm, sessions, lambda i: 48 + (i % 32), seed=1000 + sessions)
-    return sessions * tokens / served_load(llm, channel, prompts, tokens=tokens, top_m=16).wall_seconds
+    report = served_load(llm, channel, prompts, tokens=tokens, top_m=16, lookahead=lookahead)
+    return sessions * tokens / report.wall_seconds
 
 
 def measure(shape: str, args: argparse.Namespace) -> dict[str, float]:
@@ -117,23 +121,27 @@ def measure(shape: str, args: argparse.Namespace) -> dict[str, float]:
         with serving(engine, max_workers=max(args.sessions) + 16) as adapter, \
                 grpc.insecure_channel(adapter.address) as channel:
             ideal(llm, 1, 4)  # warm-ups
-            served_tokens_per_s(llm, channel, 1, 4)
-            print(f"{'B':>4}{'ideal tok/s':>14}{'served tok/s':>14}{'served/ideal':>14}{'mean batch':>12}")
+            for lookahead in args.lookahead:
+                served_tokens_per_s(llm, channel, 1, 4, lookahead)
+            print(f"{'B':>4}{'lookahead':>10}{'ideal tok/s':>14}{'served tok/s':>14}{'served/ideal':>14}"
+                  f"{'mean batch':>12}")
             for sessions in args.sessions:
                 best_ideal = max(ideal(llm, sessions, args.tokens) for _ in range(args.repeats))
-                served, batches = [], []
-                for _ in range(args.repeats):
-                    batcher.batch_sizes.clear()
-                    served.append(served_tokens_per_s(llm, channel, sessions, args.tokens))
-                    counts = batcher.batch_sizes
-                    batches.append(sum(s * n for s, n in counts.items()) / max(sum(counts.values()), 1))
-                best = int(np.argmax(served))
-                ratio = served[best] / best_ideal
-                print(f"{sessions:>4}{best_ideal:>14.1f}{served[best]:>14.1f}{ratio:>14.3f}{batches[best]:>12.2f}",
-                      flush=True)
-                figures[f"{shape}_served_tok_s_{sessions}"] = served[best]
                 figures[f"{shape}_ideal_tok_s_{sessions}"] = best_ideal
-                figures[f"{shape}_served_vs_ideal_{sessions}"] = ratio
+                for lookahead in args.lookahead:
+                    served, batches = [], []
+                    for _ in range(args.repeats):
+                        batcher.batch_sizes.clear()
+                        served.append(served_tokens_per_s(llm, channel, sessions, args.tokens, lookahead))
+                        counts = batcher.batch_sizes
+                        batches.append(sum(s * n for s, n in counts.items()) / max(sum(counts.values()), 1))
+                    best = int(np.argmax(served))
+                    ratio = served[best] / best_ideal
+                    print(f"{sessions:>4}{lookahead:>10}{best_ideal:>14.1f}{served[best]:>14.1f}{ratio:>14.3f}"
+                          f"{batches[best]:>12.2f}", flush=True)
+                    label = "served" if lookahead == 0 else f"runahead{lookahead}"
+                    figures[f"{shape}_{label}_tok_s_{sessions}"] = served[best]
+                    figures[f"{shape}_{label}_vs_ideal_{sessions}"] = ratio
     del llm, engine
     if args.device.startswith("cuda"):
         torch.cuda.empty_cache()
@@ -148,6 +156,8 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 32], help="concurrent sessions")
     parser.add_argument("--repeats", type=int, default=2, help="runs per setting (the best is kept)")
     parser.add_argument("--batch-window-ms", type=float, default=10.0, help="the server's batching window")
+    parser.add_argument("--lookahead", type=int, nargs="+", default=[0, 8],
+                        help="run-ahead depths the sessions accept, each measured (0 = lockstep; default: 0 8)")
     args = parser.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("CUDA is not available here: use --device cpu --shapes tiny to check the script")
