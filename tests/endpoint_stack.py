@@ -113,7 +113,8 @@ def start_endpoint(cloud_address: str, slm: LlamaCppSLM, workdir: Path, *, api_k
     token_file = workdir / "token.txt"
     token_file.write_text(TOKEN)
     settings = ServerSettings(cloud=cloud_address, token_file=token_file, plaintext=True, **settings_kwargs)
-    client = EdgeClient(cloud_address, slm=slm, credentials=settings.credentials(), max_reconnects=max_reconnects)
+    client = EdgeClient(cloud_address, slm=slm, credentials=settings.credentials(), max_reconnects=max_reconnects,
+                        lookahead=settings.lookahead)
     template = LlamaCppChatTemplate.for_model(slm)
     app = create_app(settings, client=client, chat_template=template, n_ctx=slm.n_ctx, api_key=api_key)
     try:

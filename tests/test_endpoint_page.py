@@ -25,7 +25,6 @@ from tests.endpoint_stack import (  # noqa: F401  (fixtures)
     Endpoint,
     cloud,
     generate_as_the_endpoint,
-    endpoint,
     server_logs,
     start_endpoint,
 )
@@ -59,6 +58,14 @@ def readable_bytes(n: int) -> str:
         return f"{n:,} B"
     value, unit = (n / 1024, "KB") if n < 1024**2 else (n / 1024**2, "MB")
     return f"{round(value, 1):,g} {unit}"
+
+
+@pytest.fixture(scope="module")
+def endpoint(cloud: Cloud, slm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
+    """The endpoint in lockstep: the page's byte counts are checked against the same generation through the SDK,
+    and under run-ahead how many drafted rows arrive before a generation ends depends on timing."""
+    with start_endpoint(cloud.address, slm, tmp_path_factory.mktemp("endpoint"), lookahead=0) as started:
+        yield started
 
 
 @pytest.fixture
