@@ -8,6 +8,7 @@ process and over real gRPC.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -367,3 +368,34 @@ def test_no_client_makes_the_adapter_draft_past_its_limit(tiny_pair_engine) -> N
             drafted += 1
         assert drafted == 2
     handler.abandon("closed")
+
+
+@pytest.mark.parametrize("asks", ["json_schema", "temperature"])
+def test_cloud_side_a_schema_or_sampling_is_served_in_lockstep(tiny_pair_engine, asks) -> None:
+    """A draft would need the grammar's state past the awaited step (a schema) or would advance the session's
+    seeded generator (sampling): the adapter answers an offered depth with 0 and never drafts."""
+    engine, slm = tiny_pair_engine
+    extra = {"json_schema": '{"type":"object"}'} if asks == "json_schema" else {"temperature": 0.7, "seed": 3}
+    request = wire.SessionRequest(prompt_ids=tuple(engine.llm.tokenize("the patient")), mode="cloud",
+                                  max_new_tokens=6, vocab_fingerprint=engine.fingerprint, vocab_size=slm.vocab_size,
+                                  top_m=16, lookahead=8, **extra)
+    handler = engine.session("schema")
+    replies = list(handler.handle(wire.encode_open(request)))
+    assert replies[0].opened.lookahead == 0 and not handler.can_draft()
+    free = engine.session("free")
+    replies = list(free.handle(wire.encode_open(replace(request, json_schema="", temperature=0.0))))
+    assert replies[0].opened.lookahead == 8 and free.can_draft()  # the same open without it runs ahead
+
+
+def test_with_logprobs_asked_cloud_side_the_edge_waits_for_each_pick(tiny_pair_engine) -> None:
+    """The logprobs come with the cloud's TokenChosen, so no pick is taken from the certificate: each step's
+    logprobs are the cloud's own for the token it picked."""
+    from edge_sdk.client import EdgeClient
+
+    engine, slm = tiny_pair_engine
+    client = EdgeClient(lambda: engine.session("t"), slm=slm, lookahead=3)
+    stream = client.stream("the patient has", "canary zebra", mode="cloud", policy=CoVeil(lam=1.0),
+                           max_new_tokens=8, logprobs=2)
+    steps = list(stream.steps())
+    assert len(steps) > 2
+    assert all(step.logprobs is not None and step.logprobs.token_id == step.entry.token_id for step in steps)
