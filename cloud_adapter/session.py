@@ -229,8 +229,13 @@ class SessionHandler:
         """The run-ahead depth for this session: the edge's largest, within the server's cap; 0 (lockstep) where
         a draft could change what the cloud would do in lockstep (cloud-side sampling draws from the session's
         seeded generator, which a draft must not advance) or would need the grammar's state past the awaited
-        step (a cloud-side JSON schema)."""
+        step (a cloud-side JSON schema), and where every row is dense (``top_m`` = the vocabulary, as an edge-side
+        schema asks): a draft then serialises and sends a whole row (1 MB on Gemma-3), which on loopback cost
+        more than it hid (``benchmarks/openai_endpoint.py``: 7% a step under a schema against 2% in lockstep) and
+        over a slow link costs a row's bandwidth for each draft dropped."""
         if request.mode == "cloud" and (request.temperature > 0 or request.json_schema):
+            return 0
+        if request.top_m >= self.engine.llm.vocab_size:
             return 0
         return min(request.lookahead, self.engine.limits.max_lookahead)
 

@@ -370,20 +370,22 @@ def test_no_client_makes_the_adapter_draft_past_its_limit(tiny_pair_engine) -> N
     handler.abandon("closed")
 
 
-@pytest.mark.parametrize("asks", ["json_schema", "temperature"])
-def test_cloud_side_a_schema_or_sampling_is_served_in_lockstep(tiny_pair_engine, asks) -> None:
-    """A draft would need the grammar's state past the awaited step (a schema) or would advance the session's
-    seeded generator (sampling): the adapter answers an offered depth with 0 and never drafts."""
+@pytest.mark.parametrize("asks", ["json_schema", "temperature", "dense_rows"])
+def test_a_schema_sampling_or_dense_rows_are_served_in_lockstep(tiny_pair_engine, asks) -> None:
+    """A draft would need the grammar's state past the awaited step (a cloud-side schema), would advance the
+    session's seeded generator (cloud-side sampling), or would send a whole row (every row dense, as an
+    edge-side schema asks): the adapter answers an offered depth with 0 and never drafts."""
     engine, slm = tiny_pair_engine
-    extra = {"json_schema": '{"type":"object"}'} if asks == "json_schema" else {"temperature": 0.7, "seed": 3}
-    request = wire.SessionRequest(prompt_ids=tuple(engine.llm.tokenize("the patient")), mode="cloud",
-                                  max_new_tokens=6, vocab_fingerprint=engine.fingerprint, vocab_size=slm.vocab_size,
-                                  top_m=16, lookahead=8, **extra)
+    extra = {"json_schema": {"json_schema": '{"type":"object"}'}, "temperature": {"temperature": 0.7, "seed": 3},
+             "dense_rows": {"mode": "edge", "top_m": slm.vocab_size}}[asks]
+    request = wire.SessionRequest(**{**dict(prompt_ids=tuple(engine.llm.tokenize("the patient")), mode="cloud",
+                                            max_new_tokens=6, vocab_fingerprint=engine.fingerprint,
+                                            vocab_size=slm.vocab_size, top_m=16, lookahead=8), **extra})
     handler = engine.session("schema")
     replies = list(handler.handle(wire.encode_open(request)))
     assert replies[0].opened.lookahead == 0 and not handler.can_draft()
     free = engine.session("free")
-    replies = list(free.handle(wire.encode_open(replace(request, json_schema="", temperature=0.0))))
+    replies = list(free.handle(wire.encode_open(replace(request, json_schema="", temperature=0.0, top_m=16))))
     assert replies[0].opened.lookahead == 8 and free.can_draft()  # the same open without it runs ahead
 
 
