@@ -20,6 +20,7 @@ from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_res
 from edge_sdk.status import CloudError
 from edge_sdk.transport import CloudConnection, InProcessChannel
 from tests.test_malicious_cloud import LyingCloud, PeakSLM, SlowSLM, policies
+from tests.test_never_upload import masked_pieces
 
 # -- pacing: a full-row request is a message the cloud times too ----------------------------------------------
 
@@ -67,19 +68,8 @@ PIECES = [" ", ".", "-", "'", "Seen", " with", " and", " Okonkwo", "Okonkwo", " 
           *"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"]
 
 
-def tokenize(text: str) -> list[int]:
-    """Greedy longest match over ``PIECES``."""
-    ids, at = [], 0
-    while at < len(text):
-        best = max((i for i, p in enumerate(PIECES) if text.startswith(p, at)), key=lambda i: len(PIECES[i]))
-        ids.append(best)
-        at += len(PIECES[best])
-    return ids
-
-
 def masked(spans: list[str], context: str) -> set[str]:
-    vocabulary = folded_vocabulary(PIECES.__getitem__, len(PIECES))
-    return {PIECES[i] for i in never_upload_ids(spans, context, tokenize, PIECES.__getitem__, vocabulary)}
+    return masked_pieces(PIECES, spans, context)
 
 
 def test_never_upload_masks_every_word_of_a_hyphenated_name_as_the_model_may_write_it_alone() -> None:

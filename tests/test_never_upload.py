@@ -8,25 +8,25 @@ import unicodedata
 import pytest
 
 from edge_sdk.masking import fold, folded_vocabulary, never_upload_ids
+from edge_sdk.testing import TableSLM
 
 PIECES = [" ", ".", "Seen", " with", " and", " Maria", "Maria", " María", "María", " MARIA", " maria", " Mar", "ía",
           "ia", " Keller", " Kéller", " KELLER", " Zoë", " Zoe", "Zoe",
           *string.ascii_letters, "í", "ì", "é", "ë", "Í", "Ì", "É", "Ë"]
 
 
-def tokenize(text: str) -> list[int]:
-    """Greedy longest match over ``PIECES`` (every character of the tests has a piece)."""
-    ids, at = [], 0
-    while at < len(text):
-        best = max((i for i, p in enumerate(PIECES) if text.startswith(p, at)), key=lambda i: len(PIECES[i]))
-        ids.append(best)
-        at += len(PIECES[best])
-    return ids
+def masked_pieces(pieces: list[str], spans: list[str], context: str) -> set[str]:
+    """The pieces ``never_upload_ids`` masks over a vocabulary of ``pieces`` (greedy longest match, as
+    :class:`~edge_sdk.testing.TableSLM` tokenizes)."""
+    table = TableSLM(pieces)
+    vocabulary = folded_vocabulary(pieces.__getitem__, len(pieces))
+    ids = never_upload_ids(spans, context, lambda text: table.tokenize(text, add_bos=False), pieces.__getitem__,
+                           vocabulary)
+    return {pieces[i] for i in ids}
 
 
 def masked(spans: list[str], context: str) -> set[str]:
-    vocabulary = folded_vocabulary(PIECES.__getitem__, len(PIECES))
-    return {PIECES[i] for i in never_upload_ids(spans, context, tokenize, PIECES.__getitem__, vocabulary)}
+    return masked_pieces(PIECES, spans, context)
 
 
 def test_fold_ignores_case_accents_and_compatibility_forms() -> None:
