@@ -373,30 +373,33 @@ class CollaborativeDecoder:
             return None
         return np.logical_and.reduce([processor.allowed() for processor in self.processors])
 
+    def _restrict(self, row: np.ndarray, stops: np.ndarray | None, allowed: np.ndarray | None) -> np.ndarray:
+        """``row`` without the ids this step excludes: the stop ids at the space's lowest value, and under processors
+        every id they do not allow (:func:`~edge_sdk.grammar.mask_row`).  ``row`` itself is never written."""
+        lowest = self.view.lowest
+        if stops is not None:
+            row = row.copy()
+            row[stops] = lowest
+        return mask_row(row, allowed, lowest=lowest) if allowed is not None else row
+
     def _cloud_only_signal(
         self, dist: wire.CloudDistribution, stops: np.ndarray | None, allowed: np.ndarray | None
     ) -> tuple[CloudUpload | SyncedToken, Callable[[], np.ndarray]]:
         """The budget is spent: a signal the cloud could have produced on its own (nothing uploaded, or the
         cloud's own top token: its best one the stop rule and the processors allow); and the row it was chosen
         from (the cloud's, at its public fill, masked)."""
-        lowest = self.view.lowest
+        vocab_size = self.slm.vocab_size
 
         def cloud_row() -> np.ndarray:
-            row = dist.filled(self.slm.vocab_size, self.policy.space).copy()
-            if stops is not None:
-                row[stops] = lowest
-            return mask_row(row, allowed, lowest=lowest) if allowed is not None else row
+            return self._restrict(dist.filled(vocab_size, self.policy.space), stops, allowed)
 
         if self.settings.mode == "cloud":
             return CloudUpload.empty(self.policy.space), cloud_row
         token = dist.top_id()
         if (stops is not None and token in self.stop.ids) or (allowed is not None and not allowed[token]):
-            row = dist.lower_dense(self.slm.vocab_size, out=self._p_llm_buffer, fill=lowest).copy()
-            if stops is not None:
-                row[stops] = lowest
-            if allowed is not None:
-                row = mask_row(row, allowed, lowest=lowest)
-            token = int(np.argmax(row))
+            # omitted ids at the lowest value: only an id the cloud sent can be its own top
+            row = dist.lower_dense(vocab_size, out=self._p_llm_buffer, fill=self.view.lowest)
+            token = int(np.argmax(self._restrict(row, stops, allowed)))
         return SyncedToken(token), cloud_row
 
     def _policy_signal(
@@ -405,17 +408,10 @@ class CollaborativeDecoder:
         """The policy's signal from the SLM's view and the cloud's row, both restricted to the ids allowed; and
         the fused row ``alpha * p_llm + (1 - alpha) * p_slm`` of those two (edge-side, the row a token was chosen
         from)."""
-        lowest, p_slm = self.view.lowest, self.view.row
-        assert p_slm is not None, "the SLM prefills before the first step"
-        p_llm = dist.filled(self.slm.vocab_size, self.policy.space, out=self._p_llm_buffer)
-        if stops is not None:
-            p_llm = p_llm.copy() if p_llm is dist.dense else p_llm
-            p_llm[stops] = lowest
-            p_slm = p_slm.copy()
-            p_slm[stops] = lowest
-        if allowed is not None:
-            p_llm = mask_row(p_llm, allowed, lowest=lowest)
-            p_slm = mask_row(p_slm, allowed, lowest=lowest)
+        assert self.view.row is not None, "the SLM prefills before the first step"
+        p_slm = self._restrict(self.view.row, stops, allowed)
+        p_llm = self._restrict(dist.filled(self.slm.vocab_size, self.policy.space, out=self._p_llm_buffer), stops,
+                               allowed)
         signal = self.policy.decide(self.settings.mode, p_slm, p_llm, alpha=self.settings.alpha, rng=self.rng)
         if isinstance(signal, CloudUpload) and len(signal) >= self.slm.vocab_size and (
             self.policy.space == "prob" or self.view.masked.size
