@@ -19,7 +19,13 @@ gives ``Fitzgerald``); each also in Unicode's composed (NFC, NFKC) and
 accent-free forms.  Accented variants cannot be listed from the span ("Maria" may come
 out as "María"), so every token of the vocabulary that spells one of the
 span's words up to case and accents (:func:`fold`) is masked too, and so is
-every word of the context that folds to one of them.  Only tokens that spell
+every word of the context that folds to one of them.  A model may also begin a
+word with a token its tokenisation never uses (`` Maria`` + ``ngela`` where
+``Mariangela`` is `` Mari`` + ``ang`` + ``ela``): every vocabulary token that
+spells the word's first :data:`MIN_PREFIX_LETTERS` or more letters, up to case
+and accents, is masked as well (for ``Mariangela``: `` Mar``, `` Mari``,
+`` Maria``, `` Marian``, ...; common tokens such as `` Mar`` among them, which
+is what the mask costs).  Only tokens that spell
 nothing but punctuation or whitespace are left out (masking "." would say
 nothing about the span and break every sentence).  A span none of whose
 tokens can be masked is an error, never a silent no-op.
@@ -36,6 +42,11 @@ from itertools import groupby
 #: space only under a mask, where the cut therefore says one is active (the cloud fuses a left-out id as a logit of
 #: 0: cutting every full logit upload would change the release's fusion)
 FULL_UPLOAD_LIMIT = 1000
+
+#: a vocabulary token that spells the first this-many or more letters of a span's word (up to case and accents) is
+#: masked with it: the model may start the word with a token the span's own tokenisation never uses (`` Maria`` for
+#: ``Mariangela``), and that token alone gives the word's start away
+MIN_PREFIX_LETTERS = 3
 
 
 def fold(text: str) -> str:
@@ -126,7 +137,8 @@ def never_upload_ids(
         forms = spellings(span) + [form for variant in variants for form in spellings(variant)]
         ids = {i for form in forms for i in tokenize(form) if not _is_punctuation_or_space(piece(i))}
         if vocabulary is not None:
-            ids |= {i for word in words for i in vocabulary.get(word, ()) if not _is_punctuation_or_space(piece(i))}
+            keys = {word[:end] for word in words for end in range(min(MIN_PREFIX_LETTERS, len(word)), len(word) + 1)}
+            ids |= {i for key in keys for i in vocabulary.get(key, ()) if not _is_punctuation_or_space(piece(i))}
         if not ids:
             raise ValueError(f"never_upload span {span!r} has no token that could be masked (only punctuation)")
         masked |= ids

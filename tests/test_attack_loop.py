@@ -85,8 +85,6 @@ def test_never_upload_masks_every_word_of_a_hyphenated_name_as_the_model_may_wri
     assert {" Anne", "Brien", " Brien", "brien"} <= got and "'" not in got
 
 
-@pytest.mark.xfail(strict=True, reason="OPEN FINDING of the issue-19 attack review (not fixed): a token that spells "
-                   "a prefix of a masked word is not masked")
 def test_never_upload_masks_the_tokens_that_spell_a_prefix_of_a_masked_word() -> None:
     """Open finding: only the tokens of a span's own tokenisations (and whole-word vocabulary matches) are masked.
     On the embedded Gemma-3 270M, ``Mariangela`` tokenises as `` Mari`` + ``ang`` + ``ela``; with those masked the
