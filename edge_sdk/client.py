@@ -11,6 +11,7 @@ the public query, the policy's per-step signals and the tokens chosen.
 from __future__ import annotations
 
 import ipaddress
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -448,11 +449,19 @@ class EdgeClient:
         default the client's).
         """
         lookahead = kwargs.pop("lookahead", None)
-        return self.run(self.decoder(public_query, private_context, settings=settings, **kwargs), lookahead=lookahead)
+        began_at = time.perf_counter()  # before the private text is tokenised (the prefill budget's origin)
+        return self.run(self.decoder(public_query, private_context, settings=settings, **kwargs), lookahead=lookahead,
+                        began_at=began_at)
 
-    def run(self, decoder: CollaborativeDecoder, *, lookahead: int | None = None) -> GenerationStream:
+    def run(self, decoder: CollaborativeDecoder, *, lookahead: int | None = None,
+            began_at: float | None = None) -> GenerationStream:
         """Stream a decoder built by :meth:`decoder` (build it first to check a request's settings before any
-        model or network work; the stream runs on this client's connections, resuming as :meth:`stream` does)."""
+        model or network work; the stream runs on this client's connections, resuming as :meth:`stream` does).
+
+        ``began_at``: when the generation's work on the device began (``time.perf_counter``; default now), the
+        origin of the prefill budget's grid (``DecodeSettings.prefill_budget_ms``): a decoder built while an
+        earlier generation ran begins when it is run."""
+        decoder.pacer.begin(began_at if began_at is not None else time.perf_counter())
         return GenerationStream(self.slm, decoder, run_with_resume(decoder, lambda: self._connect(lookahead),
                                                                   max_reconnects=self.max_reconnects))
 
@@ -461,7 +470,9 @@ class EdgeClient:
         """Decode to the end; return the text and the privacy ledger.  Arguments as for :meth:`decoder`, and
         ``lookahead`` as for :meth:`stream`."""
         lookahead = kwargs.pop("lookahead", None)
+        began_at = time.perf_counter()  # before the private text is tokenised (the prefill budget's origin)
         decoder = self.decoder(public_query, private_context, settings=settings, **kwargs)
+        decoder.pacer.begin(began_at)
         for _event in run_with_resume(decoder, lambda: self._connect(lookahead), max_reconnects=self.max_reconnects):
             pass
         return GenerationResult(

@@ -63,6 +63,14 @@ class DecodeSettings:
     #: with the private context).  ``None``: each signal leaves as soon as it is decided.
     pace_ms: float | None = _setting(None, "send each step's signal on a fixed grid of this many ms",
                                     type=positive_float, metavar="MS")
+    #: the session opens at the first point of ``B + n * prefill_budget_ms`` (n >= 1; ``B`` when the generation
+    #: began on the device, before its private text was tokenised) at or after the SLM's prefill is done, so when
+    #: it opens (after the previous session on the same client, say) does not show how long the private context
+    #: is.  Set it above the longest prefill: one that runs past it opens at a later point, which shows how many
+    #: budgets it took (``ledger.prefill_overrun``).  ``None``: the session opens as soon as the SLM has prefilled.
+    prefill_budget_ms: float | None = _setting(None, "open each session on a grid of this many ms from when the "
+                                               "generation began, whatever the prefill took", type=positive_float,
+                                               metavar="MS")
     #: log-probabilities of each chosen token and of the ``logprobs`` best ids of the fused row it was chosen from
     #: (edge_sdk.logprobs; 0: the token's alone); cloud-side the cloud sends them, so the session asks for them
     logprobs: int | None = _setting(None, "log-probabilities of each token and of this many best alternatives "
@@ -71,6 +79,8 @@ class DecodeSettings:
     def __post_init__(self) -> None:
         if self.pace_ms is not None and not self.pace_ms > 0:
             raise ValueError(f"pace_ms must be positive (or None for no pacing), got {self.pace_ms}")
+        if self.prefill_budget_ms is not None and not self.prefill_budget_ms > 0:
+            raise ValueError(f"prefill_budget_ms must be positive (or None for none), got {self.prefill_budget_ms}")
         if self.exposure_budget is not None and not 0.0 <= self.exposure_budget <= 1.0:
             raise ValueError(f"exposure_budget must lie in [0, 1], got {self.exposure_budget}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:

@@ -116,7 +116,7 @@ class CollaborativeDecoder:
         self.processors = tuple(processors)
         self.view = SLMView(slm, policy.space, masked_ids)
         self.budget = ExposureBudget(settings.exposure_budget, self.accountant)
-        self.pacer = Pacer(settings.pace_ms)
+        self.pacer = Pacer(settings.pace_ms, settings.prefill_budget_ms)
         self.stop = StopControl(slm, stopping)
         self.tokens: list[int] = []
         self.ledger = PrivacyLedger(mode=settings.mode, policy=policy.describe(), exposure_k=settings.exposure_k,
@@ -181,10 +181,14 @@ class CollaborativeDecoder:
         again; every send of either is on the step's ledger entry.
         """
         if self.view.row is None:
+            self.pacer.begin(time.perf_counter())  # unless whoever built this decoder said earlier when it began
             # a defence: the SLM prefills the private prompt *before* the session opens, so the cloud's clock
             # starts after the only step whose duration grows with the private context's length (or drops when
             # a repeated prompt is served from the cache): step 0's timing tells it nothing of either
             self.view.prefill(self.slm_prompt + self.tokens)
+            # a defence: with a prefill budget the open leaves on a grid that starts when the generation began,
+            # so the gap since the previous session (on the same client) does not show the prefill's length
+            self.ledger.prefill_overrun = self.pacer.wait_for_open()
         max_steps = self._open(connection)
         while len(self.tokens) < max_steps:
             step = len(self.tokens)

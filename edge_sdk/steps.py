@@ -189,26 +189,51 @@ class PendingSignal:
 
 class Pacer:
     """Paced signals: step ``t``'s leaves at the first point of ``S + n * pace_ms`` (``n >= 1``) at or after it is
-    ready, ``S`` the previous signal's slot (or when the cloud answered the open).  ``pace_ms=None``: no wait."""
+    ready, ``S`` the previous signal's slot (or when the cloud answered the open).  ``pace_ms=None``: no wait.
 
-    def __init__(self, pace_ms: float | None) -> None:
+    The open: it leaves at the first point of ``B + n * prefill_budget_ms`` (``n >= 1``) at or after the SLM's
+    prefill, ``B`` when the generation began (:meth:`begin`).  ``prefill_budget_ms=None``: no wait.
+    """
+
+    def __init__(self, pace_ms: float | None, prefill_budget_ms: float | None = None) -> None:
         self.pace_s = None if pace_ms is None else pace_ms / 1e3
+        self.prefill_budget_s = None if prefill_budget_ms is None else prefill_budget_ms / 1e3
+        self.began_at: float | None = None  # perf_counter clock
         self.last_slot = 0.0  # perf_counter clock
 
+    def begin(self, at: float) -> None:
+        """The generation began at ``at`` (``time.perf_counter``), before any of its private work on the device;
+        the first call counts."""
+        if self.began_at is None:
+            self.began_at = at
+
+    def wait_for_open(self) -> bool:
+        """Sleep until the open's slot; whether the prefill ran past its first one."""
+        if self.prefill_budget_s is None:
+            return False
+        assert self.began_at is not None, "begin() comes before the prefill"
+        return self._wait_on_grid(self.began_at, self.prefill_budget_s) > 1
+
     def start(self) -> None:
-        """The grid's origin: the cloud's answer to the open."""
+        """The steps' grid's origin: the cloud's answer to the open."""
         self.last_slot = time.perf_counter()
 
     def wait_for_slot(self) -> bool:
         """Sleep until this step's slot; whether the signal missed its first one."""
         if self.pace_s is None:
             return False
-        slots = max(1, math.ceil((time.perf_counter() - self.last_slot) / self.pace_s))
+        slots = self._wait_on_grid(self.last_slot, self.pace_s)
         self.last_slot += slots * self.pace_s
-        delay = self.last_slot - time.perf_counter()
+        return slots > 1
+
+    @staticmethod
+    def _wait_on_grid(origin: float, period_s: float) -> int:
+        """Sleep until the first point ``origin + n * period_s`` (``n >= 1``) at or after now; return ``n``."""
+        slots = max(1, math.ceil((time.perf_counter() - origin) / period_s))
+        delay = origin + slots * period_s - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
-        return slots > 1
+        return slots
 
 
 class StoppingRule(Protocol):

@@ -78,24 +78,42 @@ def test_the_cloud_cannot_time_the_slm_s_prefill_from_when_the_stream_began(time
         assert arrivals[0][1] >= slm.prefilled_at, (length, 1e3 * (slm.prefilled_at - arrivals[0][1]))
 
 
-@pytest.mark.xfail(strict=True, reason="OPEN FINDING of the issue-19 attack review (not fixed): back-to-back "
-                   "generations on one client open each session a prefill after the previous one ended")
+def opens_after_previous_session(port: int, arrivals: list[tuple[str, float]], second_context: str,
+                                 **settings: float) -> tuple[float, bool]:
+    """Two back-to-back generations on one client: ms from the first session's last message to the second's open,
+    and whether the second's prefill ran past its budget."""
+    arrivals.clear()
+    with EdgeClient(f"127.0.0.1:{port}", slm=SlowPrefillSLM(), credentials=Credentials(plaintext=True)) as client:
+        client.generate("q", "first", mode="edge", policy=make_policy("coveil"), max_new_tokens=2, **settings)
+        second = client.generate("q", second_context, mode="edge", policy=make_policy("coveil"), max_new_tokens=2,
+                                 **settings)
+    opens = [i for i, (kind, _) in enumerate(arrivals) if kind == "open"]
+    assert len(opens) == 2
+    last_of_first = max(at for i, (kind, at) in enumerate(arrivals[: opens[1]]) if kind != "stream")
+    return 1e3 * (arrivals[opens[1]][1] - last_of_first), second.ledger.prefill_overrun
+
+
 def test_the_cloud_cannot_time_the_next_prefill_from_the_gap_between_two_sessions(timed_server) -> None:
-    """Open finding: the endpoint runs queued generations one after another on one client (one gRPC channel, one
-    bearer token, so the cloud links the sessions).  Session N+1 opens once its SLM prefill is done, which starts
-    when session N ends: the gap between N's last message and N+1's open is N+1's prefill, which grows with its
+    """Finding: the endpoint runs queued generations one after another on one client (one gRPC channel, one
+    bearer token, so the cloud links the sessions).  Session N+1 opened once its SLM prefill was done, which starts
+    when session N ends: the gap between N's last message and N+1's open was N+1's prefill, which grows with its
     private context (and is ~0 for a private prompt served from the SLM's cache).  Here: a 5- vs 400-character
-    second context (prefills of ~10 ms and ~800 ms).  Pacing covers the steps of a session, not this gap."""
+    second context (prefills of ~10 ms and ~800 ms).  With ``prefill_budget_ms`` the open leaves on a grid that
+    starts when the generation began, so the gap is one budget either way (without it: 20 vs 820 ms)."""
     port, arrivals = timed_server
-    gaps = {}
-    for length in (5, 400):
-        arrivals.clear()
-        with EdgeClient(f"127.0.0.1:{port}", slm=SlowPrefillSLM(),
-                        credentials=Credentials(plaintext=True)) as client:
-            client.generate("q", "first", mode="edge", policy=make_policy("coveil"), max_new_tokens=2)
-            client.generate("q", "x" * length, mode="edge", policy=make_policy("coveil"), max_new_tokens=2)
-        opens = [i for i, (kind, _) in enumerate(arrivals) if kind == "open"]
-        assert len(opens) == 2
-        last_of_first = max(at for i, (kind, at) in enumerate(arrivals[: opens[1]]) if kind != "stream")
-        gaps[length] = 1e3 * (arrivals[opens[1]][1] - last_of_first)
-    assert abs(gaps[400] - gaps[5]) < 400, gaps
+    gaps = {length: opens_after_previous_session(port, arrivals, "x" * length, prefill_budget_ms=1000)
+            for length in (5, 400)}
+    assert not gaps[5][1] and not gaps[400][1]
+    assert abs(gaps[400][0] - gaps[5][0]) < 400, gaps
+    assert all(900 < gap < 1400 for gap, _ in gaps.values()), gaps  # one budget, less what the first's end took
+
+
+def test_a_prefill_past_its_budget_opens_a_budget_later_and_says_so(timed_server) -> None:
+    """A prefill longer than the budget (~800 ms against 300 ms) opens at a later point of the grid (here the
+    third, ~900 ms after the generation began), and the ledger says the budget was overrun; the default has no
+    budget and opens as soon as the SLM has prefilled."""
+    port, arrivals = timed_server
+    gap, overrun = opens_after_previous_session(port, arrivals, "x" * 400, prefill_budget_ms=300)
+    assert overrun and 850 < gap < 1300, gap
+    gap, overrun = opens_after_previous_session(port, arrivals, "x" * 5)
+    assert not overrun and gap < 250, gap

@@ -56,6 +56,8 @@ class CoveilOptions(BaseModel):
     alpha: float | None = Field(default=None, ge=0.0, le=1.0)
     # each signal leaves on a public schedule of this many ms (edge_sdk.decoding.DecodeSettings.pace_ms)
     pace_ms: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
+    # the session opens on a public grid of this many ms (DecodeSettings.prefill_budget_ms)
+    prefill_budget_ms: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
 
 
 class TextPart(BaseModel):
@@ -335,6 +337,7 @@ class LedgerSummary(BaseModel):
     withheld_steps: int
     exposure_budget_spent: bool
     reconnects: int
+    prefill_overrun: bool  # the SLM's prefill ran past coveil.prefill_budget_ms (the open then shows by how many)
     exposure_k: int
     cloud_prompt_tokens: int
     queue_ms: float

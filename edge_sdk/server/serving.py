@@ -83,7 +83,8 @@ def ledger_summary(ledger: PrivacyLedger, *, cloud_prompt_tokens: int, queue_ms:
         full_requests=ledger.full_requests, bytes_up=ledger.bytes_up, bytes_down=ledger.bytes_down,
         leakage_meter=ledger.leak_share, steered_steps=sum(entry.steered for entry in ledger.entries),
         withheld_steps=withheld, exposure_budget_spent=withheld > 0, reconnects=ledger.reconnects,
-        exposure_k=ledger.exposure_k, cloud_prompt_tokens=cloud_prompt_tokens, queue_ms=round(queue_ms, 2),
+        prefill_overrun=ledger.prefill_overrun, exposure_k=ledger.exposure_k,
+        cloud_prompt_tokens=cloud_prompt_tokens, queue_ms=round(queue_ms, 2),
         summary=ledger.summary(), privacy=ledger.privacy(),
     )
 
@@ -355,6 +356,7 @@ class EdgeServing:
                                     "temperature": temperature, "seed": seed, "never_upload": options.never_upload,
                                     "exposure_budget": options.exposure_budget, "max_epsilon": options.max_epsilon,
                                     "epsilon_delta": options.epsilon_delta, "pace_ms": options.pace_ms,
+                                    "prefill_budget_ms": options.prefill_budget_ms,
                                     "stopping": StopStrings(stops) if stops else None, "logprobs": logprobs}
         if options.alpha is not None:
             settings["alpha"] = options.alpha
