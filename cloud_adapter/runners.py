@@ -285,9 +285,12 @@ class StepBatcher(_ModelWorker):
     the sessions known to be mid-step: every live sequence whose last forward
     has been delivered comes back with its next token after its edge's turn
     (its *return gap*), so a batch waits for each live sequence whose recent
-    return gap (an exponential average) is within ``batch_window_ms``, for at
-    most ``batch_window_ms`` after its first request, then runs one
-    ``llm.step(batch)``.  A session whose edge is slow (or gone quiet) is not
+    return gap (an exponential average) is within the window, for at most the
+    window after its first request, then runs one ``llm.step(batch)``.  The
+    window is the larger of ``batch_window_ms`` and the recent time of one
+    batched step (an exponential average): a session left out costs a step of
+    its own, so waiting up to that long pays, and a host whose steps are slow
+    (whose sessions' threads also answer more slowly) waits longer.  A session whose edge is slow (or gone quiet) is not
     waited for and catches the next batch; a single session never waits.
     Gathering by membership instead of a window restarted at each arrival
     keeps sessions that fell into two groups from staying split.  Sessions
@@ -302,7 +305,7 @@ class StepBatcher(_ModelWorker):
         step_seconds: wall time spent inside ``llm.step``.
     """
 
-    #: weight of the newest return gap in its exponential average
+    #: weight of the newest return gap, and of the newest step's time, in their exponential averages
     GAP_SMOOTHING = 0.3
 
     def __init__(self, llm: TransformersLLM, *, batch_window_ms: float = 10.0) -> None:
@@ -310,7 +313,8 @@ class StepBatcher(_ModelWorker):
             raise ValueError(f"batch_window_ms must be non-negative, got {batch_window_ms}")
         self._queue = _ModelQueue(llm)
         super().__init__([self._queue])
-        self._window_s = batch_window_ms / 1000.0
+        self._least_window_s = batch_window_ms / 1000.0
+        self._step_s = 0.0  # average seconds of one batched step
         self._live: set[CloudSequence] = set()
         self._delivered_at: dict[int, float] = {}  # id(seq) -> when its last forward was delivered
         self._return_gap: dict[int, float] = {}  # id(seq) -> average seconds from delivery to its next request
@@ -327,6 +331,11 @@ class StepBatcher(_ModelWorker):
     @property
     def step_seconds(self) -> float:
         return self._queue.stats.step_seconds
+
+    @property
+    def window_s(self) -> float:
+        """How long a batch waits for the sessions expected back: ``max(batch_window_ms, recent step time)``."""
+        return max(self._least_window_s, self._step_s)
 
     # -- called by sessions --------------------------------------------------------------------
     def prefill(self, prompt_ids: Sequence[int]) -> tuple[CloudSequence, int]:
@@ -368,7 +377,11 @@ class StepBatcher(_ModelWorker):
                 else:
                     return  # closed and drained
             if steps:
+                started = time.monotonic()
                 queue.run_steps(steps, self._delivered)
+                with self._cond:
+                    elapsed = time.monotonic() - started
+                    self._step_s += self.GAP_SMOOTHING * (elapsed - self._step_s) if self._step_s else elapsed
             elif prefills:
                 queue.run_prefills(prefills, self._opened)
             # drop this batch's requests before waiting for the next: they hold their sequences, and with
@@ -392,12 +405,13 @@ class StepBatcher(_ModelWorker):
         Expected back: every live sequence without a request yet whose
         average return gap is within the window (a new one counts as expected).
         """
-        deadline = time.monotonic() + self._window_s
+        window_s = self.window_s
+        deadline = time.monotonic() + window_s
         while not self._closed:
             waiting = {id(request.seq) for request in self._queue.steps}
             expected = [
                 seq for seq in self._live
-                if id(seq) not in waiting and self._return_gap.get(id(seq), 0.0) <= self._window_s
+                if id(seq) not in waiting and self._return_gap.get(id(seq), 0.0) <= window_s
             ]
             remaining = deadline - time.monotonic()
             if not expected or remaining <= 0:

@@ -319,6 +319,40 @@ def test_step_batcher_folds_concurrent_steps_into_one_forward() -> None:
     assert [seq.ids for seq in seqs] == [[1, 2, 3, 7, 8], [1, 2, 3, 7, 8], [1, 2, 3, 7]]
 
 
+class SlowStepLLM(RecordingLLM):
+    """A batched step takes ``STEP_S`` whatever its size (a slow host)."""
+
+    STEP_S = 0.4
+
+    def step(self, batch: list[tuple[CloudSequence, int]]) -> None:
+        time.sleep(self.STEP_S)
+        super().step(batch)
+
+
+def test_step_batcher_waits_for_a_session_expected_back_within_one_step_of_a_slow_host() -> None:
+    """The window is the larger of ``batch_window_ms`` and the recent step time: on a host whose step takes
+    400 ms, a session back 150 ms after its forward was delivered (its edge's or its thread's turn) joins the
+    batch of one that came back at once, where a fixed 50 ms window ran two batches of one (each a full step)."""
+    llm = SlowStepLLM()
+    with StepBatcher(llm, batch_window_ms=50) as batcher:  # type: ignore[arg-type]
+        seqs = [batcher.prefill([1, 2])[0] for _ in range(2)]
+
+        def step_after(seq: CloudSequence, token: int, delay_s: float) -> None:
+            time.sleep(delay_s)
+            batcher.forward(seq, token)
+
+        for token in (7, 8, 9):
+            delays = (0.0, 0.0) if token == 7 else (0.0, 0.15)  # the first step teaches the batcher its step time
+            threads = [threading.Thread(target=step_after, args=(seq, token, delay)) for seq, delay in zip(seqs, delays)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        assert batcher.window_s >= 0.3
+    assert llm.batches == [2, 2, 2]
+    assert [seq.ids for seq in seqs] == [[1, 2, 7, 8, 9]] * 2
+
+
 def test_step_batcher_prefills_waiting_prompts_together_and_isolates_a_failing_one() -> None:
     llm = RecordingLLM()
     with StepBatcher(llm) as batcher:  # type: ignore[arg-type]
