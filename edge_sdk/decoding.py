@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -124,6 +124,9 @@ class CollaborativeDecoder:
         self.finish_reason: str | None = None
         self._p_llm_buffer = np.zeros(slm.vocab_size, dtype=np.float32)  # the sparse cloud view, reused
         self._pending: PendingSignal | None = None  # begun, but the cloud has not acknowledged its signal
+        # cloud-side run-ahead: steps yielded (their picks read off certificates) whose picks the cloud has not
+        # acknowledged, in order: after a break they are re-sent (_replay_unacknowledged)
+        self._unacknowledged: list[PendingSignal] = []
 
     @property
     def top_m(self) -> int:
@@ -153,13 +156,18 @@ class CollaborativeDecoder:
             edge_model=self.slm.name,
             vocab_size=self.slm.vocab_size,
             top_m=self.top_m,
-            resume_prefix=tuple(self.tokens),
+            resume_prefix=self._acknowledged_tokens(),
             stop_token_ids=tuple(sorted(self.slm.eos_token_ids)),  # the cloud stops where the edge would
             # cloud-side only (edge-side the edge picks, and computes or applies them itself): what the app asked
             logprobs=s.mode == "cloud" and s.logprobs is not None,
             top_logprobs=(s.logprobs or 0) if s.mode == "cloud" else 0,
             json_schema=self._cloud_schema(),
         )
+
+    def _acknowledged_tokens(self) -> tuple[int, ...]:
+        """The tokens a resumed session opens with: those the cloud acknowledged, up to the first unacknowledged
+        step (cloud-side run-ahead), whose upload is re-sent instead."""
+        return tuple(self.tokens[: self._unacknowledged[0].step if self._unacknowledged else len(self.tokens)])
 
     def _cloud_schema(self) -> str:
         """Cloud-side, the JSON schema the cloud masks its pick with (public); ``""`` for none."""
@@ -178,7 +186,11 @@ class CollaborativeDecoder:
         again on the next connection, since a fresh draw would hand the cloud a
         second sample of the same step), send it, record what the cloud could
         read off it, advance.  A step whose full-row request got no reply asks
-        again; every send of either is on the step's ledger entry.
+        again; every send of either is on the step's ledger entry.  Cloud-side
+        run-ahead, steps yielded on picks read off certificates whose
+        ``TokenChosen`` never came before a break are unacknowledged too: the
+        next connection resumes before the first of them and re-sends them
+        first (:meth:`_replay_unacknowledged`), as lockstep resumed there would.
         """
         if self.view.row is None:
             self.pacer.begin(time.perf_counter())  # unless whoever built this decoder said earlier when it began
@@ -190,13 +202,22 @@ class CollaborativeDecoder:
             # so the gap since the previous session (on the same client) does not show the prefill's length
             self.ledger.prefill_overrun = self.pacer.wait_for_open()
         max_steps = self._open(connection)
+        try:
+            self._replay_unacknowledged(connection, max_steps)
+            yield from self._decode(connection, max_steps)
+        except CloudError:  # the stream broke: only what the cloud acknowledged so far is known to have arrived
+            self._forget_acknowledged(connection)
+            raise
+
+    def _decode(self, connection: CloudConnection, max_steps: int) -> Iterator[StepEvent]:
+        """The steps from the first one not yet yielded to the end of the generation."""
         while len(self.tokens) < max_steps:
             step = len(self.tokens)
             step_meter = StepMeter(connection.bytes)
             dist = self._receive(connection, step, step_meter)
             with step_meter.on_edge():
                 no_stop = not self.stop.allows_end(self.tokens)
-                pending = self._pending_signal(step, max_steps)
+                pending = self._pending_signal(step, max_steps, no_stop)
             try:
                 with step_meter.on_edge():
                     dist, request_overrun = self._decide(connection, pending, dist, no_stop, step_meter)
@@ -206,6 +227,9 @@ class CollaborativeDecoder:
                 pending.keep_bytes(step_meter)
                 raise
             self._pending = None
+            if self.settings.mode == "cloud":  # acknowledged once the cloud's pick is read
+                self._unacknowledged.append(pending)
+                self._forget_acknowledged(connection)
             overrun = overrun or request_overrun
             logprobs = self._logprobs(connection, pending)  # after the send: reading them never delays a signal
             steered = self._record(pending, dist, token)
@@ -244,12 +268,49 @@ class CollaborativeDecoder:
         step_meter.cloud_forward_ns = dist.forward_ns  # a full row sent on request carries no forward of its own
         return dist
 
-    def _pending_signal(self, step: int, max_steps: int) -> PendingSignal:
+    def _pending_signal(self, step: int, max_steps: int, no_stop: bool) -> PendingSignal:
         """``step``'s signal as begun on an earlier connection (it is re-sent byte for byte), or a new one that the
         exposure budget may withhold."""
         if self._pending is None or self._pending.step != step:
-            self._pending = PendingSignal(step, withheld=self.budget.withholds(step, max_steps))
+            self._pending = PendingSignal(step, withheld=self.budget.withholds(step, max_steps), no_stop=no_stop)
         return self._pending
+
+    def _replay_unacknowledged(self, connection: CloudConnection, max_steps: int) -> None:
+        """Re-send the steps the cloud never acknowledged, each on its row, byte for byte, as lockstep re-sends its
+        one unacknowledged step: their picks were read off certificates and the stream broke before the cloud's
+        ``TokenChosen`` came, so the cloud may never have received their uploads.
+
+        The session resumed before the first of them (:meth:`request`).  A
+        step's decision is made, so no full row is asked for; the cloud's
+        pick must be the token already yielded (else ``DATA_LOSS``).  None is
+        yielded again and the SLM, already past them, is not touched; the
+        sends and bytes go on the step's ledger entry.
+        """
+        for pending in tuple(self._unacknowledged):
+            step_meter = StepMeter(connection.bytes)
+            try:
+                self._receive(connection, pending.step, step_meter)
+                self.pacer.wait_for_slot()  # on a slot, as any send
+                token, finished = self._send(connection, pending, pending.no_stop, max_steps, step_meter)
+            finally:
+                self._record_resend(pending, step_meter)
+            yielded = self.tokens[pending.step]
+            if token != yielded or finished:
+                raise CloudError("DATA_LOSS", f"resumed, the cloud chose token {token} at step {pending.step}"
+                                 f"{' and ended the generation' if finished else ''} where its row and the upload "
+                                 f"had certified {yielded}, already yielded")
+
+    def _record_resend(self, pending: PendingSignal, step_meter: StepMeter) -> None:
+        """A yielded step sent again: its sends and this attempt's bytes go on its ledger entry."""
+        entry = self.ledger.entries[pending.step]
+        assert entry.step == pending.step, "one ledger entry per step, in order"
+        self.ledger.entries[pending.step] = replace(entry, sends=pending.sends,
+                                                    bytes_up=entry.bytes_up + step_meter.bytes_up,
+                                                    bytes_down=entry.bytes_down + step_meter.bytes_down)
+
+    def _forget_acknowledged(self, connection: CloudConnection) -> None:
+        """Drop the unacknowledged steps whose picks the cloud has since acknowledged on ``connection``."""
+        self._unacknowledged = [p for p in self._unacknowledged if p.step >= connection.steps_acknowledged]
 
     def _decide(
         self, connection: CloudConnection, pending: PendingSignal, dist: wire.CloudDistribution, no_stop: bool,
@@ -441,7 +502,8 @@ def run_with_resume(
     """Drive ``decoder`` over connections from ``connect``, reopening after a retryable failure.
 
     A reopened session replays only public data: the public prompt and the
-    tokens already chosen.  After ``max_reconnects`` failed attempts the last
+    tokens the cloud acknowledged, then the signals of the steps it did not
+    acknowledge, byte for byte.  After ``max_reconnects`` failed attempts the last
     error propagates.  The connection is closed however the loop ends
     (including when the consumer stops iterating).
     """

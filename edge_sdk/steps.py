@@ -168,13 +168,17 @@ class PendingSignal:
     """A step from its first attempt until the cloud acknowledges its signal, over every connection it ran on.
 
     ``decision`` is made once and its signal then re-sent byte for byte (a
-    fresh draw would hand the cloud a second sample of the same step); a step
-    whose full row was asked for asks again on each new connection until a
-    signal is decided (the same request: the rule that asks is public).
+    fresh draw would hand the cloud a second sample of the same step), with
+    the same ``no_stop`` (the cloud may not end the generation this step); a
+    step whose full row was asked for asks again on each new connection until
+    a signal is decided (the same request: the rule that asks is public).
+    Cloud-side run-ahead a step may be yielded before it is acknowledged (its
+    pick read off a certificate): it is then kept until the cloud's pick is read.
     """
 
     step: int
     withheld: bool
+    no_stop: bool = False
     decision: StepDecision | None = None
     full_requests: int = 0
     sends: int = 0

@@ -207,6 +207,9 @@ class CloudConnection:
         # cloud-side run-ahead: picks taken from the certificate, each (step, token, finished), whose TokenChosen
         # is still to be read and checked
         self._unread_picks: deque[tuple[int, int, bool]] = deque()
+        #: cloud-side fusion: how many steps the cloud has acknowledged, the resume prefix the session opened with
+        #: and then every step whose TokenChosen was read (a pick taken from a certificate is not, until then)
+        self.steps_acknowledged = 0
         self._current: wire.CloudDistribution | None = None  # the row the edge decides the awaited step from
         self.rows_dropped = 0  # drafted rows that assumed another token than the one confirmed
         self.picks_certified = 0  # cloud-side steps whose pick the edge read off the certificate without waiting
@@ -232,6 +235,7 @@ class CloudConnection:
             if (chosen.step, chosen.token_id, chosen.finished) != (step, token, finished):
                 raise CloudError("DATA_LOSS", f"the cloud chose token {chosen.token_id} at step {chosen.step} where "
                                  f"its row and the upload certify {token} at step {step}")
+            self.steps_acknowledged = step + 1
             return self._next_message()
         return message
 
@@ -265,6 +269,7 @@ class CloudConnection:
         self._request = request
         self._send(wire.encode_open(request))
         info = wire.decode_opened(self._receive("opened"))
+        self.steps_acknowledged = len(request.resume_prefix)
         if info.lookahead > self.lookahead:
             raise CloudError("INTERNAL", f"the cloud chose run-ahead depth {info.lookahead}, more than the "
                              f"{self.lookahead} asked for")
@@ -340,7 +345,9 @@ class CloudConnection:
     def upload(self, step: int, upload: CloudUpload, *, no_stop: bool = False) -> tuple[int, bool]:
         """Cloud-side fusion: send the upload, return ``(token the cloud picked, finished)``.
 
-        ``no_stop``: the cloud must not pick an end-of-generation id this step.
+        ``no_stop``: the cloud must not pick an end-of-generation id this step.  Run-ahead: a pick the cloud's row
+        and the upload certify is returned at once and checked when the cloud's ``TokenChosen`` is read; until
+        then the step is not acknowledged (:attr:`steps_acknowledged`).
         """
         assert self.info is not None, "open the session first"
         self._send(wire.encode_upload(step, upload, vocab_size=self.info.vocab_size, no_stop=no_stop))
@@ -358,6 +365,7 @@ class CloudConnection:
             raise CloudError("INTERNAL", f"the cloud answered step {chosen.step} to step {step}")
         if chosen.token_id >= self.info.vocab_size:
             raise CloudError("DATA_LOSS", f"the cloud chose token {chosen.token_id}, outside the vocabulary")
+        self.steps_acknowledged = step + 1
         if self.run_ahead:
             self._follows = (step + 1, int(chosen.token_id))
         self.chosen_logprobs = self._chosen_logprobs(chosen)

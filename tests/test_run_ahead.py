@@ -8,7 +8,9 @@ process and over real gRPC.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -21,7 +23,8 @@ from edge_sdk import wire
 from edge_sdk.leakage import LeakageMeter
 from edge_sdk.policies import CoVeil, EmbeddingNeighbours, Policy, Undefended, available_policies, make_policy
 from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_resume
-from edge_sdk.testing import ScriptedCloud, TableSLM
+from edge_sdk.status import CloudError
+from edge_sdk.testing import ScriptedChannel, ScriptedCloud, ScriptedSession, TableSLM
 from edge_sdk.transport import CloudConnection, InProcessChannel
 
 EOS = 0
@@ -73,20 +76,55 @@ def build(scenario: dict[str, Any]) -> tuple[TableSLM, ScriptedCloud]:
     return slm, cloud
 
 
-def run(scenario: dict[str, Any], mode: str, policy: Policy, lookahead: int) -> tuple[CollaborativeDecoder,
-                                                                                      ScriptedCloud, list[Any]]:
+class BreakingChannel(ScriptedChannel):
+    """A scripted channel that keeps the messages the edge reads and whose stream breaks (``UNAVAILABLE``, retryable)
+    when the edge reads its ``break_at``-th message; every send and read after that fails too."""
+
+    def __init__(self, session: ScriptedSession, break_at: int | None = None) -> None:
+        super().__init__(session)
+        self.break_at = break_at
+        self.received: list[Any] = []
+        self.broken = False
+
+    def send(self, message: Any) -> None:
+        if self.broken:
+            raise CloudError("UNAVAILABLE", "the stream is gone", retryable=True)
+        super().send(message)
+
+    def receive(self) -> Any:
+        self.broken = self.broken or len(self.received) + 1 == self.break_at
+        if self.broken:
+            raise CloudError("UNAVAILABLE", "connection reset", retryable=True)
+        self.received.append(super().receive())
+        return self.received[-1]
+
+
+@dataclass
+class Run:
+    decoder: CollaborativeDecoder
+    cloud: ScriptedCloud
+    connections: list[CloudConnection]
+    channels: list[BreakingChannel]
+
+
+def run(scenario: dict[str, Any], mode: str, policy: Policy, lookahead: int, *, reads: Sequence[int] = ()) -> Run:
+    """One generation over the loop and ``run_with_resume``; the scenario's ``breaks`` break a stream after a step's
+    signal reached the cloud, ``reads[i]`` the ``i``-th stream when the edge reads that many-th message."""
     slm, cloud = build(scenario)
     settings_ = DecodeSettings(mode=mode, max_new_tokens=scenario["steps"], top_m=scenario["top_m"], exposure_k=1)
     decoder = CollaborativeDecoder(slm, policy, settings_, slm_prompt=PROMPT_PRIVATE, cloud_prompt=PROMPT_PUBLIC,
                                    meter=LeakageMeter(frozenset()), rng=np.random.default_rng(11))
-    connections: list[CloudConnection] = []
+    result = Run(decoder, cloud, [], [])
 
     def connect() -> CloudConnection:
-        connections.append(cloud.connect(lookahead=lookahead))
-        return connections[-1]
+        n = len(result.channels)
+        result.channels.append(BreakingChannel(cloud.session(), reads[n] if n < len(reads) else None))
+        result.connections.append(CloudConnection(result.channels[-1], lookahead=lookahead))
+        return result.connections[-1]
 
-    list(run_with_resume(decoder, connect, max_reconnects=len(scenario.get("breaks", ())), backoff_s=0.0))
-    return decoder, cloud, connections
+    breaks = len(scenario.get("breaks", ())) + len(reads)
+    list(run_with_resume(decoder, connect, max_reconnects=breaks, backoff_s=0.0))
+    return result
 
 
 def observed_steps(transcript: dict[str, Any]) -> list[dict[str, Any]]:
@@ -104,10 +142,12 @@ def ledger_view(decoder: CollaborativeDecoder) -> list[tuple[Any, ...]]:
 @given(scenario=scenarios(), case=st.sampled_from(CASES))
 def test_run_ahead_sends_the_same_bytes_in_the_same_order_and_decides_the_same_tokens(scenario, case) -> None:
     mode, name, params = case
-    lockstep, lock_cloud, _ = run(scenario, mode, make(name, params, scenario["vocab"]), 0)
-    ahead, ahead_cloud, connections = run(scenario, mode, make(name, params, scenario["vocab"]),
-                                          scenario["lookahead"])
-    assert connections[0].info.lookahead == scenario["lookahead"]  # the cloud agreed: this run did run ahead
+    if mode == "cloud":  # a break may come while certified picks are unread: the next test's property
+        scenario = {**scenario, "breaks": []}
+    lock_run = run(scenario, mode, make(name, params, scenario["vocab"]), 0)
+    ahead_run = run(scenario, mode, make(name, params, scenario["vocab"]), scenario["lookahead"])
+    lockstep, lock_cloud, ahead, ahead_cloud = lock_run.decoder, lock_run.cloud, ahead_run.decoder, ahead_run.cloud
+    assert ahead_run.connections[0].info.lookahead == scenario["lookahead"]  # the cloud agreed: it did run ahead
     assert ahead.tokens == lockstep.tokens
     assert ledger_view(ahead) == ledger_view(lockstep)
     # every message byte for byte (a broken stream's resume included); the opens differ in the depth offered alone
@@ -119,6 +159,67 @@ def test_run_ahead_sends_the_same_bytes_in_the_same_order_and_decides_the_same_t
             message.open.ClearField("lookahead")
             ahead_bytes = message.SerializeToString()
         assert ahead_bytes == lock_bytes
+
+
+def edge_messages(session: ScriptedSession) -> list[Any]:
+    """What the edge sent on one session: the open, full-row requests and signals (a close after a break left out)."""
+    messages = [wire.pb().EdgeMessage.FromString(data) for data in session.sent]
+    return [m for m in messages if m.WhichOneof("kind") in ("open", "request_full", "signal")]
+
+
+def message_step(message: Any) -> int:
+    return message.signal.step if message.WhichOneof("kind") == "signal" else message.request_full.step
+
+
+def steps_acknowledged(opened_with: int, channel: BreakingChannel) -> int:
+    """How many steps the cloud acknowledged on a stream, read off what the edge received: the prefix it opened
+    with, then every step up to the last whose TokenChosen arrived (the cloud picks in order)."""
+    picks = [m.token.step for m in channel.received if m.WhichOneof("kind") == "token"]
+    return max([opened_with, *(step + 1 for step in picks)])
+
+
+CLOUD_CASES = [case for case in CASES if case[0] == "cloud"]
+
+
+@PROPERTY
+@given(scenario=scenarios(), case=st.sampled_from(CLOUD_CASES), reads=st.lists(st.integers(1, 30), max_size=2))
+def test_a_broken_run_ahead_stream_resumes_where_the_cloud_acknowledged_and_resends_the_rest(scenario, case,
+                                                                                            reads) -> None:
+    """Cloud-side, greedy: streams break after a signal reached the cloud or as the edge reads (often while picks
+    taken from certificates are unread).  Each resumed session opens with the tokens the cloud acknowledged on the
+    broken stream (counted off the messages the edge read) and then sends every step from there on, in order,
+    each the bytes lockstep sends for it: what lockstep broken at that point sends.  The tokens are lockstep's and
+    each ledger entry counts every send and byte of its step."""
+    mode, name, params = case
+    lock_run = run({**scenario, "breaks": []}, mode, make(name, params, scenario["vocab"]), 0)
+    lock_messages = edge_messages(lock_run.cloud.sessions[0])
+    lock_open = wire.decode_open(lock_messages[0].open)
+    lock_signals = {m.signal.step: m.SerializeToString() for m in lock_messages if m.WhichOneof("kind") == "signal"}
+    ahead_run = run(scenario, mode, make(name, params, scenario["vocab"]), scenario["lookahead"], reads=reads)
+    ahead = ahead_run.decoder
+    assert ahead.tokens == lock_run.decoder.tokens
+    opened_with = 0  # the steps the cloud acknowledged before this stream
+    sends: Counter[int] = Counter()
+    full_requests: Counter[int] = Counter()
+    bytes_up: Counter[int] = Counter()
+    for session, channel in zip(ahead_run.cloud.sessions, ahead_run.channels, strict=True):
+        messages = edge_messages(session)
+        assert wire.decode_open(messages[0].open) == replace(
+            lock_open, resume_prefix=tuple(ahead.tokens[:opened_with]), lookahead=scenario["lookahead"])
+        signals = [m for m in messages if m.WhichOneof("kind") == "signal"]
+        assert [m.signal.step for m in signals] == list(range(opened_with, opened_with + len(signals)))
+        assert [m.SerializeToString() for m in signals] == [lock_signals[m.signal.step] for m in signals]
+        for message in messages[1:]:
+            (sends if message.WhichOneof("kind") == "signal" else full_requests)[message_step(message)] += 1
+            bytes_up[message_step(message)] += message.ByteSize()
+        opened_with = steps_acknowledged(opened_with, channel)
+    entries = ahead.ledger.entries
+    assert [(e.sends, e.full_requests, e.bytes_up) for e in entries] == [
+        (sends[e.step], full_requests[e.step], bytes_up[e.step]) for e in entries]
+    decided = [(e.step, e.token_id, e.signal, e.values_uploaded, e.full_requested, e.withheld, e.steered, e.exposure)
+               for e in lock_run.decoder.ledger.entries]
+    assert [(e.step, e.token_id, e.signal, e.values_uploaded, e.full_requested, e.withheld, e.steered, e.exposure)
+            for e in entries] == decided
 
 
 def test_a_draft_the_edge_does_not_confirm_is_dropped_and_the_row_after_its_token_is_used() -> None:
@@ -273,18 +374,23 @@ def test_run_ahead_over_real_grpc_changes_nothing_the_cloud_observes(tiny_pair_e
     assert seen[4] == seen[0]
 
 
-def certified_run(channel_type: Any = None) -> tuple[CollaborativeDecoder, CloudConnection]:
-    """Cloud-side undefended fusion (alpha = 0.3, probabilities) of a uniform SLM (every upload value 0.2) with the
-    cloud's top-3 row (.7, .2, .098) at ids (1, 2, 3), the rest at most .098: fused 1 = .21 + .14 = .35 beats
-    2 (.06 + .14 = .2) and any omitted id (at most .3 * .098 + .14 = .169): the pick, 1, is certain."""
-    from edge_sdk.testing import ScriptedChannel
+#: the cloud's row at every step of :func:`certified_decoder`'s generation
+CERTIFIED_ROW = np.log([1e-3, 0.7, 0.2, 0.098, 1e-3])
 
-    vocab = 5
-    rows = [np.log([1e-3, 0.7, 0.2, 0.098, 1e-3])] * 3
-    slm = TableSLM(pieces(vocab), {}, default=[0.0] * vocab, eos_ids={EOS})
-    cloud = ScriptedCloud(vocab, rows, eos_ids={EOS})
-    decoder = CollaborativeDecoder(slm, Undefended(), DecodeSettings(mode="cloud", max_new_tokens=3, top_m=3),
-                                   slm_prompt=[2], cloud_prompt=[1], meter=LeakageMeter(frozenset()))
+
+def certified_decoder() -> CollaborativeDecoder:
+    """Cloud-side undefended fusion (alpha = 0.3, probabilities) of a uniform SLM (every upload value 0.2), three
+    tokens.  With :data:`CERTIFIED_ROW`, the cloud's top-3 (.7, .2, .098) at ids (1, 2, 3), the rest at most .098:
+    fused 1 = .21 + .14 = .35 beats 2 (.06 + .14 = .2) and any omitted id (at most .3 * .098 + .14 = .169): the
+    pick, 1, is certain."""
+    slm = TableSLM(pieces(5), {}, default=[0.0] * 5, eos_ids={EOS})
+    return CollaborativeDecoder(slm, Undefended(), DecodeSettings(mode="cloud", max_new_tokens=3, top_m=3),
+                                slm_prompt=[2], cloud_prompt=[1], meter=LeakageMeter(frozenset()))
+
+
+def certified_run(channel_type: Any = None) -> tuple[CollaborativeDecoder, CloudConnection]:
+    decoder = certified_decoder()
+    cloud = ScriptedCloud(5, [CERTIFIED_ROW] * 3, eos_ids={EOS})
     connection = CloudConnection((channel_type or ScriptedChannel)(cloud.session()), lookahead=2)
     list(decoder.steps(connection))
     return decoder, connection
@@ -297,9 +403,6 @@ def test_a_cloud_side_pick_certified_by_the_row_is_taken_without_waiting_and_che
 
 
 def test_a_cloud_that_names_another_token_than_the_certified_pick_is_caught() -> None:
-    from edge_sdk.testing import ScriptedChannel
-    from edge_sdk.status import CloudError
-
     class Lying(ScriptedChannel):
         def receive(self) -> Any:
             reply = super().receive()
@@ -310,6 +413,46 @@ def test_a_cloud_that_names_another_token_than_the_certified_pick_is_caught() ->
     with pytest.raises(CloudError) as caught:
         certified_run(Lying)
     assert caught.value.code == "DATA_LOSS"
+
+
+def test_a_stream_broken_while_certified_picks_are_unread_resends_their_uploads_on_the_next() -> None:
+    """:func:`certified_decoder`'s generation, lookahead 2, its first stream breaking as the edge reads its fifth
+    message.  The cloud queued the open's reply and the rows of steps 0, 1 and 2 (1 and 2 drafted on its pick 1)
+    before any pick, so the edge read those four, took picks 0 and 1 off their certificates and broke reading
+    step 2's (the last is always read): the cloud acknowledged no step.  Lockstep broken there (after step 0's
+    upload) resumes with no prefix and sends the uploads of steps 0, 1 and 2: so does the second session, the
+    bytes of the first stream; each step's ledger entry counts its two sends and both sends' bytes."""
+    decoder = certified_decoder()
+    cloud = ScriptedCloud(5, [CERTIFIED_ROW] * 3, eos_ids={EOS})
+    channels = iter([BreakingChannel(cloud.session(), break_at=5), BreakingChannel(cloud.session())])
+    events = list(run_with_resume(decoder, lambda: CloudConnection(next(channels), lookahead=2), max_reconnects=1,
+                                  backoff_s=0.0))
+    assert [event.token_id for event in events] == decoder.tokens == [1, 1, 1]
+    first, second = (edge_messages(session) for session in cloud.sessions)
+    assert [m.WhichOneof("kind") for m in first] == ["open", "signal", "signal", "signal"]
+    assert [m.WhichOneof("kind") for m in second] == ["open", "signal", "signal", "signal"]
+    assert wire.decode_open(second[0].open).resume_prefix == ()
+    assert [m.signal.step for m in second[1:]] == [0, 1, 2]
+    assert [m.SerializeToString() for m in second[1:]] == [m.SerializeToString() for m in first[1:]]
+    assert [entry.sends for entry in decoder.ledger.entries] == [2, 2, 2]
+    assert [entry.bytes_up for entry in decoder.ledger.entries] == [2 * m.ByteSize() for m in first[1:]]
+
+
+def test_a_resumed_cloud_that_picks_another_token_at_a_resent_step_is_caught() -> None:
+    """As above, but the second session's cloud has (.2, .7) at ids (1, 2) at step 1: the re-sent upload fuses to
+    2 = .21 + .14 = .35 over 1 = .06 + .14 = .2 (any omitted id at most .169), while the user already has 1 at
+    step 1: DATA_LOSS, and nothing more is yielded."""
+    decoder = certified_decoder()
+    cloud = ScriptedCloud(5, [CERTIFIED_ROW] * 3, eos_ids={EOS})
+    other = ScriptedCloud(5, [CERTIFIED_ROW, np.log([1e-3, 0.2, 0.7, 0.098, 1e-3]), CERTIFIED_ROW], eos_ids={EOS})
+    channels = iter([BreakingChannel(cloud.session(), break_at=5), BreakingChannel(other.session())])
+    events = []
+    with pytest.raises(CloudError) as caught:
+        for event in run_with_resume(decoder, lambda: CloudConnection(next(channels), lookahead=2),
+                                     max_reconnects=1, backoff_s=0.0):
+            events.append(event)
+    assert caught.value.code == "DATA_LOSS" and "step 1" in caught.value.message
+    assert [event.token_id for event in events] == [1, 1]
 
 
 def test_in_process_channel_without_draft_methods_still_decodes() -> None:
