@@ -204,6 +204,9 @@ class CollaborativeDecoder:
         max_steps = self._open(connection)
         try:
             self._replay_unacknowledged(connection, max_steps)
+            if self.finish_reason == "stop_rule":  # the rule had ended it: the replay re-sent its last steps
+                self._finish(connection, self.tokens[-1])
+                return
             yield from self._decode(connection, max_steps)
         except CloudError:  # the stream broke: only what the cloud acknowledged so far is known to have arrived
             self._forget_acknowledged(connection)
@@ -395,7 +398,12 @@ class CollaborativeDecoder:
 
     def _finish(self, connection: CloudConnection, token: int) -> None:
         if self.finish_reason == "stop_rule":
-            return  # the session is closed by whoever owns the connection (run_with_resume does)
+            # cloud-side run-ahead: the picks taken from certificates are checked before the generation ends (a
+            # break here resumes, re-sends them and ends); the session is then closed by whoever owns the
+            # connection (run_with_resume does)
+            connection.confirm_picks()
+            self._forget_acknowledged(connection)
+            return
         try:
             self.finish_reason = connection.finished()
         except CloudError:  # the stream broke after the last token: the generation itself is complete

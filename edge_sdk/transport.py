@@ -225,19 +225,40 @@ class CloudConnection:
         self.bytes.edge_to_cloud += message.ByteSize()
         self._channel.send(message)
 
-    def _next_message(self) -> CloudMessage:
+    def _read(self) -> CloudMessage:
         message = self._channel.receive()
         self.bytes.cloud_to_edge += message.ByteSize()
-        kind = message.WhichOneof("kind")
-        if kind == "token" and self._unread_picks:  # a pick taken from the certificate: the cloud must agree
-            step, token, finished = self._unread_picks.popleft()
-            chosen = message.token
-            if (chosen.step, chosen.token_id, chosen.finished) != (step, token, finished):
-                raise CloudError("DATA_LOSS", f"the cloud chose token {chosen.token_id} at step {chosen.step} where "
-                                 f"its row and the upload certify {token} at step {step}")
-            self.steps_acknowledged = step + 1
-            return self._next_message()
         return message
+
+    def _next_message(self) -> CloudMessage:
+        """The next message that is not the pick of a step taken from a certificate (those are checked here)."""
+        message = self._read()
+        while message.WhichOneof("kind") == "token" and self._unread_picks:
+            self._check_pick(message.token)
+            message = self._read()
+        return message
+
+    def _check_pick(self, chosen: TokenChosen) -> None:
+        """The cloud's pick of the oldest step whose token the edge took from a certificate: it must agree."""
+        step, token, finished = self._unread_picks.popleft()
+        if (chosen.step, chosen.token_id, chosen.finished) != (step, token, finished):
+            raise CloudError("DATA_LOSS", f"the cloud chose token {chosen.token_id} at step {chosen.step} where "
+                             f"its row and the upload certify {token} at step {step}")
+        self.steps_acknowledged = step + 1
+
+    def confirm_picks(self) -> None:
+        """Read and check the cloud's picks of every step whose token was taken from a certificate (a generation
+        that the edge's stopping rule ends there); drafted rows read meanwhile are dropped."""
+        while self._unread_picks:
+            message = self._read()
+            kind = message.WhichOneof("kind")
+            if kind == "token":
+                self._check_pick(message.token)
+            elif kind == "finished":
+                self.finish_reason = message.finished.reason
+                raise CloudError("ABORTED", f"the cloud finished the session early ({message.finished.reason})")
+            elif kind != "distribution":
+                raise CloudError("INTERNAL", f"protocol violation: expected token, the cloud sent {kind}")
 
     @overload
     def _receive(self, expected: Literal["opened"], *, hold: bool = False) -> SessionOpened: ...

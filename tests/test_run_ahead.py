@@ -378,14 +378,24 @@ def test_run_ahead_over_real_grpc_changes_nothing_the_cloud_observes(tiny_pair_e
 CERTIFIED_ROW = np.log([1e-3, 0.7, 0.2, 0.098, 1e-3])
 
 
-def certified_decoder() -> CollaborativeDecoder:
+class AfterTwoWords:
+    """A stopping rule: the generation is complete once it reads two words."""
+
+    def allows_end(self, text: str) -> bool:
+        return True
+
+    def is_done(self, text: str) -> bool:
+        return len(text.split()) >= 2
+
+
+def certified_decoder(stopping: AfterTwoWords | None = None) -> CollaborativeDecoder:
     """Cloud-side undefended fusion (alpha = 0.3, probabilities) of a uniform SLM (every upload value 0.2), three
     tokens.  With :data:`CERTIFIED_ROW`, the cloud's top-3 (.7, .2, .098) at ids (1, 2, 3), the rest at most .098:
     fused 1 = .21 + .14 = .35 beats 2 (.06 + .14 = .2) and any omitted id (at most .3 * .098 + .14 = .169): the
     pick, 1, is certain."""
     slm = TableSLM(pieces(5), {}, default=[0.0] * 5, eos_ids={EOS})
     return CollaborativeDecoder(slm, Undefended(), DecodeSettings(mode="cloud", max_new_tokens=3, top_m=3),
-                                slm_prompt=[2], cloud_prompt=[1], meter=LeakageMeter(frozenset()))
+                                slm_prompt=[2], cloud_prompt=[1], meter=LeakageMeter(frozenset()), stopping=stopping)
 
 
 def certified_run(channel_type: Any = None) -> tuple[CollaborativeDecoder, CloudConnection]:
@@ -413,6 +423,54 @@ def test_a_cloud_that_names_another_token_than_the_certified_pick_is_caught() ->
     with pytest.raises(CloudError) as caught:
         certified_run(Lying)
     assert caught.value.code == "DATA_LOSS"
+
+
+class LyingPicks(ScriptedChannel):
+    """The cloud names token 2 in every ``TokenChosen`` (its rows, and so the certificates, say 1)."""
+
+    def receive(self) -> Any:
+        reply = super().receive()
+        if reply.WhichOneof("kind") == "token":
+            reply.token.token_id = 2
+        return reply
+
+
+def test_a_cloud_that_lies_about_the_picks_a_stopping_rule_ended_on_is_caught() -> None:
+    """The edge's stopping rule ends :func:`certified_decoder`'s generation after two tokens, both taken off
+    certificates: their picks are read and checked before the generation ends (they were only read when the
+    session closed, whose errors are not the generation's: a lie there went unnoticed)."""
+    decoder = certified_decoder(AfterTwoWords())
+    cloud = ScriptedCloud(5, [CERTIFIED_ROW] * 3, eos_ids={EOS})
+    with pytest.raises(CloudError) as caught:
+        list(decoder.steps(CloudConnection(LyingPicks(cloud.session()), lookahead=2)))
+    assert caught.value.code == "DATA_LOSS"
+    honest = certified_decoder(AfterTwoWords())
+    list(honest.steps(CloudConnection(ScriptedChannel(cloud.session()), lookahead=2)))
+    assert honest.tokens == [1, 1] and honest.finish_reason == "stop_rule"
+
+
+def test_a_stream_broken_while_a_stopping_rule_s_last_picks_are_read_resumes_resends_and_ends() -> None:
+    """As above, honest, its first stream breaking as the edge reads the last message it needs (step 1's pick):
+    the cloud acknowledged step 0 only, so the second session resumes after it, re-sends step 1's upload byte
+    for byte, reads its pick and ends there (nothing yielded again, no step past the rule's end)."""
+    cloud = ScriptedCloud(5, [CERTIFIED_ROW] * 3, eos_ids={EOS})
+    unbroken = BreakingChannel(cloud.session())
+    list(certified_decoder(AfterTwoWords()).steps(CloudConnection(unbroken, lookahead=2)))
+    assert unbroken.received[-1].WhichOneof("kind") == "token" and unbroken.received[-1].token.step == 1
+
+    cloud = ScriptedCloud(5, [CERTIFIED_ROW] * 3, eos_ids={EOS})
+    decoder = certified_decoder(AfterTwoWords())
+    channels = iter([BreakingChannel(cloud.session(), break_at=len(unbroken.received)),
+                     BreakingChannel(cloud.session())])
+    events = list(run_with_resume(decoder, lambda: CloudConnection(next(channels), lookahead=2), max_reconnects=1,
+                                  backoff_s=0.0))
+    assert [event.token_id for event in events] == decoder.tokens == [1, 1]
+    first, second = (edge_messages(session) for session in cloud.sessions)
+    assert wire.decode_open(second[0].open).resume_prefix == (1,)
+    assert [m.WhichOneof("kind") for m in second[1:]] == ["signal"]
+    assert second[1].SerializeToString() == first[2].SerializeToString()  # step 1's upload, as first sent
+    assert [entry.sends for entry in decoder.ledger.entries] == [1, 2]
+    assert decoder.finish_reason == "stop_rule"
 
 
 def test_a_stream_broken_while_certified_picks_are_unread_resends_their_uploads_on_the_next() -> None:
