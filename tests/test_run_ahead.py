@@ -412,19 +412,6 @@ def test_a_cloud_side_pick_certified_by_the_row_is_taken_without_waiting_and_che
     assert connection.picks_certified == 2  # the last pick, which ends the generation, is read from the cloud
 
 
-def test_a_cloud_that_names_another_token_than_the_certified_pick_is_caught() -> None:
-    class Lying(ScriptedChannel):
-        def receive(self) -> Any:
-            reply = super().receive()
-            if reply.WhichOneof("kind") == "token":
-                reply.token.token_id = 2
-            return reply
-
-    with pytest.raises(CloudError) as caught:
-        certified_run(Lying)
-    assert caught.value.code == "DATA_LOSS"
-
-
 class LyingPicks(ScriptedChannel):
     """The cloud names token 2 in every ``TokenChosen`` (its rows, and so the certificates, say 1)."""
 
@@ -433,6 +420,12 @@ class LyingPicks(ScriptedChannel):
         if reply.WhichOneof("kind") == "token":
             reply.token.token_id = 2
         return reply
+
+
+def test_a_cloud_that_names_another_token_than_the_certified_pick_is_caught() -> None:
+    with pytest.raises(CloudError) as caught:
+        certified_run(LyingPicks)
+    assert caught.value.code == "DATA_LOSS"
 
 
 def test_a_cloud_that_lies_about_the_picks_a_stopping_rule_ended_on_is_caught() -> None:
