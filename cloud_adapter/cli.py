@@ -163,8 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     sessions = serve.add_argument_group("sessions")
     add_limit_flags(sessions)
     sessions.add_argument("--batch-window-ms", type=float, default=10.0,
-                          help="the longest a batched forward waits for the sessions expected back (those whose "
-                               "edges answer within this long); a slower session catches the next batch")
+                          help="the least a batched forward may wait for the sessions expected back: it waits up "
+                               "to the larger of this and its recent step time for those whose edges answer "
+                               "within that long; a slower session catches the next batch")
     sessions.add_argument("--transcript-dir", type=Path, metavar="DIR",
                           help="write each session's observation transcript (what the cloud saw) to "
                                "DIR/<session_id>.json")
