@@ -8,7 +8,6 @@ on the full rows worked out in the test, a run that never sees a sparse row, an 
 
 from __future__ import annotations
 
-from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -137,7 +136,9 @@ def test_the_budget_caps_steered_steps_and_switches_on_what_the_cloud_saw(scenar
     # steered, as the cloud itself tells from the signal: anything uploaded, or a token other than its own top
     steered = [len(s.upload.values) > 0 if mode == "cloud" else s.token_id != cloud_top(scenario["cloud_rows"][t])
                for t, s in enumerate(sent)]
-    allowed = Fraction(repr(budget)) * steps  # the budget as written, in exact arithmetic
+    # the share of the steps, as the float it is given as (1/3 of 3 steps is one step, although the decimal
+    # 0.3333333333333333 times 3 is just under one in exact arithmetic)
+    allowed = budget * steps
     assert sum(steered) <= allowed
     # the switch: withheld from the first step after which the cloud could count the allowance as spent
     before = np.concatenate([[0], np.cumsum(steered)[:-1]])
