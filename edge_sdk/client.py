@@ -11,6 +11,7 @@ the public query, the policy's per-step signals and the tokens chosen.
 from __future__ import annotations
 
 import ipaddress
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -281,6 +282,7 @@ class EdgeClient:
         self._grpc_channel: Any = None
         self._piece: Callable[[int], str] | None = None
         self._folded_vocabulary: dict[str, tuple[int, ...]] | None = None  # built at the first never_upload
+        self._idle_since = -math.inf  # when this client's last generation ended (perf_counter clock)
 
     # -- connections -------------------------------------------------------------------------------
     def _connect(self, lookahead: int | None = None) -> CloudConnection:
@@ -406,6 +408,7 @@ class EdgeClient:
         (:mod:`edge_sdk.logprobs`): edge-side computed on the device (nothing sent changes), cloud-side sent by
         the cloud with each token it picks (the session asks for them).
         """
+        began_at = time.perf_counter()  # before the private text is read: the prefill budget's grid starts here
         settings = (settings or DecodeSettings()).overridden(**overrides)
         if isinstance(policy, str):
             policy = make_policy(policy, backend=self.slm)  # a policy that needs the model builds from it
@@ -425,7 +428,7 @@ class EdgeClient:
             self._folded_vocabulary = folded_vocabulary(piece, slm.vocab_size)
         masked = never_upload_ids(never_upload, private_context, lambda t: slm.tokenize(t, add_bos=False), piece,
                                   self._folded_vocabulary)
-        return CollaborativeDecoder(
+        decoder = CollaborativeDecoder(
             slm,
             policy,
             settings,
@@ -438,6 +441,8 @@ class EdgeClient:
             stopping=stopping,
             processors=[JsonConstraint(slm, json_schema)] if json_schema is not None else (),
         )
+        decoder.pacer.begin(began_at)
+        return decoder
 
     def stream(self, public_query: str | Prompts, private_context: str = "", *,
                settings: DecodeSettings | None = None, **kwargs: Any) -> GenerationStream:
@@ -449,31 +454,43 @@ class EdgeClient:
         default the client's).
         """
         lookahead = kwargs.pop("lookahead", None)
-        began_at = time.perf_counter()  # before the private text is tokenised (the prefill budget's origin)
-        return self.run(self.decoder(public_query, private_context, settings=settings, **kwargs), lookahead=lookahead,
-                        began_at=began_at)
+        return self.run(self.decoder(public_query, private_context, settings=settings, **kwargs), lookahead=lookahead)
 
     def run(self, decoder: CollaborativeDecoder, *, lookahead: int | None = None,
             began_at: float | None = None) -> GenerationStream:
         """Stream a decoder built by :meth:`decoder` (build it first to check a request's settings before any
         model or network work; the stream runs on this client's connections, resuming as :meth:`stream` does).
 
-        ``began_at``: when the generation's work on the device began (``time.perf_counter``; default now), the
-        origin of the prefill budget's grid (``DecodeSettings.prefill_budget_ms``): a decoder built while an
-        earlier generation ran begins when it is run."""
-        decoder.pacer.begin(began_at if began_at is not None else time.perf_counter())
-        return GenerationStream(self.slm, decoder, run_with_resume(decoder, lambda: self._connect(lookahead),
-                                                                  max_reconnects=self.max_reconnects))
+        The prefill budget's grid (``DecodeSettings.prefill_budget_ms``) starts when the generation's private
+        work on the device began: when :meth:`decoder` began building it, or ``began_at`` if earlier
+        (``time.perf_counter``: an endpoint that tokenised the private text itself gives when it began), but no
+        earlier than when this client's previous generation ended (a decoder built while that one ran).  Run a
+        decoder as soon as it is built: the wait between the two is counted as private work, and a wait past the
+        budget opens a budget later (``ledger.prefill_overrun``)."""
+        return GenerationStream(self.slm, decoder, self._steps(decoder, lookahead, began_at))
+
+    def _steps(self, decoder: CollaborativeDecoder, lookahead: int | None, began_at: float | None) -> Iterator[StepEvent]:
+        """``decoder``'s steps over this client's connections, its grid set as :meth:`run` says."""
+        if began_at is not None:
+            decoder.pacer.begin(began_at)
+        decoder.pacer.not_before(self._idle_since)
+        return self._sessions(decoder, lookahead)
+
+    def _sessions(self, decoder: CollaborativeDecoder, lookahead: int | None) -> Iterator[StepEvent]:
+        """:func:`run_with_resume` on this client's connections; when it ends, so does the generation, which the
+        next one's grid may not start before."""
+        try:
+            yield from run_with_resume(decoder, lambda: self._connect(lookahead), max_reconnects=self.max_reconnects)
+        finally:
+            self._idle_since = time.perf_counter()
 
     def generate(self, public_query: str | Prompts, private_context: str = "", *,
                  settings: DecodeSettings | None = None, **kwargs: Any) -> GenerationResult:
         """Decode to the end; return the text and the privacy ledger.  Arguments as for :meth:`decoder`, and
         ``lookahead`` as for :meth:`stream`."""
         lookahead = kwargs.pop("lookahead", None)
-        began_at = time.perf_counter()  # before the private text is tokenised (the prefill budget's origin)
         decoder = self.decoder(public_query, private_context, settings=settings, **kwargs)
-        decoder.pacer.begin(began_at)
-        for _event in run_with_resume(decoder, lambda: self._connect(lookahead), max_reconnects=self.max_reconnects):
+        for _event in self._steps(decoder, lookahead, None):
             pass
         return GenerationResult(
             text=self.slm.detokenize(decoder.tokens),

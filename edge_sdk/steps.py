@@ -196,20 +196,33 @@ class Pacer:
     ready, ``S`` the previous signal's slot (or when the cloud answered the open).  ``pace_ms=None``: no wait.
 
     The open: it leaves at the first point of ``B + n * prefill_budget_ms`` (``n >= 1``) at or after the SLM's
-    prefill, ``B`` when the generation began (:meth:`begin`).  ``prefill_budget_ms=None``: no wait.
+    prefill, ``B = max(b, f)``: ``b`` the earliest time the generation's private work on the device began
+    (:meth:`begin`), ``f`` the latest time before which none of it can have run, when the previous generation on
+    the same client ended (:meth:`not_before`).  ``prefill_budget_ms=None``: no wait.
     """
 
     def __init__(self, pace_ms: float | None, prefill_budget_ms: float | None = None) -> None:
         self.pace_s = None if pace_ms is None else pace_ms / 1e3
         self.prefill_budget_s = None if prefill_budget_ms is None else prefill_budget_ms / 1e3
-        self.began_at: float | None = None  # perf_counter clock
+        self._began_at: float | None = None  # perf_counter clock
+        self._not_before = -math.inf  # perf_counter clock
         self.last_slot = 0.0  # perf_counter clock
 
+    @property
+    def began_at(self) -> float | None:
+        """The open grid's origin ``B`` (``None`` until :meth:`begin`)."""
+        return None if self._began_at is None else max(self._began_at, self._not_before)
+
     def begin(self, at: float) -> None:
-        """The generation began at ``at`` (``time.perf_counter``), before any of its private work on the device;
-        the first call counts."""
-        if self.began_at is None:
-            self.began_at = at
+        """The generation's private work on the device (tokenising its private text, the prefill) began at ``at``
+        (``time.perf_counter``); the earliest call counts."""
+        self._began_at = at if self._began_at is None else min(self._began_at, at)
+
+    def not_before(self, at: float) -> None:
+        """The grid starts no earlier than ``at``, when the previous generation on the same client ended: the cloud
+        saw that end, and the work of this generation done before it (a queued request tokenised while the
+        previous one ran) does not lie between that end and this open; the latest call counts."""
+        self._not_before = max(self._not_before, at)
 
     def wait_for_open(self) -> bool:
         """Sleep until the open's slot; whether the prefill ran past its first one."""

@@ -441,7 +441,7 @@ def test_clients_that_queued_and_left_free_their_places_at_once() -> None:
     class Client:
         slm = None
 
-        def run(self, decoder: object) -> HeldStream:
+        def run(self, decoder: object, began_at: float | None = None) -> HeldStream:
             return HeldStream(release)
 
     serving = EdgeServing(Client(), None, ServerSettings(cloud="c:1", max_queue=2), n_ctx=64)  # type: ignore[arg-type]
@@ -510,7 +510,7 @@ def test_a_generation_that_fails_after_steps_were_sent_returns_the_ledger_of_wha
             raise CloudError("UNAVAILABLE", "the adapter went away")
 
     class Client(RecordingClient):
-        def run(self, decoder: object) -> FailingStream:
+        def run(self, decoder: object, began_at: float | None = None) -> FailingStream:
             return FailingStream(None)
 
     app = create_app(ServerSettings(cloud="c:1"), client=Client(), chat_template=RecordingRenderer(),  # type: ignore[arg-type]

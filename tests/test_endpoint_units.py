@@ -276,7 +276,7 @@ class BlockingClient:
         self.release = threading.Event()
         self.slm = None
 
-    def run(self, decoder: object) -> BlockingStream:
+    def run(self, decoder: object, began_at: float | None = None) -> BlockingStream:
         return BlockingStream(self.release)
 
 
@@ -422,7 +422,7 @@ class EndlessClient(RecordingClient):
         self.released = threading.Event()
         self.released.set()
 
-    def run(self, decoder: object) -> BlockingStream:
+    def run(self, decoder: object, began_at: float | None = None) -> BlockingStream:
         """A 400-token generation, a token every 10 ms."""
         self.streams.append(BlockingStream(self.released, limit=400, pause=0.01))
         return self.streams[-1]

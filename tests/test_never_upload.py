@@ -49,3 +49,22 @@ def test_a_span_matches_the_context_up_to_accents_and_every_spelling_there_is_ma
     assert {" Mar", "ì", " María"} <= got and "." not in got
     with pytest.raises(ValueError, match="does not occur"):
         masked(["Keller"], "Seen with Maria.")
+
+
+def test_the_span_s_composed_compatibility_and_accent_free_spellings_are_tokenised_and_masked() -> None:
+    """A spelling the model may write in other code points: every token of it is masked, not only those that
+    spell a word's start (which the vocabulary rule finds).  Here "ise" of " Elo" + "ise" (the accent-free
+    "Éloïse"), "ler" of " Kel" + "ler" (fullwidth "Ｋｅｌｌｅｒ" with its letters mapped), the composed "É" and "ï"
+    of a span given decomposed, and "rí" (NFKC) and "ｒí" (NFC) of a fullwidth "Ｍａｒi\u0301ａ" come from those
+    spellings alone."""
+    fullwidth = ["Ｋ", "Ｅ", "Ｌ", "Ｒ", "ｋ", "ｅ", "ｌ", "ｒ"]  # every case of "Ｋｅｌｌｅｒ" is tokenised too
+    pieces = [" ", ".", "Seen", " with", " Elo", "ise", " Kel", "ler", *string.ascii_letters, "É", "é", "Ï", "ï",
+              "\u0301", "\u0308", *fullwidth]
+    assert {" Elo", "ise"} <= masked_pieces(pieces, ["Éloïse"], "Seen with Éloïse.")
+    assert {" Kel", "ler"} <= masked_pieces(pieces, ["Ｋｅｌｌｅｒ"], "Seen with Ｋｅｌｌｅｒ.")
+    decomposed = unicodedata.normalize("NFD", "Éloïse")
+    assert {"É", "ï"} <= masked_pieces(pieces, [decomposed], f"Seen with {decomposed}.")
+    # fullwidth with a decomposed accent: NFC composes it in place ("ｒí"), NFKC also maps the letters ("rí")
+    span = "Ｍａｒi\u0301ａ"
+    pieces += ["Ｍ", "ｍ", "Ａ", "ａ", "í", "Í", "rí", "ｒí"]
+    assert {"rí", "ｒí"} <= masked_pieces(pieces, [span], f"Seen with {span}.")

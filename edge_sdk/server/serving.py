@@ -172,6 +172,10 @@ class Generation:
     decoder: CollaborativeDecoder
     prompts: Prompts
     stops: tuple[str, ...]
+    #: when checking the request began, before its private text was read (``time.perf_counter``; default: when this
+    #: was made): the prefill budget's grid starts here, or when the previous generation ended if later
+    #: (:meth:`EdgeClient.run`)
+    began_at: float = field(default_factory=time.perf_counter)
 
 
 @dataclass(frozen=True)
@@ -283,6 +287,7 @@ class EdgeServing:
     # -- requests to generations ---------------------------------------------------------------------
     def prepare_chat(self, request: ChatCompletionRequest) -> Generation:
         """Check a chat request and build its prompts (the model's chat template on both sides) and decoder."""
+        began_at = time.perf_counter()
         self._check_supported(request)
         if self.chat_template is None:
             raise bad_request("this model has no chat template: use /v1/completions", param="messages")
@@ -295,10 +300,11 @@ class EdgeServing:
         except ValueError as exc:
             raise bad_request(str(exc), param="messages") from None
         return self._generation("chatcmpl", request, options, prompts, "messages", request.reply_limit(),
-                                request.logprobs_count(), format_stops=self.chat_template.stops)
+                                request.logprobs_count(), began_at, format_stops=self.chat_template.stops)
 
     def prepare_completion(self, request: CompletionRequest) -> Generation:
         """Check a completion request and build its plain-text prompts and decoder."""
+        began_at = time.perf_counter()
         self._check_supported(request)
         options = request.coveil or CoveilOptions()
         text = request.prompt_text()
@@ -306,7 +312,7 @@ class EdgeServing:
             raise bad_request("the prompt is empty", param="prompt")
         prompts = plain_prompts(self.client.slm, text, options.private_context)
         return self._generation("cmpl", request, options, prompts, "prompt", request.reply_limit(),
-                                request.logprobs_count())
+                                request.logprobs_count(), began_at)
 
     def _check_supported(self, request: GenerationRequest) -> None:
         if request.model != self.settings.served_model_name:
@@ -319,7 +325,7 @@ class EdgeServing:
 
     def _generation(
         self, prefix: str, request: GenerationRequest, options: CoveilOptions, prompts: Prompts, prompt_param: str,
-        reply_limit: int | None, logprobs: int | None, format_stops: tuple[str, ...] = (),
+        reply_limit: int | None, logprobs: int | None, began_at: float, format_stops: tuple[str, ...] = (),
     ) -> Generation:
         """The decoder for ``prompts`` under the request's options and the server's defaults; the reply ends at
         the request's stop strings and at the prompt format's own (``format_stops``: the next question of a
@@ -376,7 +382,7 @@ class EdgeServing:
                 raise bad_request("a coveil.never_upload span has no token that could be masked (only "
                                   "punctuation)", param="coveil.never_upload") from None
             raise bad_request(str(exc), param="coveil") from None
-        return Generation(f"{prefix}-{secrets.token_hex(12)}", decoder, prompts, stops)
+        return Generation(f"{prefix}-{secrets.token_hex(12)}", decoder, prompts, stops, began_at)
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes ``token_id`` adds to a text (the SLM's ``token_pieces``, else its detokenised text)."""
@@ -453,7 +459,7 @@ class EdgeServing:
                                   queue_ms=queue_ms)
 
         try:
-            stream = self.client.run(generation.decoder)
+            stream = self.client.run(generation.decoder, began_at=generation.began_at)
             with stream:
                 for step in stream.steps():
                     logprobs = None if step.logprobs is None else self.token_logprob(step.logprobs)
