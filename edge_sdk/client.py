@@ -419,6 +419,7 @@ class EdgeClient:
         the cloud with each token it picks (the session asks for them).
         """
         began_at = time.perf_counter()  # before the private text is read: the prefill budget's grid starts here
+        piece, vocabulary = self._vocabulary.result()  # before the SLM is used here (the build reads it)
         settings = (settings or DecodeSettings()).overridden(**overrides)
         if isinstance(policy, str):
             policy = make_policy(policy, backend=self.slm)  # a policy that needs the model builds from it
@@ -430,7 +431,6 @@ class EdgeClient:
         else:
             prompts = plain_prompts(slm, public_query, private_context)
         private_context = prompts.private_text
-        piece, vocabulary = self._vocabulary.result()
         private_ids = content_token_ids(private_context, lambda t: slm.tokenize(t, add_bos=False), piece)
         masked = never_upload_ids(never_upload, private_context, lambda t: slm.tokenize(t, add_bos=False), piece,
                                   vocabulary)
