@@ -290,8 +290,9 @@ class StepBatcher(_ModelWorker):
     window is the larger of ``batch_window_ms`` and the recent time of one
     batched step (an exponential average): a session left out costs a step of
     its own, so waiting up to that long pays, and a host whose steps are slow
-    (whose sessions' threads also answer more slowly) waits longer.  A session whose edge is slow (or gone quiet) is not
-    waited for and catches the next batch; a single session never waits.
+    (whose sessions' threads also answer more slowly) waits longer.  A
+    session whose edge is slow (or gone quiet) is not waited for and catches
+    the next batch; a single session never waits.
     Gathering by membership instead of a window restarted at each arrival
     keeps sessions that fell into two groups from staying split.  Sessions
     join (:meth:`prefill`) and leave (:meth:`release`) between steps:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import ipaddress
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any

@@ -246,6 +246,11 @@ class CloudConnection:
                              f"its row and the upload certify {token} at step {step}")
         self.steps_acknowledged = step + 1
 
+    def _ended_early(self, finished: Finished) -> CloudError:
+        """The cloud ended the session before the message the edge awaited: keep its reason, the error to raise."""
+        self.finish_reason = finished.reason
+        return CloudError("ABORTED", f"the cloud finished the session early ({finished.reason})")
+
     def confirm_picks(self) -> None:
         """Read and check the cloud's picks of every step whose token was taken from a certificate (a generation
         that the edge's stopping rule ends there); drafted rows read meanwhile are dropped."""
@@ -255,8 +260,7 @@ class CloudConnection:
             if kind == "token":
                 self._check_pick(message.token)
             elif kind == "finished":
-                self.finish_reason = message.finished.reason
-                raise CloudError("ABORTED", f"the cloud finished the session early ({message.finished.reason})")
+                raise self._ended_early(message.finished)
             elif kind != "distribution":
                 raise CloudError("INTERNAL", f"protocol violation: expected token, the cloud sent {kind}")
 
@@ -279,8 +283,7 @@ class CloudConnection:
                 self._held.append(message)
                 continue
             if kind == "finished" and expected != "finished":
-                self.finish_reason = message.finished.reason
-                raise CloudError("ABORTED", f"the cloud finished the session early ({message.finished.reason})")
+                raise self._ended_early(message.finished)
             if kind != expected:
                 raise CloudError("INTERNAL", f"protocol violation: expected {expected}, the cloud sent {kind}")
             return getattr(message, kind)
@@ -357,8 +360,7 @@ class CloudConnection:
                 self._held.append(message)
                 continue
             if kind == "finished":
-                self.finish_reason = message.finished.reason
-                raise CloudError("ABORTED", f"the cloud finished the session early ({message.finished.reason})")
+                raise self._ended_early(message.finished)
             if kind != "distribution":
                 raise CloudError("INTERNAL", f"protocol violation: expected distribution, the cloud sent {kind}")
             return message.distribution
