@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cloud_adapter.backends import BACKENDS, BackendSettings, build_backend
 from cloud_adapter.limits import Limits
 from edge_sdk.cli_flags import add_dataclass_flags, add_dtype_flag, dataclass_from_args, positive_int
 from edge_sdk.decode_settings import DecodeSettings
@@ -146,7 +147,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="torch CPU threads (default: torch's choice, every core); when the edge model runs on "
                             "the same machine give each half its share")
     model.add_argument("--device-map", metavar="MAP",
-                       help="accelerate device map, e.g. 'auto' to shard a large model over the visible GPUs")
+                       help="accelerate device map, e.g. 'auto' to shard a large model over the visible GPUs "
+                            "(the transformers backend; the slots backend refuses weights offloaded to cpu or disk)")
+    engine = serve.add_argument_group("engine")
+    engine.add_argument("--backend", default="auto", choices=["auto", *BACKENDS.names()],
+                        help="how forwards run: 'slots' (preallocated per-session KV written in place, rows summarised "
+                             "on the GPU, admission by KV bytes) or 'transformers' (transformers' own caches, any "
+                             "architecture); auto = slots on CUDA where the model allows it, else transformers")
+    add_dataclass_flags(engine, BackendSettings, show_defaults=False)  # the formatter shows them
 
     network = serve.add_argument_group("network and security")
     network.add_argument("--host", default="127.0.0.1",
@@ -200,7 +208,10 @@ def run_serve(args: argparse.Namespace, source: ModelSource, tls: TlsConfig | No
     llm = TransformersLLM(source, dtype=dtype, device=args.device, device_map=args.device_map)
     log.info("loaded %s (vocabulary %d) in %.1f s", llm.name, llm.vocab_size, time.perf_counter() - start)
     limits = limits_from_args(args)
-    with StepBatcher(llm, batch_window_ms=args.batch_window_ms) as batcher:
+    model = build_backend(args.backend, llm, dataclass_from_args(BackendSettings, args))
+    log.info("backend %s%s", type(model).__name__,
+             f": {model.slots} KV slots of {model.max_len} tokens" if hasattr(model, "slots") else "")
+    with StepBatcher(model, batch_window_ms=args.batch_window_ms) as batcher:
         engine = CloudEngine(llm, limits, args.transcript_dir, args.exposure_k, runner=batcher)
         serve(engine, address=f"{args.host}:{args.port}", token=tokens, tls=tls,
               max_workers=limits.max_sessions + limits.max_unopened_streams + 8, grace_s=args.shutdown_grace)

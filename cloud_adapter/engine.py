@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from cloud_adapter.backends.rows import RowSpec
 from cloud_adapter.limits import Admission, Limits
 from cloud_adapter.llm import TransformersLLM
 from cloud_adapter.runners import DirectRunner, ModelRunner
@@ -116,9 +117,10 @@ class CloudEngine:
 
     def warm_up(self) -> None:
         """Run one prefill and one decode step so the first real session pays no start-up cost."""
-        seq, _ = self.runner.prefill(self.tokenize("Hello"))
+        seq, _ = self.runner.prefill(self.tokenize("Hello"), spec=RowSpec())
         try:
-            self.runner.forward(seq, int(np.argmax(seq.next_logits)))
+            top = seq.next_row.ids[0] if seq.next_row is not None else np.argmax(seq.next_logits)
+            self.runner.forward(seq, int(top))
         finally:
             self.runner.release(seq)
 

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from cloud_adapter.hf_loading import forward_with_cache, load_causal_lm
+from cloud_adapter.backends.rows import StepRow
 from edge_sdk.models import ModelSource, embedded_model, tokenizer_vocab_size, vocab_fingerprint
 
 
@@ -43,12 +44,16 @@ class CloudSequence:
 
     ``cache`` is a :class:`KVSlot` (its row in a shared batch cache) for sequences made by
     :class:`TransformersLLM`; treat it as opaque (``cache.to_dynamic_cache(model.config)`` gives a
-    standalone copy).  ``next_logits`` is a float32 row [V] over the tokenizer's vocabulary.
+    standalone copy).  ``next_logits`` is a float32 row [V] over the tokenizer's vocabulary, or ``None`` where
+    the backend never brings whole rows to the host (the slot engine).  ``next_row`` is that row as the backend
+    summarised it for the session (:class:`~cloud_adapter.backends.rows.StepRow`), or ``None`` when the session
+    reads ``next_logits`` itself; every forward replaces both.
     """
 
     ids: list[int]
     cache: Any
-    next_logits: np.ndarray
+    next_logits: np.ndarray | None
+    next_row: StepRow | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -338,6 +343,12 @@ class TransformersLLM:
         batch.bind([slot])
         return slot
 
+    #: rows are read by the session off ``next_logits`` (the slot engine summarises them itself)
+    summarizes_rows = False
+
+    def release(self, seq: CloudSequence) -> None:
+        """Nothing to give back: a sequence's rows in a batch cache go stale and are compacted away."""
+
     # -- prefill -----------------------------------------------------------------------------------
     @torch.inference_mode()
     def open(self, prompt_ids: Sequence[int]) -> CloudSequence:
@@ -495,7 +506,7 @@ class TransformersLLM:
         rows = self._logit_rows(logits)  # [B, V]
         for seq, slot, t in zip(seqs, slots, tokens):
             seq.ids.append(t)
-            seq.next_logits = rows[slot.row]
+            seq.next_logits, seq.next_row = rows[slot.row], None
 
     @torch.inference_mode()
     def truncate(self, seq: CloudSequence, length: int) -> None:
@@ -517,7 +528,7 @@ class TransformersLLM:
         kept = self._kept_layers(slot, drop) if self._check_batchable(source.cache) else None
         if kept is None:  # the window moved past what is held: recompute the kept prefix
             fresh = self.open(seq.ids[:length])
-            seq.cache, seq.next_logits = fresh.cache, fresh.next_logits
+            seq.cache, seq.next_logits, seq.next_row = fresh.cache, fresh.next_logits, None
         else:
             cache = self._new_cache()
             for layer, (keys, values) in zip(cache.layers, kept):
@@ -554,7 +565,7 @@ class TransformersLLM:
             )
             kv.advance(1)
             seq.ids.append(t)
-            seq.next_logits = self._logit_rows(logits)[0]
+            seq.next_logits, seq.next_row = self._logit_rows(logits)[0], None
 
 
 class TransformersSLM:

@@ -19,14 +19,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol, Self
 
+from cloud_adapter.backends.rows import RowSpec
 from cloud_adapter.llm import CloudSequence, TransformersLLM
 
 
 class ModelRunner(Protocol):
     """Where the engine's forward passes run.  Every method blocks until its work is done."""
 
-    def prefill(self, prompt_ids: Sequence[int]) -> tuple[CloudSequence, int]:
-        """Open a sequence on ``prompt_ids``; returns it and the forward time in ns."""
+    def prefill(self, prompt_ids: Sequence[int], *, spec: RowSpec | None = None) -> tuple[CloudSequence, int]:
+        """Open a sequence on ``prompt_ids``; returns it and the forward time in ns.
+
+        ``spec``: what its session reads of each row.  A runner that summarises rows where the model runs (the
+        slot engine) sets ``seq.next_row`` by it after every forward; the others leave ``next_row`` ``None`` and
+        the session reads ``seq.next_logits`` itself.
+        """
         ...
 
     def forward(self, seq: CloudSequence, token_id: int, *, truncate_to: int | None = None) -> int:
@@ -49,7 +55,7 @@ class DirectRunner:
         self._llm = llm
         self._lock = threading.Lock()
 
-    def prefill(self, prompt_ids: Sequence[int]) -> tuple[CloudSequence, int]:
+    def prefill(self, prompt_ids: Sequence[int], *, spec: RowSpec | None = None) -> tuple[CloudSequence, int]:
         with self._lock:
             start = time.perf_counter_ns()
             seq = self._llm.open(prompt_ids)
@@ -78,6 +84,7 @@ class _StepRequest:
 @dataclass(eq=False)
 class _PrefillRequest:
     prompt_ids: list[int]
+    spec: RowSpec | None = None  # what the session reads of each row (for a model that summarises its rows)
     result: Future[tuple[CloudSequence, int]] = field(default_factory=Future)
 
 
@@ -178,10 +185,13 @@ class _ModelQueue:
         one bad prompt fails only its session."""
         start = time.perf_counter_ns()
         try:
-            if self.per_sequence:
-                seqs = [self.llm.open(request.prompt_ids) for request in requests]
+            prompts = [request.prompt_ids for request in requests]
+            if getattr(self.llm, "summarizes_rows", False):  # a model that reads its rows itself (the slot engine)
+                seqs = self.llm.open_many(prompts, [request.spec for request in requests])
+            elif self.per_sequence:
+                seqs = [self.llm.open(prompt) for prompt in prompts]
             else:
-                seqs = self.llm.open_many([request.prompt_ids for request in requests])
+                seqs = self.llm.open_many(prompts)
         except BaseException as exc:
             if not isinstance(exc, Exception):
                 for request in requests:
@@ -298,7 +308,9 @@ class StepBatcher(_ModelWorker):
     join (:meth:`prefill`) and leave (:meth:`release`) between steps:
     continuous batching.  Prefills run on the same thread, between step
     batches, so no two forwards ever overlap; the prefills that queued up
-    meanwhile run as one padded ``llm.open_many``.
+    meanwhile run as one padded ``llm.open_many``, right after the next step
+    batch: under continuous decoding a new session waits at most one step
+    (not until no step waits, which under run-ahead may be never).
 
     Attributes:
         batch_sizes: how many step batches of each size ran.
@@ -339,8 +351,8 @@ class StepBatcher(_ModelWorker):
         return max(self._least_window_s, self._step_s)
 
     # -- called by sessions --------------------------------------------------------------------
-    def prefill(self, prompt_ids: Sequence[int]) -> tuple[CloudSequence, int]:
-        request = _PrefillRequest([int(i) for i in prompt_ids])
+    def prefill(self, prompt_ids: Sequence[int], *, spec: RowSpec | None = None) -> tuple[CloudSequence, int]:
+        request = _PrefillRequest([int(i) for i in prompt_ids], spec)
         self._submit(self._queue, request)
         return request.result.result()
 
@@ -362,21 +374,26 @@ class StepBatcher(_ModelWorker):
             self._delivered_at.pop(id(seq), None)
             self._return_gap.pop(id(seq), None)
             self._cond.notify_all()  # a batch waiting for this sequence can go now
+        release = getattr(self._queue.llm, "release", None)
+        if release is not None:  # a slot to give back (the slot engine); no forward of it is queued or running
+            release(seq)
 
     # -- the worker thread ---------------------------------------------------------------------
     def _serve_requests(self) -> None:
         queue = self._queue
+        prefill_turn = False  # after a step batch, prefills waiting go first: a session opens within one step
         while True:
             with self._cond:
                 while not (queue or self._closed):
                     self._cond.wait()
-                if queue.steps:
+                if queue.prefills and (prefill_turn or not queue.steps):
+                    steps, prefills = [], queue.take_prefills()
+                elif queue.steps:
                     self._wait_for_batch()
                     steps, prefills = queue.take_steps(), []
-                elif queue.prefills:
-                    steps, prefills = [], queue.take_prefills()
                 else:
                     return  # closed and drained
+            prefill_turn = bool(steps)
             if steps:
                 started = time.monotonic()
                 queue.run_steps(steps, self._delivered)
@@ -430,7 +447,7 @@ class ModelLane:
         self._batcher, self._queue = batcher, queue
         self.stats = queue.stats
 
-    def prefill(self, prompt_ids: Sequence[int]) -> tuple[CloudSequence, int]:
+    def prefill(self, prompt_ids: Sequence[int], *, spec: RowSpec | None = None) -> tuple[CloudSequence, int]:
         request = _PrefillRequest([int(i) for i in prompt_ids])
         self._batcher._submit(self._queue, request)  # noqa: SLF001 - the batcher's own queue entry point
         return request.result.result()

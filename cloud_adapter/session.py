@@ -35,12 +35,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from cloud_adapter.backends.rows import RowSpec, StepRow, summarize_row
 from cloud_adapter.llm import CloudSequence
 from cloud_adapter.transcript import SessionTranscript, StepRecord
 from cloud_adapter.validation import check_open_message, parse_upload, validate_request
 from edge_sdk import wire
 from edge_sdk.decode_settings import DecodeSettings
-from edge_sdk.fusion import NonFiniteError, check_finite, pick_token, softmax
+from edge_sdk.fusion import pick_token, softmax
 from edge_sdk.grammar import GrammarError, JsonConstraint, mask_row
 from edge_sdk.logprobs import TokenLogprobs, token_logprobs
 from edge_sdk.policies.base import CloudUpload, SyncedToken
@@ -61,9 +62,8 @@ class _Row:
     """One step's row as the cloud sent it, kept until the step is confirmed (drafted rows included)."""
 
     record: StepRecord  # what the cloud observes at this step
-    logits: np.ndarray  # the model's raw row (kept for a resumed stream's full-row request)
-    values: np.ndarray  # what the cloud sends and fuses: p_llm, or raw z_llm in logit space
-    ranking: wire.CloudDistribution  # the row E_t^K is read off (the sent ids when enough, else dense)
+    row: StepRow  # the model's row as the backend read it: top ids and values (p_llm, or raw z_llm in logit space)
+    ranking: wire.CloudDistribution  # the row E_t^K is read off (its top ids when enough, else dense)
     sent_at: float  # monotonic clock when the row's message was built
     drafted: bool  # computed on a draft token (not on the confirmed prefix alone)
 
@@ -88,6 +88,7 @@ class SessionHandler:
         self._request: wire.SessionRequest | None = None
         self._transcript: SessionTranscript | None = None
         self._seq: CloudSequence | None = None
+        self._spec = RowSpec()  # what the session reads of each row (set when it opens)
         self._eos: frozenset[int] = frozenset()
         self._max_new_tokens = 0
         self._rng: np.random.Generator | None = None
@@ -187,11 +188,14 @@ class SessionHandler:
         self._constraint = constraint
         self._lookahead = self._agreed_lookahead(request)
         self._step = len(request.resume_prefix)
-        self._seq, forward_ns = engine.runner.prefill(list(request.prompt_ids) + list(request.resume_prefix))
+        dense = request.top_m >= llm.vocab_size
+        self._spec = RowSpec(space=request.space, top_n=max(request.top_m, engine.exposure_k), dense=dense)
+        self._seq, forward_ns = engine.runner.prefill(list(request.prompt_ids) + list(request.resume_prefix),
+                                                      spec=self._spec)
         if request.resume_prefix:  # a step whose full row was sent before the stream broke: that row again
             kept = engine.resumable_rows.take(self._row_key())
             if kept is not None:
-                self._seq.next_logits = kept
+                self._seq.next_row = summarize_row(kept, self._spec)
 
         info = wire.SessionInfo(
             session_id=session_id,
@@ -253,7 +257,7 @@ class SessionHandler:
             raise CloudError("INVALID_ARGUMENT", f"the full distribution of step {step} was already sent")
         record.full_requested = True
         record.bytes_up += size
-        full = wire.CloudDistribution(step=step, dense=row.values)
+        full = wire.CloudDistribution(step=step, dense=row.row.full_values())
         yield self._count_down(wire.encode_distribution(full), record)
 
     def _apply_signal(self, signal: Any, size: int) -> Iterator[Any]:
@@ -270,7 +274,7 @@ class SessionHandler:
                 )
             observation = upload = parse_upload(signal.upload, vocab_size=self.engine.llm.vocab_size,
                                                 max_upload=self.engine.max_upload, space=request.space)
-            token, logprobs = self._choose(upload, row.values, no_stop=signal.no_stop)
+            token, logprobs = self._choose(upload, row.row.full_values(), no_stop=signal.no_stop)
             record.upload_size = len(upload)
             record.upload = upload.largest(self.engine.transcript_upload_limit)
         else:
@@ -348,8 +352,8 @@ class SessionHandler:
         request = self._request
         assert request is not None
         if request.mode == "cloud":
-            return self._pick(CloudUpload.empty(request.space), row.values)
-        return int(np.argmax(row.values))
+            return self._pick(CloudUpload.empty(request.space), row.row.full_values())
+        return int(row.row.ids[0])
 
     def can_draft(self) -> bool:
         """Whether :meth:`draft` has work: decoding, below the depth, before the token limit, and the last
@@ -420,30 +424,31 @@ class SessionHandler:
         distribution message; ``assumes``: the token before it the message names (run-ahead sessions).
 
         The row is ``p_llm`` in probability space and the raw logits ``z_llm``
-        in logit space (both rank tokens alike).  Sparse (the top ``top_m``
-        entries and the tail certificate) unless the edge asked for ``top_m`` =
-        vocabulary size: then dense.
+        in logit space (both rank tokens alike), as the backend read it
+        (:class:`~cloud_adapter.backends.rows.StepRow`).  Sparse (the top
+        ``top_m`` entries and the tail certificate) unless the edge asked for
+        ``top_m`` = vocabulary size: then dense.
         """
         request, seq = self._request, self._seq
         assert request is not None and seq is not None
         step = self._step + len(self._drafts)
-        try:
-            logits = check_finite(seq.next_logits, f"the cloud model's logits at step {step}")
-        except NonFiniteError as exc:
-            raise CloudError("INTERNAL", str(exc)) from None
-        p_llm = softmax(logits)
-        values = np.asarray(logits, dtype=np.float32) if request.space == "logit" else p_llm
+        row = seq.next_row if seq.next_row is not None else summarize_row(seq.next_logits, self._spec)
+        if not row.finite:
+            raise CloudError("INTERNAL", f"the cloud model's logits at step {step} hold non-finite values; "
+                                         "refusing to rank or send them")
         record = StepRecord(step)
-        if request.top_m >= p_llm.size:  # every entry: dense, half the bytes of listing each id
-            ranking = sent = wire.CloudDistribution(step=step, dense=values, forward_ns=forward_ns)
+        vocab_size = self.engine.llm.vocab_size
+        if self._spec.dense:  # every entry: dense, half the bytes of listing each id
+            ranking = sent = wire.CloudDistribution(step=step, dense=row.full_values(), forward_ns=forward_ns)
         else:
-            sent = wire.CloudDistribution.sparse_from(  # the certificate's tail mass stays a probability
-                step, values, request.top_m, forward_ns, probabilities=p_llm if request.space == "logit" else None,
-            )
-            # E_t^K is read off the sent ids when they are enough, else off the whole row
-            enough = len(sent.ids) >= self.engine.exposure_k
-            ranking = sent if enough else wire.CloudDistribution(step=step, dense=values)
-        self._rows.append(_Row(record, seq.next_logits, values, ranking, time.monotonic(), drafted))
+            m = request.top_m
+            sent = wire.CloudDistribution.from_top(step, row.ids[:m], row.values[:m], row.probs[:m], vocab_size,
+                                                   forward_ns)
+            # E_t^K is read off the row's top ids when they are enough, else off the whole row
+            enough = len(row.ids) >= self.engine.exposure_k
+            ranking = (wire.CloudDistribution(step=step, ids=row.ids, values=row.values) if enough else
+                       wire.CloudDistribution(step=step, dense=row.full_values()))
+        self._rows.append(_Row(record, row, ranking, time.monotonic(), drafted))
         if assumes is not None:
             sent = replace(sent, assumes_token=assumes)
         return self._count_down(wire.encode_distribution(sent), record)
@@ -468,7 +473,7 @@ class SessionHandler:
             return
         pending = self._rows[0] if self._rows else None  # the awaited step's row
         if pending is not None and pending.record.full_requested and self._seq is not None and reason != "closed":
-            self.engine.resumable_rows.keep(self._row_key(), pending.logits)
+            self.engine.resumable_rows.keep(self._row_key(), pending.row.logits())
         if self._seq is not None:
             self.engine.runner.release(self._seq)
             self._seq = None  # the KV cache goes with its last reference

@@ -148,12 +148,26 @@ class CloudDistribution:
         ``probabilities`` (the row's softmax) when ``values`` are logits.
         """
         ids = top_k_ids(values, top_m)
-        sent = values[ids].astype(np.float32)
-        omitted = values.shape[0] - len(ids)
+        return cls.from_top(step, ids, values[ids], (values if probabilities is None else probabilities)[ids],
+                            values.shape[0], forward_ns)
+
+    @classmethod
+    def from_top(
+        cls, step: int, ids: np.ndarray, values: np.ndarray, probs: np.ndarray, vocab_size: int, forward_ns: int = 0
+    ) -> CloudDistribution:
+        """A sparse row from its top ``ids`` (decreasing ``values``, ties to the lower id), with its certificate.
+
+        ``probs`` are the row's probabilities at ``ids`` (``values`` themselves in probability space).
+        ``tail_bound`` is the smallest value sent (every omitted one is at most that) and
+        ``tail_mass = max(0, 1 - sum probs)`` the probability the omitted ids hold (in float64); both 0 when
+        nothing is omitted.
+        """
+        sent = np.asarray(values, dtype=np.float32)
+        omitted = vocab_size - len(ids)
         tail_bound = float(sent[-1]) if omitted and len(sent) else 0.0
-        sent_mass = (sent if probabilities is None else probabilities[ids]).sum(dtype=np.float64)
+        sent_mass = np.asarray(probs, dtype=np.float32).sum(dtype=np.float64)
         tail_mass = max(0.0, 1.0 - float(sent_mass)) if omitted else 0.0
-        return cls(step, ids, sent, tail_bound, tail_mass, None, forward_ns)
+        return cls(step, np.asarray(ids, dtype=np.int64), sent, tail_bound, tail_mass, None, forward_ns)
 
     def lower_dense(self, vocab_size: int, out: np.ndarray | None = None, fill: float = 0.0) -> np.ndarray:
         """A dense array exact where known and ``fill`` where omitted.

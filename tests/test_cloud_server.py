@@ -8,6 +8,7 @@ the same greedy tokens.
 
 from __future__ import annotations
 
+import copy
 import json
 import queue
 import threading
@@ -22,6 +23,7 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from cloud_adapter.backends.slots import SlotLLM
 from cloud_adapter.engine import CloudEngine
 from cloud_adapter.limits import Limits
 from cloud_adapter.runners import StepBatcher
@@ -67,14 +69,21 @@ class Cloud:
     prompt_logits: np.ndarray  # the model's raw next-token logits after PROMPT
 
 
-@pytest.fixture(scope="module")
-def cloud(tmp_path_factory: pytest.TempPathFactory, gemma_llm: TransformersLLM) -> Iterator[Cloud]:
+@pytest.fixture(scope="module", params=["transformers", "slots"])
+def cloud(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+          gemma_llm: TransformersLLM) -> Iterator[Cloud]:
+    """The adapter over each backend: the edge must not tell them apart (same tests, same greedy tokens as the
+    transformers model decoding alone)."""
     llm = gemma_llm
     # computed before the server exists: nothing else touches the model meanwhile
     reference = {text: greedy_reference(llm, llm.tokenize(text), NEW_TOKENS) for text in (PROMPT, OTHER_PROMPT)}
     prompt_logits = llm.open(llm.tokenize(PROMPT)).next_logits.copy()
     transcript_dir = tmp_path_factory.mktemp("transcripts")
-    batcher = StepBatcher(llm)
+    if request.param == "slots":  # the slot engine takes over its model: a copy of the weights
+        llm = TransformersLLM.from_loaded(copy.deepcopy(gemma_llm.model), gemma_llm.tokenizer, gemma_llm.name)
+        batcher = StepBatcher(SlotLLM(llm, max_slots=8, max_len=256))  # type: ignore[arg-type]
+    else:
+        batcher = StepBatcher(llm)
     engine = CloudEngine(llm, Limits(max_sessions_per_client=2, max_new_tokens=64), transcript_dir, EXPOSURE_K,
                          runner=batcher)
     with batcher, serving(engine, token=TOKEN, max_workers=8) as adapter, \

@@ -17,8 +17,8 @@ class PrefillRoundsDifferently:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
 
-    def prefill(self, prompt_ids):
-        seq, ns = self.inner.prefill(prompt_ids)
+    def prefill(self, prompt_ids, *, spec=None):
+        seq, ns = self.inner.prefill(prompt_ids, spec=spec)
         seq.next_logits = np.nextafter(seq.next_logits, np.float32(np.inf)).astype(np.float32)
         return seq, ns
 
