@@ -1,0 +1,221 @@
+"""The adapter's own host work per session-step, over a model that costs nothing.
+
+The model is a null backend: its forwards return at once, with rows of a 152,064-id vocabulary (Qwen2.5's)
+computed once before the run, so what the server's process spends is the engine's and the server's host work
+alone: the batching worker, each session's row-to-message step, protobuf and gRPC.  The load (32 edge-side
+sessions, ``cloud_adapter.loadgen``: each answers every row at once with its best id) runs in another process,
+as remote edges do, so none of its Python shares the server's interpreter lock.
+
+Two paths over the same null rows:
+
+* ``rows``: the backend hands sessions row summaries (``StepRow``: the top ids and values, as the slot engine
+  computes them on a GPU); a session step touches ``top_m + K`` numbers.
+* ``whole``: the backend hands whole float32 rows (``next_logits``, as the transformers backend does), and each
+  session step computes the row's softmax and top ids over the 152,064 values in numpy (the path before the
+  slot engine).
+
+Each runs in lockstep and with run-ahead (``--lookahead``).  Measured per configuration:
+
+* ``host_us_per_session_step`` = the server process's CPU seconds (user + system) over the run / the session-steps
+  served, in microseconds;
+* ``mean_batch`` = session-steps per batched forward;
+* during the run-ahead load (sessions drafting without a pause), ``--probes`` new sessions open one after another
+  straight through the runner; ``prefill_wait_steps`` = the step batches that ran between a probe's prefill request
+  and its prefill.
+
+Usage: python benchmarks/adapter_overhead.py [--sessions 32] [--tokens 128] [--lookahead 8] [--probes 40]
+Last lines: host_us_per_session_step= (the rows path with run-ahead; target <= 100), mean_batch_32= (>= 30),
+prefill_wait_steps_p99= (<= 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import resource
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from cloud_adapter.backends.rows import RowSpec, StepRow, summarize_row
+from cloud_adapter.engine import CloudEngine
+from cloud_adapter.inprocess import serving
+from cloud_adapter.limits import Limits
+from cloud_adapter.llm import CloudSequence
+from cloud_adapter.runners import StepBatcher
+from edge_sdk.models import vocab_fingerprint
+
+#: Qwen2.5's output rows
+VOCAB = 152_064
+#: the id the null model ends generations with (never the top id of its rows)
+EOS = 0
+
+
+class NullModel:
+    """A model whose forwards cost nothing: every row is one of a few precomputed ones.
+
+    It stands in for both the :class:`~cloud_adapter.llm.TransformersLLM` the engine reads the vocabulary off
+    and the model :class:`~cloud_adapter.runners.StepBatcher` runs.  With ``summarizes_rows`` its sequences carry
+    :class:`StepRow` s (the slot engine's contract); without, whole ``next_logits`` rows (the transformers one's).
+    """
+
+    name = "null-152k"
+    vocab_size = VOCAB
+    eos_token_ids = frozenset({EOS})
+    device = None
+
+    def __init__(self, *, summarizes_rows: bool, rows: int = 4, seed: int = 0) -> None:
+        self.summarizes_rows = summarizes_rows
+        rng = np.random.default_rng(seed)
+        self._logits = [rng.normal(scale=3.0, size=VOCAB).astype(np.float32) for _ in range(rows)]
+        for logits in self._logits:
+            logits[EOS] = logits.min()
+        self._summaries: dict[RowSpec, list[StepRow]] = {}
+        self._turn = 0
+        self.steps = 0  # step batches run
+        self._fingerprint = vocab_fingerprint([f"<t{i}>" for i in range(VOCAB)])
+
+    # -- what the engine reads -------------------------------------------------------------------------
+    def vocab_fingerprint(self) -> bytes:
+        return self._fingerprint
+
+    def tokenize(self, text: str) -> list[int]:
+        return [1 + ord(c) % (VOCAB - 1) for c in text]
+
+    # -- what the batcher runs -------------------------------------------------------------------------
+    def _next(self, seq: CloudSequence, spec: RowSpec | None) -> None:
+        self._turn = (self._turn + 1) % len(self._logits)
+        if self.summarizes_rows and spec is not None:
+            if spec not in self._summaries:
+                self._summaries[spec] = [summarize_row(logits, spec) for logits in self._logits]
+            seq.next_row, seq.next_logits = self._summaries[spec][self._turn], None
+        else:
+            seq.next_row, seq.next_logits = None, self._logits[self._turn]
+
+    def open_many(self, prompts: Sequence[Sequence[int]], specs: Sequence[RowSpec | None] | None = None,
+                  ) -> list[CloudSequence]:
+        specs = specs if specs is not None else [None] * len(prompts)
+        seqs = []
+        for prompt, spec in zip(prompts, specs, strict=True):
+            seq = CloudSequence(list(prompt), spec, None)
+            self._next(seq, spec)
+            seqs.append(seq)
+        self.opened_at_step = self.steps
+        return seqs
+
+    def step(self, batch: Sequence[tuple[CloudSequence, int]]) -> None:
+        self.steps += 1
+        for seq, token in batch:
+            seq.ids.append(int(token))
+            self._next(seq, seq.cache)
+
+    def truncate(self, seq: CloudSequence, length: int) -> None:
+        del seq.ids[length:]
+
+    def release(self, seq: CloudSequence) -> None:
+        """Nothing held."""
+
+
+def _load_process(address: str, prompts: list[list[int]], fingerprint: bytes, tokens: int, lookahead: int,
+                  out: Any) -> None:
+    import grpc
+
+    from cloud_adapter.loadgen import run_load
+
+    with grpc.insecure_channel(address) as channel:
+        report = run_load(channel, prompts, fingerprint=fingerprint, vocab_size=VOCAB, tokens=tokens, top_m=16,
+                          lookahead=lookahead)
+    out.send((report.errors, len(report.step_seconds), report.wall_seconds))
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def measure(summarizes_rows: bool, lookahead: int, args: argparse.Namespace) -> dict[str, float]:
+    """One load of ``args.sessions`` sessions; probes prefills meanwhile when ``lookahead`` > 0."""
+    model = NullModel(summarizes_rows=summarizes_rows)
+    limits = Limits(max_sessions=args.sessions + 8, max_sessions_per_client=args.sessions + 8,
+                    max_unopened_streams=args.sessions + 8, max_new_tokens=args.tokens)
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(1, VOCAB, size=48 + i % 32).tolist() for i in range(args.sessions)]
+    waits: list[int] = []
+    with StepBatcher(model, batch_window_ms=args.batch_window_ms) as batcher:  # type: ignore[arg-type]
+        engine = CloudEngine(model, limits, runner=batcher)  # type: ignore[arg-type]
+        with serving(engine, max_workers=args.sessions + 16) as adapter:
+            receive, send = multiprocessing.get_context("spawn").Pipe(duplex=False)
+            load = multiprocessing.get_context("spawn").Process(
+                target=_load_process, args=(adapter.address, prompts, model.vocab_fingerprint(), args.tokens,
+                                            lookahead, send))
+            batcher.batch_sizes.clear()
+            cpu_before = _cpu_seconds()
+            load.start()
+            stop = threading.Event()
+
+            def probe() -> None:
+                time.sleep(0.5)  # the load's sessions are decoding
+                for _ in range(args.probes):
+                    if stop.is_set():
+                        return
+                    asked = model.steps
+                    seq, _ = batcher.prefill([5, 6, 7], spec=RowSpec(top_n=16))
+                    waits.append(model.opened_at_step - asked)
+                    batcher.release(seq)
+                    time.sleep(0.02)
+
+            prober = threading.Thread(target=probe) if lookahead and args.probes else None
+            if prober is not None:
+                prober.start()
+            errors, session_steps, wall = receive.recv()
+            cpu = _cpu_seconds() - cpu_before
+            stop.set()
+            load.join()
+            if prober is not None:
+                prober.join()
+    if errors:
+        raise RuntimeError(f"{len(errors)} sessions failed: {errors[0]}")
+    counts = batcher.batch_sizes
+    batches = sum(counts.values())
+    served = sum(size * n for size, n in counts.items())
+    return {
+        "host_us": 1e6 * cpu / max(session_steps, 1),
+        "mean_batch": served / max(batches, 1),
+        "tok_s": session_steps / wall,
+        "wait_p99": float(np.percentile(waits, 99)) if waits else float("nan"),
+        "wait_max": float(max(waits)) if waits else float("nan"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sessions", type=int, default=32, help="concurrent edge-side sessions")
+    parser.add_argument("--tokens", type=int, default=128, help="tokens each session decodes")
+    parser.add_argument("--lookahead", type=int, default=8, help="run-ahead depth of the run-ahead configuration")
+    parser.add_argument("--probes", type=int, default=40, help="prefills probed during each run-ahead load")
+    parser.add_argument("--batch-window-ms", type=float, default=10.0, help="the server's batching window")
+    args = parser.parse_args()
+
+    figures: dict[tuple[str, int], dict[str, float]] = {}
+    print(f"{args.sessions} edge-side sessions x {args.tokens} tokens, rows of {VOCAB:,} ids, load in another process")
+    print(f"{'path':>6}{'lookahead':>10}{'host us/step':>14}{'mean batch':>12}{'tok/s':>10}{'prefill wait p99':>18}")
+    for path, summarizes in (("rows", True), ("whole", False)):
+        for lookahead in (0, args.lookahead):
+            got = measure(summarizes, lookahead, args)
+            figures[(path, lookahead)] = got
+            print(f"{path:>6}{lookahead:>10}{got['host_us']:>14.1f}{got['mean_batch']:>12.2f}{got['tok_s']:>10.0f}"
+                  f"{got['wait_p99']:>18.1f}", flush=True)
+    rows_ahead, whole_ahead = figures[("rows", args.lookahead)], figures[("whole", args.lookahead)]
+    print(f"rows_lockstep_host_us_per_session_step={figures[('rows', 0)]['host_us']:.1f}")
+    print(f"whole_rows_host_us_per_session_step={whole_ahead['host_us']:.1f}")
+    print(f"whole_vs_rows_host_work={whole_ahead['host_us'] / rows_ahead['host_us']:.2f}")
+    print(f"host_us_per_session_step={rows_ahead['host_us']:.1f}")
+    print(f"mean_batch_{args.sessions}={rows_ahead['mean_batch']:.2f}")
+    print(f"prefill_wait_steps_p99={rows_ahead['wait_p99']:.1f}")
+
+
+if __name__ == "__main__":
+    main()
