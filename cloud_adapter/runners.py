@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter, deque
@@ -21,6 +22,8 @@ from typing import Protocol, Self
 
 from cloud_adapter.backends.rows import RowSpec
 from cloud_adapter.llm import CloudSequence, TransformersLLM
+
+log = logging.getLogger("coveil.cloud")
 
 
 class ModelRunner(Protocol):
@@ -71,6 +74,12 @@ class DirectRunner:
 
     def release(self, seq: CloudSequence) -> None:
         """Nothing to do: the sequence's cache is freed with its last reference."""
+
+
+class ModelFailure(BaseException):
+    """The model can serve nothing more (a lost CUDA context, say): raised by a model's forward, it is delivered
+    to the batch's sessions and stops the worker, whose ``on_death`` callbacks run (the server then reports
+    NOT_SERVING).  A ``BaseException``, so no handler meant for one session's errors swallows it."""
 
 
 @dataclass(eq=False)
@@ -272,6 +281,8 @@ class _ModelWorker:
     def _work(self) -> None:
         try:
             self._serve_requests()
+        except ModelFailure as exc:
+            log.error("the model worker stopped: %s", exc)
         finally:  # whatever ended the worker, nobody waits forever on it
             with self._cond:
                 self._dead = True  # from here on every request fails at once

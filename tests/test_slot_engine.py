@@ -271,3 +271,52 @@ def test_a_row_with_a_non_finite_logit_is_flagged() -> None:
     assert not summarize_row(logits, RowSpec()).finite
     assert not _summarize_on_device(torch.from_numpy(logits[None]), [RowSpec()])[0].finite
     assert isinstance(summarize_row(np.ones(8, np.float32), RowSpec()), StepRow)
+
+
+def test_an_out_of_memory_prefill_fails_that_session_only() -> None:
+    """The device runs out of memory while one prompt prefills: that session gets RESOURCE_EXHAUSTED, its slot is
+    free again, and a session already decoding goes on with the rows it would have had."""
+    reference, served = _tiny("qwen2")
+    slots = SlotLLM(served, max_slots=3, max_len=32)
+    running, alone = slots.open([5, 6, 7], RowSpec(top_n=4)), reference.open([5, 6, 7])
+    forward = slots._forward
+
+    def short_of_memory(batch_slots: Any, tokens: list[list[int]]) -> Any:
+        if len(tokens[0]) > 4:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return forward(batch_slots, tokens)
+
+    slots._forward = short_of_memory  # type: ignore[method-assign]
+    with pytest.raises(CloudError) as refused:
+        slots.open(list(range(1, 10)), RowSpec(top_n=4))
+    assert refused.value.code == "RESOURCE_EXHAUSTED" and "9 tokens" in str(refused.value)
+    assert slots.free_slots == 2
+    slots.step([(running, 9)])
+    reference.step([(alone, 9)])
+    _close(alone.next_logits, _logits(slots, running))
+
+
+def test_a_sticky_device_error_stops_the_worker_so_health_reports_not_serving() -> None:
+    """An error that leaves the CUDA context unusable ends the batcher's worker (its on_death callbacks run: the
+    server reports NOT_SERVING) instead of failing each later session in turn; an ordinary error does not."""
+    _, served = _tiny("qwen2")
+    slots = SlotLLM(served, max_slots=2, max_len=32)
+    died = threading.Event()
+    failure = [RuntimeError("shape mismatch in a custom kernel")]
+
+    def broken(batch_slots: Any, tokens: list[list[int]]) -> Any:
+        raise failure[0]
+
+    with StepBatcher(slots) as batcher:  # type: ignore[arg-type]
+        batcher.on_death.append(died.set)
+        seq, _ = batcher.prefill([5, 6], spec=RowSpec(top_n=2))
+        slots._forward = broken  # type: ignore[method-assign]
+        with pytest.raises(RuntimeError, match="shape mismatch"):
+            batcher.forward(seq, 3)
+        assert not died.is_set()
+        failure[0] = RuntimeError("CUDA error: an illegal memory access was encountered")
+        with pytest.raises(RuntimeError, match="illegal memory access"):
+            batcher.forward(seq, 3)
+        assert died.wait(5)
+        with pytest.raises(RuntimeError, match="died"):
+            batcher.prefill([1], spec=RowSpec())

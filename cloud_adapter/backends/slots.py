@@ -43,6 +43,7 @@ import torch
 
 from cloud_adapter.backends.rows import RowSpec, summarize_rows
 from cloud_adapter.llm import CloudSequence, TransformersLLM
+from cloud_adapter.runners import ModelFailure
 from edge_sdk.status import CloudError
 
 #: the attention implementation name the slot engine registers with transformers
@@ -90,8 +91,9 @@ class _StepView:
     """What one forward's attention calls read (set around the forward by :meth:`SlotLLM._forward`).
 
     ``slots``: the batch's slot ids [B] (``None`` with ``lo``/``hi``: the contiguous range ``lo:hi``);
-    ``starts`` [B]: each row's position of its first query token; ``writes`` [B] bool: rows whose K/V are
-    stored (rows riding along in a range are not); ``kv_len``: the positions attended over.
+    ``starts`` [B]: each row's position of its first query token; ``written``: the rows whose K/V are stored
+    (``None``: every row; rows riding along in a range are not); ``kv_len``: the positions attended over.
+    Everything is decided on the host before the forward, so no layer waits for the device.
     """
 
     keys: list[torch.Tensor]
@@ -100,9 +102,14 @@ class _StepView:
     hi: int
     slots: torch.Tensor | None
     starts: torch.Tensor
-    writes: torch.Tensor
-    q_len: int
+    written: torch.Tensor | None
     kv_len: int
+
+
+def is_sticky_device_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a CUDA error that leaves the context unusable (not an out-of-memory error)."""
+    text = str(exc)
+    return "CUDA error" in text or "CUBLAS_STATUS" in text or "device-side assert" in text
 
 
 _CURRENT: contextvars.ContextVar[_StepView | None] = contextvars.ContextVar("coveil_slot_step", default=None)
@@ -137,10 +144,10 @@ def slot_attention(
     cache_k, cache_v = view.keys[layer], view.values[layer]
     q_len = query.shape[2]
     positions = view.starts[:, None] + torch.arange(q_len, device=query.device)  # [B, q]
-    written = view.writes.nonzero().squeeze(1) if not bool(view.writes.all()) else None
     rows = view.slots if view.slots is not None else torch.arange(view.lo, view.hi, device=query.device)
     new_k, new_v, write_rows, write_pos = key, value, rows, positions
-    if written is not None:
+    if view.written is not None:
+        written = view.written
         new_k, new_v, write_rows, write_pos = key[written], value[written], rows[written], positions[written]
     # cache[slot, :, pos] = new[b, :, i] for every written row b and query i
     slot_index = write_rows[:, None].expand_as(write_pos)
@@ -309,8 +316,14 @@ class SlotLLM:
             logits = None
             for start in range(0, len(ids), self.prefill_chunk):
                 chunk = ids[start : start + self.prefill_chunk]
-                logits = self._forward([slot], torch.tensor([chunk], device=self.device))
+                logits = self._guarded_forward([slot], [chunk])
                 slot.length = start + len(chunk)
+        except torch.OutOfMemoryError:
+            self._give_back(slot.index)
+            raise CloudError(
+                "RESOURCE_EXHAUSTED", f"the device ran out of memory prefilling {len(ids)} tokens "
+                f"({self.prefill_chunk} a forward): retry, or lower --prefill-chunk"
+            ) from None
         except BaseException:
             self._give_back(slot.index)
             raise
@@ -336,8 +349,7 @@ class SlotLLM:
         for slot in slots:
             if slot.length + 1 > self.max_len:
                 raise CloudError("RESOURCE_EXHAUSTED", f"the session filled its slot's {self.max_len} tokens")
-        tokens = torch.tensor([[int(t)] for _, t in batch], device=self.device)
-        logits = self._forward(slots, tokens)
+        logits = self._guarded_forward(slots, [[int(t)] for _, t in batch])
         for seq, slot, (_, token) in zip(seqs, slots, batch):
             slot.length += 1
             seq.ids.append(int(token))
@@ -362,30 +374,45 @@ class SlotLLM:
         return slot
 
     # -- the forward ---------------------------------------------------------------------------------
-    def _forward(self, slots: Sequence[Slot], tokens: torch.Tensor) -> torch.Tensor:
-        """One forward of ``tokens`` [B, q] at each slot's current length; the last position's logits [B, V]."""
-        q_len = tokens.shape[1]
+    def _guarded_forward(self, slots: Sequence[Slot], tokens: list[list[int]]) -> torch.Tensor:
+        """:meth:`_forward`, turning a device error that is not an out-of-memory into a
+        :class:`~cloud_adapter.runners.ModelFailure`.
+
+        After such an error (an illegal address, a lost device) the CUDA context is unusable for every later
+        call, so the worker must stop and health report NOT_SERVING rather than fail each session in turn.
+        """
+        try:
+            return self._forward(slots, tokens)
+        except torch.OutOfMemoryError:
+            raise
+        except RuntimeError as exc:
+            if is_sticky_device_error(exc):
+                raise ModelFailure(f"the device failed: {exc}") from exc
+            raise
+
+    def _forward(self, slots: Sequence[Slot], tokens: list[list[int]]) -> torch.Tensor:
+        """One forward of ``tokens`` [B][q] at each slot's current length; the last position's logits [B, V].
+
+        Every index the layers read is built on the host first (one copy each to the device), so the forward
+        itself never waits for the device."""
+        q_len = len(tokens[0])
         indices = [s.index for s in slots]
         lo, hi = min(indices), max(indices) + 1
         starts = [s.length for s in slots]
         if len(slots) >= MIN_RANGE_SHARE * (hi - lo):  # the range lo:hi, riders masked and not written
             row_of = {s.index: b for b, s in enumerate(slots)}
             rows = [row_of.get(i) for i in range(lo, hi)]
-            input_ids = torch.zeros((hi - lo, q_len), dtype=tokens.dtype, device=self.device)
-            for r, b in enumerate(rows):
-                if b is not None:
-                    input_ids[r] = tokens[b]
+            input_ids = torch.tensor([tokens[b] if b is not None else [0] * q_len for b in rows], device=self.device)
             row_starts = [starts[b] if b is not None else 0 for b in rows]
-            writes = torch.tensor([b is not None for b in rows], device=self.device)
+            written = None if all(b is not None for b in rows) else \
+                torch.tensor([r for r, b in enumerate(rows) if b is not None], device=self.device)
             view = _StepView(self._keys, self._values, lo, hi, None,
-                             torch.tensor(row_starts, device=self.device), writes, q_len, max(starts) + q_len)
+                             torch.tensor(row_starts, device=self.device), written, max(starts) + q_len)
             order = [r for r, b in sorted(((r, b) for r, b in enumerate(rows) if b is not None), key=lambda x: x[1])]
         else:  # few rows of a wide range: read theirs through an index
-            input_ids = tokens
+            input_ids = torch.tensor(tokens, device=self.device)
             view = _StepView(self._keys, self._values, lo, hi, torch.tensor(indices, device=self.device),
-                             torch.tensor(starts, device=self.device), torch.ones(len(slots), dtype=torch.bool,
-                                                                                  device=self.device),
-                             q_len, max(starts) + q_len)
+                             torch.tensor(starts, device=self.device), None, max(starts) + q_len)
             order = list(range(len(slots)))
         positions = view.starts[:, None] + torch.arange(q_len, device=self.device)
         token = _CURRENT.set(view)
