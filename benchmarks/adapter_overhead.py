@@ -31,12 +31,10 @@ prefill_wait_steps_p99= (<= 2).
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import resource
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -45,6 +43,7 @@ from cloud_adapter.engine import CloudEngine
 from cloud_adapter.inprocess import serving
 from cloud_adapter.limits import Limits
 from cloud_adapter.llm import CloudSequence
+from cloud_adapter.loadgen import run_load_in_process
 from cloud_adapter.runners import StepBatcher
 from edge_sdk.models import vocab_fingerprint
 
@@ -119,18 +118,6 @@ class NullModel:
         """Nothing held."""
 
 
-def _load_process(address: str, prompts: list[list[int]], fingerprint: bytes, tokens: int, lookahead: int,
-                  out: Any) -> None:
-    import grpc
-
-    from cloud_adapter.loadgen import run_load
-
-    with grpc.insecure_channel(address) as channel:
-        report = run_load(channel, prompts, fingerprint=fingerprint, vocab_size=VOCAB, tokens=tokens, top_m=16,
-                          lookahead=lookahead)
-    out.send((report.errors, len(report.step_seconds), report.wall_seconds))
-
-
 def _cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -144,17 +131,12 @@ def measure(summarizes_rows: bool, lookahead: int, args: argparse.Namespace) -> 
     rng = np.random.default_rng(1)
     prompts = [rng.integers(1, VOCAB, size=48 + i % 32).tolist() for i in range(args.sessions)]
     waits: list[int] = []
+    cpu_before = 0.0
+    stop = threading.Event()
     with StepBatcher(model, batch_window_ms=args.batch_window_ms) as batcher:  # type: ignore[arg-type]
         engine = CloudEngine(model, limits, runner=batcher)  # type: ignore[arg-type]
         with serving(engine, max_workers=args.sessions + 16) as adapter:
-            receive, send = multiprocessing.get_context("spawn").Pipe(duplex=False)
-            load = multiprocessing.get_context("spawn").Process(
-                target=_load_process, args=(adapter.address, prompts, model.vocab_fingerprint(), args.tokens,
-                                            lookahead, send))
             batcher.batch_sizes.clear()
-            cpu_before = _cpu_seconds()
-            load.start()
-            stop = threading.Event()
 
             def probe() -> None:
                 time.sleep(0.5)  # the load's sessions are decoding
@@ -168,16 +150,23 @@ def measure(summarizes_rows: bool, lookahead: int, args: argparse.Namespace) -> 
                     time.sleep(0.02)
 
             prober = threading.Thread(target=probe) if lookahead and args.probes else None
-            if prober is not None:
-                prober.start()
-            errors, session_steps, wall = receive.recv()
+
+            def started() -> None:
+                nonlocal cpu_before
+                cpu_before = _cpu_seconds()
+                if prober is not None:
+                    prober.start()
+
+            report = run_load_in_process(adapter.address, prompts, started=started,
+                                         fingerprint=model.vocab_fingerprint(), vocab_size=VOCAB, tokens=args.tokens,
+                                         top_m=16, lookahead=lookahead)
             cpu = _cpu_seconds() - cpu_before
             stop.set()
-            load.join()
             if prober is not None:
                 prober.join()
-    if errors:
-        raise RuntimeError(f"{len(errors)} sessions failed: {errors[0]}")
+    if report.errors:
+        raise RuntimeError(f"{len(report.errors)} sessions failed: {report.errors[0]}")
+    session_steps, wall = len(report.step_seconds), report.wall_seconds
     counts = batcher.batch_sizes
     batches = sum(counts.values())
     served = sum(size * n for size, n in counts.items())

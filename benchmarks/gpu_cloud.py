@@ -1,23 +1,31 @@
-"""The cloud adapter on a GPU: served tokens/s of 1, 8 and 32 sessions against a plain batched forward.
+"""The cloud adapter on a GPU: the slot engine and the transformers path side by side, against a plain forward.
 
-Needs CUDA.  No weights travel: each model is built from its configuration
-alone, randomly initialised in bf16 on the GPU (a real architecture and size,
-so the forward's cost is the real one; the distributions are noise, which the
-adapter does not care about).  The tokenizer is a synthetic one over the
-configuration's vocabulary (``<t0>``, ``<t1>``, ...): the adapter only needs
-token strings for the vocabulary fingerprint.
+Needs CUDA (``--device cpu --shapes tiny`` checks the script on a CPU).  No weights travel: each model is built
+from its configuration alone, randomly initialised in bf16 on the GPU (a real architecture and size, so the
+forward's cost is the real one; the rows are noise, which the adapter does not care about).  The tokenizer is a
+synthetic one over the configuration's vocabulary: the adapter only needs token strings for its fingerprint.
 
-(a) ideal: ``model(input_ids[B, 1])`` per step on one equal-length batch cache
-    (one batched prefill, then greedy steps reading each row's logits to numpy,
-    as the adapter does), B = 1, 8, 32.
-(b) served: B concurrent edge-side sessions of different prompt lengths through
-    the gRPC server on loopback (``cloud_adapter.loadgen``: each client answers
-    at once with its best id that does not end the generation), in lockstep and
-    with run-ahead (``--lookahead``: the cloud drafts; the clients confirm its drafts).
-served_vs_ideal_B (lockstep) and runahead<W>_vs_ideal_B = served tokens/s over ideal tokens/s at the same B.
+For each shape and backend (``--backends``):
 
-Usage: python benchmarks/gpu_cloud.py [--shapes qwen2.5-7b qwen2.5-32b] [--tokens 64] [--sessions 1 8 32] [--lookahead 0 8]
-Prints a table per shape, then ``<shape>_served_vs_ideal_<B>=`` and ``<shape>_served_tok_s_<B>=`` lines.
+(a) plain: a bare batched greedy decode, B = ``--sessions``: transformers' own ``model(input_ids[B, 1])`` on an
+    equal-length ``DynamicCache`` for ``transformers``; ``SlotLLM.step`` over B slots for ``slots``;
+(b) served: B concurrent edge-side sessions of different prompt lengths through the gRPC server on loopback, the
+    load in a process of its own (``cloud_adapter.loadgen``: each answers every row at once with its best id),
+    in lockstep and with run-ahead (``--lookahead``: the load confirms the cloud's drafts), and with run-ahead
+    and ``--veto`` of the steps answered with the load's second choice (the drafts past them dropped);
+(c) the bandwidth floor of one plain step: (weight bytes + the batch's KV bytes) / the device's measured copy
+    rate (a 2 GiB device-to-device copy, read and written).
+
+Lines printed last, per shape: ``<shape>_<backend>_plain_tok_s_<B>``, ``<shape>_<backend>_<mode>_vs_plain_<B>``
+(mode: lockstep, runahead, veto), ``<shape>_<backend>_mean_batch_runahead_<B>``, ``<shape>_slots_plain_vs_floor_<B>``,
+``<shape>_slots_vs_transformers_served_<B>`` (run-ahead tokens/s of the slot engine over the transformers path's).
+
+Targets (issue: the cloud half at GPU scale): at 32 sessions with run-ahead, slots served/plain >= 0.8 (7B) and
+>= 0.85 (70B widths: ``llama-70b-w20``, 20 of the 80 layers); slots plain >= 0.5 of the floor (7B) and >= 0.75
+(70B widths); slots >= 3x the transformers path's tokens/s; >= 0.7 with 30% vetoed; mean batch >= 30 of 32.
+
+Usage: python benchmarks/gpu_cloud.py [--shapes qwen2.5-7b llama-70b-w20] [--backends slots transformers]
+       [--tokens 64] [--sessions 1 8 32] [--lookahead 8] [--veto 0.3] [--deadline-s 450]
 """
 
 from __future__ import annotations
@@ -27,30 +35,41 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import grpc
 import numpy as np
 import torch
 
-from _common import ideal_tokens_per_s, served_load
+from _common import ideal_tokens_per_s
+from cloud_adapter.backends import BackendSettings, build_backend
+from cloud_adapter.backends.rows import RowSpec
 from cloud_adapter.engine import CloudEngine
 from cloud_adapter.inprocess import serving
 from cloud_adapter.limits import Limits
 from cloud_adapter.llm import TransformersLLM
+from cloud_adapter.loadgen import run_load_in_process
 from cloud_adapter.runners import StepBatcher
 
 #: published configurations (the models' config.json), by name; "tiny" checks the script on a CPU
 SHAPES: dict[str, dict[str, Any]] = {
-    "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                       num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768,
-                       rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=False),
-    "qwen2.5-32b": dict(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
-                        num_key_value_heads=8, vocab_size=152064, max_position_embeddings=32768,
-                        rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=False),
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    "qwen2.5-7b": dict(family="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                       num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
+                       max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+                       tie_word_embeddings=False),
+    "qwen2.5-32b": dict(family="qwen2", hidden_size=5120, intermediate_size=27648, num_hidden_layers=64,
+                        num_attention_heads=40, num_key_value_heads=8, vocab_size=152064,
+                        max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+                        tie_word_embeddings=False),
+    # Llama-3.1-70B's widths with 20 of its 80 layers (19 B parameters): a step's cost per layer, on one GPU
+    "llama-70b-w20": dict(family="llama", hidden_size=8192, intermediate_size=28672, num_hidden_layers=20,
+                          num_attention_heads=64, num_key_value_heads=8, vocab_size=128256,
+                          max_position_embeddings=131072, rope_theta=500_000.0, rms_norm_eps=1e-5,
+                          tie_word_embeddings=False),
+    "tiny": dict(family="qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=1024, max_position_embeddings=2048, tie_word_embeddings=False),
 }
 #: how many ids the synthetic tokenizer defines (Qwen2.5's tokenizer defines 151,665 of the 152,064 rows)
-TOKENIZER_SIZE = {"qwen2.5-7b": 151_665, "qwen2.5-32b": 151_665, "tiny": 1000}
+TOKENIZER_SIZE = {"qwen2.5-7b": 151_665, "qwen2.5-32b": 151_665, "llama-70b-w20": 128_256, "tiny": 1000}
+#: prompt length of the plain batch; the served sessions' prompts are 48..79 tokens
+PLAIN_PROMPT = 64
 
 
 class SyntheticTokenizer:
@@ -79,70 +98,141 @@ class SyntheticTokenizer:
 
 
 def build_llm(shape: str, device: str, dtype: torch.dtype) -> TransformersLLM:
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
-    config = Qwen2Config(**SHAPES[shape], eos_token_id=0, pad_token_id=0)
+    spec = dict(SHAPES[shape])
+    config_type = {"qwen2": Qwen2Config, "llama": LlamaConfig}[spec.pop("family")]
+    config = config_type(**spec, eos_token_id=0, pad_token_id=0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    return TransformersLLM.from_loaded(model, SyntheticTokenizer(TOKENIZER_SIZE[shape]), name=shape)
+    return TransformersLLM.from_loaded(model.eval(), SyntheticTokenizer(TOKENIZER_SIZE[shape]), name=shape)
 
 
-def random_prompts(llm: TransformersLLM, count: int, lengths: Callable[[int], int], seed: int) -> list[list[int]]:
+def random_prompts(vocab: int, count: int, lengths: Callable[[int], int], seed: int) -> list[list[int]]:
     """``count`` prompts of random ids (a synthetic tokenizer has no text), the i-th ``lengths(i)`` long."""
     rng = np.random.default_rng(seed)
-    return [rng.integers(1, llm.vocab_size, size=lengths(i)).tolist() for i in range(count)]
+    return [rng.integers(1, vocab, size=lengths(i)).tolist() for i in range(count)]
 
 
-def ideal(llm: TransformersLLM, batch: int, tokens: int) -> float:
-    """Tokens/s of a bare batched decode of ``batch`` random prompts of 64 ids."""
-    return ideal_tokens_per_s(llm, random_prompts(llm, batch, lambda i: 64, seed=batch), tokens)
+def copy_rate_bytes_per_s(device: str) -> float:
+    """Bytes read plus written per second by a 2 GiB device-to-device copy (the best of five)."""
+    size = (1 << 31) if device.startswith("cuda") else (1 << 26)
+    source = torch.empty(size, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    best = float("inf")
+    for _ in range(5):
+        synchronize_device(device)
+        start = time.perf_counter()
+        target.copy_(source)
+        synchronize_device(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * size / best
 
 
-def served_tokens_per_s(llm: TransformersLLM, channel: grpc.Channel, sessions: int, tokens: int,
-                        lookahead: int) -> float:
-    """Tokens/s of ``sessions`` concurrent edge-side sessions (prompt lengths 48..79) from their common start, each
-    accepting run-ahead to ``lookahead`` (0 = lockstep; the load's clients confirm the cloud's draft)."""
-    prompts = random_prompts(llm, sessions, lambda i: 48 + (i % 32), seed=1000 + sessions)
-    report = served_load(llm, channel, prompts, tokens=tokens, top_m=16, lookahead=lookahead)
-    return sessions * tokens / report.wall_seconds
+def synchronize_device(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
-def measure(shape: str, args: argparse.Namespace) -> dict[str, float]:
+@torch.inference_mode()
+def slots_plain_tokens_per_s(model: Any, batch: int, tokens: int) -> float:
+    """Tokens/s of a bare greedy decode of ``batch`` slots on the slot engine (rows summarised, as served)."""
+    seqs = [model.open(p, RowSpec(top_n=16)) for p in random_prompts(model.vocab_size, batch, lambda i: PLAIN_PROMPT,
+                                                                     seed=batch)]
+    synchronize_device(str(model.device))
+    start = time.perf_counter()
+    for _ in range(tokens):
+        model.step([(seq, int(seq.next_row.ids[0])) for seq in seqs])
+    synchronize_device(str(model.device))
+    elapsed = time.perf_counter() - start
+    for seq in seqs:
+        model.release(seq)
+    return batch * tokens / elapsed
+
+
+def weight_bytes(llm: TransformersLLM) -> int:
+    """Bytes a decode step reads of the weights (the input embedding is only gathered)."""
+    embedding = llm.model.get_input_embeddings().weight
+    return sum(p.numel() * p.element_size() for p in llm.model.parameters() if p is not embedding)
+
+
+def served(engine_model: Any, llm: TransformersLLM, args: argparse.Namespace, sessions: int, lookahead: int,
+           veto: float) -> tuple[float, float]:
+    """Tokens/s and mean batch of ``sessions`` concurrent edge-side sessions from a load process of their own."""
+    limits = Limits(max_sessions=sessions, max_sessions_per_client=sessions, max_unopened_streams=sessions + 8,
+                    max_new_tokens=args.tokens)
+    prompts = random_prompts(llm.vocab_size, sessions, lambda i: 48 + (i % 32), seed=1000 + sessions)
+    with StepBatcher(engine_model, batch_window_ms=args.batch_window_ms) as batcher:
+        engine = CloudEngine(llm, limits, runner=batcher)
+        with serving(engine, max_workers=sessions + 16) as adapter:
+            batcher.batch_sizes.clear()
+            report = run_load_in_process(adapter.address, prompts, fingerprint=llm.vocab_fingerprint(),
+                                         vocab_size=llm.vocab_size, tokens=args.tokens, top_m=16,
+                                         lookahead=lookahead, veto_share=veto)
+        counts = batcher.batch_sizes
+        mean_batch = sum(s * n for s, n in counts.items()) / max(sum(counts.values()), 1)
+    if report.errors:
+        raise RuntimeError(f"{len(report.errors)} of {sessions} sessions failed: {report.errors[0]}")
+    return sessions * args.tokens / report.wall_seconds, mean_batch
+
+
+def measure(shape: str, args: argparse.Namespace, deadline: float) -> dict[str, float]:
     started = time.perf_counter()
-    llm = build_llm(shape, args.device, torch.bfloat16 if args.device.startswith("cuda") else torch.float32)
+    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    llm = build_llm(shape, args.device, dtype)
     params = sum(p.numel() for p in llm.model.parameters())
     print(f"\n{shape}: {params / 1e9:.2f} B parameters, {llm.dtype} on {llm.device}, built in "
           f"{time.perf_counter() - started:.1f} s; {args.tokens} tokens per sequence", flush=True)
     figures: dict[str, float] = {}
-    limits = Limits(max_sessions=max(args.sessions), max_sessions_per_client=max(args.sessions),
-                    max_unopened_streams=max(args.sessions) + 8, max_new_tokens=args.tokens)
-    with StepBatcher(llm, batch_window_ms=args.batch_window_ms) as batcher:
-        engine = CloudEngine(llm, limits, runner=batcher)
-        with serving(engine, max_workers=max(args.sessions) + 16) as adapter, \
-                grpc.insecure_channel(adapter.address) as channel:
-            ideal(llm, 1, 4)  # warm-ups
-            for lookahead in args.lookahead:
-                served_tokens_per_s(llm, channel, 1, 4, lookahead)
-            print(f"{'B':>4}{'lookahead':>10}{'ideal tok/s':>14}{'served tok/s':>14}{'served/ideal':>14}"
-                  f"{'mean batch':>12}")
-            for sessions in args.sessions:
-                best_ideal = max(ideal(llm, sessions, args.tokens) for _ in range(args.repeats))
-                figures[f"{shape}_ideal_tok_s_{sessions}"] = best_ideal
-                for lookahead in args.lookahead:
-                    served, batches = [], []
-                    for _ in range(args.repeats):
-                        batcher.batch_sizes.clear()
-                        served.append(served_tokens_per_s(llm, channel, sessions, args.tokens, lookahead))
-                        counts = batcher.batch_sizes
-                        batches.append(sum(s * n for s, n in counts.items()) / max(sum(counts.values()), 1))
-                    best = int(np.argmax(served))
-                    ratio = served[best] / best_ideal
-                    print(f"{sessions:>4}{lookahead:>10}{best_ideal:>14.1f}{served[best]:>14.1f}{ratio:>14.3f}"
-                          f"{batches[best]:>12.2f}", flush=True)
-                    label = "served" if lookahead == 0 else f"runahead{lookahead}"
-                    figures[f"{shape}_{label}_tok_s_{sessions}"] = served[best]
-                    figures[f"{shape}_{label}_vs_ideal_{sessions}"] = ratio
-    del llm, engine
+    rate = copy_rate_bytes_per_s(args.device)
+    figures["copy_rate_gb_s"] = rate / 1e9
+    served_tok_s: dict[tuple[str, int], float] = {}
+    for backend in args.backends:
+        if time.perf_counter() > deadline:
+            print(f"deadline reached: {shape} {backend} not measured", flush=True)
+            break
+        if backend == "slots":
+            max_len = PLAIN_PROMPT + 80 + args.tokens + 8
+            engine_model = build_backend("slots", llm, BackendSettings(max_slots=max(args.sessions), max_len=max_len))
+        else:
+            engine_model = llm
+        # warm-ups: first calls build kernels and caches
+        if backend == "slots":
+            slots_plain_tokens_per_s(engine_model, 1, 2)
+        else:
+            ideal_tokens_per_s(llm, random_prompts(llm.vocab_size, 1, lambda i: PLAIN_PROMPT, seed=0), 2)
+        served(engine_model, llm, args, 1, args.lookahead, 0.0)
+        print(f"{'backend':>13}{'B':>4}{'plain tok/s':>13}{'mode':>10}{'served tok/s':>14}{'vs plain':>10}"
+              f"{'mean batch':>12}", flush=True)
+        for sessions in args.sessions:
+            if backend == "slots":
+                plain = slots_plain_tokens_per_s(engine_model, sessions, args.tokens)
+                kv = sessions * (PLAIN_PROMPT + args.tokens // 2) * engine_model.kv_bytes_per_token
+                floor_s = (weight_bytes(llm) + kv) / rate
+                step_s = sessions / plain  # one plain step: B tokens
+                figures[f"{shape}_slots_plain_vs_floor_{sessions}"] = floor_s / step_s
+            else:
+                plain = ideal_tokens_per_s(llm, random_prompts(llm.vocab_size, sessions, lambda i: PLAIN_PROMPT,
+                                                               seed=sessions), args.tokens)
+            figures[f"{shape}_{backend}_plain_tok_s_{sessions}"] = plain
+            modes = [("lockstep", 0, 0.0), ("runahead", args.lookahead, 0.0)]
+            if args.veto:
+                modes.append(("veto", args.lookahead, args.veto))
+            for mode, lookahead, veto in modes:
+                tok_s, mean_batch = served(engine_model, llm, args, sessions, lookahead, veto)
+                print(f"{backend:>13}{sessions:>4}{plain:>13.1f}{mode:>10}{tok_s:>14.1f}{tok_s / plain:>10.3f}"
+                      f"{mean_batch:>12.2f}", flush=True)
+                figures[f"{shape}_{backend}_{mode}_vs_plain_{sessions}"] = tok_s / plain
+                if mode == "runahead":
+                    figures[f"{shape}_{backend}_mean_batch_runahead_{sessions}"] = mean_batch
+                    served_tok_s[(backend, sessions)] = tok_s
+        if backend == "slots":
+            engine_model.model.set_attn_implementation("sdpa")  # the transformers path reads the same weights
+    for sessions in args.sessions:
+        if ("slots", sessions) in served_tok_s and ("transformers", sessions) in served_tok_s:
+            figures[f"{shape}_slots_vs_transformers_served_{sessions}"] = (
+                served_tok_s[("slots", sessions)] / served_tok_s[("transformers", sessions)])
+    del llm
     if args.device.startswith("cuda"):
         torch.cuda.empty_cache()
     return figures
@@ -150,22 +240,27 @@ def measure(shape: str, args: argparse.Namespace) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", nargs="+", default=["qwen2.5-7b", "qwen2.5-32b"], choices=sorted(SHAPES))
+    parser.add_argument("--shapes", nargs="+", default=["qwen2.5-7b", "llama-70b-w20"], choices=sorted(SHAPES))
+    parser.add_argument("--backends", nargs="+", default=["slots", "transformers"], choices=["slots", "transformers"])
     parser.add_argument("--device", default="cuda", help="cuda (bf16) or cpu (float32; with --shapes tiny)")
     parser.add_argument("--tokens", type=int, default=64, help="tokens decoded per sequence")
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 32], help="concurrent sessions")
-    parser.add_argument("--repeats", type=int, default=2, help="runs per setting (the best is kept)")
     parser.add_argument("--batch-window-ms", type=float, default=10.0, help="the server's batching window")
-    parser.add_argument("--lookahead", type=int, nargs="+", default=[0, 8],
-                        help="run-ahead depths the sessions accept, each measured (0 = lockstep; default: 0 8)")
+    parser.add_argument("--lookahead", type=int, default=8, help="the run-ahead depth of the run-ahead modes")
+    parser.add_argument("--veto", type=float, default=0.3, help="share of steps vetoed in the veto mode (0: none)")
+    parser.add_argument("--deadline-s", type=float, default=450.0,
+                        help="stop starting new backends past this many seconds (the GPU check's time box)")
     args = parser.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("CUDA is not available here: use --device cpu --shapes tiny to check the script")
     if args.device.startswith("cuda"):
-        print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}")
+        import transformers
+
+        print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, transformers {transformers.__version__}")
+    deadline = time.perf_counter() + args.deadline_s
     figures: dict[str, float] = {}
     for shape in args.shapes:
-        figures.update(measure(shape, args))
+        figures.update(measure(shape, args, deadline))
     print()
     for name, value in figures.items():
         print(f"{name}={value:.3f}")

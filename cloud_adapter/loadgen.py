@@ -39,15 +39,19 @@ class LoadReport:
 
 
 def _session(channel: Any, request: wire.SessionRequest, start: threading.Barrier, report: LoadReport,
-             lock: threading.Lock, lookahead: int) -> None:
+             lock: threading.Lock, lookahead: int, veto_share: float, seed: int) -> None:
     connection = CloudConnection(GrpcChannel(channel, timeout_s=600), lookahead=lookahead)
     steps: list[float] = []
+    rng = np.random.default_rng(seed)
     try:
         info = connection.open(request)
         dist = connection.distribution()
         start.wait()
         while True:
-            token = next(int(i) for i in dist.ids if int(i) not in info.eos_token_ids)
+            candidates = (int(i) for i in dist.ids if int(i) not in info.eos_token_ids)
+            token = next(candidates)
+            if veto_share and rng.random() < veto_share:  # the edge takes its second choice: the cloud's draft drops
+                token = next(candidates, token)
             sent = time.perf_counter()
             connection.sync_token(dist.step, token)
             if dist.step + 1 >= info.max_new_tokens:
@@ -67,11 +71,13 @@ def _session(channel: Any, request: wire.SessionRequest, start: threading.Barrie
 
 
 def run_load(channel: Any, prompts: Sequence[Sequence[int]], *, fingerprint: bytes, vocab_size: int,
-             tokens: int, top_m: int = 16, lookahead: int = 0) -> LoadReport:
+             tokens: int, top_m: int = 16, lookahead: int = 0, veto_share: float = 0.0) -> LoadReport:
     """One edge-side session per prompt, all at once after every one has opened; returns the timings.
 
     ``lookahead``: the run-ahead depth each session accepts (0 = lockstep); a session confirms the cloud's draft
-    whenever its top id does not end the generation, so run-ahead then hides every round trip."""
+    whenever its top id does not end the generation, so run-ahead then hides every round trip.  ``veto_share``:
+    the share of steps (drawn per session from a seeded generator) on which a session takes its second-best id
+    instead, so the cloud's draft past that step is dropped."""
     report = LoadReport(sessions=len(prompts), tokens=tokens)
     lock = threading.Lock()
     start = threading.Barrier(len(prompts) + 1)
@@ -80,8 +86,9 @@ def run_load(channel: Any, prompts: Sequence[Sequence[int]], *, fingerprint: byt
                             vocab_size=vocab_size, top_m=top_m, edge_model="loadgen")
         for prompt in prompts
     ]
-    threads = [threading.Thread(target=_session, args=(channel, request, start, report, lock, lookahead))
-               for request in requests]
+    threads = [threading.Thread(target=_session, args=(channel, request, start, report, lock, lookahead, veto_share,
+                                                       seed))
+               for seed, request in enumerate(requests)]
     for thread in threads:
         thread.start()
     try:
@@ -92,4 +99,31 @@ def run_load(channel: Any, prompts: Sequence[Sequence[int]], *, fingerprint: byt
     for thread in threads:
         thread.join()
     report.wall_seconds = time.perf_counter() - began
+    return report
+
+
+def _load_process(address: str, prompts: list[list[int]], options: dict[str, Any], out: Any) -> None:
+    import grpc
+
+    with grpc.insecure_channel(address) as channel:
+        out.send(run_load(channel, prompts, **options))
+
+
+def run_load_in_process(address: str, prompts: Sequence[Sequence[int]], *, started: Any = None,
+                        **options: Any) -> LoadReport:
+    """:func:`run_load` against the adapter at ``address`` (plaintext, loopback) from a process of its own, as
+    remote edges are: none of the load's Python shares the server's interpreter lock.  ``started``, when given,
+    is called once the process runs (to start a measurement); ``options`` are :func:`run_load`'s."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(target=_load_process, args=(address, [list(p) for p in prompts], options, send))
+    process.start()
+    try:
+        if started is not None:
+            started()
+        report: LoadReport = receive.recv()
+    finally:
+        process.join()
     return report
