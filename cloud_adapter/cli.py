@@ -154,6 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="how forwards run: 'slots' (preallocated per-session KV written in place, rows summarised "
                              "on the GPU, admission by KV bytes) or 'transformers' (transformers' own caches, any "
                              "architecture); auto = slots on CUDA where the model allows it, else transformers")
+    engine.add_argument("--tp", type=positive_int, default=1, metavar="N",
+                        help="tensor parallel over N GPUs (the slots backend): launch as `torchrun --nproc-per-node N "
+                             "coveil-cloud serve --tp N ...`; rank 0 serves gRPC, the others replay its forwards")
     add_dataclass_flags(engine, BackendSettings, show_defaults=False)  # the formatter shows them
 
     network = serve.add_argument_group("network and security")
@@ -205,16 +208,39 @@ def run_serve(args: argparse.Namespace, source: ModelSource, tls: TlsConfig | No
     dtype, why = explain_dtype(args.dtype, dtype_device(args.device, args.device_map))
     log.info("dtype %s", why)
     start = time.perf_counter()
-    llm = TransformersLLM(source, dtype=dtype, device=args.device, device_map=args.device_map)
+    if args.tp > 1:
+        check_tensor_parallel_launch(args)
+    llm = TransformersLLM(source, dtype=dtype, device=args.device, device_map=args.device_map,
+                          tp_plan="auto" if args.tp > 1 else None)
     log.info("loaded %s (vocabulary %d) in %.1f s", llm.name, llm.vocab_size, time.perf_counter() - start)
     limits = limits_from_args(args)
     model = build_backend(args.backend, llm, dataclass_from_args(BackendSettings, args))
     log.info("backend %s%s", type(model).__name__,
              f": {model.slots} KV slots of {model.max_len} tokens" if hasattr(model, "slots") else "")
-    with StepBatcher(model, batch_window_ms=args.batch_window_ms) as batcher:
-        engine = CloudEngine(llm, limits, args.transcript_dir, args.exposure_k, runner=batcher)
-        serve(engine, address=f"{args.host}:{args.port}", token=tokens, tls=tls,
-              max_workers=limits.max_sessions + limits.max_unopened_streams + 8, grace_s=args.shutdown_grace)
+    if args.tp > 1 and model.rank != 0:
+        model.follow()  # until rank 0 stops
+        return
+    try:
+        with StepBatcher(model, batch_window_ms=args.batch_window_ms) as batcher:
+            engine = CloudEngine(llm, limits, args.transcript_dir, args.exposure_k, runner=batcher)
+            serve(engine, address=f"{args.host}:{args.port}", token=tokens, tls=tls,
+                  max_workers=limits.max_sessions + limits.max_unopened_streams + 8, grace_s=args.shutdown_grace)
+    finally:
+        if args.tp > 1:
+            model.stop_followers()
+
+
+def check_tensor_parallel_launch(args: argparse.Namespace) -> None:
+    """``ValueError`` unless ``--tp N`` runs under ``torchrun --nproc-per-node N`` with the slots backend."""
+    world = os.environ.get("WORLD_SIZE")
+    if world != str(args.tp):
+        raise ValueError(f"--tp {args.tp} needs `torchrun --nproc-per-node {args.tp} coveil-cloud serve --tp {args.tp}` "
+                         f"(WORLD_SIZE is {world or 'unset'})")
+    if args.backend not in ("auto", "slots"):
+        raise ValueError("--tp runs on the slots backend: drop --backend or pass --backend slots")
+    if args.device_map is not None:
+        raise ValueError("--tp and --device-map both place the weights: use one")
+    args.backend = "slots"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

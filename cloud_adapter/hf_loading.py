@@ -153,13 +153,16 @@ def load_causal_lm(
     dtype: str | torch.dtype | None = "auto",
     device: str = "cpu",
     device_map: str | None = None,
+    tp_plan: str | None = None,
 ) -> tuple[Any, Any]:
     """Load ``(model, tokenizer)`` for ``source`` in eval mode.
 
     GGUF sources go through the conversion cache; HF directories and cached
     hub names load directly.  ``device_map="auto"`` (accelerate) spreads a
-    large model over the visible GPUs; otherwise the model is moved to
-    ``device``.
+    large model over the visible GPUs; ``tp_plan="auto"`` shards it over the
+    ranks of a ``torchrun`` launch by transformers' tensor-parallel plan (each
+    rank keeps its share of every layer on its own device); otherwise the model
+    is moved to ``device``.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -169,8 +172,10 @@ def load_causal_lm(
     kwargs: dict[str, Any] = {"dtype": torch_dtype}
     if device_map is not None:
         kwargs["device_map"] = device_map
+    if tp_plan is not None:
+        kwargs["tp_plan"] = tp_plan
     model = AutoModelForCausalLM.from_pretrained(location_str, **kwargs)
-    if device_map is None:
+    if device_map is None and tp_plan is None:
         model.to(device)
     model.eval()
     log.info("loaded %s as %s on %s", source.name, torch_dtype, device_map or device)

@@ -214,6 +214,8 @@ class TransformersLLM:
             float32), ``"bf16"``, ``"fp16"`` or ``"fp32"``.
         device: ``"cpu"`` or ``"cuda"``/``"cuda:N"`` when ``device_map`` is not set.
         device_map: passed to ``from_pretrained`` (``"auto"`` shards a large model over GPUs).
+        tp_plan: ``"auto"``: shard every layer over the ranks of a ``torchrun`` launch (tensor parallel, served
+            by the slot engine: :class:`~cloud_adapter.backends.slots.SlotLLM`).
 
     Not thread-safe: call ``open``/``open_many``/``step`` from one thread (the server's decode loop).
     """
@@ -225,9 +227,11 @@ class TransformersLLM:
         dtype: str | torch.dtype | None = "auto",
         device: str = "cpu",
         device_map: str | None = None,
+        tp_plan: str | None = None,
     ) -> None:
         self.source = model or embedded_model()
-        hf_model, tokenizer = load_causal_lm(self.source, dtype=dtype, device=device, device_map=device_map)
+        hf_model, tokenizer = load_causal_lm(self.source, dtype=dtype, device=device, device_map=device_map,
+                                             tp_plan=tp_plan)
         self._setup(hf_model, tokenizer, self.source.name)
 
     @classmethod

@@ -320,3 +320,19 @@ def test_a_sticky_device_error_stops_the_worker_so_health_reports_not_serving() 
         assert died.wait(5)
         with pytest.raises(RuntimeError, match="died"):
             batcher.prefill([1], spec=RowSpec())
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--tp", "2"], "--tp 2 needs `torchrun --nproc-per-node 2 coveil-cloud serve --tp 2` (WORLD_SIZE is unset)"),
+    (["--tp", "2", "--backend", "transformers"], "--tp runs on the slots backend"),
+])
+def test_tensor_parallel_serving_says_how_to_launch_it(flags: list[str], message: str,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from cloud_adapter.cli import main
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    if "--backend" in flags:
+        monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["serve", *flags]) == 1
+    assert message in capsys.readouterr().err

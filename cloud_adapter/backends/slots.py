@@ -15,6 +15,11 @@
   of each row's causal (and sliding-window) span, never ``repeat_kv``.
 * **Rows summarised where they are computed** (:func:`~cloud_adapter.backends.rows.summarize_rows`): a GPU step
   copies the top ids and values of each row to the host, not ``[B, V]`` logits.
+* **Tensor parallel.**  A model loaded with ``tp_plan="auto"`` under ``torchrun`` holds on each rank its share of
+  every layer's heads (transformers' plan: column-parallel q/k/v and gate/up, row-parallel o and down, each
+  followed by an all-reduce); each rank's slot cache holds its ``H_kv / N`` KV heads.  Rank 0 runs the engine
+  and, before each forward, broadcasts what the forward reads (slots, lengths, tokens); the other ranks run
+  :meth:`SlotLLM.follow`, replaying the same forward, so the collectives line up.
 * **Admission by bytes.**  The slots are sized from the memory free at start (``kv_fraction`` of it, at most
   ``max_slots``); a prompt that cannot fit a slot is ``INVALID_ARGUMENT``, a session beyond the slots
   ``RESOURCE_EXHAUSTED``, both with the numbers.  A model with any weight off the device (``device_map``
@@ -50,6 +55,28 @@ from edge_sdk.status import CloudError
 ATTENTION_NAME = "coveil_slots"
 #: a stepping range whose rows step less than this share reads the stepping slots' K/V through an index instead
 MIN_RANGE_SHARE = 0.5
+
+
+def _tensor_parallel_ranks(model: Any) -> tuple[int, int]:
+    """``(world size, rank)`` when ``model`` is sharded over the ranks of a process group (its weights are
+    DTensors), else ``(1, 0)``."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    if not any(isinstance(p, DTensor) for p in model.parameters()):
+        return 1, 0
+    return dist.get_world_size(), dist.get_rank()
+
+
+def _least_over_ranks(value: int, tp_size: int, device: torch.device) -> int:
+    """The smallest ``value`` any rank holds (every rank's slot cache has the same slots)."""
+    if tp_size == 1:
+        return value
+    import torch.distributed as dist
+
+    box = torch.tensor([value], device=device)
+    dist.all_reduce(box, op=dist.ReduceOp.MIN)
+    return int(box.item())
 
 
 def _architecture_problem(config: Any) -> str | None:
@@ -230,7 +257,11 @@ class SlotLLM:
         config = self.model.config.get_text_config() if hasattr(self.model.config, "get_text_config") else \
             self.model.config
         self.layers = int(config.num_hidden_layers)
-        self.kv_heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+        self.tp_size, self.rank = _tensor_parallel_ranks(self.model)
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+        if kv_heads % self.tp_size:
+            raise ValueError(f"{kv_heads} KV heads do not split over {self.tp_size} ranks: choose a --tp dividing them")
+        self.kv_heads = kv_heads // self.tp_size  # this rank's share
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
         self.kv_dtype = self.model.dtype
         positions = int(getattr(config, "max_position_embeddings", 4096) or 4096)
@@ -239,7 +270,7 @@ class SlotLLM:
             raise ValueError(f"max_len must be at least 2, got {self.max_len}")
         per_slot = self.kv_bytes_per_token * self.max_len
         budget = self._kv_budget(kv_fraction, kv_bytes)
-        fits = budget // per_slot
+        fits = _least_over_ranks(budget // per_slot, self.tp_size, self.device)
         if fits < 1:
             raise ValueError(
                 f"no room for one slot: {self.max_len} tokens x {self.kv_bytes_per_token} B of KV per token = "
@@ -259,6 +290,34 @@ class SlotLLM:
         # the TransformersLLM attributes sessions and the engine read (tokenizer, vocabulary, ends)
         self.name, self.vocab_size, self.eos_token_ids = llm.name, llm.vocab_size, llm.eos_token_ids
         self.dtype = llm.dtype
+
+    # -- tensor parallel -----------------------------------------------------------------------------
+    def follow(self) -> None:
+        """On a rank other than 0: replay rank 0's forwards until it calls :meth:`stop_followers`."""
+        if self.rank == 0:
+            raise RuntimeError("rank 0 runs the engine; only the other ranks follow it")
+        while True:
+            descriptor = self._exchange(None)
+            if descriptor is None:
+                return
+            indices, starts, tokens = descriptor
+            try:
+                self._forward([Slot(index, length) for index, length in zip(indices, starts)], tokens)
+            except Exception:  # noqa: BLE001 - rank 0 met the same error in the same forward and reports it
+                continue
+
+    def stop_followers(self) -> None:
+        """On rank 0 (tensor parallel): let the other ranks' :meth:`follow` return."""
+        if self.tp_size > 1 and self.rank == 0:
+            self._exchange(None, stop=True)
+
+    def _exchange(self, descriptor: Any, *, stop: bool = False) -> Any:
+        """Rank 0 sends ``descriptor`` (``None`` with ``stop``) to every rank; each rank returns what rank 0 sent."""
+        import torch.distributed as dist
+
+        box = [None if stop else descriptor]
+        dist.broadcast_object_list(box, src=0, device=self.device if self.device.type == "cuda" else None)
+        return box[0]
 
     # -- sizes ---------------------------------------------------------------------------------------
     @property
@@ -381,6 +440,8 @@ class SlotLLM:
         After such an error (an illegal address, a lost device) the CUDA context is unusable for every later
         call, so the worker must stop and health report NOT_SERVING rather than fail each session in turn.
         """
+        if self.tp_size > 1:  # the other ranks replay this forward
+            self._exchange(([s.index for s in slots], [s.length for s in slots], tokens))
         try:
             return self._forward(slots, tokens)
         except torch.OutOfMemoryError:
