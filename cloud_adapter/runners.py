@@ -27,7 +27,13 @@ log = logging.getLogger("coveil.cloud")
 
 
 class ModelRunner(Protocol):
-    """Where the engine's forward passes run.  Every method blocks until its work is done."""
+    """Where the engine's forward passes run.  Every method blocks until its work is done.
+
+    ``tokens_per_session``: the most tokens (prompt and generated) one sequence may hold, ``None`` for no bound
+    (the slot engine's slots have one: sessions that could outgrow it are refused when they open).
+    """
+
+    tokens_per_session: int | None
 
     def prefill(self, prompt_ids: Sequence[int], *, spec: RowSpec | None = None) -> tuple[CloudSequence, int]:
         """Open a sequence on ``prompt_ids``; returns it and the forward time in ns.
@@ -53,6 +59,8 @@ class ModelRunner(Protocol):
 
 class DirectRunner:
     """Runs each forward in the caller's thread, one at a time (a lock serialises callers)."""
+
+    tokens_per_session: int | None = None
 
     def __init__(self, llm: TransformersLLM) -> None:
         self._llm = llm
@@ -357,6 +365,11 @@ class StepBatcher(_ModelWorker):
         return self._queue.stats.step_seconds
 
     @property
+    def tokens_per_session(self) -> int | None:
+        """The model's bound on one sequence's tokens (the slot engine's ``max_len``), or ``None``."""
+        return getattr(self._queue.llm, "max_len", None)
+
+    @property
     def window_s(self) -> float:
         """How long a batch waits for the sessions expected back: ``max(batch_window_ms, recent step time)``."""
         return max(self._least_window_s, self._step_s)
@@ -453,6 +466,8 @@ class ModelLane:
 
     ``stats`` says what ran on this model.
     """
+
+    tokens_per_session: int | None = None
 
     def __init__(self, batcher: LockstepBatcher, queue: _ModelQueue) -> None:
         self._batcher, self._queue = batcher, queue

@@ -173,6 +173,13 @@ class SessionHandler:
             request = replace(request, top_m=min(DecodeSettings.top_m, llm.vocab_size))
         max_new_tokens = validate_request(request, vocab_size=llm.vocab_size, eos_ids=llm.eos_token_ids,
                                           limits=engine.limits)
+        held = len(request.prompt_ids) + max_new_tokens  # a resume prefix is part of max_new_tokens' count
+        capacity = engine.runner.tokens_per_session
+        if capacity is not None and held > capacity:
+            raise CloudError(
+                "INVALID_ARGUMENT", f"the prompt's {len(request.prompt_ids)} tokens and max_new_tokens {max_new_tokens} "
+                f"exceed the {capacity} tokens a session holds here: shorten the prompt or lower max_new_tokens"
+            )
         constraint = self._compile_schema(request) if request.json_schema else None
 
         session_id = uuid.uuid4().hex

@@ -32,8 +32,8 @@ def test_32_concurrent_sessions_decode_and_leave_no_kv_cache_behind(lookahead: i
         sequences: list[weakref.ref] = []
         prefill = batcher.prefill
 
-        def recording_prefill(prompt_ids):
-            seq, elapsed = prefill(prompt_ids)
+        def recording_prefill(prompt_ids, *, spec=None):
+            seq, elapsed = prefill(prompt_ids, spec=spec)
             sequences.append(weakref.ref(seq))
             return seq, elapsed
 

@@ -16,6 +16,7 @@ class PrefillRoundsDifferently:
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
+        self.tokens_per_session = inner.tokens_per_session
 
     def prefill(self, prompt_ids, *, spec=None):
         seq, ns = self.inner.prefill(prompt_ids, spec=spec)

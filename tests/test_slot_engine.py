@@ -10,6 +10,7 @@ with ties and signed zeros.
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 import threading
 import time
 from typing import Any
@@ -336,3 +337,25 @@ def test_tensor_parallel_serving_says_how_to_launch_it(flags: list[str], message
         monkeypatch.setenv("WORLD_SIZE", "2")
     assert main(["serve", *flags]) == 1
     assert message in capsys.readouterr().err
+
+
+def test_a_session_that_could_outgrow_its_slot_is_refused_when_it_opens() -> None:
+    """Prompt plus max_new_tokens past a slot: INVALID_ARGUMENT at open, naming the numbers, before any forward
+    (a slot filling mid-batch would fail the whole batch)."""
+    from cloud_adapter.engine import CloudEngine
+    from edge_sdk import wire
+
+    _, served = _tiny("qwen2")
+    slots = SlotLLM(served, max_slots=2, max_len=16)
+    with StepBatcher(slots) as batcher:  # type: ignore[arg-type]
+        engine = CloudEngine(served, runner=batcher)
+        request = wire.SessionRequest(prompt_ids=(5, 6, 7, 8, 9, 10), mode="edge", max_new_tokens=11,
+                                      vocab_fingerprint=served.vocab_fingerprint(), edge_model="test",
+                                      vocab_size=served.vocab_size, top_m=4)
+        with pytest.raises(CloudError) as refused:
+            list(engine.session("client").handle(wire.encode_open(request)))
+        assert refused.value.code == "INVALID_ARGUMENT"
+        assert "6 tokens and max_new_tokens 11 exceed the 16 tokens" in str(refused.value)
+        assert slots.free_slots == 2
+        fits = list(engine.session("client").handle(wire.encode_open(replace(request, max_new_tokens=10))))
+        assert [m.WhichOneof("kind") for m in fits] == ["opened", "distribution"]
