@@ -219,11 +219,13 @@ def zcdp_optimal_order(rho: float, delta: float) -> float:
     log_inv_delta = -math.log(check_delta(delta))
     low, high = 1.0, 1.0 / float(delta)
     if rho > 0.0:
+        # the root has rho*(a-1)^2 <= log(1/delta): a tight upper end, so 200 halvings reach it at any delta
+        high = min(high, 1.0 + math.sqrt(log_inv_delta / rho))
         for _ in range(_BISECTION_STEPS):
             middle = 0.5 * (low + high)
             if middle in (low, high):
                 break
-            if rho * (middle - 1.0) ** 2 < log_inv_delta - math.log(middle):
+            if rho * (middle - 1.0) * (middle - 1.0) < log_inv_delta - math.log(middle):  # no ** overflow
                 low = middle
             else:
                 high = middle

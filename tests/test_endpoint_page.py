@@ -219,3 +219,51 @@ def test_on_a_keyed_endpoint_the_page_opens_with_the_key_in_its_address(cloud: C
         status = browser.find_element(By.ID, "status")
         assert status.get_attribute("data-state") == "done", status.text
         assert len(browser.find_elements(By.CSS_SELECTOR, "#answer span.tok")) == 2
+
+
+def test_the_export_button_downloads_the_activity_log_with_the_odds_next_to_epsilon(endpoint: Endpoint, browser,
+                                                                                  tmp_path: Path) -> None:
+    """An edge-side DP generation from the page: the line under the meter gives epsilon for its relation and, next
+    to it, the odds in words (and the source's weaker figure second, labelled); the Export button downloads
+    coveil-activity.json, the endpoint's activity log, whose last record is that generation's."""
+    import json
+    import time
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    browser.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
+    browser.get(endpoint.base_url + "/")
+    wait = WebDriverWait(browser, 300)
+    wait.until(lambda b: len(Select(b.find_element(By.ID, "policy")).options) > 1)
+    browser.find_element(By.ID, "question").send_keys(QUESTION)
+    browser.find_element(By.ID, "private-context").send_keys(PRIVATE_CONTEXT)
+    Select(browser.find_element(By.ID, "mode")).select_by_value("edge")
+    Select(browser.find_element(By.ID, "policy")).select_by_value("dp_fusion")
+    browser.find_element(By.ID, "params").send_keys("epsilon=1")
+    tokens = browser.find_element(By.ID, "max-tokens")
+    tokens.clear()
+    tokens.send_keys("2")
+    browser.find_element(By.ID, "submit").click()
+    wait.until(lambda b: b.find_element(By.ID, "status").get_attribute("data-state") in ("done", "error"))
+    assert browser.find_element(By.ID, "status").get_attribute("data-state") == "done"
+    line = browser.find_element(By.ID, "epsilon-line").text
+    # hand: 2 tokens at eps = 1, order 2, delta 1e-5: 2 + log(1e5) - 2 log 2 = 12.13, e^12.13 = 184,726: 180,000
+    assert line.startswith("ε spent: 12.13 at δ = 0.00001 for any two private contexts"), line
+    assert "for one private context against none" in line and "weaker" in line
+    assert "In words: whoever sees what left the device is at most 180,000 times more likely to tell your context " \
+           "from any other" in line
+
+    browser.find_element(By.ID, "export").click()
+    saved = downloads / "coveil-activity.json"
+    deadline = time.monotonic() + 30
+    while not saved.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    records = json.loads(saved.read_text())["activity"]
+    last = records[-1]
+    assert (last["mode"], last["steps"], last["relation"]) == ("edge", 2, "any two private contexts")
+    assert last["epsilon"] == pytest.approx(12.1266, abs=1e-3) and last["delta"] == 1e-5
+    assert last["tokens_synced"] == 2 and last["session_ids"]
+    assert CANARY not in saved.read_text()

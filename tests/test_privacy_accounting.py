@@ -381,3 +381,11 @@ def test_epsilon_units_are_the_documented_four() -> None:
 def test_check_positive_int_names_the_parameter(value: float) -> None:
     with pytest.raises(ValueError, match="upload size"):
         check_positive_int(value, "upload size")
+
+
+def test_zcdp_rho_holds_at_a_tiny_delta() -> None:
+    """At delta = 1e-300 the optimal order is ~140, far below 1/delta: 200 halvings from 1/delta never reached it
+    and rho came out 0 (InvisibleInk's clip 0, a budget silently thrown away); dp-accounting agrees on the result."""
+    rho = zcdp_rho(10.0, 1e-300)
+    assert rho > 0.03
+    assert dp_accounting_zcdp_epsilon(rho, 1e-300) == pytest.approx(10.0, rel=1e-3)
