@@ -140,8 +140,10 @@ def test_the_page_colours_each_token_by_what_the_cloud_saw(endpoint: Endpoint, b
     assert CANARY not in browser.find_element(By.ID, "answer").get_attribute("textContent")
 
 
-def ask_two_tokens_cloud_side(browser, endpoint: Endpoint, policy: str, *, max_epsilon: str = "") -> None:
-    """Ask the page the test question in cloud-side fusion with ``policy`` for 2 tokens; wait until it is done."""
+def ask_two_tokens(browser, endpoint: Endpoint, policy: str, *, max_epsilon: str = "", mode: str = "cloud",
+                              params: str = "") -> None:
+    """Ask the page the test question in ``mode``-side fusion (cloud-side unless told) with ``policy`` and
+    ``params`` for 2 tokens; wait until it is done."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -150,8 +152,9 @@ def ask_two_tokens_cloud_side(browser, endpoint: Endpoint, policy: str, *, max_e
     wait.until(lambda b: len(Select(b.find_element(By.ID, "policy")).options) > 1)
     browser.find_element(By.ID, "question").send_keys(QUESTION)
     browser.find_element(By.ID, "private-context").send_keys(PRIVATE_CONTEXT)
-    Select(browser.find_element(By.ID, "mode")).select_by_value("cloud")
+    Select(browser.find_element(By.ID, "mode")).select_by_value(mode)
     Select(browser.find_element(By.ID, "policy")).select_by_value(policy)
+    browser.find_element(By.ID, "params").send_keys(params)
     tokens = browser.find_element(By.ID, "max-tokens")
     tokens.clear()
     tokens.send_keys("2")
@@ -168,7 +171,7 @@ def test_an_undefended_step_is_coloured_apart_from_a_coveil_one_of_the_same_kind
     CoVeil's few values in a light one."""
     from selenium.webdriver.common.by import By
 
-    ask_two_tokens_cloud_side(browser, endpoint, "undefended")
+    ask_two_tokens(browser, endpoint, "undefended")
     browser.save_screenshot(str(tmp_path / "undefended.png"))
     spans = browser.find_elements(By.CSS_SELECTOR, "#answer span.tok")
     assert [span.get_attribute("data-saw") for span in spans] == ["upload", "upload"]
@@ -187,7 +190,7 @@ def test_the_page_sends_its_max_epsilon_and_says_when_the_budget_withheld(endpoi
     step uploads 0 values, and the line under the meter says so from step 0 (before, the page had no budget)."""
     from selenium.webdriver.common.by import By
 
-    ask_two_tokens_cloud_side(browser, endpoint, "coveil", max_epsilon="1")
+    ask_two_tokens(browser, endpoint, "coveil", max_epsilon="1")
     line = browser.find_element(By.ID, "epsilon-line").text
     assert line.startswith("ε: non-private (coveil is a heuristic")
     assert "from step 0 only cloud-only signals were sent" in line and "> max_epsilon 1 " in line
@@ -230,25 +233,11 @@ def test_the_export_button_downloads_the_activity_log_with_the_odds_next_to_epsi
     import time
 
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select, WebDriverWait
 
     downloads = tmp_path / "downloads"
     downloads.mkdir()
     browser.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
-    browser.get(endpoint.base_url + "/")
-    wait = WebDriverWait(browser, 300)
-    wait.until(lambda b: len(Select(b.find_element(By.ID, "policy")).options) > 1)
-    browser.find_element(By.ID, "question").send_keys(QUESTION)
-    browser.find_element(By.ID, "private-context").send_keys(PRIVATE_CONTEXT)
-    Select(browser.find_element(By.ID, "mode")).select_by_value("edge")
-    Select(browser.find_element(By.ID, "policy")).select_by_value("dp_fusion")
-    browser.find_element(By.ID, "params").send_keys("epsilon=1")
-    tokens = browser.find_element(By.ID, "max-tokens")
-    tokens.clear()
-    tokens.send_keys("2")
-    browser.find_element(By.ID, "submit").click()
-    wait.until(lambda b: b.find_element(By.ID, "status").get_attribute("data-state") in ("done", "error"))
-    assert browser.find_element(By.ID, "status").get_attribute("data-state") == "done"
+    ask_two_tokens(browser, endpoint, "dp_fusion", mode="edge", params="epsilon=1")
     line = browser.find_element(By.ID, "epsilon-line").text
     # hand: 2 tokens at eps = 1, order 2, delta 1e-5: 2 + log(1e5) - 2 log 2 = 12.13, e^12.13 = 184,726: 180,000
     assert line.startswith("ε spent: 12.13 at δ = 0.00001 for any two private contexts"), line
