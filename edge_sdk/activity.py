@@ -88,6 +88,7 @@ class ActivityLog:
         return entry
 
     def _write(self, entry: dict[str, Any]) -> None:
+        assert self.path is not None
         if self._lines_on_disk + 1 >= 2 * self.limit:  # compact: the newest ``limit`` records, replaced at once
             partial = self.path.with_name(self.path.name + ".partial")
             with open_private(partial, "w", encoding="utf-8") as file:

@@ -107,7 +107,7 @@ def invisible_ink_step(policy: InvisibleInk):
 def dp_fusion_step(policy: DPFusion, alpha: float):
     def step(p_slm: np.ndarray, p_llm: np.ndarray) -> np.ndarray:
         mixture, _ = dp_fusion_mixture(p_slm, p_llm, policy.bound, order=policy.order)
-        public = dp_fusion_rows(p_slm, p_llm)[1].copy()
+        public = dp_fusion_rows(p_slm, p_llm)[1]
         return alpha * public + (1 - alpha) * mixture
 
     return step

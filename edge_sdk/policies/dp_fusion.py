@@ -38,8 +38,8 @@ from edge_sdk.privacy_accounting import (
 _WEIGHT_TOLERANCE = 1e-12
 #: a feasible point that uses all but this fraction of the slack ``limit - total(0)`` ends that search
 _SLACK_TOLERANCE = 1e-12
-#: rounds of that search (Illinois converges superlinearly; a safety cap)
-_WEIGHT_STEPS = 100
+#: rounds of that search (Illinois converges superlinearly, bisection steps keep it within ~3x bisection's)
+_WEIGHT_STEPS = 300
 
 #: the largest Renyi order DP-Fusion takes: its bound is checked at 2a (float64 sums of m^2a q^(1-2a))
 MAX_ORDER = 8.0
@@ -48,11 +48,12 @@ _SCRATCH = threading.local()
 
 
 def _scratch(n: int) -> tuple[np.ndarray, ...]:
-    """Five float64 work arrays of length ``n``, kept per thread (fresh 2 MB arrays cost ~500 page faults each)."""
+    """Five float64 work arrays of length ``n`` and a boolean one, views of buffers kept per thread and grown
+    only when a longer row comes (fresh 2 MB arrays cost ~500 page faults each)."""
     buffers = getattr(_SCRATCH, "buffers", None)
-    if buffers is None or buffers[0].shape[0] != n:
-        buffers = _SCRATCH.buffers = tuple(np.empty(n) for _ in range(5))
-    return buffers
+    if buffers is None or buffers[0].shape[0] < n:
+        buffers = _SCRATCH.buffers = (*(np.empty(n) for _ in range(5)), np.empty(n, dtype=bool))
+    return tuple(buffer[:n] for buffer in buffers)
 
 
 def _scratch32(n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -69,7 +70,7 @@ def _dot(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def dp_fusion_rows(p_private: np.ndarray, p_public: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The two rows DP-Fusion bounds and draws from (float64)::
+    """The two rows DP-Fusion bounds and draws from (float64, fresh arrays)::
 
         S = {y : p_pub(y) > 0}                                   (public: e.g. the ids a mask zeroed are out)
         p~ = max(p_priv / sum p_priv, 1e-10) on S, 0 elsewhere, renormalised
@@ -80,23 +81,41 @@ def dp_fusion_rows(p_private: np.ndarray, p_public: np.ndarray) -> tuple[np.ndar
     is drawn from exactly the distribution that was bounded (the source bounds floored rows and draws from
     the raw ones, where an exact zero makes the true epsilon infinite).
     """
+    private, public, ids = _floored_rows(p_private, p_public)
+    return _expanded(private, ids, np.shape(p_public)[0]), _expanded(public, ids, np.shape(p_public)[0])
+
+
+def _expanded(row: np.ndarray, ids: np.ndarray | None, n: int) -> np.ndarray:
+    """``row`` over the support ``ids`` as a fresh full-length row (zero off the support)."""
+    if ids is None:
+        return row.copy()
+    full = np.zeros(n)
+    full[ids] = row
+    return full
+
+
+def _floored_rows(p_private: np.ndarray, p_public: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``(p~, q~, ids)`` of :func:`dp_fusion_rows` on the support only, in this thread's scratch buffers:
+    ``ids`` the support's ids, ``None`` when it is the whole vocabulary (nearly always: every row is then
+    positive and no pass needs a mask)."""
     private, public = np.asarray(p_private), np.asarray(p_public)
     if private.shape != public.shape or private.ndim != 1:
         raise ValueError(
             f"private and public distributions must be 1-D of one length, got {private.shape} and {public.shape}"
         )
-    rows = _scratch(private.shape[0])[:2]
-    support = public > 0
+    *rows, support = _scratch(private.shape[0])
+    np.greater(public, 0, out=support)
+    ids = None if support.all() else np.flatnonzero(support)
+    size = private.shape[0] if ids is None else ids.size
     for source, row, what in ((private, rows[0], "private"), (public, rows[1], "public")):
-        np.copyto(row, source)
-        total = float(row.sum())
+        row = row[:size]
+        np.copyto(row, source if ids is None else source[ids])
+        total = float(row.sum() if ids is None else source.sum(dtype=np.float64))  # the whole row's mass
         if not (total > 0 and math.isfinite(total)):
             raise ValueError(f"the {what} distribution needs a positive finite mass, got {total}")
-        row /= total
-        np.maximum(row, RENYI_PROBABILITY_FLOOR, out=row)
-        row[~support] = 0.0
+        np.maximum(row, RENYI_PROBABILITY_FLOOR * total, out=row)  # max(p / T, floor) * T
         row /= row.sum()
-    return rows[0], rows[1]
+    return rows[0][:size], rows[1][:size], ids
 
 
 def dp_fusion_lambda(p_private: np.ndarray, p_public: np.ndarray, bound: float, *, order: float = 2.0) -> float:
@@ -127,16 +146,17 @@ class _Mixing:
 
     def __init__(self, p_private: np.ndarray, p_public: np.ndarray, bound: float, order: float) -> None:
         self.forward_order, self.reverse_order = dp_fusion_context_orders(order)
-        self.private, self.public = dp_fusion_rows(p_private, p_public)
-        self.direction, self.work, self.term = _scratch(self.private.shape[0])[2:]
+        self.private, self.public, self.ids = _floored_rows(p_private, p_public)
+        self.n = np.shape(p_public)[0]
+        size = self.public.shape[0]
+        self.direction, self.work, self.term = (buffer[:size] for buffer in _scratch(np.shape(p_public)[0])[2:5])
         np.subtract(self.private, self.public, out=self.direction)
         self.trivial: float | None = None  # the weight when it needs no search
         self.base = float(self.public.sum())  # F(0) = G(0)
-        support = int(np.count_nonzero(self.public))
         if not bound > 0:
             self.trivial = 0.0
             return
-        if bound >= math.log((1.0 + support * RENYI_PROBABILITY_FLOOR) / RENYI_PROBABILITY_FLOOR):
+        if bound >= math.log((1.0 + size * RENYI_PROBABILITY_FLOOR) / RENYI_PROBABILITY_FLOOR):
             self.trivial = 1.0  # beyond D_inf of any two such rows: no divergence of any order reaches b
             return
         forward_exponent, reverse_exponent = (self.forward_order - 1.0) * bound, (self.reverse_order - 1.0) * bound
@@ -147,6 +167,15 @@ class _Mixing:
         if self.base > self.reverse_limit:  # a bound below the rounding of a sum near 1
             self.trivial = 0.0
 
+    def draw(self, private: bool, rng: np.random.Generator) -> int:
+        """One id drawn from ``p~`` (``private``) or ``q~``."""
+        index = sample_index(self.private if private else self.public, rng)
+        return index if self.ids is None else int(self.ids[index])
+
+    def mixture(self, weight: float) -> np.ndarray:
+        """``weight * p~ + (1 - weight) * q~`` as a fresh full-length row."""
+        return _expanded(self.public + weight * self.direction, self.ids, self.n)
+
     def forward_root(self) -> float:
         """The largest weight the forward constraint ``F <= e^{(2a-1) b}`` allows (an upper bound on lambda)."""
         if self.trivial is not None:
@@ -155,9 +184,23 @@ class _Mixing:
             return _largest_feasible(self._forward_polynomial, self.base, self.forward_limit, 1.0)
         return _largest_feasible(self._forward, self.base, self.forward_limit, 1.0)
 
-    def reverse_allows(self, weight: float) -> bool:
-        """Whether ``G(weight) <= e^{(2a-2) b}`` (four passes)."""
-        return self._reverse(weight) <= self.reverse_limit
+    def allows(self, weight: float) -> bool:
+        """Whether ``weight <= lambda``, i.e. ``weight`` is feasible, without solving for ``lambda``.
+
+        First a two-pass test that rejects most weights: ``D_2a >= D_2`` and
+        ``e^{D_2(m||q)} = sum m^2/q = 1 + l^2 chi2`` (``chi2 = sum d^2/q``; ``sum d = 0``), so
+        ``(1 + l^2 chi2)^(2a-1) > e^{(2a-1) b}`` rules ``l`` out.  Otherwise the
+        forward polynomial and the reverse sum are checked at ``l``.
+        """
+        if self.trivial is not None:
+            return weight <= self.trivial
+        if weight > 1.0:
+            return False
+        chi2 = _dot(np.divide(self.direction, self.public, out=self.work), self.direction)
+        if (self.forward_order - 1.0) * math.log1p(weight * weight * chi2) > math.log(self.forward_limit):
+            return False
+        forward = self._forward_polynomial if self.forward_order == int(self.forward_order) else self._forward
+        return forward(weight) <= self.forward_limit and self._reverse(weight) <= self.reverse_limit
 
     def weight(self) -> float:
         """``lambda``: the forward root, lowered to the reverse constraint's root when that binds."""
@@ -170,8 +213,7 @@ class _Mixing:
         """``F(l) = sum_k C(n, k) l^k s_k`` with ``s_k = sum d^k q^(1-k)`` (``n = 2a``; the sums read once)."""
         if self._coefficients is None:
             n = int(self.forward_order)
-            support = self.public > 0
-            ratio = np.divide(self.direction, self.public, out=np.zeros_like(self.work), where=support)
+            ratio = np.divide(self.direction, self.public, out=self.work)
             np.copyto(self.term, self.direction)
             sums = [self.base, float(self.direction.sum())]
             for _ in range(2, n + 1):
@@ -184,18 +226,16 @@ class _Mixing:
         return total
 
     def _forward(self, weight: float) -> float:
-        # F = sum m^n q^(1-n) = sum m u^(n-1), u = m/q on the support (general orders only: temporaries are fine)
-        support = self.public > 0
-        mixture = self.public[support] + weight * self.direction[support]
-        return _dot(np.power(mixture / self.public[support], self.forward_order - 1.0), mixture)
+        # F = sum m^n q^(1-n) = sum m u^(n-1), u = m/q (general orders only: temporaries are fine here)
+        mixture = self.public + weight * self.direction
+        return _dot(np.power(mixture / self.public, self.forward_order - 1.0), mixture)
 
     def _reverse(self, weight: float) -> float:
-        # G = sum q^r m^(1-r) = sum q s^(r-1), s = q/m on the support (off it q = 0 adds nothing)
+        # G = sum q^r m^(1-r) = sum q s^(r-1), s = q/m
         work = self.work
         np.multiply(self.direction, weight, out=work)
         work += self.public
-        np.divide(self.public, work, out=work, where=self.public > 0)
-        work[self.public == 0] = 0.0
+        np.divide(self.public, work, out=work)
         if self.reverse_order == 3.0:
             np.square(work, out=work)
         else:
@@ -211,7 +251,9 @@ def _largest_feasible(total: Callable[[float], float], base: float, limit: float
     runs on ``f(l) = limit / total(l) - 1`` (positive exactly where ``l`` is
     feasible).  Near a pole of the reverse sum (``total ~ A / (1 - l + c)``)
     ``f`` is nearly linear in ``l``, so interpolation converges in a few steps
-    where Newton or bisection crawl.  Every end of the bracket is an
+    where Newton or bisection crawl; where it is far from linear (the forward
+    polynomial of degree 2a), two steps in a row that do not halve the
+    bracket are followed by a bisection step.  Every end of the bracket is an
     evaluated point classified by its own ``f``, and the feasible end is
     returned once the bracket's relative width is 1e-12 (or a feasible point
     leaves less than 1e-12 of the slack ``limit - base``): the result never
@@ -223,12 +265,14 @@ def _largest_feasible(total: Callable[[float], float], base: float, limit: float
     low, f_low = 0.0, limit / base - 1.0
     f_high = limit / value - 1.0
     side = 0
+    slow = 0  # steps in a row that did not halve the bracket
     for _ in range(_WEIGHT_STEPS):
-        if high - low <= _WEIGHT_TOLERANCE * high:
+        width = high - low
+        if width <= _WEIGHT_TOLERANCE * high:
             break
         guess = high - f_high * (high - low) / (f_high - f_low)
-        if not low < guess < high:
-            guess = 0.5 * (low + high)
+        if slow >= 2 or not low < guess < high:  # far from linear (a steep polynomial): bisect
+            guess, slow = 0.5 * (low + high), 0
         value = total(guess)
         f_guess = limit / value - 1.0
         if value <= limit:
@@ -243,6 +287,7 @@ def _largest_feasible(total: Callable[[float], float], base: float, limit: float
             if side == 1:
                 f_low *= 0.5
             side = 1
+        slow = slow + 1 if high - low > 0.5 * width else 0
     return low
 
 
@@ -250,10 +295,10 @@ def dp_fusion_mixture(
     p_private: np.ndarray, p_public: np.ndarray, bound: float, *, order: float = 2.0
 ) -> tuple[np.ndarray, float]:
     """``(lambda * p~ + (1 - lambda) * q~, lambda)``: the bounded distribution of :func:`dp_fusion_lambda`, on
-    the rows of :func:`dp_fusion_rows` (float64, a copy)."""
+    the rows of :func:`dp_fusion_rows` (float64, a fresh full-length row)."""
     mixing = _Mixing(p_private, p_public, bound, order)
     weight = mixing.weight()
-    return mixing.public + weight * mixing.direction, weight
+    return mixing.mixture(weight), weight
 
 
 @dataclass
@@ -370,16 +415,13 @@ class DPFusion(Policy):
         a uniform ``u`` picks ``p~`` iff ``u < w``, then
         :func:`~edge_sdk.policies.ldp_sampler.sample_index` draws from the
         chosen one.  ``u < w`` iff ``u / (1 - alpha)`` is a feasible weight, so
-        it is decided by the forward root and, only when ``u`` falls
-        below it, one reverse-sum evaluation.
+        it is decided by :meth:`_Mixing.allows` (two passes for most ``u``).
         """
         generator = require_rng(rng, self.name)
         share = 1.0 - check_alpha(alpha)
         mixing = _Mixing(p_slm, p_llm, self._bound, self.order)
         # the draw comes from p~ with probability share * lambda: decide that first, so lambda itself
-        # is only bounded, never solved for (lambda >= l iff l is feasible, the feasible set being [0, lambda])
+        # is never solved for (lambda >= l iff l is feasible, the feasible set being [0, lambda])
         threshold = float(generator.random())
-        private = share > 0 and threshold < share * mixing.forward_root()
-        if private and mixing.trivial is None:
-            private = mixing.reverse_allows(threshold / share)
-        return SyncedToken(sample_index(mixing.private if private else mixing.public, generator))
+        private = share > 0 and mixing.allows(threshold / share)
+        return SyncedToken(mixing.draw(private, generator))
