@@ -115,7 +115,7 @@ class PrivacyLedger:
 
     def summary(self) -> str:
         steps = len(self.entries)
-        spent = "" if self.accountant is None else f"; {self.accountant.describe()}"
+        spent = "" if self.accountant is None else f"; {self.accountant.describe()}; {self.in_words()}"
         return (
             f"{steps} steps, {self.mode}-side fusion with {self.policy}: "
             f"{self.values_uploaded} SLM values uploaded, {self.full_requests} full-distribution requests, "

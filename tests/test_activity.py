@@ -57,6 +57,7 @@ def test_a_heuristic_is_told_in_counts_and_a_dp_policy_in_odds() -> None:
     words = dp.privacy()["in_words"]
     assert words.startswith("whoever sees what left the device is at most 2.7 times more likely to tell your "
                             "context from any other, except with probability 1e-05")
+    assert dp.summary().endswith(words) and heuristic_ledger().summary().endswith("decided by your private context")
 
 
 def test_a_record_holds_what_was_sent_and_spent_and_nothing_private() -> None:
