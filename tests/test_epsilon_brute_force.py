@@ -192,3 +192,33 @@ def test_dp_fusion_per_token_divergence_between_two_contexts_is_at_most_epsilon(
 def test_ldp_sampler_never_spends_more_than_its_ledger(epsilon: float, seed: int) -> None:
     policy = LDPSampler(epsilon=epsilon)
     assert_within_the_ledger(ldp_step(policy), policy, spiky_rows(seed), 0.0)
+
+
+def renyi_two(p: np.ndarray, q: np.ndarray) -> float:
+    return math.log(float(np.sum(p * p / q)))
+
+
+def source_relation_mixture(p_slm: np.ndarray, p_llm: np.ndarray, epsilon: float) -> np.ndarray:
+    """The source's calibration, bisected here: the largest mixture of the floored rows whose symmetric D_2
+    against the public row is at most 2 * eps / 4 (dp-fusion-lib's b = a * beta, beta = eps / 4)."""
+    p, q = dp_fusion_rows(p_slm, p_llm)
+    low, high = 0.0, 1.0
+    for _ in range(100):
+        middle = 0.5 * (low + high)
+        mixture = q + middle * (p - q)
+        low, high = (middle, high) if max(renyi_two(mixture, q), renyi_two(q, mixture)) <= epsilon / 2 else (low, middle)
+    return q + low * (p - q)
+
+
+@pytest.mark.parametrize(("epsilon", "source_reaches"), [(1.0, 1.09), (2.0, 2.18)])
+def test_dp_fusion_bounded_against_the_public_row_only_exceeds_its_claim_between_two_contexts(
+    epsilon: float, source_reaches: float
+) -> None:
+    """The source's relation holds each context near the public row; two opposed contexts are then further
+    apart than the per-token epsilon claimed (1.09 at 1).  The two-context calibration keeps them within it."""
+    source = [source_relation_mixture(*opposed_rows(context, ()), epsilon) for context in (0, 1)]
+    assert renyi_two(source[0], source[1]) == pytest.approx(source_reaches, abs=0.01)
+    assert renyi_two(source[0], source[1]) > epsilon
+    policy = DPFusion(epsilon=epsilon)
+    ours = [dp_fusion_mixture(*opposed_rows(context, ()), policy.bound)[0] for context in (0, 1)]
+    assert renyi_two(ours[0], ours[1]) <= epsilon
