@@ -21,8 +21,9 @@ could produce alone).  :meth:`PrivacyAccountant.epsilon` composes the events:
   the improved conversion (:func:`~edge_sdk.privacy_accounting.rdp_epsilon`);
 * ``non_private`` (the heuristics): ``eps = inf`` from the first release.
 
-``dp-accounting`` is imported only when a DP event is composed, so
-``import edge_sdk`` and the heuristics stay numpy-only.
+``dp-accounting`` is imported only when a ``zcdp`` or a ``pure_dp`` event is
+composed at a ``delta > 0``, so ``import edge_sdk``, the heuristics, DP-Logit
+and DP-Fusion stay numpy-only.
 
 Every event's epsilon is for the relation :data:`RELATION`, "any two private
 contexts": each bound holds whatever the SLM's distribution is, so the one

@@ -423,5 +423,6 @@ class DPFusion(Policy):
         # the draw comes from p~ with probability share * lambda: decide that first, so lambda itself
         # is never solved for (lambda >= l iff l is feasible, the feasible set being [0, lambda])
         threshold = float(generator.random())
-        private = share > 0 and mixing.allows(threshold / share)
+        private = share > 0 and threshold > 0 and mixing.allows(threshold / share)  # u < share * lambda, as
+        # 0 < u <= share * lambda: the same probability, and lambda = 0 never draws p~
         return SyncedToken(mixing.draw(private, generator))
