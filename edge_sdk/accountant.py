@@ -282,7 +282,9 @@ class PrivacyAccountant:
         source = self.event.source_value
         self._source_curve = None if source is None else _epsilon_curve(replace(self.event, value=source), self.delta)
         if self.max_epsilon is not None:
-            self.max_epsilon = check_epsilon(self.max_epsilon)
+            self.max_epsilon = float(self.max_epsilon)
+            if not (self.max_epsilon >= 0.0 and math.isfinite(self.max_epsilon)):
+                raise ValueError(f"max_epsilon must be finite and >= 0, got {self.max_epsilon}")
             one = self.epsilon(1)
             if self.event.private and self.max_epsilon < one:
                 raise ValueError(

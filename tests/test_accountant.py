@@ -151,7 +151,7 @@ def test_bad_budgets_and_deltas_are_refused() -> None:
     event = DPLogit().release_event("cloud")
     with pytest.raises(ValueError, match="delta"):
         PrivacyAccountant(event, delta=0.0)  # approximate DP has no finite epsilon at delta 0
-    with pytest.raises(ValueError, match="epsilon"):
+    with pytest.raises(ValueError, match="max_epsilon must be finite and >= 0"):
         PrivacyAccountant(event, max_epsilon=-1.0)
     with pytest.raises(ValueError, match="non-private"):
         ReleaseEvent("non_private", value=1.0)
