@@ -10,43 +10,85 @@ mechanism protects and nothing for a step that released nothing private (a
 step withheld by a budget, or a heuristic's step that sent only what the cloud
 could produce alone).  :meth:`PrivacyAccountant.epsilon` composes the events:
 
-* ``gaussian`` (DP-Logit) and ``zcdp`` (InvisibleInk): dp-accounting's RDP
-  accountant;
+* ``gaussian`` (DP-Logit): the exact composition of Gaussian mechanisms
+  (:func:`~edge_sdk.privacy_accounting.gaussian_composition_epsilon`);
+* ``zcdp`` (InvisibleInk): dp-accounting's RDP accountant;
 * ``pure_dp`` (LDP-Sampler): dp-accounting's PLD accountant over binary
   randomised response, which dominates every pure ``eps``-DP mechanism
   (at ``delta = 0``: ``n * eps``, exact);
 * ``renyi`` (DP-Fusion, edge-side): a bound known at one Renyi order only,
-  which no dp-accounting event expresses: composed here by hand;
+  which no dp-accounting event expresses: composed here by hand, converted by
+  the improved conversion (:func:`~edge_sdk.privacy_accounting.rdp_epsilon`);
 * ``non_private`` (the heuristics): ``eps = inf`` from the first release.
 
-``dp-accounting`` is imported only when a DP event is composed, so
-``import edge_sdk`` and the heuristics stay numpy-only.
+``dp-accounting`` is imported only when a ``zcdp`` or a ``pure_dp`` event is
+composed at a ``delta > 0``, so ``import edge_sdk``, the heuristics, DP-Logit
+and DP-Fusion stay numpy-only.
 
-Every neighbouring relation here is "any two private contexts": each bound
-holds whatever the SLM's distribution is, so the one record a neighbour
-replaces is the whole private context.
+Every event's epsilon is for the relation :data:`RELATION`, "any two private
+contexts": each bound holds whatever the SLM's distribution is, so the one
+record a neighbour replaces is the whole private context.  Where a source
+states its epsilon for a weaker relation (a context against none, the public
+row), the event carries that figure too (``source_value``), composed the same
+way and shown second, labelled :data:`SOURCE_RELATION`, never in place of the
+first.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from edge_sdk.privacy_accounting import check_delta, check_epsilon, check_order, rdp_epsilon, zcdp_optimal_order
+from edge_sdk.privacy_accounting import (
+    check_delta,
+    check_epsilon,
+    check_order,
+    gaussian_composition_epsilon,
+    rdp_epsilon,
+    zcdp_optimal_order,
+)
 
 ReleaseKind = Literal["gaussian", "zcdp", "pure_dp", "renyi", "non_private"]
 RELEASE_KINDS: tuple[str, ...] = ("gaussian", "zcdp", "pure_dp", "renyi", "non_private")
 
 #: which accountant composes each kind (the summary's ``accountant``)
 ACCOUNTANTS: dict[str, str] = {
-    "gaussian": "rdp (dp-accounting)",
+    "gaussian": "Gaussian composition (exact)",
     "zcdp": "rdp (dp-accounting)",
     "pure_dp": "pld (dp-accounting)",
-    "renyi": "renyi, one order (hand)",
+    "renyi": "renyi at one order, improved conversion (hand)",
     "non_private": "none",
 }
+
+#: the neighbouring relation every ``epsilon_spent`` is stated for
+RELATION = "any two private contexts"
+#: the weaker relation of a source's own figure (``ReleaseEvent.source_value``)
+SOURCE_RELATION = "one private context against none (the public row only): the source's relation, weaker"
+
+
+def odds_factor(epsilon: float) -> str:
+    """``e^eps`` for people: two significant figures (``1.1`` at 0.1, ``22,000`` at 10), more below 1.1 so it
+    never reads 1 (``1.01`` at 0.01), powers of ten past a billion."""
+    if math.isinf(epsilon):
+        return "unboundedly many"
+    odds = math.exp(epsilon) if epsilon < 700 else math.inf
+    if epsilon == 0:
+        return "1"
+    if math.isinf(odds) or odds >= 1e9:
+        exponent = epsilon / math.log(10.0)
+        return f"{10 ** (exponent - math.floor(exponent)):.2g} × 10^{math.floor(exponent)}"
+    digits = 2 if odds >= 1.1 else 1 - math.floor(math.log10(math.expm1(epsilon)))
+    rounded = float(f"{odds:.{digits}g}")
+    return f"{rounded:,.0f}" if rounded >= 100 else f"{rounded:g}"
+
+
+def odds_sentence(epsilon: float, delta: float) -> str:
+    """What ``epsilon`` means to the person it protects, in one sentence."""
+    chance = f", except with probability {delta:g}" if delta > 0 else ""
+    return (f"whoever sees what left the device is at most {odds_factor(epsilon)} times more likely to tell your "
+            f"context from any other{chance} (e^epsilon, epsilon {epsilon:.3g})")
 
 
 @dataclass(frozen=True)
@@ -62,6 +104,8 @@ class ReleaseEvent:
     * ``renyi``: ``(order, value)``-Renyi-DP at the one ``order`` only;
     * ``non_private``: no DP guarantee (``value`` is infinite).
 
+    ``value`` is for :data:`RELATION` (any two private contexts); ``source_value``, when the source states a
+    smaller figure for its own weaker relation (:data:`SOURCE_RELATION`), is that same parameter there.
     ``delta`` is the delta the source states its epsilon at (0 for pure DP),
     the default the ledger states the spent epsilon at.  ``note`` says what the
     epsilon protects, or why there is none.
@@ -73,6 +117,7 @@ class ReleaseEvent:
     order: float | None = None
     horizon: int | None = None
     note: str = ""
+    source_value: float | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in RELEASE_KINDS:
@@ -87,6 +132,9 @@ class ReleaseEvent:
             raise ValueError(f"a Gaussian release needs a noise multiplier > 0, got {self.value}")
         if self.kind == "renyi":
             check_order(self.order if self.order is not None else math.nan)
+        if self.source_value is not None and not 0.0 <= self.source_value <= self.value:
+            raise ValueError(f"a source's weaker relation costs at most the event, got {self.source_value} > "
+                             f"{self.value}")
 
     @property
     def private(self) -> bool:
@@ -145,10 +193,7 @@ class _ComposedEpsilons:
 
         self.delta = delta
         self._accountant: Any
-        if event.kind == "gaussian":
-            self._accountant = RdpAccountant()
-            self._event = dp_event.GaussianDpEvent(event.value)
-        elif event.kind == "zcdp":
+        if event.kind == "zcdp":
             orders = list(DEFAULT_RDP_ORDERS)
             if event.horizon is not None and event.value > 0:  # the order the calibration's CKS conversion used
                 orders.append(zcdp_optimal_order(event.horizon * event.value, delta))
@@ -172,11 +217,12 @@ class _ComposedEpsilons:
 def renyi_composition_epsilon(releases: int, step_rdp: float, order: float, delta: float) -> float:
     """``(eps, delta)`` of ``n`` releases each ``(a, e)``-Renyi-DP at the one order ``a``::
 
-        eps(n) = n * e + log(1/delta) / (a - 1)      (n >= 1; eps(0) = 0)
+        eps(n) = n * e + log(1 - 1/a) - (log(delta) + log(a)) / (a - 1)      (n >= 1; eps(0) = 0)
 
     Renyi-DP at a fixed order composes by adding (Mironov 2017, Prop. 1):
-    ``n`` releases are ``(a, n * e)``-RDP; Prop. 3 converts that to
-    ``(n * e + log(1/delta)/(a-1), delta)``-DP, DP-Fusion's own accounting.
+    ``n`` releases are ``(a, n * e)``-RDP, converted by the improved conversion
+    (:func:`~edge_sdk.privacy_accounting.rdp_epsilon`; DP-Fusion's source uses
+    Mironov's plain one, 1.386 looser at order 2).
     Nothing released (``n = 0``, or ``e = 0``: every release is the public
     distribution itself) is 0.  dp-accounting's RDP accountant cannot do
     this: its events bound every order of its grid, DP-Fusion's bound holds
@@ -199,6 +245,8 @@ def _epsilon_curve(event: ReleaseEvent, delta: float) -> Callable[[int], float]:
     if event.kind == "renyi":
         assert event.order is not None
         return lambda releases: renyi_composition_epsilon(releases, event.value, event.order, delta)
+    if event.kind == "gaussian":
+        return lambda releases: gaussian_composition_epsilon(event.value, releases, delta)
     return _ComposedEpsilons(event, delta)
 
 
@@ -220,6 +268,7 @@ class PrivacyAccountant:
     #: the first step the budget withheld (``None`` while it has not)
     withheld_from: int | None = None
     _curve: Callable[[int], float] = field(init=False, repr=False)
+    _source_curve: Callable[[int], float] | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.delta is None:
@@ -229,9 +278,20 @@ class PrivacyAccountant:
             check_delta(self.delta)  # approximate DP: no finite epsilon at delta = 0
         elif not 0.0 <= self.delta < 1.0:
             raise ValueError(f"delta must lie in [0, 1), got {self.delta}")
-        if self.max_epsilon is not None:
-            self.max_epsilon = check_epsilon(self.max_epsilon)
         self._curve = _epsilon_curve(self.event, self.delta)
+        source = self.event.source_value
+        self._source_curve = None if source is None else _epsilon_curve(replace(self.event, value=source), self.delta)
+        if self.max_epsilon is not None:
+            self.max_epsilon = float(self.max_epsilon)
+            if not (self.max_epsilon >= 0.0 and math.isfinite(self.max_epsilon)):
+                raise ValueError(f"max_epsilon must be finite and >= 0, got {self.max_epsilon}")
+            one = self.epsilon(1)
+            if self.event.private and self.max_epsilon < one:
+                raise ValueError(
+                    f"max_epsilon {self.max_epsilon:g} cannot be met: one release of this policy already spends "
+                    f"epsilon {one:.4g} at delta {self.delta:g} ({RELATION}); the working range is max_epsilon >= "
+                    f"{one:.4g} (or a smaller per-token epsilon, a larger delta)"
+                )
 
     @property
     def accountant(self) -> str:
@@ -246,8 +306,14 @@ class PrivacyAccountant:
         return len(self.release_steps)
 
     def epsilon(self, releases: int | None = None) -> float:
-        """The epsilon spent at ``delta`` after ``releases`` releases (default: those recorded)."""
+        """The epsilon spent at ``delta`` after ``releases`` releases (default: those recorded), any two contexts."""
         return self._curve(self.releases if releases is None else int(releases))
+
+    def source_epsilon(self, releases: int | None = None) -> float | None:
+        """The same releases for the source's weaker relation (:data:`SOURCE_RELATION`), ``None`` without one."""
+        if self._source_curve is None:
+            return None
+        return self._source_curve(self.releases if releases is None else int(releases))
 
     def would_exceed(self, max_epsilon: float) -> bool:
         """Whether one more release would spend more than ``max_epsilon`` (Flower's ``would_exceed``)."""
@@ -289,10 +355,14 @@ class PrivacyAccountant:
     def summary(self) -> dict[str, Any]:
         """The ledger's privacy summary, JSON-ready: ``epsilon_spent`` is ``None`` for a non-private policy, even
         one none of whose steps the private context steered (whether a step is steered is itself decided from the
-        private context, so "0" would claim a guarantee the policy does not have)."""
+        private context, so "0" would claim a guarantee the policy does not have).  ``relation`` names what
+        ``epsilon_spent`` holds for; ``source_relation`` (or ``None``) is the source's weaker figure, labelled."""
+        source = self.source_epsilon()
         return {
             "guarantee": "dp" if self.event.private else "non-private",
             "epsilon_spent": self.epsilon() if self.event.private else None,
+            "relation": RELATION if self.event.private else None,
+            "source_relation": None if source is None else {"relation": SOURCE_RELATION, "epsilon_spent": source},
             "delta": self.delta,
             "accountant": self.accountant,
             "event": self.event.describe(),
@@ -308,7 +378,7 @@ class PrivacyAccountant:
         if not self.event.private:
             line = f"non-private: {self.event.note} ({self.releases} steps steered by the private context)"
         else:
-            line = (f"epsilon {self.epsilon():.4g} at delta {self.delta:g} over {self.releases} releases "
-                    f"({self.event.describe()}, {self.accountant})")
+            line = (f"epsilon {self.epsilon():.4g} at delta {self.delta:g} over {self.releases} releases, "
+                    f"{RELATION} ({self.event.describe()}, {self.accountant})")
         reason = self.stop_reason()
         return line if reason is None else f"{line}; {reason}"

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from edge_sdk.activity import ActivityLog
 from edge_sdk.backends.base import SLMBackend
 from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.grammar import JsonConstraint
@@ -258,6 +259,8 @@ class EdgeClient:
             What the edge sends is the same either way.  Default: ``wire.MAX_LOOKAHEAD`` (8) to a remote adapter,
             0 in process (no round trip to hide: drafts would only add work).  ``generate``/``stream`` take
             ``lookahead=`` per call.
+        activity_log: where each finished generation's activity record goes (:meth:`activity`); default a
+            bounded log in memory, ``ActivityLog(path=...)`` to keep it in a private file.
     """
 
     def __init__(
@@ -269,6 +272,7 @@ class EdgeClient:
         timeout_s: float | None = DEFAULT_SESSION_TIMEOUT_S,
         max_reconnects: int = 3,
         lookahead: int | None = None,
+        activity_log: ActivityLog | None = None,
     ) -> None:
         if lookahead is None:
             lookahead = 0 if callable(cloud) else MAX_LOOKAHEAD
@@ -288,6 +292,7 @@ class EdgeClient:
         self._vocabulary = building.submit(self._read_vocabulary)
         building.shutdown(wait=False)
         self._idle_since = -math.inf  # when this client's last generation ended (perf_counter clock)
+        self.activity_log = activity_log if activity_log is not None else ActivityLog()
 
     def _read_vocabulary(self) -> tuple[Callable[[int], str], dict[str, tuple[int, ...]]]:
         """Each id's piece, and every id by its folded piece (:func:`~edge_sdk.masking.folded_vocabulary`)."""
@@ -489,6 +494,15 @@ class EdgeClient:
             yield from run_with_resume(decoder, lambda: self._connect(lookahead), max_reconnects=self.max_reconnects)
         finally:
             self._idle_since = time.perf_counter()
+            ended = decoder.finish_reason or (
+                "max_new_tokens" if len(decoder.tokens) >= decoder.settings.max_new_tokens else "interrupted")
+            self.activity_log.record(decoder.ledger, finish_reason=ended)
+
+    def activity(self) -> list[dict[str, Any]]:
+        """One record per finished generation, oldest first: when, mode, policy, what was sent, the steps that
+        revealed something, epsilon with its relation and delta, the session ids (:mod:`edge_sdk.activity`).
+        ``json.dumps`` it to export; ``self.activity_log.export()`` gives the same as one JSON document."""
+        return self.activity_log.entries()
 
     def generate(self, public_query: str | Prompts, private_context: str = "", *,
                  settings: DecodeSettings | None = None, **kwargs: Any) -> GenerationResult:

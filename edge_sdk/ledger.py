@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from edge_sdk.accountant import PrivacyAccountant
+from edge_sdk.accountant import PrivacyAccountant, odds_sentence
 from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.leakage import ExposureTrace
 from edge_sdk.policies.base import FusionMode
@@ -85,14 +85,37 @@ class PrivacyLedger:
         """DecodeLeak's exposure sequence ``{E_t^K}`` as the edge recorded it (``K`` = ``exposure_k``)."""
         return ExposureTrace(self.exposure_k, tuple(entry.exposure for entry in self.entries))
 
+    def revealed(self) -> tuple[int, int]:
+        """``(steps, values)``: how many steps released something decided from the private context (the
+        accountant's releases) and how many values they sent (an upload's values, a synced token's one)."""
+        if self.accountant is None:
+            return 0, 0
+        released = set(self.accountant.release_steps)
+        entries = [entry for entry in self.entries if entry.step in released]
+        return len(entries), sum(entry.values_uploaded if entry.signal == "upload" else 1 for entry in entries)
+
+    def in_words(self) -> str | None:
+        """What the generation's privacy means to the person: the odds ``e^eps`` next to a DP policy's epsilon,
+        the counts for a heuristic ("3 of 212 steps revealed 5 values")."""
+        if self.accountant is None:
+            return None
+        if self.accountant.event.private:
+            return odds_sentence(self.accountant.epsilon(), self.accountant.delta)
+        steps, values = self.revealed()
+        return (f"no DP guarantee (a heuristic): {steps} of {len(self.entries)} steps revealed {values} values "
+                f"decided by your private context")
+
     def privacy(self) -> dict[str, object] | None:
-        """The epsilon ledger: ``epsilon_spent``, ``delta``, ``accountant``, ``events``, ``guarantee`` ("dp" or
-        "non-private"), the budget and when it withheld (:meth:`PrivacyAccountant.summary`)."""
-        return None if self.accountant is None else self.accountant.summary()
+        """The epsilon ledger: ``epsilon_spent`` for its ``relation``, ``delta``, ``accountant``, ``events``,
+        ``guarantee`` ("dp" or "non-private"), the budget and when it withheld (:meth:`PrivacyAccountant.summary`),
+        and ``in_words`` (:meth:`in_words`)."""
+        if self.accountant is None:
+            return None
+        return {**self.accountant.summary(), "in_words": self.in_words()}
 
     def summary(self) -> str:
         steps = len(self.entries)
-        spent = "" if self.accountant is None else f"; {self.accountant.describe()}"
+        spent = "" if self.accountant is None else f"; {self.accountant.describe()}; {self.in_words()}"
         return (
             f"{steps} steps, {self.mode}-side fusion with {self.policy}: "
             f"{self.values_uploaded} SLM values uploaded, {self.full_requests} full-distribution requests, "

@@ -4,17 +4,17 @@ Functions that turn a target privacy level into each baseline's noise or
 bound parameter, and the quantities that accounting is stated in:
 
 * :func:`analytic_gaussian_sigma`: the Gaussian mechanism's noise scale at a
-  given ``(epsilon, delta)`` (Balle & Wang 2018), used by DP-Logit, and
-  :func:`gaussian_zcdp_rho`, its zero-concentrated-DP cost;
+  given ``(epsilon, delta)`` (Balle & Wang 2018), used by DP-Logit,
+  :func:`gaussian_composition_epsilon`, the exact epsilon of ``n`` of them,
+  and :func:`gaussian_zcdp_rho`, their zero-concentrated-DP cost;
 * :func:`zcdp_epsilon` / :func:`zcdp_rho`: the zero-concentrated-DP to
   approximate-DP conversion of Canonne, Kamath & Steinke (2020) and its
-  inverse, used by InvisibleInk (:func:`zcdp_optimal_order` the order it converts at); :func:`rdp_epsilon` the plain Renyi-DP one;
-* :func:`renyi_divergence` / :func:`symmetric_renyi_divergence`: the
-  divergences DP-Fusion bounds;
-* :func:`dp_fusion_step_epsilon`, :func:`dp_fusion_epsilon`,
-  :func:`dp_fusion_beta`, :func:`dp_fusion_token_beta` and
-  :func:`dp_fusion_divergence_bound`: DP-Fusion's Renyi accounting and the
-  maps from an epsilon to the per-token divergence bound;
+  inverse, used by InvisibleInk (:func:`zcdp_optimal_order` the order it converts at); :func:`rdp_epsilon` the
+  improved Renyi-DP one;
+* :func:`renyi_divergence`: the divergence DP-Fusion bounds;
+* :func:`dp_fusion_context_orders`, :func:`dp_fusion_pair_rdp` and
+  :func:`dp_fusion_bound`: DP-Fusion's bound between any two private contexts
+  (the weak triangle inequality through the public row) and its inverse;
 * :func:`invisible_ink_clip`: InvisibleInk's logit-difference clip from a
   total epsilon.
 
@@ -40,7 +40,7 @@ import numpy as np
 EpsilonUnit = Literal["per_token", "per_generation", "calibration", "none"]
 EPSILON_UNITS: tuple[str, ...] = ("per_token", "per_generation", "calibration", "none")
 
-#: DP-Fusion's floor on probabilities inside the Renyi divergence (the source clamps at 1e-10).
+#: DP-Fusion's floor on probabilities: both rows are floored and renormalised before they are bounded and drawn from
 RENYI_PROBABILITY_FLOOR = 1e-10
 
 #: Bisection steps for the monotone one-dimensional searches below; each
@@ -145,6 +145,38 @@ def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1
     return high
 
 
+def gaussian_composition_epsilon(noise_multiplier: float, releases: int, delta: float) -> float:
+    """The exact ``epsilon`` at ``delta`` of ``n`` Gaussian mechanisms, each of noise multiplier ``z = sigma / D``.
+
+    ``n`` such releases are exactly one Gaussian mechanism of sensitivity ``sqrt(n)`` at noise 1 times ``z``
+    (Dong, Roth & Su 2019: ``mu``-GDP with ``mu = sqrt(n) / z`` composes by adding ``mu^2``), whose privacy
+    profile is :func:`gaussian_delta` (Balle & Wang 2018, Thm. 8).  ``delta(eps)`` falls with ``eps``, so the
+    smallest ``eps >= 0`` with ``gaussian_delta(eps) <= delta`` is bracketed by doubling and bisected; the upper
+    end is returned, so ``delta`` always holds.  ``n = 0`` is 0.
+    """
+    if not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
+        raise ValueError(f"noise multiplier must be finite and > 0, got {noise_multiplier}")
+    delta = check_delta(delta)
+    releases = int(releases)
+    if releases < 0:
+        raise ValueError(f"number of releases must be >= 0, got {releases}")
+    sensitivity = math.sqrt(releases)
+    if releases == 0 or gaussian_delta(0.0, noise_multiplier, sensitivity) <= delta:
+        return 0.0
+    low, high = 0.0, 1.0
+    while gaussian_delta(high, noise_multiplier, sensitivity) > delta:
+        low, high = high, 2.0 * high
+    for _ in range(_BISECTION_STEPS):
+        middle = 0.5 * (low + high)
+        if middle in (low, high):
+            break
+        if gaussian_delta(middle, noise_multiplier, sensitivity) <= delta:
+            high = middle
+        else:
+            low = middle
+    return high
+
+
 def gaussian_zcdp_rho(sigma: float, sensitivity: float = 1.0) -> float:
     """The Gaussian mechanism's zero-concentrated-DP cost ``rho = D^2 / (2 sigma^2)`` (Bun & Steinke 2016, Prop. 1.6).
 
@@ -159,11 +191,6 @@ def gaussian_zcdp_rho(sigma: float, sensitivity: float = 1.0) -> float:
     return sensitivity**2 / (2.0 * sigma**2)
 
 
-def _zcdp_order_objective(order: float, rho: float, log_inv_delta: float) -> float:
-    """``f(a) = rho*a + (log(1/delta) + (a-1)*log(1-1/a) - log(a)) / (a-1)``."""
-    return rho * order + (log_inv_delta + (order - 1.0) * math.log1p(-1.0 / order) - math.log(order)) / (order - 1.0)
-
-
 def zcdp_epsilon(rho: float, delta: float) -> float:
     """``rho``-zCDP implies ``(eps, delta)``-DP with (Canonne, Kamath & Steinke 2020, Prop. 12)::
 
@@ -176,7 +203,7 @@ def zcdp_epsilon(rho: float, delta: float) -> float:
     is floored at 0 (``rho = 0`` gives ``log(1 - delta) < 0`` there).
     """
     order = zcdp_optimal_order(rho, delta)
-    return max(0.0, _zcdp_order_objective(order, float(rho), -math.log(float(delta))))
+    return rdp_epsilon(float(rho) * order, order, delta)  # rho-zCDP is (a, rho*a)-RDP at every order a
 
 
 def zcdp_optimal_order(rho: float, delta: float) -> float:
@@ -192,11 +219,13 @@ def zcdp_optimal_order(rho: float, delta: float) -> float:
     log_inv_delta = -math.log(check_delta(delta))
     low, high = 1.0, 1.0 / float(delta)
     if rho > 0.0:
+        # the root has rho*(a-1)^2 <= log(1/delta): a tight upper end, so 200 halvings reach it at any delta
+        high = min(high, 1.0 + math.sqrt(log_inv_delta / rho))
         for _ in range(_BISECTION_STEPS):
             middle = 0.5 * (low + high)
             if middle in (low, high):
                 break
-            if rho * (middle - 1.0) ** 2 < log_inv_delta - math.log(middle):
+            if rho * (middle - 1.0) * (middle - 1.0) < log_inv_delta - math.log(middle):  # no ** overflow
                 low = middle
             else:
                 high = middle
@@ -230,108 +259,66 @@ def zcdp_rho(epsilon: float, delta: float) -> float:
 
 
 def rdp_epsilon(rdp: float, order: float, delta: float) -> float:
-    """``(a, eps_a)``-Renyi-DP implies ``(eps_a + log(1/delta)/(a-1), delta)``-DP (Mironov 2017, Prop. 3).
+    """``(a, e)``-Renyi-DP implies ``(eps, delta)``-DP with the improved conversion::
 
-    The conversion DP-Fusion's accounting uses; CKS's sharper one (Prop. 12,
-    :func:`zcdp_epsilon`'s objective at one order) subtracts a further
-    ``log(a)/(a-1) - log(1 - 1/a)`` that this one keeps, so it is never smaller.
+        eps = max(0, e + log(1 - 1/a) - (log(delta) + log(a)) / (a - 1))
+
+    (Balle et al. 2020, Thm. 21; Canonne, Kamath & Steinke 2020, Prop. 12; dp-accounting's own).  It is
+    ``log(a)/(a-1) - log(1 - 1/a)`` below Mironov's plain ``e + log(1/delta)/(a-1)`` (1.386 at order 2).
     """
     if not (rdp >= 0.0 and math.isfinite(rdp)):
         raise ValueError(f"Renyi-DP epsilon must be finite and >= 0, got {rdp}")
-    return rdp - math.log(check_delta(delta)) / (check_order(order) - 1.0)
+    order = check_order(order)
+    log_delta = math.log(check_delta(delta))
+    return max(0.0, rdp + math.log1p(-1.0 / order) - (log_delta + math.log(order)) / (order - 1.0))
 
 
 def renyi_divergence(p: np.ndarray, q: np.ndarray, order: float = 2.0) -> float:
-    """``D_a(p||q) = log(sum_i p_i^a q_i^(1-a)) / (a-1)`` with ``p, q`` floored at 1e-10 (not renormalised)."""
+    """``D_a(p||q) = log(sum_i p_i^a q_i^(1-a)) / (a-1)``, exact: ``inf`` where ``p`` has mass ``q`` lacks."""
     order = check_order(order)
-    p = np.maximum(np.asarray(p, dtype=np.float64), RENYI_PROBABILITY_FLOOR)
-    q = np.maximum(np.asarray(q, dtype=np.float64), RENYI_PROBABILITY_FLOOR)
-    return math.log(float(np.dot(p, (p / q) ** (order - 1.0)))) / (order - 1.0)
+    p, q = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
+    if np.any((q == 0) & (p > 0)):
+        return math.inf
+    support = p > 0
+    total = float(np.sum(p[support] * (p[support] / q[support]) ** (order - 1.0)))
+    return math.log(total) / (order - 1.0)
 
 
-def symmetric_renyi_divergence(p: np.ndarray, q: np.ndarray, order: float = 2.0) -> float:
-    """DP-Fusion's ``D(p, q) = max(D_a(p||q), D_a(q||p))`` (floored at 1e-10 as in :func:`renyi_divergence`)."""
-    return max(renyi_divergence(p, q, order), renyi_divergence(q, p, order))
+def dp_fusion_context_orders(order: float) -> tuple[float, float]:
+    """The orders ``(2a, 2a - 1)`` at which DP-Fusion bounds each context's mixture against the public row.
 
+    Mironov's weak triangle inequality (2017, Prop. 11, at ``p = q = 2``) gives, for any three
+    distributions::
 
-def dp_fusion_step_epsilon(beta: float, order: float = 2.0, n_groups: int = 1) -> float:
-    """DP-Fusion's Renyi-DP cost of one token at divergence bound ``beta`` (Thareja et al.)::
+        D_a(P||R) <= (a - 1/2)/(a - 1) * D_2a(P||Q) + D_(2a-1)(Q||R)
 
-        eps_step = log((N-1)/N + e^{(a-1)*4*beta} / N) / (a-1)
-
-    with ``N`` private groups; for ``N = 1`` this is ``4*beta``.  Evaluated as
-    ``(x - log N + log1p((N-1) e^-x)) / (a-1)`` with ``x = (a-1)*4*beta >= 0``,
-    which cannot overflow.
+    With ``Q`` the public row and ``P, R`` the mixtures of two private contexts, bounding
+    ``D_2a(m||q)`` and ``D_(2a-1)(q||m)`` for every context bounds ``D_a`` between any two of them.
     """
     order = check_order(order)
-    if not (beta >= 0.0 and math.isfinite(beta)):
-        raise ValueError(f"divergence bound beta must be finite and >= 0, got {beta}")
-    if int(n_groups) != n_groups or n_groups < 1:
-        raise ValueError(f"number of private groups must be a positive integer, got {n_groups}")
-    exponent = (order - 1.0) * 4.0 * beta
-    return (exponent - math.log(n_groups) + math.log1p((n_groups - 1) * math.exp(-exponent))) / (order - 1.0)
+    return 2.0 * order, 2.0 * order - 1.0
 
 
-def dp_fusion_epsilon(
-    beta: float, *, max_new_tokens: int, delta: float = 1e-5, order: float = 2.0, n_groups: int = 1
-) -> float:
-    """DP-Fusion's total ``(eps, delta)`` over ``T`` tokens each bounded by ``beta`` (worst case)::
+def dp_fusion_pair_rdp(bound: float, order: float = 2.0) -> float:
+    """The Renyi-DP cost at order ``a`` of one token, **any two private contexts**, when each context's
+    mixture has ``D_2a(m||q) <= b`` and ``D_(2a-1)(q||m) <= b`` (:func:`dp_fusion_context_orders`)::
 
-        eps = T * eps_step(beta) + log(1/delta) / (a-1)
+        eps_token = ((a - 1/2)/(a - 1) + 1) * b = (4a - 3) / (2a - 2) * b        (5b/2 at order 2)
 
-    which is ``4*T*beta + log(1/delta)/(a-1)`` for one private group.
+    Against the public row alone (the source's relation, a context against none) the same token costs ``b``:
+    ``D_a <= D_2a`` and ``D_a <= D_(2a-1)`` (Renyi divergences grow with the order).
     """
-    step = dp_fusion_step_epsilon(beta, order, n_groups)
-    return _check_tokens(max_new_tokens) * step - math.log(check_delta(delta)) / (order - 1.0)
-
-
-def dp_fusion_beta(epsilon: float, *, max_new_tokens: int, delta: float = 1e-5, order: float = 2.0) -> float:
-    """The per-token divergence budget that spends a total ``(epsilon, delta)`` over ``T`` tokens (one group)::
-
-        beta = (eps - log(1/delta)/(a-1)) / (4*T)
-
-    The inverse of :func:`dp_fusion_epsilon` for ``N = 1`` (the source's
-    worst-case accounting).  It is negative when ``eps <= log(1/delta)/(a-1)``
-    (about 11.5 at ``delta = 1e-5``, ``a = 2``): the Renyi-to-``(eps, delta)``
-    conversion alone costs that much, so no private signal fits the budget.
-    Hence :class:`~edge_sdk.policies.dp_fusion.DPFusion` reads its ``epsilon``
-    per token (:func:`dp_fusion_token_beta`) instead.
-    """
-    epsilon = check_epsilon(epsilon)
     order = check_order(order)
-    return (epsilon + math.log(check_delta(delta)) / (order - 1.0)) / (4.0 * _check_tokens(max_new_tokens))
+    if not (bound >= 0.0 and math.isfinite(bound)):
+        raise ValueError(f"DP-Fusion divergence bound must be finite and >= 0, got {bound}")
+    return (4.0 * order - 3.0) / (2.0 * order - 2.0) * bound
 
 
-def dp_fusion_token_beta(epsilon: float, *, order: float = 2.0, n_groups: int = 1) -> float:
-    """The divergence budget ``beta`` whose one token costs Renyi-DP ``epsilon`` at order ``a``.
-
-    The inverse of :func:`dp_fusion_step_epsilon`: with ``x = (a-1) * eps``,
-    ``e^x = (N-1)/N + e^{(a-1)*4*beta}/N`` gives::
-
-        beta = (x + log(N - (N-1) e^-x)) / (4 * (a-1))       (= eps / 4 for one group)
-
-    Unlike :func:`dp_fusion_beta` this needs no ``delta``: a per-token
-    Renyi-DP budget is positive for every ``eps > 0``, and ``T`` such tokens
-    are ``(a, T * eps)``-Renyi-DP, i.e. ``(rdp_epsilon(T * eps, a, delta), delta)``-DP.
-    """
-    epsilon = check_epsilon(epsilon)
+def dp_fusion_bound(epsilon: float, order: float = 2.0) -> float:
+    """The per-context bound ``b`` whose token costs Renyi-DP ``epsilon`` at order ``a`` between any two
+    contexts: the inverse of :func:`dp_fusion_pair_rdp`, ``b = (2a - 2) / (4a - 3) * eps`` (``0.4 eps`` at 2)."""
     order = check_order(order)
-    n_groups = check_positive_int(n_groups, "number of private groups")
-    exponent = (order - 1.0) * epsilon
-    return (exponent + math.log(n_groups - (n_groups - 1) * math.exp(-exponent))) / (4.0 * (order - 1.0))
-
-
-def dp_fusion_divergence_bound(beta: float, order: float = 2.0) -> float:
-    """The bound DP-Fusion's mixing weight enforces on the symmetric divergence: ``b = a * beta``.
-
-    The reference library (dp-fusion-lib) takes ``beta`` "in paper notation"
-    and bounds ``max(D_a(mix||pub), D_a(pub||mix))`` by ``a * beta``; the
-    accounting above is in terms of ``beta``.  A negative ``beta`` maps to a
-    negative bound (no private signal: ``lambda = 0``).
-    """
-    if not math.isfinite(beta):
-        raise ValueError(f"divergence budget beta must be finite, got {beta}")
-    return check_order(order) * float(beta)
+    return (2.0 * order - 2.0) / (4.0 * order - 3.0) * check_epsilon(epsilon)
 
 
 def invisible_ink_clip(
@@ -342,17 +329,20 @@ def invisible_ink_clip(
     temperature: float = 1.0,
     n_private: int = 1,
 ) -> float:
-    """InvisibleInk's clip bound ``C`` for a total ``(epsilon, delta)`` over ``T`` tokens.
+    """InvisibleInk's clip bound ``C`` for a total ``(epsilon, delta)`` over ``T`` tokens, any two contexts.
 
-    Sampling ``softmax(z_bar / tau)`` with differences clipped to ``[-C, C]``
-    and ``s`` private references is ``rho_token = (C / (s*tau))^2 / 2``-zCDP per
-    token; composing ``T`` tokens and converting with Canonne-Kamath-Steinke::
+    Sampling ``softmax(z_bar / tau)`` with ``z_bar = z_pub + clip(z_priv - z_pub, -C, C)`` averaged over ``s``
+    private references: each logit of ``z_bar`` moves by at most ``C/s`` between a context and none (the
+    source's relation) and by ``Delta = 2C/s`` between any two contexts.  The exponential mechanism with
+    scores of sensitivity ``Delta`` is ``(2 Delta / tau)``-bounded-range, hence ``(Delta/tau)^2 / 2``-zCDP
+    (Cesar & Rogers 2021), so ``rho_token = 2 (C / (s*tau))^2`` between two contexts (four times the source's
+    ``(C / (s*tau))^2 / 2``).  Composing ``T`` tokens and converting with Canonne-Kamath-Steinke::
 
-        rho = zcdp_rho(eps, delta),   rho_token = rho / T,   C = tau * s * sqrt(2 * rho_token)
+        rho = zcdp_rho(eps, delta),   rho_token = rho / T,   C = tau * s * sqrt(rho_token / 2)
     """
     if not temperature > 0:
         raise ValueError(f"sampling temperature must be > 0, got {temperature}")
     if int(n_private) != n_private or n_private < 1:
         raise ValueError(f"number of private references must be a positive integer, got {n_private}")
     rho_token = zcdp_rho(epsilon, delta) / _check_tokens(max_new_tokens)
-    return temperature * n_private * math.sqrt(2.0 * rho_token)
+    return temperature * n_private * math.sqrt(0.5 * rho_token)

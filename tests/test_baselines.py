@@ -308,27 +308,39 @@ def test_dp_logit_rejects_bad_parameters(kwargs: dict) -> None:
 # --------------------------------------------------------------------------- DP-Fusion
 
 
-def slow_divergence(mixture: np.ndarray, public: np.ndarray, order: float) -> float:
-    """max(D_a(m||q), D_a(q||m)) written out directly (inputs already floored)."""
-    forward = np.log(np.sum(mixture**order * public ** (1 - order))) / (order - 1)
-    reverse = np.log(np.sum(public**order * mixture ** (1 - order))) / (order - 1)
+def floored_rows(private: np.ndarray, public: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both rows renormalised, floored at 1e-10 on the public support, zero off it, renormalised again."""
+    support = np.asarray(public) > 0
+    rows = []
+    for row in (private, public):
+        row = np.asarray(row, dtype=np.float64) / np.sum(row, dtype=np.float64)
+        row = np.where(support, np.maximum(row, RENYI_PROBABILITY_FLOOR), 0.0)
+        rows.append(row / row.sum())
+    return rows[0], rows[1]
+
+
+def context_divergence(mixture: np.ndarray, public: np.ndarray, order: float) -> float:
+    """max(D_2a(m||q), D_(2a-1)(q||m)) written out on the support (what each context's mixture is held to)."""
+    s = public > 0
+    m, q = mixture[s], public[s]
+    forward = np.log(np.sum(m ** (2 * order) * q ** (1 - 2 * order))) / (2 * order - 1)
+    reverse = np.log(np.sum(q ** (2 * order - 1) * m ** (2 - 2 * order))) / (2 * order - 2)
     return float(max(forward, reverse))
 
 
 def slow_lambda(private: np.ndarray, public: np.ndarray, bound: float, order: float) -> float:
-    """The reference: 200 bisection steps over the floored-then-mixed divergence (feasible end kept)."""
-    p = np.maximum(np.asarray(private, dtype=np.float64), RENYI_PROBABILITY_FLOOR)
-    q = np.maximum(np.asarray(public, dtype=np.float64), RENYI_PROBABILITY_FLOOR)
-    if bound <= 0 or slow_divergence(q, q, order) > bound:
+    """The reference: 200 bisection steps over the context divergence of the floored rows (feasible end kept)."""
+    p, q = floored_rows(private, public)
+    if bound <= 0 or context_divergence(q, q, order) > bound:
         return 0.0
-    if slow_divergence(p, q, order) <= bound:
+    if context_divergence(p, q, order) <= bound:
         return 1.0
     low, high = 0.0, 1.0
     for _ in range(200):
         middle = 0.5 * (low + high)
         if middle in (low, high):
             break
-        if slow_divergence(q + middle * (p - q), q, order) <= bound:
+        if context_divergence(q + middle * (p - q), q, order) <= bound:
             low = middle
         else:
             high = middle
@@ -336,20 +348,29 @@ def slow_lambda(private: np.ndarray, public: np.ndarray, bound: float, order: fl
 
 
 def test_dp_fusion_lambda_hand_worked() -> None:
-    # p_priv = [1, 0], p_pub = [1/2, 1/2]: the mixture is [(1+l)/2, (1-l)/2] and
-    # D_2(m||q) = log(1 + l^2) <= D_2(q||m) = -log(1 - l^2), so the largest feasible
-    # l is sqrt(1 - e^-b) = sqrt(1 - e^-0.3) = 0.509100 (the 1e-10 floor moves it by ~1e-10)
+    # p_priv = [1, 0], p_pub = [1/2, 1/2], order 2 (context orders 4 and 3): the mixture is [(1+l)/2, (1-l)/2];
+    # D_4(m||q) = log(1 + 6l^2 + l^4)/3 and D_3(q||m) = log((1 + l^2)/(1 - l^2)^2)/2.  At b = 0.3 the reverse
+    # binds: 2(1 + x) = 2 e^0.6 (1 - x)^2 with x = l^2, a quadratic: l = 0.437482 (the floor moves it ~1e-10)
+    k = math.exp(0.6)
+    x = ((2 * k + 1) - math.sqrt((2 * k + 1) ** 2 - 4 * k * (k - 1))) / (2 * k)
     weight = dp_fusion_lambda(np.array([1.0, 0.0]), np.array([0.5, 0.5]), 0.3)
-    assert weight == pytest.approx(0.5090990, abs=1e-7)
-    # forward-bound case, closed form at order 2: 1 + l^2 (sum p^2/q - 1) = e^b, with p = [0.5, 0.5],
-    # q = [0.25, 0.75]: sum p^2/q - 1 = 4/3 - 1 = 1/3, so at b = 0.1: l = sqrt(3 (e^0.1 - 1)) = 0.561705;
-    # the reverse sum there, 0.25/1.5617 + 0.5625/0.6096 = 1.0829, stays below e^0.1 = 1.1052
-    assert dp_fusion_lambda(np.array([0.5, 0.5]), np.array([0.25, 0.75]), 0.1) == pytest.approx(0.561705, abs=1e-6)
+    assert weight == pytest.approx(math.sqrt(x), abs=1e-7) and weight == pytest.approx(0.437482, abs=1e-6)
+    assert 1 + 6 * x + x * x < math.exp(0.9)  # the forward sum holds there
+    # forward-bound: p = [0.5, 0.5], q = [0.25, 0.75], d = p - q = [1/4, -1/4]: F(l) = sum (q + l d)^4 / q^3 =
+    # 1 + 6 l^2 (1/3) + 4 l^3 (2/9) + l^4 (7/27) (sum d^2/q = 1/3, sum d^3/q^2 = 2/9, sum d^4/q^3 = 7/27);
+    # at b = 0.1 its root of F = e^0.3 (numpy's polynomial roots) and the reverse sum there below e^0.2
+    roots = np.roots([7 / 27, 8 / 9, 2.0, 0.0, 1.0 - math.exp(0.3)])
+    root = float(max(r.real for r in roots if abs(r.imag) < 1e-12 and 0 < r.real < 1))
+    q, d = np.array([0.25, 0.75]), np.array([0.25, -0.25])
+    assert np.sum(q**3 / (q + root * d) ** 2) < math.exp(0.2)
+    assert dp_fusion_lambda(np.array([0.5, 0.5]), np.array([0.25, 0.75]), 0.1) == pytest.approx(root, abs=1e-7)
 
 
 def test_dp_fusion_lambda_edge_cases() -> None:
     p, q = np.array([0.5, 0.5]), np.array([0.25, 0.75])
-    assert dp_fusion_lambda(p, q, 0.3) == 1.0  # D(p, q) = 0.2877 <= 0.3
+    # D_4(p||q) = log(4 + 4/27)/3 = 0.4742, D_3(q||p) = log(1.75)/2 = 0.2798: both within 0.48, not 0.47
+    assert dp_fusion_lambda(p, q, 0.48) == 1.0
+    assert dp_fusion_lambda(p, q, 0.47) < 1.0
     assert dp_fusion_lambda(p, q, 0.0) == 0.0
     assert dp_fusion_lambda(p, q, -1.0) == 0.0
     assert dp_fusion_lambda(p, q, 1e6) == 1.0
@@ -372,13 +393,11 @@ def test_dp_fusion_lambda_matches_a_bisection_reference(
     private = private.copy()
     private[[i for i in zeroed if i < private.size - 1]] = 0.0  # the reverse direction then often binds
     weight = dp_fusion_lambda(private, public, bound, order=order)
-    private /= private.sum()  # what it calibrates: the rows renormalised (the zeroed one sums to less than 1)
-    reference = slow_lambda(private, public, bound, order)
+    reference = slow_lambda(private, public, bound, order)  # the zeroed row renormalised, as it is drawn from
     assert weight == pytest.approx(reference, rel=1e-9, abs=1e-12)
-    floored_p = np.maximum(private, RENYI_PROBABILITY_FLOOR)
-    floored_q = np.maximum(public, RENYI_PROBABILITY_FLOOR)
-    # within the bound up to the rounding of a sum near 1 (~1e-16, divided by a - 1)
-    assert slow_divergence(floored_q + weight * (floored_p - floored_q), floored_q, order) <= bound + 1e-14
+    floored_p, floored_q = floored_rows(private, public)
+    # within the bound up to the rounding of a sum near 1 (~1e-16, divided by 2a - 2)
+    assert context_divergence(floored_q + weight * (floored_p - floored_q), floored_q, order) <= bound + 1e-13
 
 
 @SETTINGS
@@ -390,26 +409,24 @@ def test_dp_fusion_lambda_is_monotone_in_the_bound(
     assert dp_fusion_lambda(private, public, bound) <= dp_fusion_lambda(private, public, bound * factor)
 
 
-def test_dp_fusion_maps_epsilon_per_token_in_library_notation() -> None:
-    # beta = eps / 4 (a token bounded by beta costs 4 beta of Renyi-DP), b = a * beta (dp-fusion-lib)
-    assert DPFusion(epsilon=2.0).bound == 1.0  # 2 * 2 / 4
-    assert DPFusion(epsilon=2.0, order=3.0).bound == pytest.approx(1.5)  # 3 * 2 / 4
+def test_dp_fusion_maps_epsilon_per_token_between_any_two_contexts() -> None:
+    # b = (2a - 2)/(4a - 3) eps: 0.4 eps at order 2, 4/9 eps at order 3 (a token then costs eps between contexts)
+    assert DPFusion(epsilon=2.0).bound == pytest.approx(0.8)
+    assert DPFusion(epsilon=2.0, order=3.0).bound == pytest.approx(8 / 9)
     assert DPFusion(epsilon=0.0).bound == 0.0
-    # T = 256 tokens at eps = 1 are (2, 256)-RDP: 256 + log(1e5) = 267.5129 at delta = 1e-5
-    assert DPFusion(epsilon=1.0).generation_epsilon() == pytest.approx(267.512925, abs=1e-6)
+    # T = 256 tokens at eps = 1 are (2, 256)-RDP: 256 + log(1/2) + log(1e5) - log 2 = 266.1266 at delta = 1e-5
+    assert DPFusion(epsilon=1.0).generation_epsilon() == pytest.approx(266.126631, abs=1e-6)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_dp_fusion_paper_grid_gives_distinct_weights_on_realistic_distributions(seed: int) -> None:
     p_slm, p_llm = peaked_pair(32_768, seed)
     grid = (0, 0.1, 0.5, 1, 2, 3, 4, 8, 16, 32, 64)
-    bounds = [DPFusion(epsilon=e).bound for e in grid]
-    assert all(a < b for a, b in zip(bounds, bounds[1:]))
     weights = [DPFusion(epsilon=e).weight(p_slm, p_llm) for e in grid]
     assert weights[0] == 0.0
-    # eps 0.1 ... 16: every one its own weight, each at least 1.3x the previous
-    assert all(0 < a and b >= 1.3 * a for a, b in zip(weights[1:9], weights[2:9]))
-    # b = 32 exceeds the pair's whole divergence (at most log 1e10 = 23 with the floor): no mixing left
+    # eps 0.1 ... 16: every one its own weight, each above the previous
+    assert all(0 < a < b for a, b in zip(weights[1:9], weights[2:9]))
+    # b = 0.4 * 64 = 25.6 exceeds the largest log-ratio of two floored rows (log 1e10 = 23 and a little): lambda 1
     assert weights[-1] == 1.0
 
 
@@ -421,8 +438,8 @@ def test_dp_fusion_at_zero_epsilon_uploads_only_the_public_distribution() -> Non
 
 
 def test_dp_fusion_cloud_upload_is_the_reference_mixture() -> None:
-    policy = DPFusion(epsilon=0.5, upload_k=3)  # b = 0.25
-    weight = slow_lambda(P_SLM, P_LLM, 0.25, 2.0)
+    policy = DPFusion(epsilon=0.5, upload_k=3)  # b = 0.2
+    weight = slow_lambda(P_SLM, P_LLM, 0.2, 2.0)
     mixture = weight * P_SLM.astype(np.float64) + (1 - weight) * P_LLM.astype(np.float64)
     upload = policy.decide("cloud", P_SLM, P_LLM, alpha=0.5)
     expected_ids = np.sort(np.argsort(-mixture, kind="stable")[:3])
@@ -436,7 +453,8 @@ def test_dp_fusion_edge_draws_follow_the_fused_mixture(epsilon: float, alpha: fl
     p_llm = np.array([0.05, 0.1, 0.4, 0.25, 0.2], dtype=np.float32)
     policy = DPFusion(epsilon=epsilon)
     weight = slow_lambda(p_slm, p_llm, policy.bound, 2.0)
-    fused = alpha * p_llm + (1 - alpha) * (weight * p_slm + (1 - weight) * p_llm)
+    private, public = floored_rows(p_slm, p_llm)  # what is drawn from: the rows that were bounded
+    fused = alpha * public + (1 - alpha) * (weight * private + (1 - weight) * public)
     counts = draw_counts(lambda g: policy.edge_token(p_slm, p_llm, alpha=alpha, rng=g).token_id, 8000, 5)
     assert_follows(counts, fused / fused.sum())
     token = policy.edge_token(p_slm, p_llm, alpha=alpha, rng=np.random.default_rng(9)).token_id
@@ -446,6 +464,8 @@ def test_dp_fusion_edge_draws_follow_the_fused_mixture(epsilon: float, alpha: fl
 def test_dp_fusion_rejects_bad_parameters() -> None:
     with pytest.raises(ValueError, match="Renyi order"):
         DPFusion(order=1.0)
+    with pytest.raises(ValueError, match=r"Renyi order must lie in \(1, 8\]"):
+        DPFusion(order=9.0)
     with pytest.raises(ValueError, match="max_new_tokens"):
         DPFusion(max_new_tokens=0)
     with pytest.raises(ValueError, match="epsilon"):
@@ -957,18 +977,16 @@ def masked_eos_pair(eos_mass: float) -> tuple[np.ndarray, np.ndarray]:
 
 @pytest.mark.parametrize("eos_mass", [0.01, 0.5])
 def test_dp_fusion_edge_stays_within_its_bound_with_eos_masked(eos_mass: float) -> None:
-    """Fails on the calibration of the masked (unnormalised) rows: its weight let the drawn distribution reach a
-    divergence of 0.056 (1% EOS mass) and beyond (50%) against b = 0.05."""
+    """Fails on the calibration of the masked (unnormalised) rows: its weight let the drawn distribution go past
+    its bound.  The masked id, zero in the public row, is off the support: never drawn, never floored."""
     p_slm, p_llm = masked_eos_pair(eos_mass)
-    policy = DPFusion(epsilon=0.1)  # b = 2 * 0.1 / 4 = 0.05
+    policy = DPFusion(epsilon=0.125)  # b = 0.4 * 0.125 = 0.05
     assert policy.bound == pytest.approx(0.05)
-    # what an edge draw (alpha = 0) comes from: lambda * p_slm + (1 - lambda) * p_llm, each renormalised
-    private, public = (row.astype(np.float64) / row.sum(dtype=np.float64) for row in (p_slm, p_llm))
+    # what an edge draw (alpha = 0) comes from: lambda * p~ + (1 - lambda) * q~, the rows renormalised and floored
+    private, public = floored_rows(p_slm, p_llm)
     weight = policy.weight(p_slm, p_llm)
-    floored_p = np.maximum(private, RENYI_PROBABILITY_FLOOR)
-    floored_q = np.maximum(public, RENYI_PROBABILITY_FLOOR)
-    assert slow_divergence(floored_q + weight * (floored_p - floored_q), floored_q, 2.0) <= 0.05 + 1e-12
-    assert weight == pytest.approx(slow_lambda(private, public, 0.05, 2.0), rel=1e-9)  # and it is the largest
+    assert context_divergence(public + weight * (private - public), public, 2.0) <= 0.05 + 1e-12
+    assert weight == pytest.approx(slow_lambda(p_slm, p_llm, 0.05, 2.0), rel=1e-9)  # and it is the largest
     # the draws themselves follow that mixture, never EOS
     counts = draw_counts(lambda g: policy.edge_token(p_slm, p_llm, alpha=0.0, rng=g).token_id, 8000, 5)
     assert counts[4] == 0

@@ -140,8 +140,10 @@ def test_the_page_colours_each_token_by_what_the_cloud_saw(endpoint: Endpoint, b
     assert CANARY not in browser.find_element(By.ID, "answer").get_attribute("textContent")
 
 
-def ask_two_tokens_cloud_side(browser, endpoint: Endpoint, policy: str, *, max_epsilon: str = "") -> None:
-    """Ask the page the test question in cloud-side fusion with ``policy`` for 2 tokens; wait until it is done."""
+def ask_two_tokens(browser, endpoint: Endpoint, policy: str, *, max_epsilon: str = "", mode: str = "cloud",
+                              params: str = "") -> None:
+    """Ask the page the test question in ``mode``-side fusion (cloud-side unless told) with ``policy`` and
+    ``params`` for 2 tokens; wait until it is done."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -150,8 +152,9 @@ def ask_two_tokens_cloud_side(browser, endpoint: Endpoint, policy: str, *, max_e
     wait.until(lambda b: len(Select(b.find_element(By.ID, "policy")).options) > 1)
     browser.find_element(By.ID, "question").send_keys(QUESTION)
     browser.find_element(By.ID, "private-context").send_keys(PRIVATE_CONTEXT)
-    Select(browser.find_element(By.ID, "mode")).select_by_value("cloud")
+    Select(browser.find_element(By.ID, "mode")).select_by_value(mode)
     Select(browser.find_element(By.ID, "policy")).select_by_value(policy)
+    browser.find_element(By.ID, "params").send_keys(params)
     tokens = browser.find_element(By.ID, "max-tokens")
     tokens.clear()
     tokens.send_keys("2")
@@ -168,7 +171,7 @@ def test_an_undefended_step_is_coloured_apart_from_a_coveil_one_of_the_same_kind
     CoVeil's few values in a light one."""
     from selenium.webdriver.common.by import By
 
-    ask_two_tokens_cloud_side(browser, endpoint, "undefended")
+    ask_two_tokens(browser, endpoint, "undefended")
     browser.save_screenshot(str(tmp_path / "undefended.png"))
     spans = browser.find_elements(By.CSS_SELECTOR, "#answer span.tok")
     assert [span.get_attribute("data-saw") for span in spans] == ["upload", "upload"]
@@ -187,7 +190,7 @@ def test_the_page_sends_its_max_epsilon_and_says_when_the_budget_withheld(endpoi
     step uploads 0 values, and the line under the meter says so from step 0 (before, the page had no budget)."""
     from selenium.webdriver.common.by import By
 
-    ask_two_tokens_cloud_side(browser, endpoint, "coveil", max_epsilon="1")
+    ask_two_tokens(browser, endpoint, "coveil", max_epsilon="1")
     line = browser.find_element(By.ID, "epsilon-line").text
     assert line.startswith("ε: non-private (coveil is a heuristic")
     assert "from step 0 only cloud-only signals were sent" in line and "> max_epsilon 1 " in line
@@ -219,3 +222,37 @@ def test_on_a_keyed_endpoint_the_page_opens_with_the_key_in_its_address(cloud: C
         status = browser.find_element(By.ID, "status")
         assert status.get_attribute("data-state") == "done", status.text
         assert len(browser.find_elements(By.CSS_SELECTOR, "#answer span.tok")) == 2
+
+
+def test_the_export_button_downloads_the_activity_log_with_the_odds_next_to_epsilon(endpoint: Endpoint, browser,
+                                                                                  tmp_path: Path) -> None:
+    """An edge-side DP generation from the page: the line under the meter gives epsilon for its relation and, next
+    to it, the odds in words (and the source's weaker figure second, labelled); the Export button downloads
+    coveil-activity.json, the endpoint's activity log, whose last record is that generation's."""
+    import json
+    import time
+
+    from selenium.webdriver.common.by import By
+
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    browser.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
+    ask_two_tokens(browser, endpoint, "dp_fusion", mode="edge", params="epsilon=1")
+    line = browser.find_element(By.ID, "epsilon-line").text
+    # hand: 2 tokens at eps = 1, order 2, delta 1e-5: 2 + log(1e5) - 2 log 2 = 12.13, e^12.13 = 184,726: 180,000
+    assert line.startswith("ε spent: 12.13 at δ = 0.00001 for any two private contexts"), line
+    assert "for one private context against none" in line and "weaker" in line
+    assert "In words: whoever sees what left the device is at most 180,000 times more likely to tell your context " \
+           "from any other" in line
+
+    browser.find_element(By.ID, "export").click()
+    saved = downloads / "coveil-activity.json"
+    deadline = time.monotonic() + 30
+    while not saved.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    records = json.loads(saved.read_text())["activity"]
+    last = records[-1]
+    assert (last["mode"], last["steps"], last["relation"]) == ("edge", 2, "any two private contexts")
+    assert last["epsilon"] == pytest.approx(12.1266, abs=1e-3) and last["delta"] == 1e-5
+    assert last["tokens_synced"] == 2 and last["session_ids"]
+    assert CANARY not in saved.read_text()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import math
 import re
 import threading
 import urllib.parse
@@ -460,7 +461,8 @@ def test_a_complete_request_whose_client_went_away_stops_decoding() -> None:
 
 def test_the_ledger_summary_carries_the_epsilon_the_generation_spent() -> None:
     """Every response's and the last chunk's ``coveil`` field: epsilon spent, delta, accountant, events (hand: 3
-    DP-Fusion tokens at eps = 1 per token, order 2, delta 1e-5 spend 3 + log(1e5)); a heuristic's is non-private."""
+    DP-Fusion tokens at eps = 1 per token, order 2, delta 1e-5 spend 3 + log(1e5) - 2 log 2, for any two private
+    contexts, with the odds in words); a heuristic's is non-private, told in counts."""
     from edge_sdk.accountant import PrivacyAccountant
     from edge_sdk.policies import CoVeil, DPFusion
     from edge_sdk.server.serving import ledger_summary
@@ -476,11 +478,14 @@ def test_the_ledger_summary_carries_the_epsilon_the_generation_spent() -> None:
 
     dp = summary(DPFusion(epsilon=1.0), "edge")
     assert dp["guarantee"] == "dp" and dp["events"] == 3 and dp["delta"] == 1e-5
-    assert dp["epsilon_spent"] == pytest.approx(3.0 + 11.512925464970229)
-    budgeted = summary(DPFusion(epsilon=1.0), "edge", max_epsilon=14.0)  # a third token would spend 14.51
-    assert budgeted["events"] == 2 and budgeted["withheld_from"] == 2 and "max_epsilon 14" in budgeted["withheld_reason"]
+    assert dp["epsilon_spent"] == pytest.approx(3.0 + 11.512925464970229 - 2 * math.log(2.0))
+    assert dp["relation"] == "any two private contexts" and "weaker" in dp["source_relation"]["relation"]
+    assert dp["in_words"].startswith("whoever sees what left the device is at most 500,000 times more likely")
+    budgeted = summary(DPFusion(epsilon=1.0), "edge", max_epsilon=12.5)  # a third token would spend 13.13
+    assert budgeted["events"] == 2 and budgeted["withheld_from"] == 2 and "max_epsilon 12.5" in budgeted["withheld_reason"]
     heuristic = summary(CoVeil(), "cloud")
     assert heuristic["guarantee"] == "non-private" and heuristic["epsilon_spent"] is None
+    assert heuristic["in_words"].startswith("no DP guarantee (a heuristic): 3 of 3 steps revealed")
     with pytest.raises(ValueError, match="max_epsilon"):
         ChatCompletionRequest.model_validate({"model": "coveil", "messages": [{"role": "user", "content": "q"}],
                                               "coveil": {"max_epsilon": -1}})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import threading
 import urllib.parse
 from pathlib import Path
@@ -133,10 +134,11 @@ def test_a_baseline_by_name_uploads_what_it_is_defined_to(endpoint: Endpoint, cl
 
 
 def test_the_coveil_field_says_what_a_dp_generation_spent_and_when_its_budget_withheld(endpoint: Endpoint) -> None:
-    """Edge-side DP-Fusion at eps = 1 per token (order 2, delta 1e-5) spends 2 + 11.51 in two tokens and 14.51 in
-    three (hand): under max_epsilon 14 the third step is withheld, in the whole response and the last chunk."""
+    """Edge-side DP-Fusion at eps = 1 per token (order 2, delta 1e-5) spends 2 + 10.13 in two tokens and 13.13 in
+    three (hand: 11.51 - 2 log 2 the improved conversion): under max_epsilon 12.5 the third step is withheld, in
+    the whole response and the last chunk."""
     options = {"private_context": PRIVATE_CONTEXT, "mode": "edge", "policy": "dp_fusion", "params": {"epsilon": 1.0},
-               "max_epsilon": 14.0}
+               "max_epsilon": 12.5}
     client = api(endpoint)
     whole = client.chat.completions.create(model="coveil", messages=MESSAGES, max_tokens=4,
                                            extra_body={"coveil": options})
@@ -146,7 +148,8 @@ def test_the_coveil_field_says_what_a_dp_generation_spent_and_when_its_budget_wi
     for ledger in (whole.model_extra["coveil"], last):
         privacy = ledger["privacy"]
         assert privacy["guarantee"] == "dp" and privacy["events"] == 2 and privacy["withheld_from"] == 2
-        assert privacy["epsilon_spent"] == pytest.approx(2.0 + 11.512925464970229)
+        assert privacy["epsilon_spent"] == pytest.approx(2.0 + 11.512925464970229 - 2 * math.log(2.0))
+        assert privacy["relation"] == "any two private contexts" and privacy["in_words"].startswith("whoever sees")
         assert ledger["withheld_steps"] == ledger["steps"] - 2
 
 

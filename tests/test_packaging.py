@@ -33,10 +33,10 @@ def test_import_edge_sdk_is_light() -> None:
 
 def test_dp_accounting_loads_only_when_a_dp_policy_is_accounted() -> None:
     account = ("import edge_sdk, edge_sdk.accountant as a, edge_sdk.policies as p; "
-               "x = a.PrivacyAccountant(p.{}.release_event('cloud')); x.record(0, steered=True); x.summary()")
+               "x = a.PrivacyAccountant(p.{}.release_event('edge')); x.record(0, steered=True); x.summary()")
     heuristic = imported_after(account.format("CoVeil()"))
     assert not [m for m in heuristic if m.split(".")[0] in ("dp_accounting", "scipy")]
-    dp = imported_after(account.format("DPLogit()"))
+    dp = imported_after(account.format("InvisibleInk()"))
     assert "dp_accounting" in dp
     assert not [m for m in dp if any(m == h or m.startswith(h + ".") for h in HEAVY)]
 

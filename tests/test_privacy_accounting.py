@@ -10,24 +10,22 @@ import pytest
 from dp_accounting import rdp
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy import stats
+from scipy import optimize, stats
 
 from edge_sdk.privacy_accounting import (
     EPSILON_UNITS,
     analytic_gaussian_sigma,
     check_positive_int,
-    dp_fusion_beta,
-    dp_fusion_divergence_bound,
-    dp_fusion_epsilon,
-    dp_fusion_step_epsilon,
-    dp_fusion_token_beta,
+    dp_fusion_bound,
+    dp_fusion_context_orders,
+    dp_fusion_pair_rdp,
+    gaussian_composition_epsilon,
     gaussian_delta,
     gaussian_zcdp_rho,
     invisible_ink_clip,
     rdp_epsilon,
     renyi_divergence,
     standard_normal_cdf,
-    symmetric_renyi_divergence,
     zcdp_epsilon,
     zcdp_rho,
 )
@@ -216,12 +214,15 @@ def test_gaussian_zcdp_rho_matches_dp_accounting_gaussian_rdp(sigma: float, sens
     assert gaussian_zcdp_rho(5.3, math.sqrt(2)) == pytest.approx(0.0355999, abs=1e-7)
 
 
-def test_rdp_epsilon_hand_worked_and_never_below_the_cks_conversion() -> None:
-    # (2, 256)-RDP at delta 1e-5: 256 + log(1e5) / 1 = 267.5129
-    assert rdp_epsilon(256.0, 2.0, 1e-5) == pytest.approx(267.512925, abs=1e-6)
-    for order, value in [(2.0, 256.0), (3.0, 1.0), (17.0, 0.25)]:
-        improved, _ = rdp.compute_epsilon([order], [value], 1e-5)
-        assert rdp_epsilon(value, order, 1e-5) >= improved
+def test_rdp_epsilon_is_the_improved_conversion_hand_worked_and_by_dp_accounting() -> None:
+    # (2, 256)-RDP at delta 1e-5: 256 + log(1/2) - (log(1e-5) + log 2) / 1 = 256 - 0.693147 + 11.512925 - 0.693147
+    assert rdp_epsilon(256.0, 2.0, 1e-5) == pytest.approx(266.126631, abs=1e-6)
+    # Mironov's plain conversion is log(2)/1 - log(1/2) = 1.386 looser at order 2
+    assert 256.0 + math.log(1e5) - rdp_epsilon(256.0, 2.0, 1e-5) == pytest.approx(2 * math.log(2.0))
+    for order, value in [(2.0, 256.0), (3.0, 1.0), (17.0, 0.25), (1.5, 24.0)]:
+        reference, _ = rdp.compute_epsilon([order], [value], 1e-5)  # dp-accounting's conversion at that order
+        assert rdp_epsilon(value, order, 1e-5) == pytest.approx(reference, rel=1e-12)
+    assert rdp_epsilon(0.0, 2.0, 0.5) == 0.0  # floored at 0
 
 
 def test_rdp_epsilon_rejects_bad_input() -> None:
@@ -229,6 +230,41 @@ def test_rdp_epsilon_rejects_bad_input() -> None:
         rdp_epsilon(-1.0, 2.0, 1e-5)
     with pytest.raises(ValueError, match="Renyi order"):
         rdp_epsilon(1.0, 1.0, 1e-5)
+
+
+# --------------------------------------------------------------------------- the Gaussian composition
+
+
+def scipy_composition_epsilon(noise_multiplier: float, releases: int, delta: float) -> float:
+    """n Gaussians at noise multiplier z are mu-GDP with mu = sqrt(n)/z: its profile with scipy, solved by brentq."""
+    mu = math.sqrt(releases) / noise_multiplier
+
+    def excess(epsilon: float) -> float:
+        return float(stats.norm.cdf(mu / 2 - epsilon / mu) - math.exp(epsilon) * stats.norm.cdf(-mu / 2 - epsilon / mu)
+                     - delta)
+
+    return 0.0 if excess(0.0) <= 0 else float(optimize.brentq(excess, 0.0, 500.0, xtol=1e-12))
+
+
+@pytest.mark.parametrize(("noise_multiplier", "releases"), [(3.73, 1), (3.73, 24), (3.73, 256), (0.5, 3), (40.0, 10)])
+def test_gaussian_composition_epsilon_is_the_exact_gdp_profile(noise_multiplier: float, releases: int) -> None:
+    assert gaussian_composition_epsilon(noise_multiplier, releases, 1e-5) == pytest.approx(
+        scipy_composition_epsilon(noise_multiplier, releases, 1e-5), rel=1e-7, abs=1e-9)
+
+
+def test_gaussian_composition_epsilon_matches_dp_accountings_pld() -> None:
+    from dp_accounting.pld import PLDAccountant
+
+    sigma = analytic_gaussian_sigma(1.0, 1e-5, math.sqrt(2.0))
+    for releases in (1, 24):
+        pld = PLDAccountant(value_discretization_interval=1e-4)
+        pld.compose(dp_accounting.GaussianDpEvent(sigma / math.sqrt(2.0)), releases)
+        exact = gaussian_composition_epsilon(sigma / math.sqrt(2.0), releases, 1e-5)
+        assert exact == pytest.approx(pld.get_epsilon(1e-5), abs=2e-3)
+    # one token is exactly the calibrated epsilon (the RDP conversion read 1.09); 24 read 6.02 (RDP: 6.49)
+    assert gaussian_composition_epsilon(sigma / math.sqrt(2.0), 1, 1e-5) == pytest.approx(1.0, abs=1e-9)
+    assert gaussian_composition_epsilon(sigma / math.sqrt(2.0), 24, 1e-5) == pytest.approx(6.02, abs=5e-3)
+    assert gaussian_composition_epsilon(sigma / math.sqrt(2.0), 0, 1e-5) == 0.0
 
 
 # --------------------------------------------------------------------------- Renyi divergences
@@ -239,97 +275,52 @@ def test_renyi_divergences_hand_worked() -> None:
     # sum p^2/q = 0.25/0.25 + 0.25/0.75 = 4/3;  sum q^2/p = 0.0625/0.5 + 0.5625/0.5 = 1.25
     assert renyi_divergence(p, q, 2.0) == pytest.approx(math.log(4 / 3))
     assert renyi_divergence(q, p, 2.0) == pytest.approx(math.log(1.25))
-    assert symmetric_renyi_divergence(p, q, 2.0) == pytest.approx(math.log(4 / 3))
-    assert symmetric_renyi_divergence(p, p, 3.0) == pytest.approx(0.0, abs=1e-12)
+    assert renyi_divergence(p, p, 3.0) == pytest.approx(0.0, abs=1e-12)
     # order 3: sum p^3/q^2 = 0.125/0.0625 + 0.125/0.5625 = 2.2222, halved log: log(2.2222)/2 = 0.39925
     assert renyi_divergence(p, q, 3.0) == pytest.approx(0.399254, abs=1e-6)
-    # a zero is floored at 1e-10: sum p^2/q over p = [1, 0], q = [0, 1] is 1/1e-10 + 1e-20 = 1e10
-    assert renyi_divergence([1.0, 0.0], [0.0, 1.0]) == pytest.approx(math.log(1e10))
+    # exact: mass where the second has none is an infinite divergence; none where the first has none adds nothing
+    assert renyi_divergence([1.0, 0.0], [0.0, 1.0]) == math.inf
+    assert renyi_divergence([1.0, 0.0], [0.5, 0.5]) == pytest.approx(math.log(2.0))
 
 
 # --------------------------------------------------------------------------- DP-Fusion
 
 
-def test_dp_fusion_beta_hand_worked() -> None:
-    # (16 - log(1e5)/1) / (4 * 256) = (16 - 11.5129255) / 1024 = 0.00438191
-    assert dp_fusion_beta(16.0, max_new_tokens=256, delta=1e-5, order=2.0) == pytest.approx(0.00438191, abs=1e-8)
-    # below log(1/delta)/(a-1) the bound is negative: nothing private fits
-    assert dp_fusion_beta(8.0, max_new_tokens=256) < 0
+def test_dp_fusion_pair_bound_hand_worked() -> None:
+    # order 2: the context orders are 4 and 3, and eps_token = ((2 - 1/2)/(2 - 1) + 1) * b = 2.5 b
+    assert dp_fusion_context_orders(2.0) == (4.0, 3.0)
+    assert dp_fusion_pair_rdp(0.4, 2.0) == pytest.approx(1.0)
+    assert dp_fusion_bound(1.0, 2.0) == pytest.approx(0.4)
+    # order 3: orders 6 and 5, ((3 - 1/2)/2 + 1) b = 2.25 b
+    assert dp_fusion_pair_rdp(1.0, 3.0) == pytest.approx(2.25)
+    assert dp_fusion_bound(0.0) == 0.0
+    with pytest.raises(ValueError, match="epsilon"):
+        dp_fusion_bound(-1.0)
+    with pytest.raises(ValueError, match="bound"):
+        dp_fusion_pair_rdp(math.nan)
 
 
-def test_dp_fusion_step_epsilon_hand_worked() -> None:
-    assert dp_fusion_step_epsilon(0.1, order=2.0, n_groups=1) == pytest.approx(0.4)
-    # N = 2, a = 2, beta = 1/4: log(1/2 + e/2) = log(1.8591409) = 0.6201145
-    assert dp_fusion_step_epsilon(0.25, order=2.0, n_groups=2) == pytest.approx(0.6201145, abs=1e-7)
-    # e^(15 * 4 * 50) overflows a float; the stable form gives 4 * 50 - log(3) / 15
-    assert dp_fusion_step_epsilon(50.0, order=16.0, n_groups=3) == pytest.approx(200 - math.log(3) / 15)
-
-
-@SETTINGS
-@given(
-    epsilon=st.floats(12.0, 500.0),
-    tokens=st.integers(1, 2048),
-    order=st.floats(1.5, 16.0),
-    delta=st.floats(1e-9, 1e-3),
-)
-def test_dp_fusion_beta_inverts_the_total_epsilon(epsilon: float, tokens: int, order: float, delta: float) -> None:
-    beta = dp_fusion_beta(epsilon, max_new_tokens=tokens, delta=delta, order=order)
-    if beta >= 0:
-        assert dp_fusion_epsilon(beta, max_new_tokens=tokens, delta=delta, order=order) == pytest.approx(epsilon)
-
-
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        {"epsilon": 16.0, "max_new_tokens": 0},
-        {"epsilon": 16.0, "max_new_tokens": 256, "order": 1.0},
-        {"epsilon": -1.0, "max_new_tokens": 256},
-        {"epsilon": 16.0, "max_new_tokens": 256, "delta": 0.0},
-    ],
-)
-def test_dp_fusion_beta_rejects_bad_input(kwargs: dict) -> None:
-    with pytest.raises(ValueError):
-        dp_fusion_beta(**kwargs)
-
-
-def test_dp_fusion_token_beta_hand_worked() -> None:
-    # one group: a token bounded by beta costs 4 beta, so eps = 2 per token allows beta = 1/2
-    assert dp_fusion_token_beta(2.0) == 0.5
-    assert dp_fusion_token_beta(0.0) == 0.0
-    # N = 2, a = 2: eps_step(1/4) = log(1/2 + e/2) = 0.6201145 (above), so beta(0.6201145) = 1/4
-    assert dp_fusion_token_beta(0.6201145, order=2.0, n_groups=2) == pytest.approx(0.25, abs=1e-7)
+def plain_renyi(p: np.ndarray, q: np.ndarray, order: float) -> float:
+    """D_a(p||q) written out (p, q positive)."""
+    return float(np.log(np.sum(p**order * q ** (1 - order))) / (order - 1))
 
 
 @SETTINGS
-@given(epsilon=st.floats(0.0, 64.0), order=st.floats(1.1, 16.0), groups=st.integers(1, 8))
-def test_dp_fusion_token_beta_inverts_the_step_epsilon(epsilon: float, order: float, groups: int) -> None:
-    beta = dp_fusion_token_beta(epsilon, order=order, n_groups=groups)
-    assert dp_fusion_step_epsilon(beta, order, groups) == pytest.approx(epsilon, rel=1e-9, abs=1e-12)
+@given(seed=st.integers(0, 2**32 - 1), size=st.integers(2, 12), order=st.sampled_from([1.5, 2.0, 3.0]))
+def test_the_weak_triangle_inequality_the_pair_bound_rests_on(seed: int, size: int, order: float) -> None:
+    """Mironov 2017, Prop. 11 at p = q = 2, on random triples: D_a(P||R) <= (a-1/2)/(a-1) D_2a(P||Q) +
+    D_(2a-1)(Q||R), so a bound b on both context terms bounds any pair by dp_fusion_pair_rdp(b)."""
+    rng = np.random.default_rng(seed)
+    p, q, r = (rng.dirichlet(np.full(size, 0.5)) + 1e-12 for _ in range(3))
+    p, q, r = p / p.sum(), q / q.sum(), r / r.sum()
+    forward, reverse = dp_fusion_context_orders(order)
+    bound = max(plain_renyi(p, q, forward), plain_renyi(q, r, reverse))
+    assert plain_renyi(p, r, order) <= dp_fusion_pair_rdp(bound, order) * (1 + 1e-9) + 1e-12
 
 
-def test_dp_fusion_divergence_bound_is_order_times_beta() -> None:
-    # dp-fusion-lib: "internal bound is alpha * beta per the paper notation"
-    assert dp_fusion_divergence_bound(0.5, 2.0) == 1.0
-    assert dp_fusion_divergence_bound(0.1, 3.0) == pytest.approx(0.3)
-    assert dp_fusion_divergence_bound(-0.2, 2.0) == -0.4
-    with pytest.raises(ValueError, match="beta"):
-        dp_fusion_divergence_bound(math.nan)
-
-
-def test_dp_fusion_grid_collapses_per_generation_but_not_per_token() -> None:
-    # the source's (eps, delta) over T = 256 tokens leaves no budget below log(1e5) = 11.51 ...
-    collapsed = [e for e in DP_FUSION_GRID if dp_fusion_beta(e, max_new_tokens=256, delta=1e-5) <= 0]
-    assert collapsed == [0, 0.1, 0.5, 1, 2, 3, 4, 8]
-    # ... whereas per token every grid point is its own bound, b = 2 * eps / 4 at order 2
-    bounds = [dp_fusion_divergence_bound(dp_fusion_token_beta(e)) for e in DP_FUSION_GRID]
-    assert bounds == [e / 2 for e in DP_FUSION_GRID]
-
-
-def test_dp_fusion_step_epsilon_rejects_bad_input() -> None:
-    with pytest.raises(ValueError, match="beta"):
-        dp_fusion_step_epsilon(-0.1)
-    with pytest.raises(ValueError, match="groups"):
-        dp_fusion_step_epsilon(0.1, n_groups=0)
+def test_dp_fusion_paper_grid_gives_distinct_bounds() -> None:
+    bounds = [dp_fusion_bound(e) for e in DP_FUSION_GRID]
+    assert bounds[0] == 0.0 and all(a < b for a, b in zip(bounds, bounds[1:]))
 
 
 # --------------------------------------------------------------------------- InvisibleInk
@@ -337,11 +328,11 @@ def test_dp_fusion_step_epsilon_rejects_bad_input() -> None:
 
 @pytest.mark.parametrize("epsilon", INVISIBLE_INK_GRID)
 def test_invisible_ink_clip_spends_epsilon_by_dp_accounting(epsilon: float) -> None:
-    # T tokens, each the exponential mechanism with clip C at temperature tau: (C/tau)^2/2-zCDP per token,
-    # composed by dp-accounting's RDP accountant and converted at delta = 1e-6
+    # T tokens, each the exponential mechanism whose logits two contexts move by up to 2C at temperature tau:
+    # (2C/tau)^2/2-zCDP per token, composed by dp-accounting's RDP accountant and converted at delta = 1e-6
     clip = invisible_ink_clip(epsilon, max_new_tokens=256, delta=1e-6, temperature=1.1)
     accountant = rdp.RdpAccountant(list(DENSE_ORDERS[::10]))
-    accountant.compose(dp_accounting.ZCDpEvent(rho=(clip / 1.1) ** 2 / 2), count=256)
+    accountant.compose(dp_accounting.ZCDpEvent(rho=(2 * clip / 1.1) ** 2 / 2), count=256)
     spent = accountant.get_epsilon(1e-6)
     assert epsilon * (1 - 1e-9) <= spent <= epsilon * (1 + 1e-3)
 
@@ -350,10 +341,11 @@ def test_invisible_ink_clip_hand_worked() -> None:
     # eps = 10, delta = 1e-6: rho = 1.5393, whose CKS epsilon is 10 (optimal order a = 3.845 solves
     # 1.5393 * 2.845^2 = 12.46 = log(1e6) - log(3.845); then 1.5393 * 3.845 = 5.9186 and
     # (13.8155 + 2.845 * log(1 - 1/3.845) - log 3.845) / 2.845 = (13.8155 - 0.8569 - 1.3468) / 2.845 = 4.0815,
-    # 5.9186 + 4.0815 = 10.000); with T = 500, tau = 1.1: C = 1.1 * sqrt(2 * 1.5393 / 500) = 0.086315
+    # 5.9186 + 4.0815 = 10.000); with T = 500, tau = 1.1 and two contexts 2C apart:
+    # C = 1.1 * sqrt(1.5393 / 500 / 2) = 0.0431575, half the source's 0.086315 (a context against none)
     assert zcdp_rho(10.0, 1e-6) == pytest.approx(1.5393, abs=2e-4)
     clip = invisible_ink_clip(10.0, max_new_tokens=500, delta=1e-6, temperature=1.1)
-    assert clip == pytest.approx(0.086315, abs=2e-5)
+    assert clip == pytest.approx(0.0431575, abs=1e-5)
 
 
 def test_invisible_ink_grid_gives_distinct_clips() -> None:
@@ -367,8 +359,8 @@ def test_invisible_ink_clip_halves_when_tokens_quadruple(epsilon: float, tokens:
     short = invisible_ink_clip(epsilon, max_new_tokens=tokens)
     long = invisible_ink_clip(epsilon, max_new_tokens=4 * tokens)
     assert long == pytest.approx(short / 2)
-    # and the per-token zCDP cost of that clip composes back to epsilon
-    assert zcdp_epsilon(tokens * short**2 / 2, 1e-6) == pytest.approx(epsilon, rel=1e-6)
+    # and the per-token zCDP cost of that clip between two contexts, (2C)^2/2, composes back to epsilon
+    assert zcdp_epsilon(tokens * (2 * short) ** 2 / 2, 1e-6) == pytest.approx(epsilon, rel=1e-6)
 
 
 def test_invisible_ink_clip_rejects_bad_input() -> None:
@@ -389,3 +381,11 @@ def test_epsilon_units_are_the_documented_four() -> None:
 def test_check_positive_int_names_the_parameter(value: float) -> None:
     with pytest.raises(ValueError, match="upload size"):
         check_positive_int(value, "upload size")
+
+
+def test_zcdp_rho_holds_at_a_tiny_delta() -> None:
+    """At delta = 1e-300 the optimal order is ~140, far below 1/delta: 200 halvings from 1/delta never reached it
+    and rho came out 0 (InvisibleInk's clip 0, a budget silently thrown away); dp-accounting agrees on the result."""
+    rho = zcdp_rho(10.0, 1e-300)
+    assert rho > 0.03
+    assert dp_accounting_zcdp_epsilon(rho, 1e-300) == pytest.approx(10.0, rel=1e-3)

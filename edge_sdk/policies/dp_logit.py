@@ -106,8 +106,9 @@ class DPLogit(Policy):
     ``sigma = analytic_gaussian_sigma(epsilon, delta, sqrt 2)`` (Balle & Wang
     2018), and the edge uploads the top ``upload_k`` noisy entries clamped
     into [0, 1].  Every grid point of the paper (eps from 0.01 to 64) is a
-    distinct sigma.  Over ``T`` tokens the uploads compose to
-    ``T * gaussian_zcdp_rho(sigma, sqrt 2)``-zCDP.
+    distinct sigma.  Over ``T`` tokens the uploads compose exactly to one
+    Gaussian mechanism of noise multiplier ``sigma / (sqrt 2 * sqrt T)``
+    (:func:`~edge_sdk.privacy_accounting.gaussian_composition_epsilon`).
 
     The noise comes from :func:`standard_normal_float32` (tail cut at
     7.54 sigma; the ideal mechanism's outputs beyond it have probability below
@@ -141,10 +142,11 @@ class DPLogit(Policy):
         return self._sigma
 
     def release_event(self, mode: FusionMode) -> ReleaseEvent:
-        """Each upload is the Gaussian mechanism at noise multiplier ``sigma / sqrt 2`` (any two contexts)."""
+        """Each upload is the Gaussian mechanism at noise multiplier ``sigma / sqrt 2``: ``sqrt 2`` bounds the
+        distance of any two contexts' SLM vectors, so the relation is any two contexts (no weaker figure)."""
         return ReleaseEvent(
             "gaussian", self._sigma / PROBABILITY_L2_SENSITIVITY, delta=self.delta,
-            note="each upload: the Gaussian mechanism on the whole SLM vector, any two private contexts",
+            note="each upload: the Gaussian mechanism on the whole SLM vector",
         )
 
     def llm_support(self, mode: FusionMode) -> int | None:

@@ -167,10 +167,12 @@ class InvisibleInk(Policy):
         return self if max_new_tokens == self.max_new_tokens else replace(self, max_new_tokens=max_new_tokens)
 
     def release_event(self, mode: FusionMode) -> ReleaseEvent:
-        """Each token: ``rho = (C / tau)^2 / 2``-zCDP (one private reference), as the source composes it."""
+        """Each token, any two contexts: ``rho = 2 (C / tau)^2``-zCDP (each logit of ``z_bar`` moves by up to
+        ``2C``); the source's relation, a context against none, moves it by ``C``: ``(C / tau)^2 / 2``."""
         return ReleaseEvent(
-            "zcdp", 0.5 * (self._clip / self.temperature) ** 2, delta=self.delta, horizon=self.max_new_tokens,
-            note="each token: one draw from the clipped-logit softmax, any two private contexts",
+            "zcdp", 2.0 * (self._clip / self.temperature) ** 2, delta=self.delta, horizon=self.max_new_tokens,
+            note="each token: one draw from the clipped-logit softmax",
+            source_value=0.5 * (self._clip / self.temperature) ** 2,
         )
 
     def edge_token(

@@ -452,7 +452,7 @@ class LDPSampler(Policy):
     def release_event(self, mode: FusionMode) -> ReleaseEvent:
         """Each token: pure ``epsilon``-LDP (stated at delta 0 unless the ledger is asked for another)."""
         return ReleaseEvent("pure_dp", check_epsilon(self.epsilon),
-                            note="each token: one draw of the eps-LDP sampler, any two private contexts")
+                            note="each token: one draw of the eps-LDP sampler")
 
     def edge_token(
         self, p_slm: np.ndarray, p_llm: np.ndarray, *, alpha: float, rng: np.random.Generator | None = None

@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from edge_sdk.activity import ActivityLog
 from edge_sdk.backends.base import SLMBackend
 from edge_sdk.client import EdgeClient
 from edge_sdk.prompts import ChatRenderer
@@ -85,7 +86,7 @@ def build_client(settings: ServerSettings) -> tuple[EdgeClient, SLMBackend, Chat
     template = LlamaCppChatTemplate.for_model(slm, settings.chat_template)
     target = settings.cloud_addresses
     client = EdgeClient(target if len(target) > 1 else target[0], slm=slm, credentials=settings.credentials(),
-                        lookahead=settings.lookahead)
+                        lookahead=settings.lookahead, activity_log=ActivityLog(path=settings.activity_log))
     return client, slm, template
 
 

@@ -306,12 +306,23 @@ class StepReport(BaseModel):
     leakage_meter: float
 
 
+class SourceRelation(BaseModel):
+    """A source's own, weaker figure (a context against none), shown beside ``epsilon_spent``, never for it."""
+
+    relation: str
+    epsilon_spent: float
+
+
 class EpsilonLedger(BaseModel):
     """What the generation spent (:meth:`edge_sdk.ledger.PrivacyLedger.privacy`): ``epsilon_spent`` at ``delta``
-    over ``events`` releases, null with ``guarantee`` "non-private" for a policy with no DP guarantee."""
+    for ``relation`` over ``events`` releases, null with ``guarantee`` "non-private" for a policy with no DP
+    guarantee; ``in_words`` what that means to the person (the odds, or a heuristic's counts)."""
 
     guarantee: Literal["dp", "non-private"]
     epsilon_spent: float | None
+    relation: str | None
+    source_relation: SourceRelation | None
+    in_words: str
     delta: float
     accountant: str
     event: str

@@ -118,6 +118,15 @@ async def info(request: Request) -> dict:
     }
 
 
+@router.get("/v1/coveil/activity")
+async def activity(request: Request) -> Response:
+    """This device's activity log (:meth:`edge_sdk.client.EdgeClient.activity`) as a JSON download: one record
+    per generation, oldest first, ``{"activity": [...]}``; behind the API key like every path."""
+    return Response(serving_of(request).client.activity_log.export(), media_type="application/json",
+                    headers={"Content-Disposition": 'attachment; filename="coveil-activity.json"',
+                             "Cache-Control": "no-store"})
+
+
 @router.get("/v1/models")
 async def models(request: Request) -> ModelList:
     return ModelList(data=[ModelCard(id=serving_of(request).settings.served_model_name,

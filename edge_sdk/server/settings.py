@@ -71,6 +71,9 @@ class ServerSettings:
     ssl_certfile: Path | None = _option(None, "serve HTTPS with this certificate chain (PEM)", metavar="PEM",
                                         type=Path)
     ssl_keyfile: Path | None = _option(None, "the private key of --ssl-certfile (PEM)", metavar="PEM", type=Path)
+    activity_log: Path | None = _option(
+        None, "keep the activity log (GET /v1/coveil/activity, the page's Export) in this private file across "
+        "restarts, the newest 1,000 requests (default: in memory only)", metavar="FILE", type=Path)
     max_request_bytes: int = _option(
         256 * 1024, "largest request body read, in bytes (413 beyond; a context window's text is far smaller, and "
         "a body is refused before it is parsed or tokenised)", metavar="BYTES", type=int)

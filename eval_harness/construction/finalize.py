@@ -25,7 +25,7 @@ from eval_harness.construction.pipeline import MANIFEST
 from eval_harness.construction.review import ReviewLog
 from eval_harness.construction.sources import SplitItem
 from eval_harness.datasets import item_from_row
-from eval_harness.private_files import make_private, private_dir, write_private_text
+from edge_sdk.private_files import make_private, private_dir, write_private_text
 
 SCHEMA_KEYS = ("answer", "options", "answer_idx", "_split", "_id", "private_context", "public_query",
                "filtered_context")

@@ -27,7 +27,7 @@ from typing import Any
 
 from eval_harness.construction.judge import KEPT, Judge
 from eval_harness.construction.sources import SplitItem
-from eval_harness.private_files import private_dir, write_private_text
+from edge_sdk.private_files import private_dir, write_private_text
 from eval_harness.sweep.store import ResultStore
 
 MANIFEST = "build.json"

@@ -27,7 +27,7 @@ from typing import Any
 from eval_harness.construction.judge import check_spans, occurrences
 from eval_harness.construction.pipeline import proposals
 from eval_harness.construction.sources import SplitItem
-from eval_harness.private_files import open_private
+from edge_sdk.private_files import open_private
 
 REVIEW = "review.jsonl"
 STATUSES = ("pending", "accepted", "rejected")

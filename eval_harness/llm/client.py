@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from eval_harness.private_files import DIR_MODE, private_dir
+from edge_sdk.private_files import DIR_MODE, private_dir
 
 
 def default_cache_dir() -> Path:

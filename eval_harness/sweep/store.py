@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from eval_harness.private_files import open_private, private_dir
+from edge_sdk.private_files import open_private, private_dir
 
 
 #: the row fields that identify the run a row belongs to (a file holds one run)
@@ -69,7 +69,7 @@ class RowStore(Protocol):
 
 
 class ResultStore:
-    """One JSONL results file, opened for appending (0600; folders it makes 0700: :mod:`eval_harness.private_files`).
+    """One JSONL results file, opened for appending (0600; folders it makes 0700: :mod:`edge_sdk.private_files`).
 
     Args:
         path: the file (created with its parent directory if missing).

@@ -136,12 +136,33 @@ function explainMeter(text, step) {
 }
 
 // the line under the meter: the epsilon the generation spent, or that its policy has no DP guarantee
+// (what that means to the person next to it; a source's weaker figure second, labelled)
 function epsilonLine(privacy) {
   if (!privacy) return "";
   const withheld = privacy.withheld_reason ? "; " + privacy.withheld_reason : "";
-  if (privacy.guarantee !== "dp") return `ε: non-private (${privacy.note})${withheld}`;
-  return `ε spent: ${privacy.epsilon_spent.toPrecision(4)} at δ = ${privacy.delta} over ${privacy.events} ` +
-    `releases (${privacy.accountant})${withheld}`;
+  if (privacy.guarantee !== "dp") return `ε: non-private (${privacy.note})${withheld}. ${privacy.in_words}`;
+  const source = privacy.source_relation ?
+    `; for ${privacy.source_relation.relation}: ${privacy.source_relation.epsilon_spent.toPrecision(4)}` : "";
+  return `ε spent: ${privacy.epsilon_spent.toPrecision(4)} at δ = ${privacy.delta} for ${privacy.relation}, over ` +
+    `${privacy.events} releases (${privacy.accountant})${source}${withheld}. In words: ${privacy.in_words}`;
+}
+
+// the activity log (/v1/coveil/activity, with the key) downloaded as coveil-activity.json
+async function exportActivity() {
+  try {
+    const response = await fetch("/v1/coveil/activity", { headers: headers() });
+    if (!response.ok) {
+      const failure = await response.json().catch(() => ({}));
+      throw new Error(`${response.status}: ${failure.error ? failure.error.message : response.statusText}`);
+    }
+    const link = document.createElement("a");
+    link.href = URL.createObjectURL(await response.blob());
+    link.download = "coveil-activity.json";
+    link.click();
+    setTimeout(() => URL.revokeObjectURL(link.href), 60000);
+  } catch (error) {
+    setStatus("cannot export the activity log: " + error.message, "error");
+  }
 }
 
 function showMeter(share) {
@@ -294,6 +315,7 @@ $("policy").addEventListener("change", () => {
   $("params").value = $("policy").value === "coveil" ? "lam=1.0" : "";
 });
 $("ask").addEventListener("submit", ask);
+$("export").addEventListener("click", exportActivity);
 $("api-key").addEventListener("change", loadInfo);
 // opened as /?key=KEY (a keyed endpoint): the key fills its field and leaves the address bar and the history
 const pageKey = new URLSearchParams(location.search).get("key");

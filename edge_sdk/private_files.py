@@ -1,4 +1,4 @@
-"""Files that hold private data (private contexts, evidence spans, reconstructions, decoded answers).
+"""Files that hold private data (private contexts, evidence spans, reconstructions, decoded answers, the activity log).
 
 Each is created (or narrowed, when it exists) to mode 0600, and every folder made for it is created 0700, so
 another user of the machine reads none of it whatever the umask. A folder that already exists (the working
