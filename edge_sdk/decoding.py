@@ -116,7 +116,7 @@ class CollaborativeDecoder:
         self.processors = tuple(processors)
         self.view = SLMView(slm, policy.space, masked_ids)
         self.budget = ExposureBudget(settings.exposure_budget, self.accountant)
-        self.pacer = Pacer(settings.pace_ms, settings.prefill_budget_ms)
+        self.pacer = Pacer(settings.pace_ms, settings.prefill_budget_ms, settings.run_ahead_pace_ms)
         self.stop = StopControl(slm, stopping)
         self.tokens: list[int] = []
         self.ledger = PrivacyLedger(mode=settings.mode, policy=policy.describe(), exposure_k=settings.exposure_k,
@@ -141,6 +141,17 @@ class CollaborativeDecoder:
             return self.slm.vocab_size
         top_m = max(s.top_m, s.exposure_k) if s.mode == "edge" else s.top_m
         return min(top_m, self.slm.vocab_size)
+
+    @property
+    def max_upload(self) -> int:
+        """The most values a step's upload may hold, from public settings only: the policy's maximum, and in
+        probability space a whole-vocabulary upload cut to ``FULL_UPLOAD_LIMIT`` (:meth:`_policy_signal`).  Every
+        padded step signal is the size of the largest (:func:`edge_sdk.wire.pad_edge_message`)."""
+        vocab_size = self.slm.vocab_size
+        largest = self.policy.max_upload(vocab_size)
+        if largest >= vocab_size and self.policy.space == "prob":
+            return min(FULL_UPLOAD_LIMIT, vocab_size)
+        return largest
 
     def request(self) -> wire.SessionRequest:
         s = self.settings
@@ -249,8 +260,10 @@ class CollaborativeDecoder:
     # -- the loop's steps, in its order --------------------------------------------------------------
     def _open(self, connection: CloudConnection) -> int:
         """Open the session; the number of steps it may run (the edge's and the cloud's limit)."""
-        info = connection.open(self.request())
-        self.pacer.start()  # the cloud's reply, after its own prefill (the SLM's came before)
+        info = connection.open(self.request(), max_upload=self.max_upload)
+        # the cloud's reply, after its own prefill (the SLM's came before); a defence: a session that runs ahead is
+        # paced (run_ahead_pace_ms), else its signals would leave one SLM step apart
+        self.pacer.start(run_ahead=connection.run_ahead)
         self.ledger.session_ids.append(info.session_id)
         self.ledger.cloud_model = info.cloud_model
         if info.vocab_size != self.slm.vocab_size:  # the fingerprint matched; the sizes must too

@@ -29,6 +29,106 @@ class GrammarError(ValueError):
     """A schema the grammar engine cannot compile (its message names why, never quotes private text)."""
 
 
+class PrivateSchemaError(GrammarError):
+    """A cloud-side schema that holds private text (:func:`check_public_schema`); its message names the path in the
+    schema and never quotes the text."""
+
+
+#: JSON Schema keywords whose string value is a name of the schema language, never an app's text
+_LANGUAGE_VALUES = frozenset({"type", "format", "$schema", "$ref", "$id", "$anchor", "$dynamicRef",
+                              "contentEncoding", "contentMediaType"})
+#: JSON Schema keywords (keys) that are the language's own words; every other key is an app's name (a property)
+_KEYWORDS = frozenset({
+    "type", "format", "$schema", "$ref", "$id", "$anchor", "$dynamicRef", "$defs", "definitions", "$comment",
+    "properties", "patternProperties", "additionalProperties", "required", "items", "prefixItems", "enum", "const",
+    "default", "examples", "description", "title", "pattern", "minLength", "maxLength", "minimum", "maximum",
+    "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minItems", "maxItems", "uniqueItems", "minProperties",
+    "maxProperties", "anyOf", "oneOf", "allOf", "not", "if", "then", "else", "contentEncoding", "contentMediaType",
+    "dependentRequired", "dependentSchemas", "propertyNames", "contains", "minContains", "maxContains",
+    "unevaluatedItems", "unevaluatedProperties", "additionalItems", "readOnly", "writeOnly", "deprecated", "nullable",
+})
+#: a schema string counts as text of the private context when, folded, it occurs there whole (on word boundaries,
+#: and not in the public query) with at least this many letters; shorter strings ("no", "age") are too common to
+#: say anything
+MIN_PRIVATE_LETTERS = 4
+#: a longer schema string (a description) counts when it shares this many consecutive words with the private context
+#: that the public query does not hold
+MIN_SHARED_WORDS = 3
+
+
+def _folded_words(text: str) -> list[str]:
+    """``text``'s words up to case, accents and punctuation around them (as the mask compares words)."""
+    from edge_sdk.masking import fold
+
+    return [word for word in (fold(part).strip(_PUNCTUATION) for part in text.split()) if word]
+
+
+_PUNCTUATION = "\"'`.,;:!?()[]{}<>«»“”‘’"
+
+
+def _occurs(words: list[str], within: str) -> bool:
+    """Whether ``words`` occur consecutively in ``within`` (a space-joined, space-padded folded word list)."""
+    return bool(words) and f" {' '.join(words)} " in within
+
+
+def _private_text(text: str, spans: list[list[str]], context: str, public: str) -> bool:
+    """Whether ``text`` holds a ``never_upload`` span (or one of its words) or text of the private context."""
+    words = _folded_words(text)
+    if any(_occurs(span, f" {' '.join(words)} ") for span in spans):
+        return True
+    span_words = {word for span in spans for word in span}
+    if span_words & set(words):
+        return True
+    whole = " ".join(words)
+    if sum(ch.isalpha() for ch in whole) >= MIN_PRIVATE_LETTERS and _occurs(words, context) and not _occurs(words, public):
+        return True
+    for start in range(max(0, len(words) - MIN_SHARED_WORDS + 1)):
+        run = words[start:start + MIN_SHARED_WORDS]
+        if _occurs(run, context) and not _occurs(run, public):
+            return True
+    return False
+
+
+def check_public_schema(schema: Any, *, private_context: str, never_upload: list[str] | tuple[str, ...] = (),
+                        public_text: str = "") -> None:
+    """Refuse a cloud-side schema (sent to the cloud as it is, like the question) that holds private text.
+
+    Every string of the schema (each app-named key, each value but the schema language's own names) is compared,
+    up to case, accents and the punctuation around words (as ``never_upload``'s mask folds them), with the spans
+    and the private context: it must hold no ``never_upload`` span nor any word of one, must not itself occur in
+    the private context (at least :data:`MIN_PRIVATE_LETTERS` letters; an enum of the patients' names) and must
+    share no run of :data:`MIN_SHARED_WORDS` words with it, text the public query holds aside.  Raises
+    :class:`PrivateSchemaError` naming the first such place as a path (``$.properties.patient.enum[1]``; a key
+    is named by its position), without quoting it.
+    """
+    spans = [words for words in (_folded_words(span) for span in never_upload) if words]
+    context = f" {' '.join(_folded_words(private_context))} "
+    public = f" {' '.join(_folded_words(public_text))} "
+
+    def refuse(path: str) -> None:
+        raise PrivateSchemaError(f"the JSON schema holds private text at {path} (a span of never_upload or text of "
+                                 "the private context): a cloud-side schema is sent to the cloud as it is, like the "
+                                 "question; keep private values out of it, or apply it edge-side (mode='edge')")
+
+    def walk(node: Any, path: str, parent_key: str | None) -> None:
+        if isinstance(node, dict):
+            for position, (key, value) in enumerate(node.items()):
+                named = key in _KEYWORDS and parent_key not in ("properties", "patternProperties", "$defs",
+                                                                 "definitions", "dependentRequired",
+                                                                 "dependentSchemas")
+                if not named and _private_text(str(key), spans, context, public):
+                    refuse(f"{path} (key #{position})")
+                walk(value, f"{path}.{key}", key if named else None)
+        elif isinstance(node, list):
+            for index, item in enumerate(node):
+                walk(item, f"{path}[{index}]", parent_key if parent_key in ("type", "required") else None)
+        elif isinstance(node, str) and parent_key not in _LANGUAGE_VALUES and _private_text(node, spans, context,
+                                                                                               public):
+            refuse(path)
+
+    walk(schema, "$", None)
+
+
 class GrammarVocabulary(Protocol):
     """What a constraint reads of a tokenizer (an :class:`~edge_sdk.backends.base.SLMBackend` has it all)."""
 

@@ -307,9 +307,9 @@ class ScriptedSession:
                              retryable=self.finish_reason == "broken")
         kind = message.WhichOneof("kind")
         if kind == "open":
-            return _replies(self._open(wire.decode_open(message.open)))
+            return self._replies(self._open(wire.decode_open(message.open)))
         if kind == "close":
-            return _replies([(0.0, self._finish("closed"))])
+            return self._replies([(0.0, self._finish("closed"))])
         if self.request is None:
             raise CloudError("NOT_FOUND", f"no session is open: send open before {kind}")
         if kind == "request_full":
@@ -317,10 +317,10 @@ class ScriptedSession:
             if self.full_sent:
                 raise CloudError("INVALID_ARGUMENT", f"the full row of step {self.step} was already sent")
             self.full_sent = True
-            return _replies([(0.0, wire.encode_distribution(wire.CloudDistribution(self.step, dense=self.rows[0])))])
+            return self._replies([(0.0, wire.encode_distribution(wire.CloudDistribution(self.step, dense=self.rows[0])))])
         if kind == "signal":
             self._check_step(message.signal.step, "signal")
-            return _replies(self._apply(message.signal))
+            return self._replies(self._apply(message.signal))
         raise CloudError("INVALID_ARGUMENT", f"unexpected edge message {kind!r}")
 
     def abandon(self, reason: str) -> None:
@@ -349,7 +349,7 @@ class ScriptedSession:
         self.max_new_tokens = min(request.max_new_tokens or self.cloud.max_new_tokens, self.cloud.max_new_tokens)
         self.lookahead = min(request.lookahead, self.cloud.max_lookahead)
         info = wire.SessionInfo(self.session_id, self.cloud.name, self.cloud.vocab_size, len(request.prompt_ids),
-                                self.eos, self.max_new_tokens, lookahead=self.lookahead)
+                                self.eos, self.max_new_tokens, lookahead=self.lookahead, padded=request.padded)
         return [(0.0, wire.encode_opened(info)), self._distribution()]
 
     def _distribution(self, assumes: int | None = None) -> tuple[float, Any]:
@@ -396,7 +396,7 @@ class ScriptedSession:
         token = self._draft_token()
         self.drafts.append(token)
         self.sequence.append(token)
-        return _replies([self._distribution(assumes=token)])
+        return self._replies([self._distribution(assumes=token)])
 
     def _apply(self, signal: Any) -> list[tuple[float, Any]]:
         assert self.request is not None
@@ -445,17 +445,18 @@ class ScriptedSession:
             scores[stops] = np.finfo(np.float32).min if self.request.space == "logit" else 0.0
         return scores
 
+    def _replies(self, timed: list[tuple[float, Any]]) -> Iterator[Any]:
+        """The replies in order, each after its delay (spent when it is read), padded as the session asked."""
+        for seconds, message in timed:
+            if seconds > 0:
+                time.sleep(seconds)
+            yield message if self.request is None else wire.pad_cloud_message(message, self.request)
+
     def _finish(self, reason: str) -> Any:
         self.finish_reason = reason
         return wire.encode_finished(self.step, reason)
 
 
-def _replies(timed: list[tuple[float, Any]]) -> Iterator[Any]:
-    """The replies in order, each after its delay (spent when it is read)."""
-    for seconds, message in timed:
-        if seconds > 0:
-            time.sleep(seconds)
-        yield message
 
 
 class ScriptedChannel:

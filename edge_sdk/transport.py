@@ -192,11 +192,15 @@ class CloudConnection:
     :meth:`upload` (cloud-side fusion) or :meth:`sync_token` (edge-side).
     """
 
-    def __init__(self, channel: MessageChannel, *, lookahead: int = 0) -> None:
+    def __init__(self, channel: MessageChannel, *, lookahead: int = 0, padded: bool = True) -> None:
         if lookahead < 0:
             raise ValueError(f"lookahead must be non-negative (0 = lockstep), got {lookahead}")
         self._channel = channel
         self.lookahead = lookahead  # the deepest run-ahead this edge accepts (sent when the session opens)
+        #: a defence: every step signal leaves padded to a size fixed by public settings (an older cloud ignores
+        #: the padding), and the cloud is asked to pad its own messages (wire.pad_edge_message, pad_cloud_message)
+        self.padded = padded
+        self._max_upload = 0  # the policy's public maximum of values per upload (set when the session opens)
         self.bytes = ByteCounter()
         self.info: wire.SessionInfo | None = None
         self._request: wire.SessionRequest | None = None
@@ -222,6 +226,8 @@ class CloudConnection:
         return self.info is not None and self.info.lookahead > 0
 
     def _send(self, message: EdgeMessage) -> None:
+        if self.padded and self._request is not None:
+            message = wire.pad_edge_message(message, vocab_size=self._request.vocab_size, max_upload=self._max_upload)
         self.bytes.edge_to_cloud += message.ByteSize()
         self._channel.send(message)
 
@@ -288,9 +294,12 @@ class CloudConnection:
                 raise CloudError("INTERNAL", f"protocol violation: expected {expected}, the cloud sent {kind}")
             return getattr(message, kind)
 
-    def open(self, request: wire.SessionRequest) -> wire.SessionInfo:
-        request = replace(request, lookahead=self.lookahead)
+    def open(self, request: wire.SessionRequest, *, max_upload: int | None = None) -> wire.SessionInfo:
+        """Open the session; ``max_upload``: the most values a step's upload may hold, a public number the
+        policy's rule fixes (padded signals are all the size of the largest; default: the whole vocabulary)."""
+        request = replace(request, lookahead=self.lookahead, padded=self.padded)
         self._request = request
+        self._max_upload = request.vocab_size if max_upload is None else max_upload
         self._send(wire.encode_open(request))
         info = wire.decode_opened(self._receive("opened"))
         self.steps_acknowledged = len(request.resume_prefix)

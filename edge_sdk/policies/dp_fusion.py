@@ -302,6 +302,9 @@ class DPFusion(Policy):
         beta = dp_fusion_token_beta(check_epsilon(self.epsilon), order=check_order(self.order))
         self._bound = dp_fusion_divergence_bound(beta, self.order)
 
+    def max_upload(self, vocab_size: int) -> int:
+        return min(self.upload_k, vocab_size)
+
     @property
     def bound(self) -> float:
         """The per-token bound ``b`` on the symmetric divergence (0: nothing private is used)."""
