@@ -466,6 +466,8 @@ class ScriptedChannel:
     shows in the edge's wait for that reply, as a real stream's would.
     """
 
+    crosses_network = False  # a test double in this process (a subclass that simulates a link says so)
+
     def __init__(self, session: ScriptedSession) -> None:
         self._session = session
         self._pending: deque[Iterator[Any]] = deque()

@@ -55,7 +55,11 @@ class _StreamingCall(Protocol):
 
 
 class MessageChannel(Protocol):
-    """Moves protobuf messages of one session: ``EdgeMessage`` out, ``CloudMessage`` in."""
+    """Moves protobuf messages of one session: ``EdgeMessage`` out, ``CloudMessage`` in.
+
+    ``crosses_network`` (a class attribute; a channel without one counts as ``True``): whether anyone but this
+    process can time the messages.  Only such sessions are paced by default (``DecodeSettings.auto_pace_ms``).
+    """
 
     def send(self, message: EdgeMessage) -> None: ...
 
@@ -79,6 +83,8 @@ class InProcessChannel:
     each message as deep as it will before the edge's next one: the schedule of a cloud infinitely quicker than
     the edge.
     """
+
+    crosses_network = False  # the cloud runs in this process: nothing times the messages but this process
 
     def __init__(self, handler: CloudSessionHandler) -> None:
         self._handler = handler
@@ -123,6 +129,7 @@ class GrpcChannel:
 
     #: how often a blocked :meth:`send` checks whether the call has ended
     _POLL_S = 0.05
+    crosses_network = True
 
     def __init__(
         self, grpc_channel: grpc.Channel, *, metadata: tuple[tuple[str, str], ...] = (), timeout_s: float | None = None
@@ -219,6 +226,11 @@ class CloudConnection:
         self.picks_certified = 0  # cloud-side steps whose pick the edge read off the certificate without waiting
         #: cloud-side fusion with logprobs asked for: those the cloud sent with the last token it picked
         self.chosen_logprobs: TokenLogprobs | None = None
+
+    @property
+    def crosses_network(self) -> bool:
+        """Whether the session's messages cross a network (anyone but this process can time them)."""
+        return bool(getattr(self._channel, "crosses_network", True))
 
     @property
     def run_ahead(self) -> bool:

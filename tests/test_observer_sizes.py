@@ -1,0 +1,115 @@
+"""Issue 30: what an on-path observer reads of message sizes under TLS.
+
+The real stack (an ``EdgeClient`` and a TLS adapter over the tiny transformers model) through recording proxies:
+the observer's TLS record lengths, and the HTTP/2 DATA frames inside them (one gRPC message each, here).  Every
+message the edge sends, and every row, pick and end the cloud sends, is padded to a size that depends only on
+public settings, so two private contexts that steer different tokens and uploads give the same sizes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from edge_sdk import wire
+from edge_sdk.client import Credentials, EdgeClient
+from tests.record_proxy import Http2Frames, RecordLengths
+from tests.tiny_models import bpe_tokenizer, random_qwen
+from tests.tls_material import pem_pair
+
+pytest.importorskip("cryptography")
+
+CONTEXTS = ("The liver is swollen.", "Alice has a broken wrist and a cough since Monday.")
+QUESTION = "Which organ is affected?"
+STEPS = 8
+TLS_RECORD_OVERHEAD = 17  # TLS 1.3 with AES-GCM: the inner content type and the 16-byte tag
+GRPC_PREFIX = 5  # a gRPC message's compressed flag and length, before it in the DATA frame
+
+
+@dataclass
+class Stack:
+    slm: Any
+    ca_pem: bytes
+    outer: RecordLengths  # between the edge and the frame recorder: the edge's TLS records
+    frames: Http2Frames
+    inner: RecordLengths  # between the frame recorder and the adapter: the adapter's TLS records
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    from cloud_adapter.engine import CloudEngine
+    from cloud_adapter.inprocess import serving
+    from cloud_adapter.llm import TransformersLLM, TransformersSLM
+    from cloud_adapter.server import TlsConfig
+
+    tokenizer = bpe_tokenizer()
+    llm = TransformersLLM.from_loaded(random_qwen(tokenizer, output_rows=448, seed=9), tokenizer, "tiny-bpe")
+    ca_key, ca_cert, _, ca_pem = pem_pair("coveil test CA", None, is_ca=True)
+    _, _, key_pem, cert_pem = pem_pair("coveil cloud", (ca_key, ca_cert))
+    with serving(CloudEngine(llm), tls=TlsConfig(cert_pem, key_pem), max_workers=8) as adapter:
+        inner = RecordLengths(adapter.address)
+        frames = Http2Frames(inner.address, ca_pem=ca_pem, cert_pem=cert_pem, key_pem=key_pem,
+                             workdir=str(tmp_path_factory.mktemp("proxy")))
+        outer = RecordLengths(frames.address)
+        yield Stack(TransformersSLM(llm), ca_pem, outer, frames, inner)
+        for proxy in (outer, frames, inner):
+            proxy.close()
+
+
+@dataclass
+class Seen:
+    tokens: list[int]
+    up: list[int]  # DATA frame lengths, edge to cloud
+    down: list[int]
+    up_records: list[int]
+    down_records: list[int]
+
+
+def observe(stack: Stack, context: str, mode: str, lookahead: int) -> Seen:
+    for proxy in (stack.outer, stack.frames, stack.inner):
+        proxy.clear()
+    with EdgeClient(stack.outer.address, slm=stack.slm, credentials=Credentials(root_cert=stack.ca_pem),
+                    lookahead=lookahead) as client:
+        tokens = client.generate(QUESTION, context, mode=mode, max_new_tokens=STEPS, alpha=0.1).token_ids
+    time.sleep(0.2)  # the last frames of the close reach the recorders
+    return Seen(tokens, stack.frames.data_frames("up"), stack.frames.data_frames("down"),
+                list(stack.outer.records["up"]), list(stack.inner.records["down"]))
+
+
+@pytest.mark.parametrize("mode", ["cloud", "edge"])
+def test_an_on_path_observer_reads_the_same_sizes_for_two_private_contexts(stack: Stack, mode: str) -> None:
+    """Each of the edge's messages has one public size per kind (the open is the public prompt's; every signal
+    the policy's largest), and so has each of the cloud's rows, picks and its end: the DATA frames (what the TLS
+    records carry, give or take the flow-control and ping frames gRPC flushes with them) are the same sequence for
+    both contexts in lockstep, and the same sizes in run-ahead (how many drafted rows went out there depends on
+    which drafts the edge confirmed).  Without the padding the same runs differ (token ids and the cloud's
+    ``forward_ns`` are varints, an upload holds 0 or 1 values), so the test can tell."""
+    for lookahead in (0, 8):
+        first, second = (observe(stack, context, mode, lookahead) for context in CONTEXTS)
+        assert first.up == second.up and len(first.up) == STEPS + 1, (lookahead, first.up, second.up)
+        assert len(set(first.up[2:])) == 1  # every signal of steps 1..127 the same size (step 0's field is omitted)
+        if lookahead == 0:
+            assert first.down == second.down, (first.down, second.down)
+        else:
+            assert set(first.down) == set(second.down), (first.down, second.down)
+        # the observer's own view, TLS records, carries these frames with 17 bytes of TLS each (and whatever control
+        # frames gRPC flushed with them): the first record is the handshake's, the edge's answer the second
+        assert first.up_records[0] > 0 and sum(first.up_records) >= sum(first.up) + TLS_RECORD_OVERHEAD
+    # hand-counted: a token signal is tag + length + (tag + step, tag + a 5-byte id) = 10 bytes and 2 of slack;
+    # CoVeil's largest upload (one value) adds tag + length + (4 id bytes, 4 value bytes, 2 tags, 2 lengths) and
+    # no_stop's 2 bytes: 22 bytes; each frame holds the message and gRPC's 5-byte prefix
+    assert first.up[2] == (22 if mode == "cloud" else 12) + GRPC_PREFIX
+
+
+def test_without_the_padding_the_same_runs_differ(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The protection removed (the codec's padding a no-op on both ends), the observer tells the two contexts
+    apart in cloud-side lockstep: the picks' token ids and the rows' varints change the frames' sizes."""
+    monkeypatch.setattr(wire, "pad_edge_message", lambda message, **_: message)
+    monkeypatch.setattr(wire, "pad_cloud_message", lambda message, _request: message)
+    first, second = (observe(stack, context, "cloud", 0) for context in CONTEXTS)
+    assert first.tokens != second.tokens
+    assert first.down != second.down
