@@ -48,8 +48,8 @@ _KEYWORDS = frozenset({
     "unevaluatedItems", "unevaluatedProperties", "additionalItems", "readOnly", "writeOnly", "deprecated", "nullable",
 })
 #: a schema string counts as text of the private context when, folded, it occurs there whole (on word boundaries,
-#: and not in the public query) with at least this many letters; shorter strings ("no", "age") are too common to
-#: say anything
+#: and not in the public query) with at least this many letters, and is two words or more or one the context
+#: capitalises mid-sentence (a name); shorter strings ("no", "age") and lone common words ("patient") say nothing
 MIN_PRIVATE_LETTERS = 4
 #: a longer schema string (a description) counts when it shares this many consecutive words with the private context
 #: that the public query does not hold
@@ -71,16 +71,38 @@ def _occurs(words: list[str], within: str) -> bool:
     return bool(words) and f" {' '.join(words)} " in within
 
 
-def _private_text(text: str, spans: list[list[str]], context: str, public: str) -> bool:
+def _names(text: str) -> set[str]:
+    """The folded words ``text`` capitalises mid-sentence (not first, nor after ``.``, ``?`` or ``!``)."""
+    from edge_sdk.masking import fold
+
+    names, sentence_start = set(), True
+    for part in text.split():
+        bare = part.strip(_PUNCTUATION)
+        if bare[:1].isupper() and not sentence_start:
+            names.add(fold(bare))
+        sentence_start = part.endswith((".", "?", "!")) and not (len(bare) <= 3 and bare[:1].isupper())  # "Dr."
+    return names
+
+
+def _word_parts(text: str) -> set[str]:
+    """Every word of ``text`` and every part punctuation joins inside one, folded (``Okonkwo-Fitzgerald``:
+    ``okonkwo-fitzgerald``, ``okonkwo``, ``fitzgerald``), as ``never_upload``'s mask reads a span."""
+    from edge_sdk.masking import fold, spoken_words
+
+    return {folded for word in spoken_words(text) if (folded := fold(word).strip(_PUNCTUATION))}
+
+
+def _private_text(text: str, spans: list[list[str]], span_words: set[str], context: str, names: set[str],
+                  public: str) -> bool:
     """Whether ``text`` holds a ``never_upload`` span (or one of its words) or text of the private context."""
     words = _folded_words(text)
     if any(_occurs(span, f" {' '.join(words)} ") for span in spans):
         return True
-    span_words = {word for span in spans for word in span}
-    if span_words & set(words):
+    if span_words & _word_parts(text):
         return True
     whole = " ".join(words)
-    if sum(ch.isalpha() for ch in whole) >= MIN_PRIVATE_LETTERS and _occurs(words, context) and not _occurs(words, public):
+    if (sum(ch.isalpha() for ch in whole) >= MIN_PRIVATE_LETTERS and (len(words) > 1 or whole in names)
+            and _occurs(words, context) and not _occurs(words, public)):
         return True
     for start in range(max(0, len(words) - MIN_SHARED_WORDS + 1)):
         run = words[start:start + MIN_SHARED_WORDS]
@@ -96,13 +118,16 @@ def check_public_schema(schema: Any, *, private_context: str, never_upload: list
     Every string of the schema (each app-named key, each value but the schema language's own names) is compared,
     up to case, accents and the punctuation around words (as ``never_upload``'s mask folds them), with the spans
     and the private context: it must hold no ``never_upload`` span nor any word of one, must not itself occur in
-    the private context (at least :data:`MIN_PRIVATE_LETTERS` letters; an enum of the patients' names) and must
+    the private context (at least :data:`MIN_PRIVATE_LETTERS` letters, and two words or a name the context
+    capitalises mid-sentence: an enum of the patients' names) and must
     share no run of :data:`MIN_SHARED_WORDS` words with it, text the public query holds aside.  Raises
     :class:`PrivateSchemaError` naming the first such place as a path (``$.properties.patient.enum[1]``; a key
     is named by its position), without quoting it.
     """
     spans = [words for words in (_folded_words(span) for span in never_upload) if words]
+    span_words = {word for span in never_upload for word in _word_parts(span)}
     context = f" {' '.join(_folded_words(private_context))} "
+    names = _names(private_context)
     public = f" {' '.join(_folded_words(public_text))} "
 
     def refuse(path: str) -> None:
@@ -116,14 +141,14 @@ def check_public_schema(schema: Any, *, private_context: str, never_upload: list
                 named = key in _KEYWORDS and parent_key not in ("properties", "patternProperties", "$defs",
                                                                  "definitions", "dependentRequired",
                                                                  "dependentSchemas")
-                if not named and _private_text(str(key), spans, context, public):
+                if not named and _private_text(str(key), spans, span_words, context, names, public):
                     refuse(f"{path} (key #{position})")
                 walk(value, f"{path}.{key}", key if named else None)
         elif isinstance(node, list):
             for index, item in enumerate(node):
                 walk(item, f"{path}[{index}]", parent_key if parent_key in ("type", "required") else None)
-        elif isinstance(node, str) and parent_key not in _LANGUAGE_VALUES and _private_text(node, spans, context,
-                                                                                               public):
+        elif isinstance(node, str) and parent_key not in _LANGUAGE_VALUES and _private_text(
+                node, spans, span_words, context, names, public):
             refuse(path)
 
     walk(schema, "$", None)

@@ -65,7 +65,7 @@ def folded_vocabulary(piece: Callable[[int], str], vocab_size: int) -> dict[str,
     return {key: tuple(ids) for key, ids in index.items()}
 
 
-def _words(text: str) -> list[str]:
+def spoken_words(text: str) -> list[str]:
     """The words of ``text`` a model may write alone: each whitespace-separated word, as written and without the
     punctuation around it, and each part that punctuation joins inside it (``Okonkwo-Fitzgerald`` also gives
     ``Okonkwo`` and ``Fitzgerald``, ``O'Brien`` also ``O`` and ``Brien``)."""
@@ -86,7 +86,7 @@ def spellings(span: str) -> list[str]:
     forms: list[str] = []
     for written in dict.fromkeys((span, unicodedata.normalize("NFC", span), unicodedata.normalize("NFKC", span),
                                   accent_free)):
-        for text in (written, *_words(written)):
+        for text in (written, *spoken_words(written)):
             for variant in (text, text.lower(), text.upper(), text.capitalize(), text.title()):
                 for spaced in (variant, " " + variant):
                     if variant and spaced not in forms:
@@ -126,13 +126,13 @@ def never_upload_ids(
     whitespace).
     """
     masked: set[int] = set()
-    context_words = _words(private_context)
+    context_words = spoken_words(private_context)
     for span in spans:
         if not span.strip():
             raise ValueError("a never_upload span must not be empty")
         if span not in private_context and fold(span) not in fold(" ".join(private_context.split())):
             raise ValueError(f"never_upload span {span!r} does not occur in the private context")
-        words = {fold(word) for word in _words(span)} - {""}
+        words = {fold(word) for word in spoken_words(span)} - {""}
         variants = [bare for word in context_words if fold(bare := _bare(word)) in words]  # "María" for "Maria"
         forms = spellings(span) + [form for variant in variants for form in spellings(variant)]
         ids = {i for form in forms for i in tokenize(form) if not _is_punctuation_or_space(piece(i))}

@@ -13,10 +13,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from edge_sdk import wire
 from edge_sdk.client import Credentials, EdgeClient
+from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_resume
+from edge_sdk.leakage import LeakageMeter
+from edge_sdk.policies import make_policy
+from edge_sdk.policies.base import CloudUpload
+from edge_sdk.testing import ScriptedChannel, ScriptedCloud, TableSLM
+from edge_sdk.transport import CloudConnection
 from tests.record_proxy import Http2Frames, RecordLengths
 from tests.tiny_models import bpe_tokenizer, random_qwen
 from tests.tls_material import pem_pair
@@ -113,3 +122,78 @@ def test_without_the_padding_the_same_runs_differ(stack: Stack, monkeypatch: pyt
     first, second = (observe(stack, context, "cloud", 0) for context in CONTEXTS)
     assert first.tokens != second.tokens
     assert first.down != second.down
+
+
+# -- the codec's padding, without the stack ------------------------------------------------------------------
+
+
+@given(st.integers(min_value=2, max_value=70_000))
+@settings(max_examples=200, deadline=None)
+def test_padding_adds_exactly_the_bytes_asked_for(extra: int) -> None:
+    """protobuf's own serialiser is the reference: the padded message is ``extra`` bytes longer, whatever the jumps
+    of the entries' length prefixes (130 and 16,387 bytes cannot be one entry)."""
+    message = wire.encode_token(5, 7)
+    base = message.ByteSize()
+    wire.pad_to(message, base + extra)
+    assert len(message.SerializeToString()) == base + extra
+
+
+def test_padding_is_appended_so_an_older_peer_reads_the_same_message() -> None:
+    """Field 15 is serialised last: the padded bytes are the unpadded ones followed by padding entries only (tag
+    0x7a), which a parser without the field skips as unknown."""
+    plain = wire.encode_token(5, 300)
+    padded = wire.pad_edge_message(wire.encode_token(5, 300), vocab_size=448, max_upload=1)
+    data, base = padded.SerializeToString(), plain.SerializeToString()
+    assert data.startswith(base) and data[len(base)] == 0x7A and len(data) > len(base)
+    with pytest.raises(ValueError, match="more than the policy's public maximum"):
+        wire.pad_edge_message(wire.encode_upload(0, _upload(2)), vocab_size=448, max_upload=1)
+
+
+def _upload(n: int) -> Any:
+    return CloudUpload(np.arange(n), np.full(n, 0.5, np.float32))
+
+
+def _scripted_run(padded: bool, *, cloud_pads: bool = True) -> tuple[list[int], ScriptedCloud, list[Any]]:
+    """A cloud-side CoVeil generation over the scripted cloud; what the cloud sent back, decoded."""
+    peaked = np.full(8, -4.0, np.float32)
+    peaked[3] = 4.0
+    slm = TableSLM([chr(97 + i) for i in range(8)], default=peaked)
+    cloud = ScriptedCloud(8, default=peaked, max_new_tokens=4)
+    replies: list[Any] = []
+
+    def connect() -> CloudConnection:
+        session = cloud.session()
+        if not cloud_pads:  # an adapter from before padding: it reads OpenSession.padded as an unknown field
+            handle = session.handle
+            session.handle = lambda message: handle(_without_padded(message))  # type: ignore[method-assign]
+        channel = ScriptedChannel(session)
+        receive = channel.receive
+        channel.receive = lambda: replies.append(receive()) or replies[-1]  # type: ignore[method-assign]
+        return CloudConnection(channel, padded=padded)
+
+    decoder = CollaborativeDecoder(slm, make_policy("coveil"), DecodeSettings(mode="cloud", max_new_tokens=4,
+                                                                              top_m=4), slm_prompt=[1, 2],
+                                   cloud_prompt=[1], meter=LeakageMeter(frozenset()))
+    tokens = [event.token_id for event in run_with_resume(decoder, connect, backoff_s=0.0)]
+    return tokens, cloud, replies
+
+
+def _without_padded(message: Any) -> Any:
+    if message.WhichOneof("kind") == "open":
+        message.open.padded = False
+    return message
+
+
+def test_padding_is_negotiated_in_the_open_and_older_peers_still_decode() -> None:
+    """A newer edge pads its signals and asks; a newer cloud answers ``padded`` and pads its rows, picks and end;
+    an older edge asks nothing and gets plain messages; an older cloud answers nothing and sends plain ones, while
+    the edge still pads its own.  The tokens are the same every way."""
+    tokens, cloud, replies = _scripted_run(True)
+    assert all(message.padding for message in replies if message.WhichOneof("kind") != "opened")
+    assert replies[0].opened.padded and all(message.padding for message in cloud.edge_messages()[1:])
+    older_edge, plain_cloud, plain = _scripted_run(False)
+    assert not any(message.padding for message in plain) and not plain[0].opened.padded
+    assert not any(message.padding for message in plain_cloud.edge_messages())
+    older_cloud, _, unpadded = _scripted_run(True, cloud_pads=False)
+    assert not any(message.padding for message in unpadded)
+    assert tokens == older_edge == older_cloud
