@@ -248,6 +248,18 @@ class CloudConnection:
         self.bytes.cloud_to_edge += message.ByteSize()
         return message
 
+    def _hold(self, message: CloudMessage) -> None:
+        """Keep a drafted row read ahead of the message awaited, within the most an honest cloud can have sent then:
+        one per agreed run-ahead step, per step whose pick is still unread, and one.  A cloud sending more would have
+        the device hold rows without bound (a full row is a megabyte): ``RESOURCE_EXHAUSTED``, and the session is
+        closed (the error is not retried)."""
+        assert self.info is not None, "open the session first"
+        limit = self.info.lookahead + len(self._unread_picks) + 1
+        if len(self._held) >= limit:
+            raise CloudError("RESOURCE_EXHAUSTED", f"the cloud sent more than {limit} rows ahead of the message the "
+                             "edge awaited", retryable=False)
+        self._held.append(message)
+
     def _next_message(self) -> CloudMessage:
         """The next message that is not the pick of a step taken from a certificate (those are checked here)."""
         message = self._read()
@@ -298,7 +310,7 @@ class CloudConnection:
             message = self._held.popleft() if expected == "distribution" and self._held else self._next_message()
             kind = message.WhichOneof("kind")
             if hold and kind == "distribution" and expected != "distribution":
-                self._held.append(message)
+                self._hold(message)
                 continue
             if kind == "finished" and expected != "finished":
                 raise self._ended_early(message.finished)
@@ -378,7 +390,7 @@ class CloudConnection:
             message = self._next_message()
             kind = message.WhichOneof("kind")
             if kind == "distribution" and message.distribution.step > step:
-                self._held.append(message)
+                self._hold(message)
                 continue
             if kind == "finished":
                 raise self._ended_early(message.finished)
