@@ -5,6 +5,8 @@
 * :class:`ScriptedCloud`: a cloud that replays fixed rows through the real wire codec (every message is
   encoded to bytes and decoded as the other end would), records every message the edge sent, and can be
   slow, lie, or break the stream at a chosen step.
+* :class:`LinkChannel`: one of its sessions behind a simulated link (round trip, the cloud's forward), on the
+  real clock, recording when each signal reached the cloud: what the cloud can time.
 
 A generation over the real loop, in milliseconds::
 
@@ -484,6 +486,51 @@ class ScriptedChannel:
                 return type(reply).FromString(reply.SerializeToString())
             self._pending.popleft()
         raise CloudError("FAILED_PRECONDITION", "the cloud sent nothing for this request")
+
+    def close(self) -> None:
+        self._session.abandon("closed")
+
+
+class LinkChannel:
+    """A :class:`ScriptedSession` behind a simulated link, on the real clock (what the cloud can time).
+
+    A message reaches the cloud ``rtt_s / 2`` after the edge sent it; the cloud computes one row at a time
+    (``forward_s`` each), drafting as deep as agreed after each message, and each reply reaches the edge
+    ``rtt_s / 2`` after it left, in order.  ``arrivals`` holds when each of the edge's signals reached the cloud
+    (``time.perf_counter``): the cloud's view of the edge's clock.
+    """
+
+    crosses_network = True
+
+    def __init__(self, session: ScriptedSession, *, rtt_s: float, forward_s: float) -> None:
+        self._session = session
+        self.rtt_s, self.forward_s = rtt_s, forward_s
+        self._inbox: deque[tuple[float, Any]] = deque()  # (when it reaches the edge, message), in order
+        self._cloud_free = 0.0  # when the cloud is done with the rows it has to compute
+        self.arrivals: list[float] = []
+
+    def send(self, message: Any) -> None:
+        at_cloud = time.perf_counter() + self.rtt_s / 2
+        if message.WhichOneof("kind") == "signal":
+            self.arrivals.append(at_cloud)
+        replies = list(self._session.handle(type(message).FromString(message.SerializeToString())))
+        while self._session.can_draft():
+            replies += list(self._session.draft())
+        for reply in replies:
+            leaves = max(self._cloud_free, at_cloud)
+            if reply.WhichOneof("kind") == "distribution":
+                leaves = self._cloud_free = leaves + self.forward_s
+            reaches = max(leaves + self.rtt_s / 2, self._inbox[-1][0] if self._inbox else 0.0)  # one stream
+            self._inbox.append((reaches, reply))
+
+    def receive(self) -> Any:
+        if not self._inbox:
+            raise CloudError("FAILED_PRECONDITION", "the cloud sent nothing for this request")
+        reaches, reply = self._inbox.popleft()
+        delay = reaches - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        return type(reply).FromString(reply.SerializeToString())
 
     def close(self) -> None:
         self._session.abandon("closed")

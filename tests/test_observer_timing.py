@@ -9,8 +9,6 @@ as the attack review's scripted SLM did.  The cloud's view is the sequence of ti
 
 from __future__ import annotations
 
-import time
-from collections import deque
 from typing import Any
 
 import numpy as np
@@ -20,7 +18,7 @@ from scipy.stats import mannwhitneyu
 from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings
 from edge_sdk.leakage import LeakageMeter
 from edge_sdk.policies import make_policy
-from edge_sdk.testing import ScriptedCloud, ScriptedSession, TableSLM
+from edge_sdk.testing import LinkChannel, ScriptedCloud, TableSLM
 from edge_sdk.transport import CloudConnection
 
 RTT_S = 0.080
@@ -30,43 +28,6 @@ SHORT, LONG = 16, 1200  # tokens of private context: SLM steps of ~10 ms and ~34
 STEPS = 21  # 20 gaps
 VOCAB = 8
 PEAK = 3  # both models' top token at every step: every draft holds
-
-
-class WanChannel:
-    """A :class:`ScriptedSession` behind a link of ``RTT_S`` (see the module docstring); ``arrivals`` holds when each
-    of the edge's signals reached the cloud (``time.perf_counter``)."""
-
-    crosses_network = True
-
-    def __init__(self, session: ScriptedSession) -> None:
-        self._session = session
-        self._inbox: deque[tuple[float, Any]] = deque()  # (when it reaches the edge, message), in order
-        self._cloud_free = 0.0  # when the cloud is done with the rows it has to compute
-        self.arrivals: list[float] = []
-
-    def send(self, message: Any) -> None:
-        at_cloud = time.perf_counter() + RTT_S / 2
-        if message.WhichOneof("kind") == "signal":
-            self.arrivals.append(at_cloud)
-        replies = list(self._session.handle(type(message).FromString(message.SerializeToString())))
-        while self._session.can_draft():
-            replies += list(self._session.draft())
-        for reply in replies:
-            leaves = max(self._cloud_free, at_cloud)
-            if reply.WhichOneof("kind") == "distribution":
-                leaves = self._cloud_free = leaves + FORWARD_S
-            reaches = max(leaves + RTT_S / 2, self._inbox[-1][0] if self._inbox else 0.0)  # one stream: in order
-            self._inbox.append((reaches, reply))
-
-    def receive(self) -> Any:
-        reaches, reply = self._inbox.popleft()
-        delay = reaches - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-        return reply
-
-    def close(self) -> None:
-        self._session.abandon("closed")
 
 
 def gaps_seen_by_the_cloud(context_tokens: int, mode: str, lookahead: int, **settings: Any) -> np.ndarray:
@@ -81,7 +42,7 @@ def gaps_seen_by_the_cloud(context_tokens: int, mode: str, lookahead: int, **set
                                                    **settings),
         slm_prompt=[1] * context_tokens, cloud_prompt=[1], meter=LeakageMeter(frozenset()),
     )
-    channel = WanChannel(cloud.session())
+    channel = LinkChannel(cloud.session(), rtt_s=RTT_S, forward_s=FORWARD_S)
     list(decoder.steps(CloudConnection(channel, lookahead=lookahead)))
     assert len(channel.arrivals) == STEPS
     return 1e3 * np.diff(channel.arrivals)
