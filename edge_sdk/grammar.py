@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Any, Protocol
 
 import numpy as np
@@ -199,14 +200,23 @@ def _lltokenizer(vocabulary: GrammarVocabulary) -> Any:
         return cached[1]
 
 
+#: the most one mask step may take, in ms: a schema whose first mask takes longer is refused when it is compiled,
+#: and llguidance's per-step work limits are set to this budget at its documented speeds (lexer fuel ~14k/ms, Earley
+#: items ~20k/ms), so a later step that would run past it ends the generation with a GrammarError instead of holding
+#: the GIL (some regex patterns cost 331 ms a step over Gemma-3's 262,144 ids; a plain schema ~0.25 ms)
+MAX_MASK_STEP_MS = 50.0
+_LEXER_FUEL_PER_MS, _EARLEY_ITEMS_PER_MS = 14_000, 20_000
+
+
 class JsonConstraint:
     """The ids that keep one generation's text valid JSON under ``schema`` (see the module docstring).
 
     Raises :class:`GrammarError` when the schema cannot be compiled.
     """
 
-    def __init__(self, vocabulary: GrammarVocabulary, schema: dict[str, Any]) -> None:
-        from llguidance import LLMatcher
+    def __init__(self, vocabulary: GrammarVocabulary, schema: dict[str, Any], *,
+                 max_step_ms: float = MAX_MASK_STEP_MS) -> None:
+        from llguidance import LLMatcher, LLParserLimits
 
         if not callable(getattr(vocabulary, "token_pieces", None)):
             raise TypeError(f"structured output needs the SLM's token_pieces() (the llama.cpp backend has them); "
@@ -215,18 +225,34 @@ class JsonConstraint:
             grammar = LLMatcher.grammar_from_json_schema(json.dumps(schema))
         except (ValueError, TypeError) as exc:
             raise GrammarError(f"the JSON schema cannot be compiled: {exc}") from None
-        self._matcher = LLMatcher(_lltokenizer(vocabulary), grammar, log_level=0)
+        limits = LLParserLimits(step_lexer_fuel=max(1, int(max_step_ms * _LEXER_FUEL_PER_MS)),
+                                step_max_items=max(1, int(max_step_ms * _EARLEY_ITEMS_PER_MS)), verbose_errors=False)
+        self._matcher = LLMatcher(_lltokenizer(vocabulary), grammar, log_level=0, limits=limits)
         if self._matcher.is_error():
             raise GrammarError(f"the JSON schema cannot be compiled: {self._matcher.get_error()}")
         self.vocab_size = vocabulary.vocab_size
         self.schema = schema
+        self._first: np.ndarray | None = None
+        started = time.perf_counter()
+        self._first = self.allowed()  # the first step's mask, timed (and kept for it)
+        took_ms = 1e3 * (time.perf_counter() - started)
+        if took_ms > max_step_ms:
+            raise GrammarError(f"the JSON schema's grammar took {took_ms:.0f} ms for one step, more than the "
+                               f"{max_step_ms:g} ms allowed: simplify its patterns")
 
     def allowed(self) -> np.ndarray:
-        """A boolean row over the vocabulary: ``True`` where the id may come next."""
+        """A boolean row over the vocabulary: ``True`` where the id may come next (:class:`GrammarError` when the
+        step ran past the per-step work limits)."""
+        first, self._first = self._first, None
+        if first is not None:
+            return first
         bias = np.frombuffer(self._matcher.compute_logit_bias(), dtype=np.uint8)[: self.vocab_size]
+        if self._matcher.is_error():
+            raise GrammarError(f"the JSON schema's grammar ran past its per-step limit: {self._matcher.get_error()}")
         return bias > 0
 
     def consume(self, token_id: int) -> None:
+        self._first = None
         if not self._matcher.consume_token(int(token_id)):
             raise ValueError(f"token {token_id} is outside the JSON grammar: {self._matcher.get_error()}")
 
