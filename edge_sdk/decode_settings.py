@@ -58,9 +58,10 @@ class DecodeSettings:
     epsilon_delta: float | None = _setting(None, "the delta max_epsilon is stated at (default: the policy's)",
                                           type=float)
     #: pacing: step t's signal leaves at the first point of the grid ``S + n * pace_ms`` (n >= 1; ``S`` the
-    #: previous signal's slot, or when the cloud's answer to the open arrived) at or after it is ready, so its send
-    #: time depends on the public schedule and the cloud's own timing, not on how long the SLM took (which grows
-    #: with the private context).  ``None``: each signal leaves as soon as it is decided.
+    #: previous signal's slot, or when the cloud's answer to the open arrived; cloud-side, when a pick the edge waited
+    #: for arrived, if later) at or after it is ready, so its send time depends on the public schedule and the
+    #: cloud's own timing, not on how long the SLM took (which grows with the private context).  ``None``: each
+    #: signal leaves as soon as it is decided, but where ``auto_pace_ms`` applies.
     pace_ms: float | None = _setting(None, "send each step's signal on a fixed grid of this many ms",
                                     type=positive_float, metavar="MS")
     #: the session opens at the first point of ``B + n * prefill_budget_ms`` (n >= 1; ``B`` when the generation
