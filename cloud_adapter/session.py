@@ -212,6 +212,7 @@ class SessionHandler:
             eos_token_ids=self._eos,
             max_new_tokens=max_new_tokens,
             lookahead=self._lookahead,
+            padded=request.padded,  # the edge asked: every distribution, pick and end goes out padded
         )
         transcript.lookahead = self._lookahead
         yield self._count_down(wire.encode_opened(info))
@@ -498,6 +499,8 @@ class SessionHandler:
         self.engine.retire(self, self._transcript)
 
     def _count_down(self, message: Any, record: StepRecord | None = None) -> Any:
+        if self._request is not None:  # to its public size, when the session asked (wire.pad_cloud_message)
+            message = wire.pad_cloud_message(message, self._request)
         size = message.ByteSize()
         self._bytes_down += size
         if record is not None:

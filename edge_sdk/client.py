@@ -24,7 +24,7 @@ import numpy as np
 from edge_sdk.activity import ActivityLog
 from edge_sdk.backends.base import SLMBackend
 from edge_sdk.decode_settings import DecodeSettings
-from edge_sdk.grammar import JsonConstraint
+from edge_sdk.grammar import JsonConstraint, check_public_schema
 from edge_sdk.leakage import LeakageMeter, content_token_ids, piece_reader
 from edge_sdk.ledger import LedgerEntry, PrivacyLedger
 from edge_sdk.logprobs import TokenLogprobs
@@ -416,7 +416,10 @@ class EdgeClient:
         is masked to the ids the schema allows where the token is picked (:mod:`edge_sdk.grammar`), edge-side by
         the edge (which then asks for full rows), cloud-side by the cloud (the schema is sent with the session;
         the edge checks each token against its own copy of the grammar, and uploads as without a schema); a
-        schema that cannot be compiled raises :class:`edge_sdk.grammar.GrammarError`.
+        schema that cannot be compiled raises :class:`edge_sdk.grammar.GrammarError`.  A cloud-side schema is
+        public like the question: one that holds a ``never_upload`` span or text of the private context is
+        refused (:class:`~edge_sdk.grammar.PrivateSchemaError`, naming where; :func:`edge_sdk.grammar.check_public_schema`);
+        apply a private schema edge-side (``mode="edge"``).
 
         ``logprobs``: each step's :class:`~edge_sdk.logprobs.TokenLogprobs` (the token's log-probability and
         the ``logprobs`` best ids', 0 to 20) under the fused row it was chosen from
@@ -439,6 +442,9 @@ class EdgeClient:
         private_ids = content_token_ids(private_context, lambda t: slm.tokenize(t, add_bos=False), piece)
         masked = never_upload_ids(never_upload, private_context, lambda t: slm.tokenize(t, add_bos=False), piece,
                                   vocabulary)
+        if json_schema is not None and settings.mode == "cloud":  # a defence: the schema is sent as it is
+            check_public_schema(json_schema, private_context=private_context, never_upload=tuple(never_upload),
+                                public_text=slm.detokenize(list(prompts.cloud_ids)))
         decoder = CollaborativeDecoder(
             slm,
             policy,

@@ -58,9 +58,10 @@ class DecodeSettings:
     epsilon_delta: float | None = _setting(None, "the delta max_epsilon is stated at (default: the policy's)",
                                           type=float)
     #: pacing: step t's signal leaves at the first point of the grid ``S + n * pace_ms`` (n >= 1; ``S`` the
-    #: previous signal's slot, or when the cloud's answer to the open arrived) at or after it is ready, so its send
-    #: time depends on the public schedule and the cloud's own timing, not on how long the SLM took (which grows
-    #: with the private context).  ``None``: each signal leaves as soon as it is decided.
+    #: previous signal's slot, or when the cloud's answer to the open arrived; cloud-side, when a pick the edge waited
+    #: for arrived, if later) at or after it is ready, so its send time depends on the public schedule and the
+    #: cloud's own timing, not on how long the SLM took (which grows with the private context).  ``None``: each
+    #: signal leaves as soon as it is decided, but where ``auto_pace_ms`` applies.
     pace_ms: float | None = _setting(None, "send each step's signal on a fixed grid of this many ms",
                                     type=positive_float, metavar="MS")
     #: the session opens at the first point of ``B + n * prefill_budget_ms`` (n >= 1; ``B`` when the generation
@@ -68,6 +69,17 @@ class DecodeSettings:
     #: it opens (after the previous session on the same client, say) does not show how long the private context
     #: is.  Set it above the longest prefill: one that runs past it opens at a later point, which shows how many
     #: budgets it took (``ledger.prefill_overrun``).  ``None``: the session opens as soon as the SLM has prefilled.
+    #: the public clock of the sessions whose signals would otherwise leave one SLM step apart: with ``pace_ms``
+    #: unset, a session over a network that runs ahead (the next row is on the device before the SLM is done) or
+    #: fuses cloud-side (the SLM's step begins when the cloud's pick arrives) sends on the grid of ``pace_ms`` at
+    #: this pace (an in-process cloud, as the harness runs, is not paced: nothing else times it).
+    #: The gap between two signals is then the pace whenever the step fits in it, a whole number of paces otherwise
+    #: (``pace_overrun``); the SLM's step grows with the private context.  Edge-side lockstep is not paced by it
+    #: (its SLM step runs while the cloud's row is on its way: hidden behind a round trip and a forward, not
+    #: shorter ones).  ``None``: off.
+    auto_pace_ms: float | None = _setting(50.0, "with no pace_ms, send each run-ahead or cloud-side signal on a "
+                                          "grid of this many ms (default: {default})", type=positive_float,
+                                          metavar="MS")
     prefill_budget_ms: float | None = _setting(None, "open each session on a grid of this many ms from when the "
                                                "generation began, whatever the prefill took", type=positive_float,
                                                metavar="MS")
@@ -79,6 +91,8 @@ class DecodeSettings:
     def __post_init__(self) -> None:
         if self.pace_ms is not None and not self.pace_ms > 0:
             raise ValueError(f"pace_ms must be positive (or None for no pacing), got {self.pace_ms}")
+        if self.auto_pace_ms is not None and not self.auto_pace_ms > 0:
+            raise ValueError(f"auto_pace_ms must be positive (or None for none), got {self.auto_pace_ms}")
         if self.prefill_budget_ms is not None and not self.prefill_budget_ms > 0:
             raise ValueError(f"prefill_budget_ms must be positive (or None for none), got {self.prefill_budget_ms}")
         if self.exposure_budget is not None and not 0.0 <= self.exposure_budget <= 1.0:

@@ -116,7 +116,7 @@ class CollaborativeDecoder:
         self.processors = tuple(processors)
         self.view = SLMView(slm, policy.space, masked_ids)
         self.budget = ExposureBudget(settings.exposure_budget, self.accountant)
-        self.pacer = Pacer(settings.pace_ms, settings.prefill_budget_ms)
+        self.pacer = Pacer(settings.pace_ms, settings.prefill_budget_ms, settings.auto_pace_ms)
         self.stop = StopControl(slm, stopping)
         self.tokens: list[int] = []
         self.ledger = PrivacyLedger(mode=settings.mode, policy=policy.describe(), exposure_k=settings.exposure_k,
@@ -141,6 +141,17 @@ class CollaborativeDecoder:
             return self.slm.vocab_size
         top_m = max(s.top_m, s.exposure_k) if s.mode == "edge" else s.top_m
         return min(top_m, self.slm.vocab_size)
+
+    @property
+    def max_upload(self) -> int:
+        """The most values a step's upload may hold, from public settings only: the policy's maximum, and in
+        probability space a whole-vocabulary upload cut to ``FULL_UPLOAD_LIMIT`` (:meth:`_policy_signal`).  Every
+        padded step signal is the size of the largest (:func:`edge_sdk.wire.pad_edge_message`)."""
+        vocab_size = self.slm.vocab_size
+        largest = self.policy.max_upload(vocab_size)
+        if largest >= vocab_size and self.policy.space == "prob":
+            return min(FULL_UPLOAD_LIMIT, vocab_size)
+        return largest
 
     def request(self) -> wire.SessionRequest:
         s = self.settings
@@ -249,8 +260,10 @@ class CollaborativeDecoder:
     # -- the loop's steps, in its order --------------------------------------------------------------
     def _open(self, connection: CloudConnection) -> int:
         """Open the session; the number of steps it may run (the edge's and the cloud's limit)."""
-        info = connection.open(self.request())
-        self.pacer.start()  # the cloud's reply, after its own prefill (the SLM's came before)
+        info = connection.open(self.request(), max_upload=self.max_upload)
+        # the cloud's reply, after its own prefill (the SLM's came before); a defence: over a network a session that
+        # runs ahead, or fuses cloud-side, is paced (auto_pace_ms), else its signals would leave one SLM step apart
+        self.pacer.start(auto=connection.crosses_network and (connection.run_ahead or self.settings.mode == "cloud"))
         self.ledger.session_ids.append(info.session_id)
         self.ledger.cloud_model = info.cloud_model
         if info.vocab_size != self.slm.vocab_size:  # the fingerprint matched; the sizes must too
@@ -355,8 +368,12 @@ class CollaborativeDecoder:
         signal, step = pending.decision.signal, pending.step
         pending.sends += 1
         if isinstance(signal, CloudUpload):
+            certified = connection.picks_certified
             with step_meter.waiting():  # the cloud answers with its pick
-                return connection.upload(step, signal, no_stop=no_stop)
+                picked = connection.upload(step, signal, no_stop=no_stop)
+            if connection.picks_certified == certified:  # waited for the pick: the next slot counts from its arrival
+                self.pacer.restart(time.perf_counter())
+            return picked
         connection.sync_token(step, signal.token_id)  # the cloud's answer is the next step's row
         return signal.token_id, signal.token_id in self.stop.ids or step + 1 >= max_steps
 

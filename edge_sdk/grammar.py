@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Any, Protocol
 
 import numpy as np
@@ -27,6 +28,131 @@ ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
 
 class GrammarError(ValueError):
     """A schema the grammar engine cannot compile (its message names why, never quotes private text)."""
+
+
+class PrivateSchemaError(GrammarError):
+    """A cloud-side schema that holds private text (:func:`check_public_schema`); its message names the path in the
+    schema and never quotes the text."""
+
+
+#: JSON Schema keywords whose string value is a name of the schema language, never an app's text
+_LANGUAGE_VALUES = frozenset({"type", "format", "$schema", "$ref", "$id", "$anchor", "$dynamicRef",
+                              "contentEncoding", "contentMediaType"})
+#: JSON Schema keywords (keys) that are the language's own words; every other key is an app's name (a property)
+_KEYWORDS = frozenset({
+    "type", "format", "$schema", "$ref", "$id", "$anchor", "$dynamicRef", "$defs", "definitions", "$comment",
+    "properties", "patternProperties", "additionalProperties", "required", "items", "prefixItems", "enum", "const",
+    "default", "examples", "description", "title", "pattern", "minLength", "maxLength", "minimum", "maximum",
+    "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minItems", "maxItems", "uniqueItems", "minProperties",
+    "maxProperties", "anyOf", "oneOf", "allOf", "not", "if", "then", "else", "contentEncoding", "contentMediaType",
+    "dependentRequired", "dependentSchemas", "propertyNames", "contains", "minContains", "maxContains",
+    "unevaluatedItems", "unevaluatedProperties", "additionalItems", "readOnly", "writeOnly", "deprecated", "nullable",
+})
+#: a schema string counts as text of the private context when, folded, it occurs there whole (on word boundaries,
+#: and not in the public query) with at least this many letters, and is two words or more or one the context
+#: capitalises mid-sentence (a name); shorter strings ("no", "age") and lone common words ("patient") say nothing
+MIN_PRIVATE_LETTERS = 4
+#: a longer schema string (a description) counts when it shares this many consecutive words with the private context
+#: that the public query does not hold
+MIN_SHARED_WORDS = 3
+
+
+def _folded_words(text: str) -> list[str]:
+    """``text``'s words up to case, accents and punctuation around them (as the mask compares words)."""
+    from edge_sdk.masking import fold
+
+    return [word for word in (fold(part).strip(_PUNCTUATION) for part in text.split()) if word]
+
+
+_PUNCTUATION = "\"'`.,;:!?()[]{}<>«»“”‘’"
+
+
+def _occurs(words: list[str], within: str) -> bool:
+    """Whether ``words`` occur consecutively in ``within`` (a space-joined, space-padded folded word list)."""
+    return bool(words) and f" {' '.join(words)} " in within
+
+
+def _names(text: str) -> set[str]:
+    """The folded words ``text`` capitalises mid-sentence (not first, nor after ``.``, ``?`` or ``!``)."""
+    from edge_sdk.masking import fold
+
+    names, sentence_start = set(), True
+    for part in text.split():
+        bare = part.strip(_PUNCTUATION)
+        if bare[:1].isupper() and not sentence_start:
+            names.add(fold(bare))
+        sentence_start = part.endswith((".", "?", "!")) and not (len(bare) <= 3 and bare[:1].isupper())  # "Dr."
+    return names
+
+
+def _word_parts(text: str) -> set[str]:
+    """Every word of ``text`` and every part punctuation joins inside one, folded (``Okonkwo-Fitzgerald``:
+    ``okonkwo-fitzgerald``, ``okonkwo``, ``fitzgerald``), as ``never_upload``'s mask reads a span."""
+    from edge_sdk.masking import fold, spoken_words
+
+    return {folded for word in spoken_words(text) if (folded := fold(word).strip(_PUNCTUATION))}
+
+
+def _private_text(text: str, spans: list[list[str]], span_words: set[str], context: str, names: set[str],
+                  public: str) -> bool:
+    """Whether ``text`` holds a ``never_upload`` span (or one of its words) or text of the private context."""
+    words = _folded_words(text)
+    if any(_occurs(span, f" {' '.join(words)} ") for span in spans):
+        return True
+    if span_words & _word_parts(text):
+        return True
+    whole = " ".join(words)
+    if (sum(ch.isalpha() for ch in whole) >= MIN_PRIVATE_LETTERS and (len(words) > 1 or whole in names)
+            and _occurs(words, context) and not _occurs(words, public)):
+        return True
+    for start in range(max(0, len(words) - MIN_SHARED_WORDS + 1)):
+        run = words[start:start + MIN_SHARED_WORDS]
+        if _occurs(run, context) and not _occurs(run, public):
+            return True
+    return False
+
+
+def check_public_schema(schema: Any, *, private_context: str, never_upload: list[str] | tuple[str, ...] = (),
+                        public_text: str = "") -> None:
+    """Refuse a cloud-side schema (sent to the cloud as it is, like the question) that holds private text.
+
+    Every string of the schema (each app-named key, each value but the schema language's own names) is compared,
+    up to case, accents and the punctuation around words (as ``never_upload``'s mask folds them), with the spans
+    and the private context: it must hold no ``never_upload`` span nor any word of one, must not itself occur in
+    the private context (at least :data:`MIN_PRIVATE_LETTERS` letters, and two words or a name the context
+    capitalises mid-sentence: an enum of the patients' names) and must
+    share no run of :data:`MIN_SHARED_WORDS` words with it, text the public query holds aside.  Raises
+    :class:`PrivateSchemaError` naming the first such place as a path (``$.properties.patient.enum[1]``; a key
+    is named by its position), without quoting it.
+    """
+    spans = [words for words in (_folded_words(span) for span in never_upload) if words]
+    span_words = {word for span in never_upload for word in _word_parts(span)}
+    context = f" {' '.join(_folded_words(private_context))} "
+    names = _names(private_context)
+    public = f" {' '.join(_folded_words(public_text))} "
+
+    def refuse(path: str) -> None:
+        raise PrivateSchemaError(f"the JSON schema holds private text at {path} (a span of never_upload or text of "
+                                 "the private context): a cloud-side schema is sent to the cloud as it is, like the "
+                                 "question; keep private values out of it, or apply it edge-side (mode='edge')")
+
+    def walk(node: Any, path: str, parent_key: str | None) -> None:
+        if isinstance(node, dict):
+            for position, (key, value) in enumerate(node.items()):
+                named = key in _KEYWORDS and parent_key not in ("properties", "patternProperties", "$defs",
+                                                                 "definitions", "dependentRequired",
+                                                                 "dependentSchemas")
+                if not named and _private_text(str(key), spans, span_words, context, names, public):
+                    refuse(f"{path} (key #{position})")
+                walk(value, f"{path}.{key}", key if named else None)
+        elif isinstance(node, list):
+            for index, item in enumerate(node):
+                walk(item, f"{path}[{index}]", parent_key if parent_key in ("type", "required") else None)
+        elif isinstance(node, str) and parent_key not in _LANGUAGE_VALUES and _private_text(
+                node, spans, span_words, context, names, public):
+            refuse(path)
+
+    walk(schema, "$", None)
 
 
 class GrammarVocabulary(Protocol):
@@ -74,14 +200,23 @@ def _lltokenizer(vocabulary: GrammarVocabulary) -> Any:
         return cached[1]
 
 
+#: the most one mask step may take, in ms: a schema whose first mask takes longer is refused when it is compiled,
+#: and llguidance's per-step work limits are set to this budget at its documented speeds (lexer fuel ~14k/ms, Earley
+#: items ~20k/ms), so a later step that would run past it ends the generation with a GrammarError instead of holding
+#: the GIL (some regex patterns cost 331 ms a step over Gemma-3's 262,144 ids; a plain schema ~0.25 ms)
+MAX_MASK_STEP_MS = 50.0
+_LEXER_FUEL_PER_MS, _EARLEY_ITEMS_PER_MS = 14_000, 20_000
+
+
 class JsonConstraint:
     """The ids that keep one generation's text valid JSON under ``schema`` (see the module docstring).
 
     Raises :class:`GrammarError` when the schema cannot be compiled.
     """
 
-    def __init__(self, vocabulary: GrammarVocabulary, schema: dict[str, Any]) -> None:
-        from llguidance import LLMatcher
+    def __init__(self, vocabulary: GrammarVocabulary, schema: dict[str, Any], *,
+                 max_step_ms: float = MAX_MASK_STEP_MS) -> None:
+        from llguidance import LLMatcher, LLParserLimits
 
         if not callable(getattr(vocabulary, "token_pieces", None)):
             raise TypeError(f"structured output needs the SLM's token_pieces() (the llama.cpp backend has them); "
@@ -90,18 +225,34 @@ class JsonConstraint:
             grammar = LLMatcher.grammar_from_json_schema(json.dumps(schema))
         except (ValueError, TypeError) as exc:
             raise GrammarError(f"the JSON schema cannot be compiled: {exc}") from None
-        self._matcher = LLMatcher(_lltokenizer(vocabulary), grammar, log_level=0)
+        limits = LLParserLimits(step_lexer_fuel=max(1, int(max_step_ms * _LEXER_FUEL_PER_MS)),
+                                step_max_items=max(1, int(max_step_ms * _EARLEY_ITEMS_PER_MS)), verbose_errors=False)
+        self._matcher = LLMatcher(_lltokenizer(vocabulary), grammar, log_level=0, limits=limits)
         if self._matcher.is_error():
             raise GrammarError(f"the JSON schema cannot be compiled: {self._matcher.get_error()}")
         self.vocab_size = vocabulary.vocab_size
         self.schema = schema
+        self._first: np.ndarray | None = None
+        started = time.perf_counter()
+        self._first = self.allowed()  # the first step's mask, timed (and kept for it)
+        took_ms = 1e3 * (time.perf_counter() - started)
+        if took_ms > max_step_ms:
+            raise GrammarError(f"the JSON schema's grammar took {took_ms:.0f} ms for one step, more than the "
+                               f"{max_step_ms:g} ms allowed: simplify its patterns")
 
     def allowed(self) -> np.ndarray:
-        """A boolean row over the vocabulary: ``True`` where the id may come next."""
+        """A boolean row over the vocabulary: ``True`` where the id may come next (:class:`GrammarError` when the
+        step ran past the per-step work limits)."""
+        first, self._first = self._first, None
+        if first is not None:
+            return first
         bias = np.frombuffer(self._matcher.compute_logit_bias(), dtype=np.uint8)[: self.vocab_size]
+        if self._matcher.is_error():
+            raise GrammarError(f"the JSON schema's grammar ran past its per-step limit: {self._matcher.get_error()}")
         return bias > 0
 
     def consume(self, token_id: int) -> None:
+        self._first = None
         if not self._matcher.consume_token(int(token_id)):
             raise ValueError(f"token {token_id} is outside the JSON grammar: {self._matcher.get_error()}")
 

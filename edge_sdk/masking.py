@@ -65,16 +65,28 @@ def folded_vocabulary(piece: Callable[[int], str], vocab_size: int) -> dict[str,
     return {key: tuple(ids) for key, ids in index.items()}
 
 
-def _words(text: str) -> list[str]:
+def unspaced(ch: str) -> bool:
+    """Whether ``ch`` belongs to a script written without spaces between words (Chinese, Japanese kana, Thai, Lao,
+    Khmer, Myanmar), where any one character may be a word of its own."""
+    return unicodedata.name(ch, "").startswith(_UNSPACED_SCRIPTS)
+
+
+_UNSPACED_SCRIPTS = ("CJK UNIFIED IDEOGRAPH", "CJK COMPATIBILITY IDEOGRAPH", "HIRAGANA", "KATAKANA", "THAI", "LAO",
+                     "KHMER", "MYANMAR")
+
+
+def spoken_words(text: str) -> list[str]:
     """The words of ``text`` a model may write alone: each whitespace-separated word, as written and without the
-    punctuation around it, and each part that punctuation joins inside it (``Okonkwo-Fitzgerald`` also gives
-    ``Okonkwo`` and ``Fitzgerald``, ``O'Brien`` also ``O`` and ``Brien``)."""
+    punctuation around it, each part that punctuation joins inside it (``Okonkwo-Fitzgerald`` also gives
+    ``Okonkwo`` and ``Fitzgerald``, ``O'Brien`` also ``O`` and ``Brien``), and each character of a script written
+    without spaces (``山田太郎`` also gives ``山``, ``田``, ``太``, ``郎``: where words are not spaced, any of them
+    may be a name's part, as ``田`` of ``山田``)."""
     words: list[str] = []
     for word in text.split():
         bare = _bare(word)
         parts = ["".join(run) for is_punctuation, run in groupby(bare, key=lambda ch: unicodedata.category(ch)[0] == "P")
                  if not is_punctuation]
-        words += [word, bare, *(parts if len(parts) > 1 else ())]
+        words += [word, bare, *(parts if len(parts) > 1 else ()), *(ch for ch in bare if unspaced(ch))]
     return list(dict.fromkeys(w for w in words if w))
 
 
@@ -86,7 +98,7 @@ def spellings(span: str) -> list[str]:
     forms: list[str] = []
     for written in dict.fromkeys((span, unicodedata.normalize("NFC", span), unicodedata.normalize("NFKC", span),
                                   accent_free)):
-        for text in (written, *_words(written)):
+        for text in (written, *spoken_words(written)):
             for variant in (text, text.lower(), text.upper(), text.capitalize(), text.title()):
                 for spaced in (variant, " " + variant):
                     if variant and spaced not in forms:
@@ -126,18 +138,21 @@ def never_upload_ids(
     whitespace).
     """
     masked: set[int] = set()
-    context_words = _words(private_context)
+    context_words = spoken_words(private_context)
     for span in spans:
         if not span.strip():
             raise ValueError("a never_upload span must not be empty")
         if span not in private_context and fold(span) not in fold(" ".join(private_context.split())):
             raise ValueError(f"never_upload span {span!r} does not occur in the private context")
-        words = {fold(word) for word in _words(span)} - {""}
+        words = {fold(word) for word in spoken_words(span)} - {""}
         variants = [bare for word in context_words if fold(bare := _bare(word)) in words]  # "María" for "Maria"
         forms = spellings(span) + [form for variant in variants for form in spellings(variant)]
         ids = {i for form in forms for i in tokenize(form) if not _is_punctuation_or_space(piece(i))}
         if vocabulary is not None:
             keys = {word[:end] for word in words for end in range(min(MIN_PREFIX_LETTERS, len(word)), len(word) + 1)}
+            # unspaced scripts: a token may hold any run of the word's characters (山田 of 山田太郎)
+            keys |= {word[start:end] for word in words if any(map(unspaced, word))
+                     for start in range(len(word)) for end in range(start + 1, len(word) + 1)}
             ids |= {i for key in keys for i in vocabulary.get(key, ()) if not _is_punctuation_or_space(piece(i))}
         if not ids:
             raise ValueError(f"never_upload span {span!r} has no token that could be masked (only punctuation)")

@@ -193,7 +193,9 @@ class PendingSignal:
 
 class Pacer:
     """Paced signals: step ``t``'s leaves at the first point of ``S + n * pace_ms`` (``n >= 1``) at or after it is
-    ready, ``S`` the previous signal's slot (or when the cloud answered the open).  ``pace_ms=None``: no wait.
+    ready, ``S`` the previous signal's slot (or when the cloud answered the open).  ``pace_ms=None``: no wait,
+    except in the sessions :meth:`start` paces at ``auto_pace_ms`` (``None``: no wait either).  Cloud-side, when the
+    edge waited for the cloud's pick of the previous step, ``S`` is when that pick arrived, if later (:meth:`restart`).
 
     The open: it leaves at the first point of ``B + n * prefill_budget_ms`` (``n >= 1``) at or after the SLM's
     prefill, ``B = max(b, f)``: ``b`` the earliest time the generation's private work on the device began
@@ -201,8 +203,10 @@ class Pacer:
     the same client ended (:meth:`not_before`).  ``prefill_budget_ms=None``: no wait.
     """
 
-    def __init__(self, pace_ms: float | None, prefill_budget_ms: float | None = None) -> None:
-        self.pace_s = None if pace_ms is None else pace_ms / 1e3
+    def __init__(self, pace_ms: float | None, prefill_budget_ms: float | None = None,
+                 auto_pace_ms: float | None = None) -> None:
+        self._pace_ms, self._auto_pace_ms = pace_ms, auto_pace_ms
+        self.pace_s = None if pace_ms is None else pace_ms / 1e3  # this session's pace (set again by start)
         self.prefill_budget_s = None if prefill_budget_ms is None else prefill_budget_ms / 1e3
         self._began_at: float | None = None  # perf_counter clock
         self._not_before = -math.inf  # perf_counter clock
@@ -231,9 +235,18 @@ class Pacer:
         assert self.began_at is not None, "begin() comes before the prefill"
         return self._wait_on_grid(self.began_at, self.prefill_budget_s) > 1
 
-    def start(self) -> None:
-        """The steps' grid's origin: the cloud's answer to the open."""
+    def start(self, auto: bool = False) -> None:
+        """The steps' grid's origin: the cloud's answer to the open; ``auto``: the session is paced at
+        ``auto_pace_ms`` unless ``pace_ms`` is set (it runs ahead or fuses cloud-side: public settings both ends
+        agreed on in the open)."""
+        pace_ms = self._pace_ms if self._pace_ms is not None or not auto else self._auto_pace_ms
+        self.pace_s = None if pace_ms is None else pace_ms / 1e3
         self.last_slot = time.perf_counter()
+
+    def restart(self, at: float) -> None:
+        """The grid starts again at ``at`` if that is later than the last slot: when the cloud's pick arrived, which
+        the edge waited for doing nothing else (the cloud's forward, its pick and the link: the cloud's time)."""
+        self.last_slot = max(self.last_slot, at)
 
     def wait_for_slot(self) -> bool:
         """Sleep until this step's slot; whether the signal missed its first one."""

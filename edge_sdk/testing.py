@@ -5,6 +5,8 @@
 * :class:`ScriptedCloud`: a cloud that replays fixed rows through the real wire codec (every message is
   encoded to bytes and decoded as the other end would), records every message the edge sent, and can be
   slow, lie, or break the stream at a chosen step.
+* :class:`LinkChannel`: one of its sessions behind a simulated link (round trip, the cloud's forward), on the
+  real clock, recording when each signal reached the cloud: what the cloud can time.
 
 A generation over the real loop, in milliseconds::
 
@@ -307,9 +309,9 @@ class ScriptedSession:
                              retryable=self.finish_reason == "broken")
         kind = message.WhichOneof("kind")
         if kind == "open":
-            return _replies(self._open(wire.decode_open(message.open)))
+            return self._replies(self._open(wire.decode_open(message.open)))
         if kind == "close":
-            return _replies([(0.0, self._finish("closed"))])
+            return self._replies([(0.0, self._finish("closed"))])
         if self.request is None:
             raise CloudError("NOT_FOUND", f"no session is open: send open before {kind}")
         if kind == "request_full":
@@ -317,10 +319,10 @@ class ScriptedSession:
             if self.full_sent:
                 raise CloudError("INVALID_ARGUMENT", f"the full row of step {self.step} was already sent")
             self.full_sent = True
-            return _replies([(0.0, wire.encode_distribution(wire.CloudDistribution(self.step, dense=self.rows[0])))])
+            return self._replies([(0.0, wire.encode_distribution(wire.CloudDistribution(self.step, dense=self.rows[0])))])
         if kind == "signal":
             self._check_step(message.signal.step, "signal")
-            return _replies(self._apply(message.signal))
+            return self._replies(self._apply(message.signal))
         raise CloudError("INVALID_ARGUMENT", f"unexpected edge message {kind!r}")
 
     def abandon(self, reason: str) -> None:
@@ -349,7 +351,7 @@ class ScriptedSession:
         self.max_new_tokens = min(request.max_new_tokens or self.cloud.max_new_tokens, self.cloud.max_new_tokens)
         self.lookahead = min(request.lookahead, self.cloud.max_lookahead)
         info = wire.SessionInfo(self.session_id, self.cloud.name, self.cloud.vocab_size, len(request.prompt_ids),
-                                self.eos, self.max_new_tokens, lookahead=self.lookahead)
+                                self.eos, self.max_new_tokens, lookahead=self.lookahead, padded=request.padded)
         return [(0.0, wire.encode_opened(info)), self._distribution()]
 
     def _distribution(self, assumes: int | None = None) -> tuple[float, Any]:
@@ -396,7 +398,7 @@ class ScriptedSession:
         token = self._draft_token()
         self.drafts.append(token)
         self.sequence.append(token)
-        return _replies([self._distribution(assumes=token)])
+        return self._replies([self._distribution(assumes=token)])
 
     def _apply(self, signal: Any) -> list[tuple[float, Any]]:
         assert self.request is not None
@@ -445,17 +447,18 @@ class ScriptedSession:
             scores[stops] = np.finfo(np.float32).min if self.request.space == "logit" else 0.0
         return scores
 
+    def _replies(self, timed: list[tuple[float, Any]]) -> Iterator[Any]:
+        """The replies in order, each after its delay (spent when it is read), padded as the session asked."""
+        for seconds, message in timed:
+            if seconds > 0:
+                time.sleep(seconds)
+            yield message if self.request is None else wire.pad_cloud_message(message, self.request)
+
     def _finish(self, reason: str) -> Any:
         self.finish_reason = reason
         return wire.encode_finished(self.step, reason)
 
 
-def _replies(timed: list[tuple[float, Any]]) -> Iterator[Any]:
-    """The replies in order, each after its delay (spent when it is read)."""
-    for seconds, message in timed:
-        if seconds > 0:
-            time.sleep(seconds)
-        yield message
 
 
 class ScriptedChannel:
@@ -464,6 +467,8 @@ class ScriptedChannel:
     Both directions cross as bytes; the replies are read when the edge reads them, so a scripted delay
     shows in the edge's wait for that reply, as a real stream's would.
     """
+
+    crosses_network = False  # a test double in this process (a subclass that simulates a link says so)
 
     def __init__(self, session: ScriptedSession) -> None:
         self._session = session
@@ -481,6 +486,51 @@ class ScriptedChannel:
                 return type(reply).FromString(reply.SerializeToString())
             self._pending.popleft()
         raise CloudError("FAILED_PRECONDITION", "the cloud sent nothing for this request")
+
+    def close(self) -> None:
+        self._session.abandon("closed")
+
+
+class LinkChannel:
+    """A :class:`ScriptedSession` behind a simulated link, on the real clock (what the cloud can time).
+
+    A message reaches the cloud ``rtt_s / 2`` after the edge sent it; the cloud computes one row at a time
+    (``forward_s`` each), drafting as deep as agreed after each message, and each reply reaches the edge
+    ``rtt_s / 2`` after it left, in order.  ``arrivals`` holds when each of the edge's signals reached the cloud
+    (``time.perf_counter``): the cloud's view of the edge's clock.
+    """
+
+    crosses_network = True
+
+    def __init__(self, session: ScriptedSession, *, rtt_s: float, forward_s: float) -> None:
+        self._session = session
+        self.rtt_s, self.forward_s = rtt_s, forward_s
+        self._inbox: deque[tuple[float, Any]] = deque()  # (when it reaches the edge, message), in order
+        self._cloud_free = 0.0  # when the cloud is done with the rows it has to compute
+        self.arrivals: list[float] = []
+
+    def send(self, message: Any) -> None:
+        at_cloud = time.perf_counter() + self.rtt_s / 2
+        if message.WhichOneof("kind") == "signal":
+            self.arrivals.append(at_cloud)
+        replies = list(self._session.handle(type(message).FromString(message.SerializeToString())))
+        while self._session.can_draft():
+            replies += list(self._session.draft())
+        for reply in replies:
+            leaves = max(self._cloud_free, at_cloud)
+            if reply.WhichOneof("kind") == "distribution":
+                leaves = self._cloud_free = leaves + self.forward_s
+            reaches = max(leaves + self.rtt_s / 2, self._inbox[-1][0] if self._inbox else 0.0)  # one stream
+            self._inbox.append((reaches, reply))
+
+    def receive(self) -> Any:
+        if not self._inbox:
+            raise CloudError("FAILED_PRECONDITION", "the cloud sent nothing for this request")
+        reaches, reply = self._inbox.popleft()
+        delay = reaches - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        return type(reply).FromString(reply.SerializeToString())
 
     def close(self) -> None:
         self._session.abandon("closed")

@@ -55,7 +55,11 @@ class _StreamingCall(Protocol):
 
 
 class MessageChannel(Protocol):
-    """Moves protobuf messages of one session: ``EdgeMessage`` out, ``CloudMessage`` in."""
+    """Moves protobuf messages of one session: ``EdgeMessage`` out, ``CloudMessage`` in.
+
+    ``crosses_network`` (a class attribute; a channel without one counts as ``True``): whether anyone but this
+    process can time the messages.  Only such sessions are paced by default (``DecodeSettings.auto_pace_ms``).
+    """
 
     def send(self, message: EdgeMessage) -> None: ...
 
@@ -79,6 +83,8 @@ class InProcessChannel:
     each message as deep as it will before the edge's next one: the schedule of a cloud infinitely quicker than
     the edge.
     """
+
+    crosses_network = False  # the cloud runs in this process: nothing times the messages but this process
 
     def __init__(self, handler: CloudSessionHandler) -> None:
         self._handler = handler
@@ -123,6 +129,7 @@ class GrpcChannel:
 
     #: how often a blocked :meth:`send` checks whether the call has ended
     _POLL_S = 0.05
+    crosses_network = True
 
     def __init__(
         self, grpc_channel: grpc.Channel, *, metadata: tuple[tuple[str, str], ...] = (), timeout_s: float | None = None
@@ -192,11 +199,15 @@ class CloudConnection:
     :meth:`upload` (cloud-side fusion) or :meth:`sync_token` (edge-side).
     """
 
-    def __init__(self, channel: MessageChannel, *, lookahead: int = 0) -> None:
+    def __init__(self, channel: MessageChannel, *, lookahead: int = 0, padded: bool = True) -> None:
         if lookahead < 0:
             raise ValueError(f"lookahead must be non-negative (0 = lockstep), got {lookahead}")
         self._channel = channel
         self.lookahead = lookahead  # the deepest run-ahead this edge accepts (sent when the session opens)
+        #: a defence: every step signal leaves padded to a size fixed by public settings (an older cloud ignores
+        #: the padding), and the cloud is asked to pad its own messages (wire.pad_edge_message, pad_cloud_message)
+        self.padded = padded
+        self._max_upload = 0  # the policy's public maximum of values per upload (set when the session opens)
         self.bytes = ByteCounter()
         self.info: wire.SessionInfo | None = None
         self._request: wire.SessionRequest | None = None
@@ -217,11 +228,18 @@ class CloudConnection:
         self.chosen_logprobs: TokenLogprobs | None = None
 
     @property
+    def crosses_network(self) -> bool:
+        """Whether the session's messages cross a network (anyone but this process can time them)."""
+        return bool(getattr(self._channel, "crosses_network", True))
+
+    @property
     def run_ahead(self) -> bool:
         """Whether the cloud agreed to run ahead in this session."""
         return self.info is not None and self.info.lookahead > 0
 
     def _send(self, message: EdgeMessage) -> None:
+        if self.padded and self._request is not None:
+            message = wire.pad_edge_message(message, vocab_size=self._request.vocab_size, max_upload=self._max_upload)
         self.bytes.edge_to_cloud += message.ByteSize()
         self._channel.send(message)
 
@@ -229,6 +247,18 @@ class CloudConnection:
         message = self._channel.receive()
         self.bytes.cloud_to_edge += message.ByteSize()
         return message
+
+    def _hold(self, message: CloudMessage) -> None:
+        """Keep a drafted row read ahead of the message awaited, within the most an honest cloud can have sent then:
+        one per agreed run-ahead step, per step whose pick is still unread, and one.  A cloud sending more would have
+        the device hold rows without bound (a full row is a megabyte): ``RESOURCE_EXHAUSTED``, and the session is
+        closed (the error is not retried)."""
+        assert self.info is not None, "open the session first"
+        limit = self.info.lookahead + len(self._unread_picks) + 1
+        if len(self._held) >= limit:
+            raise CloudError("RESOURCE_EXHAUSTED", f"the cloud sent more than {limit} rows ahead of the message the "
+                             "edge awaited", retryable=False)
+        self._held.append(message)
 
     def _next_message(self) -> CloudMessage:
         """The next message that is not the pick of a step taken from a certificate (those are checked here)."""
@@ -280,7 +310,7 @@ class CloudConnection:
             message = self._held.popleft() if expected == "distribution" and self._held else self._next_message()
             kind = message.WhichOneof("kind")
             if hold and kind == "distribution" and expected != "distribution":
-                self._held.append(message)
+                self._hold(message)
                 continue
             if kind == "finished" and expected != "finished":
                 raise self._ended_early(message.finished)
@@ -288,9 +318,12 @@ class CloudConnection:
                 raise CloudError("INTERNAL", f"protocol violation: expected {expected}, the cloud sent {kind}")
             return getattr(message, kind)
 
-    def open(self, request: wire.SessionRequest) -> wire.SessionInfo:
-        request = replace(request, lookahead=self.lookahead)
+    def open(self, request: wire.SessionRequest, *, max_upload: int | None = None) -> wire.SessionInfo:
+        """Open the session; ``max_upload``: the most values a step's upload may hold, a public number the
+        policy's rule fixes (padded signals are all the size of the largest; default: the whole vocabulary)."""
+        request = replace(request, lookahead=self.lookahead, padded=self.padded)
         self._request = request
+        self._max_upload = request.vocab_size if max_upload is None else max_upload
         self._send(wire.encode_open(request))
         info = wire.decode_opened(self._receive("opened"))
         self.steps_acknowledged = len(request.resume_prefix)
@@ -357,7 +390,7 @@ class CloudConnection:
             message = self._next_message()
             kind = message.WhichOneof("kind")
             if kind == "distribution" and message.distribution.step > step:
-                self._held.append(message)
+                self._hold(message)
                 continue
             if kind == "finished":
                 raise self._ended_early(message.finished)

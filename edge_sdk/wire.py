@@ -18,6 +18,7 @@ import numpy as np
 from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.fusion import FusionSpace, check_finite, top_k_ids
 from edge_sdk.logprobs import MAX_TOP_LOGPROBS, TokenLogprobs
+from edge_sdk.masking import FULL_UPLOAD_LIMIT
 from edge_sdk.policies.base import CloudUpload, FusionMode, Observation
 
 if TYPE_CHECKING:  # the generated message classes (edge_sdk/_wire/coveil_pb2.pyi), for annotations only
@@ -101,6 +102,8 @@ class SessionRequest:
     #: cloud-side fusion: the public JSON schema (JSON text) the cloud masks its fused row by; "" for free text
     json_schema: str = ""
     lookahead: int = 0  # the deepest run-ahead the edge accepts; 0 = lockstep
+    #: the edge pads its signals to public sizes and asks the cloud to pad its own (False: what an older SDK sends)
+    padded: bool = False
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,7 @@ class SessionInfo:
     max_new_tokens: int
     protocol_version: int = PROTOCOL_VERSION
     lookahead: int = 0  # the run-ahead depth the cloud chose (at most the edge's); 0 = lockstep
+    padded: bool = False  # the cloud pads its messages to public sizes (what the edge asked; an older adapter: no)
 
 
 @dataclass(frozen=True, eq=False)
@@ -269,6 +273,7 @@ def encode_open(req: SessionRequest) -> EdgeMessage:
         top_logprobs=req.top_logprobs,
         json_schema=req.json_schema,
         lookahead=req.lookahead,
+        padded=req.padded,
     )
     return m.EdgeMessage(open=open_msg)
 
@@ -306,6 +311,7 @@ def decode_open(msg: OpenSession, tokenize: Callable[[str], Sequence[int]] | Non
         top_logprobs=int(msg.top_logprobs),
         json_schema=msg.json_schema,
         lookahead=int(msg.lookahead),
+        padded=bool(msg.padded),
     )
 
 
@@ -321,6 +327,7 @@ def encode_opened(info: SessionInfo) -> CloudMessage:
             eos_token_ids=m.TokenIds(ids=ids_to_bytes(np.array(sorted(info.eos_token_ids)))),
             max_new_tokens=info.max_new_tokens,
             lookahead=info.lookahead,
+            padded=info.padded,
         )
     )
 
@@ -335,6 +342,7 @@ def decode_opened(msg: SessionOpened) -> SessionInfo:
         max_new_tokens=int(msg.max_new_tokens),
         protocol_version=int(msg.protocol_version),
         lookahead=int(msg.lookahead),
+        padded=bool(msg.padded),
     )
 
 
@@ -464,3 +472,116 @@ def decode_token_logprobs(msg: TokenChosen, vocab_size: int, top_n: int) -> Toke
 def encode_finished(steps: int, reason: str) -> CloudMessage:
     m = pb()
     return m.CloudMessage(finished=m.Finished(steps=steps, reason=reason))
+
+
+
+# -- public sizes ------------------------------------------------------------------------------------------
+#
+# A padded message is brought to the size of its *template*: the same message with every field whose length
+# could vary (a varint, a float that may be 0 and left out, a flag, the number of values uploaded) at its longest
+# value, built from public settings only.  An on-path observer who reads TLS record lengths then sees sizes that
+# depend on those settings and the step count, never on a token, an upload's length or a value.
+
+_U32_MAX = 2**32 - 1
+_U64_MAX = 2**64 - 1
+#: the longest ``Finished.reason`` a template holds ("max_new_tokens" and every shorter reason fit)
+_REASON_LENGTH = 16
+#: what padding adds beyond the template, so that any message up to the template's size can be padded to it
+#: (one empty entry costs 2 bytes; 1 byte cannot be added)
+_PAD_SLACK = 2
+
+
+def _varint_size(value: int) -> int:
+    return max(1, (value.bit_length() + 6) // 7)
+
+
+def padding_entries(extra: int) -> list[int]:
+    """Lengths of ``padding`` entries that add exactly ``extra`` bytes to a message (``ValueError`` for 1).
+
+    An entry of ``n`` bytes costs ``1 + varint_size(n) + n`` (a one-byte tag, the length, the filler).  One
+    entry reaches every ``extra >= 2`` but those its length prefix jumps over (130, 16387, ...); there a second,
+    empty entry (2 bytes) makes up the rest.
+    """
+    if extra == 0:
+        return []
+    if extra < 2:
+        raise ValueError(f"padding cannot add {extra} byte")
+    for wanted in (extra, extra - 2):
+        for prefix in range(1, 6):
+            n = wanted - 1 - prefix
+            if n >= 0 and _varint_size(n) == prefix:
+                return [n] if wanted == extra else [n, 0]
+    raise AssertionError(f"no padding of {extra} bytes")  # pragma: no cover - every extra >= 2 has one
+
+
+def pad_to(message: EdgeMessage | CloudMessage, size: int) -> None:
+    """Append ``padding`` entries so that ``message`` serialises to exactly ``size`` bytes (it must not hold any
+    yet and be at most ``size - 2`` bytes, or exactly ``size``)."""
+    extra = size - message.ByteSize()
+    if extra < 0 or message.padding:
+        raise ValueError(f"a {message.ByteSize()}-byte message cannot be padded to {size} bytes")
+    message.padding.extend(b"\0" * n for n in padding_entries(extra))
+
+
+def upload_template_values(max_values: int, vocab_size: int) -> tuple[int, bool]:
+    """The largest upload a step may send when the policy uploads at most ``max_values`` values: how many ids it
+    lists sparse, and whether it may be dense.  An upload of every id travels dense (values only); listed sparse
+    it is one cut to ``FULL_UPLOAD_LIMIT`` ids (the decoder cuts a whole-vocabulary upload under a mask)."""
+    if max_values >= vocab_size:
+        return min(vocab_size - 1, FULL_UPLOAD_LIMIT), True
+    return max_values, False
+
+
+def _upload_template(step: int, max_values: int, vocab_size: int) -> EdgeMessage:
+    m = pb()
+    sparse, dense = upload_template_values(max_values, vocab_size)
+    largest = m.Upload(ids=b"\0" * 4 * sparse, values=b"\0" * 4 * sparse)
+    if dense and 4 * vocab_size > largest.ByteSize():
+        largest = m.Upload(values=b"\0" * 4 * vocab_size, dense=True)
+    return m.EdgeMessage(signal=m.StepSignal(step=step, upload=largest, no_stop=True))
+
+
+def pad_edge_message(message: EdgeMessage, *, vocab_size: int, max_upload: int) -> EdgeMessage:
+    """``message`` padded to its public size: a step signal to that of the largest one the step may send
+    (``max_upload`` values, or a token id at its longest); the open, a full-row request and a close carry no
+    private length and stay as they are.  ``ValueError`` for an upload past ``max_upload``."""
+    if message.WhichOneof("kind") != "signal":
+        return message
+    signal = message.signal
+    if signal.WhichOneof("signal") == "upload":
+        values = len(signal.upload.values) // 4
+        if values > max_upload:
+            raise ValueError(f"an upload of {values} values, more than the policy's public maximum {max_upload}")
+        template = _upload_template(signal.step, max_upload, vocab_size)
+    else:
+        template = type(message)(signal=type(signal)(step=signal.step, token_id=_U32_MAX))
+    pad_to(message, template.ByteSize() + _PAD_SLACK)
+    return message
+
+
+def pad_cloud_message(message: CloudMessage, request: SessionRequest) -> CloudMessage:
+    """``message`` padded to its public size when the session asked (``request.padded``): a distribution, a pick
+    and the end to that of the same message with every varying field at its longest (the step and how many
+    values it lists are public); the session's answer to the open stays as it is."""
+    kind = message.WhichOneof("kind")
+    if not request.padded or kind not in ("distribution", "token", "finished"):
+        return message
+    template = type(message)()
+    template.CopyFrom(message)
+    template.ClearField("padding")
+    if kind == "distribution":
+        row = template.distribution
+        if not row.dense:
+            row.tail_bound, row.tail_mass = 1.0, 1.0
+        row.forward_ns, row.assumes_token = _U64_MAX, _U32_MAX
+    elif kind == "token":
+        chosen = template.token
+        chosen.token_id, chosen.finished = _U32_MAX, True
+        if request.logprobs:
+            n = max(request.top_logprobs, len(chosen.logprobs.top_ids) // 4)
+            chosen.logprobs.logprob = -1.0
+            chosen.logprobs.top_ids, chosen.logprobs.top_logprobs = b"\0" * 4 * n, b"\0" * 4 * n
+    else:
+        template.finished.reason = "x" * max(_REASON_LENGTH, len(template.finished.reason))
+    pad_to(message, template.ByteSize() + _PAD_SLACK)
+    return message

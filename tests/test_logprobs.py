@@ -8,10 +8,11 @@ import math
 import numpy as np
 import pytest
 
+from edge_sdk import wire
 from edge_sdk.leakage import LeakageMeter
 from edge_sdk.logprobs import log_distribution, token_logprobs
 from edge_sdk.policies import Undefended
-from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_resume
+from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, StepEvent, run_with_resume
 from edge_sdk.testing import ScriptedCloud, TableSLM
 from edge_sdk.status import CloudError
 
@@ -76,6 +77,34 @@ def test_edge_side_logprobs_change_nothing_the_edge_sends() -> None:
     _, without = run("edge", logprobs=None, max_new_tokens=3)
     _, with_them = run("edge", logprobs=20, max_new_tokens=3)
     assert with_them.sent == without.sent and len(without.sent) == 4  # open and three tokens, byte for byte
+
+
+def test_edge_side_logprobs_change_nothing_sent_where_rows_are_sparse() -> None:
+    """A 64-token vocabulary with the cloud sending its top 4: 20 log-probabilities per step need ids the sparse
+    row does not list, and they are read at its public fill, never by asking for more (no full-row request, the
+    same ``top_m``, the same bytes).  On the 4-token vocabulary above every row is already full, so asking for
+    full rows, or opening with ``top_m`` = the vocabulary, would pass unnoticed there."""
+    vocab = 64
+    pieces = ["<eos>", *(f" w{i}" for i in range(1, vocab))]
+
+    def row(seed: int) -> np.ndarray:
+        logits = np.random.default_rng(seed).normal(size=vocab).astype(np.float32)
+        logits[0] = -20.0
+        return logits
+
+    def sent(logprobs: int | None) -> tuple[list[bytes], list[StepEvent]]:
+        slm = TableSLM(pieces, default=row(1), eos_ids={0})
+        cloud = ScriptedCloud(vocab, default=row(2), eos_ids={0})
+        settings = DecodeSettings(mode="edge", alpha=0.5, max_new_tokens=3, top_m=4, exposure_k=4, logprobs=logprobs)
+        decoder = CollaborativeDecoder(slm, Undefended(), settings, slm_prompt=[3, 1], cloud_prompt=[1],
+                                       meter=LeakageMeter(frozenset()))
+        return cloud.sent, list(run_with_resume(decoder, cloud.connect, backoff_s=0.0))
+
+    without, _ = sent(None)
+    with_them, events = sent(20)
+    assert with_them == without and len(without) == 4  # the open and three tokens: no full-row request
+    assert all(len(event.logprobs.top) == 20 for event in events)  # ids past the four the cloud listed
+    assert wire.pb().EdgeMessage.FromString(with_them[0]).open.top_m == 4
 
 
 def test_cloud_side_logprobs_change_the_open_message_only_by_asking() -> None:

@@ -23,6 +23,7 @@ from edge_sdk.leakage import LeakageMeter
 from edge_sdk.policies import CusText, EmbeddingNeighbours, Policy, available_policies, make_policy, policy_class
 from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_resume
 from edge_sdk.status import CloudError
+from edge_sdk.testing import ScriptedChannel, ScriptedCloud, ScriptedSession, TableSLM
 from edge_sdk.transport import CloudConnection, InProcessChannel
 
 VOCAB = 512
@@ -192,8 +193,9 @@ def test_a_full_row_request_lost_to_a_broken_stream_is_sent_again_as_it_was_and_
     assert entry.full_requests == 4 and entry.full_requested and entry.sends == 1
     assert [e.full_requests for e in decoder.ledger.entries] == [1, 4, 1, 1]
     assert decoder.ledger.full_requests == 7
-    signal = wire.encode_token(1, entry.token_id).ByteSize()
-    assert entry.bytes_up == 4 * wire.encode_request_full(1).ByteSize() + signal
+    # a request: tag + length + (tag + step 1) = 4 bytes; the token signal padded to its public size: tag + length +
+    # (tag + step 1, tag + a 5-byte token id) = 10, and 2 bytes of slack (hand-counted)
+    assert entry.bytes_up == 4 * 4 + 12
     # what the cloud answered before each break never arrived; the dense row that did is on the entry
     assert entry.bytes_down >= VOCAB * 4
 
@@ -291,3 +293,43 @@ def test_a_step_that_misses_its_slot_leaves_at_a_later_one_and_says_so() -> None
     assert times[-1] >= 50 + 4 * 100 - 1, times  # each later step waited at least two slots
     with pytest.raises(ValueError, match="pace_ms must be positive"):
         DecodeSettings(pace_ms=0)
+
+
+# -- rows held ------------------------------------------------------------------------------------------------
+
+
+class FloodingChannel(ScriptedChannel):
+    """After each signal, the cloud sends 150 drafted rows of the next step before its pick: rows the edge would
+    hold until the pick it waits for arrives (a full row is a megabyte on Gemma-3)."""
+
+    def send(self, message: Any) -> None:
+        super().send(message)
+        if message.WhichOneof("kind") == "signal":
+            row = wire.encode_distribution(wire.CloudDistribution(
+                message.signal.step + 1, ids=np.arange(4), values=np.full(4, 0.25, np.float32), assumes_token=3))
+            self._pending.appendleft(iter([row] * 150))
+
+
+def test_a_cloud_that_sends_rows_without_end_gets_resource_exhausted_and_the_session_closed() -> None:
+    """Cloud-side with logprobs asked, the edge waits for each pick and holds the drafted rows read before it: at
+    most the agreed depth, the unread picks and one; past that ``RESOURCE_EXHAUSTED`` (not retried) and the
+    session is closed."""
+    peaked = np.full(8, -4.0, np.float32)
+    peaked[3] = 4.0
+    cloud = ScriptedCloud(8, default=peaked, max_new_tokens=6)
+    decoder = CollaborativeDecoder(
+        TableSLM([chr(97 + i) for i in range(8)], default=peaked), make_policy("coveil"),
+        DecodeSettings(mode="cloud", max_new_tokens=6, top_m=4, logprobs=0), slm_prompt=[1, 2], cloud_prompt=[1],
+        meter=LeakageMeter(frozenset()),
+    )
+    sessions: list[ScriptedSession] = []
+
+    def connect() -> CloudConnection:
+        sessions.append(cloud.session())
+        return CloudConnection(FloodingChannel(sessions[-1]), lookahead=2)
+
+    with pytest.raises(CloudError) as caught:
+        list(run_with_resume(decoder, connect, backoff_s=0.0))
+    assert caught.value.code == "RESOURCE_EXHAUSTED" and not caught.value.retryable
+    assert "more than 3 rows" in caught.value.message
+    assert len(sessions) == 1 and sessions[0].finish_reason == "closed"

@@ -191,3 +191,18 @@ def test_a_spent_exposure_budget_still_answers_within_the_schema(endpoint: Endpo
     ledger = reply.model_extra["coveil"]
     assert ledger["withheld_steps"] == ledger["steps"] > 0 and reply.choices[0].finish_reason == "stop"
     jsonschema.validate(json.loads(reply.choices[0].message.content), schema)
+
+
+def test_a_schema_whose_mask_step_runs_past_the_cap_is_refused_when_compiled() -> None:
+    """The first step's mask is timed when the schema compiles: past ``max_step_ms`` it is refused (here a cap no
+    step can meet); llguidance's per-step work limits are set to the same budget for the later steps."""
+    pytest.importorskip("llguidance")
+    from edge_sdk.grammar import GrammarError, JsonConstraint
+    from edge_sdk.testing import TableSLM
+
+    slm = TableSLM(["<eos>", "{", "}", '"a"', ":", "1", " "], eos_ids={0})
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    with pytest.raises(GrammarError, match="ms for one step, more than"):
+        JsonConstraint(slm, schema, max_step_ms=1e-6)
+    allowed = JsonConstraint(slm, schema).allowed()  # the default cap: a plain schema compiles
+    assert allowed[1] and not allowed[2]

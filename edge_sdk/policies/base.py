@@ -166,6 +166,12 @@ class Policy(ABC):
         """
         return None
 
+    def max_upload(self, vocab_size: int) -> int:
+        """The most values one cloud-side upload of this policy holds: a public number its rule fixes (every
+        padded signal is the size of the largest, :func:`edge_sdk.wire.pad_edge_message`).  The default, the
+        whole vocabulary, bounds every policy."""
+        return vocab_size
+
     def needs_full_row(self, mode: FusionMode) -> bool:
         """Whether the decision reads the cloud's whole row: the edge then asks for it at *every* step.
 

@@ -46,6 +46,9 @@ class CoGenesis(Policy):
     def __post_init__(self) -> None:
         check_positive_int(self.b, "CoGenesis upload size B")
 
+    def max_upload(self, vocab_size: int) -> int:
+        return min(self.b, vocab_size)
+
     def llm_support(self, mode: FusionMode) -> int | None:
         return 0  # the upload ignores p_llm
 

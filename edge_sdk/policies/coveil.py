@@ -508,6 +508,10 @@ class CoVeil(Policy):
             return None
         return 1 if mode == "cloud" else self.k
 
+    def max_upload(self, vocab_size: int) -> int:
+        # probability space: nothing or y*; logit space: a subset of the k candidates
+        return min(1 if self.space == "prob" else self.k, vocab_size)
+
     def needs_full_row(self, mode: FusionMode) -> bool:
         return False  # both rules in both spaces decide from the top values at the public fill
 

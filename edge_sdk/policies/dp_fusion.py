@@ -362,6 +362,9 @@ class DPFusion(Policy):
             raise ValueError(f"DP-Fusion's Renyi order must lie in (1, {MAX_ORDER:g}], got {self.order}")
         self._bound = dp_fusion_bound(check_epsilon(self.epsilon), self.order)
 
+    def max_upload(self, vocab_size: int) -> int:
+        return min(self.upload_k, vocab_size)
+
     @property
     def bound(self) -> float:
         """The per-context bound ``b`` on ``D_2a(m||q)`` and ``D_(2a-1)(q||m)`` (0: nothing private is used)."""

@@ -149,6 +149,9 @@ class DPLogit(Policy):
             note="each upload: the Gaussian mechanism on the whole SLM vector",
         )
 
+    def max_upload(self, vocab_size: int) -> int:
+        return min(self.upload_k, vocab_size)
+
     def llm_support(self, mode: FusionMode) -> int | None:
         return 0  # the noised upload ignores p_llm
 

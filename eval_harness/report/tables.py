@@ -21,6 +21,8 @@ from eval_harness.metrics.leakage import metric_label
 LEAKAGE_METRICS = ("token_er@100", "rouge1_er@100", "span_er@100", "auc@100")
 #: the inversion attack's scores, read from a row's ``inversion`` field (the same under either rule set)
 INVERSION_METRICS = ("inversion_recall", "inversion_f1")
+#: the observer attacks' scores, read from a row's ``observer`` field (eval_harness.attacks.observer)
+OBSERVER_METRICS = ("observer_sizes_apart", "observer_timing_auc", "observer_cloud_timing_auc")
 BOOTSTRAP_RESAMPLES = 1000
 #: the fields a table or a figure reads from every result row
 ROW_FIELDS = ("task", "mode", "policy", "correct", "metrics")
@@ -91,6 +93,8 @@ def lines(rows: Iterable[Mapping[str, Any]], metrics: Sequence[str] = LEAKAGE_ME
         for metric in metrics:
             if metric in INVERSION_METRICS:
                 value = (row.get("inversion") or {}).get(metric.removeprefix("inversion_"))
+            elif metric in OBSERVER_METRICS:
+                value = (row.get("observer") or {}).get(metric.removeprefix("observer_"))
             else:
                 value = row["metrics"].get(metric + suffix)
             if value is not None:
@@ -99,8 +103,11 @@ def lines(rows: Iterable[Mapping[str, Any]], metrics: Sequence[str] = LEAKAGE_ME
 
 
 def metrics_recorded(rows: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:
-    """The leakage columns for ``rows``: :data:`LEAKAGE_METRICS`, and the inversion scores if any row has them."""
-    return LEAKAGE_METRICS + (INVERSION_METRICS if any(row.get("inversion") for row in rows) else ())
+    """The leakage columns for ``rows``: :data:`LEAKAGE_METRICS`, and the inversion's and the observer attacks'
+    scores if any row has them."""
+    rows = list(rows)
+    return (LEAKAGE_METRICS + (INVERSION_METRICS if any(row.get("inversion") for row in rows) else ())
+            + (OBSERVER_METRICS if any(row.get("observer") for row in rows) else ()))
 
 
 def _estimate(line: Line, metric: str, seed: int) -> tuple[float, float, float, int] | None:
