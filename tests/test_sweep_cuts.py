@@ -1,4 +1,5 @@
-"""A row is the same however the run was cut: --concurrency 1 or 4, two shards, Ray, a kill then a resume; and
+"""A row is the same however the run was cut: --concurrency 1 or 4, two shards, Ray, a SLURM array (submitit's
+local executor) and a preempted task requeued, a kill then a resume; and
 ``decodeleak recompute`` re-scores every row from the file alone, catching a tampered one.
 
 Two of the three settings are deterministic, dp_logit draws from each item's seeded generator.  Rows are
@@ -101,6 +102,35 @@ def test_a_ray_run_gives_the_rows_of_one_process(options: list[str], alone: Path
     out = tmp_path / "ray.jsonl"
     assert main(["sweep", *options, "--concurrency", "3", "--out", str(out), "--ray", "--ray-shards", "2"]) == 0
     assert uncut([out]) == uncut([alone])
+
+
+def test_a_slurm_array_gives_the_rows_of_one_process_and_a_requeued_task_redoes_nothing(
+        options: list[str], alone: Path, tmp_path: Path) -> None:
+    import pickle
+
+    out = tmp_path / "slurm.jsonl"
+    assert main(["sweep", *options, "--concurrency", "3", "--out", str(out), "--backend", "slurm",
+                 "--slurm-cluster", "local", "--slurm-tasks", "2", "--slurm-time", "10"]) == 0
+    assert uncut([out]) == uncut([alone])
+    shards = sorted((tmp_path / "slurm.jsonl.slurm").glob("shard-*-of-2-*.jsonl"))
+    assert len(shards) == 2 and sum(len(list(read_rows([s]))) for s in shards) == 18
+    assert oct((tmp_path / "slurm.jsonl.slurm").stat().st_mode & 0o777) == "0o700"  # items and rows are private
+    # the task submitit pickled for the first shard, as a requeue after preemption would run it: its file cut
+    # back to its first two rows (the rest lost to the preemption), then the checkpoint's resubmission run
+    pickled = next((tmp_path / "slurm.jsonl.slurm" / "submitit").glob("*_submitted.pkl"))
+    task = pickle.loads(pickled.read_bytes()).function
+    lines = task.path.read_text().splitlines(keepends=True)
+    task.path.write_text("".join(lines[:2]))
+    requeued = task.checkpoint()
+    assert requeued.function is task
+    assert requeued.result() == len(lines) - 2  # only what the preemption lost is decoded again
+    assert task.path.read_text().splitlines(keepends=True)[:2] == lines[:2]  # what was done is left as it was
+    assert uncut([task.path]) == {key: row for key, row in uncut([alone]).items() if key in uncut([task.path])}
+    assert len(list(read_rows([task.path]))) == len(lines)
+    assert task.checkpoint().result() == 0  # a requeue after the last row: nothing to do
+    # a re-run of the command merges, finds nothing pending and submits nothing
+    assert main(["sweep", *options, "--out", str(out), "--backend", "slurm", "--slurm-cluster", "local"]) == 0
+    assert len(list(read_rows([out]))) == 18
 
 
 def test_a_killed_sweep_resumed_gives_the_rows_of_one_run(options: list[str], alone: Path, tmp_path: Path) -> None:
