@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from eval_harness.report.tables import bootstrap_interval, csv_text, lines, markdown, table
+from eval_harness.report.tables import bootstrap_interval, csv_text, lines, markdown, table, table_numbers
 
 from tests.cli_runs import decodeleak_in_fresh_process
 
@@ -294,6 +294,13 @@ def test_the_report_carries_the_epsilon_each_setting_spent() -> None:
     cells = {c["policy"]: c["epsilon_spent"] for c in table(rows, metrics=("token_er@100",))}
     # hand: (3 + 5) / 2 = 4 at delta 1e-5; one CoVeil item released nothing, the other did: the line is non-private
     assert cells == {"dp_logit": "4 (delta 1e-05)", "coveil": "non-private", "undefended": "-"}
+    # the CSV carries it as numbers, and every column the Markdown table has
+    numbers = {n["policy"]: n for n in table_numbers(rows, metrics=("token_er@100",))}
+    assert {k: numbers["dp_logit"][k] for k in ("epsilon_spent", "epsilon_delta", "epsilon_n", "guarantee")} == {
+        "epsilon_spent": 4.0, "epsilon_delta": "1e-05", "epsilon_n": 2, "guarantee": "dp"}
+    assert (numbers["coveil"]["guarantee"], numbers["coveil"]["epsilon_spent"]) == ("non-private", None)
+    assert (numbers["undefended"]["guarantee"], numbers["undefended"]["epsilon_n"]) == (None, 0)
+    assert set(table(rows, metrics=("token_er@100",))[0]) <= set(numbers["dp_logit"])
 
 
 def test_the_epsilon_figure_draws_leakage_and_a_readable_accuracy_panel_for_the_dp_baselines(tmp_path: Path) -> None:

@@ -70,6 +70,15 @@ def test_the_rows_record_the_batching_and_what_recomputes_them(alone: Path) -> N
     assert coveil["params"] == {"lam": 1} and coveil["policy_params"] == {"lam": 1, "k": 50, "space": "prob"}
 
 
+def test_each_row_records_the_policy_parameters_the_run_used(options: list[str], tmp_path: Path) -> None:
+    out = tmp_path / "dp_fusion.jsonl"
+    assert main(["run", "--mode", "edge", "--policy", "dp_fusion", "--param", "epsilon=1", *options[1:5],
+                 "--limit", "1", "--max-new-tokens", "6", "--out", str(out)]) == 0
+    (row,) = read_rows([out])
+    # its epsilon budget covers the run's 6 tokens, not the class default of 256 it would record unset
+    assert row["policy_params"]["max_new_tokens"] == 6 == row["protocol"]["max_new_tokens"]
+
+
 @pytest.mark.parametrize("concurrency", [4])
 def test_concurrency_does_not_change_a_row(options: list[str], alone: Path, tmp_path: Path, concurrency: int) -> None:
     out = tmp_path / "together.jsonl"

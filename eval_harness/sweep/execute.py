@@ -311,7 +311,10 @@ def run_sweep(
     exposure_k = max(max(METRIC_KS), inversion.k if inversion is not None else 0)
     for setting, item_ids in grouped.values():
         runs = []
-        policy = make_policy(setting.policy, backend=runner.policy_backend, **setting.params)  # stateless: shared
+        # stateless: shared; calibrated for the protocol's length as the decoder will (DP-Fusion's and
+        # InvisibleInk's max_new_tokens), so each row's policy_params are the parameters the run used
+        policy = make_policy(setting.policy, backend=runner.policy_backend,
+                             **setting.params).for_generation(protocol.max_new_tokens)
         for item_id in item_ids:
             item = by_id[setting.task][item_id]
             runs.append(ItemRun.of(protocol, item, policy, rng=item_rng(seed, setting, item_id)))
