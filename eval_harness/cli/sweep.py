@@ -177,10 +177,16 @@ def _common(parser: argparse.ArgumentParser) -> None:
     add_dtype_flag(parser, default="fp32", auto=False,
                    help="both models' dtype (default: fp32, a full-precision reference; bf16 or fp16 only when "
                         "asked for, and every row and report says which)")
-    parser.add_argument("--padded-batches", action="store_true",
-                        help="reference: run each lockstep batch as one padded forward (faster) instead of one "
-                             "forward per item; a row then depends on which items shared its batches (rows say "
-                             "batching.batch_invariant = false)")
+    batching = parser.add_mutually_exclusive_group()
+    batching.add_argument("--padded-batches", action="store_true",
+                          help="reference: run each lockstep batch as one padded forward (faster) instead of one "
+                               "forward per item; a row then depends on which items shared its batches (rows say "
+                               "batching.batch_invariant = false)")
+    batching.add_argument("--batch-invariant", action="store_true",
+                          help="reference, fp32 on the CPU: run each lockstep batch as one padded forward through "
+                               "batch-invariant kernels (fixed-size matmul tiles, attention per item): batched, and "
+                               "each row bit for bit what the item gives alone through them (rows say "
+                               "batching.forwards = batch-invariant; not bitwise the per-item default's rows)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N for both models (ignored with "
                                                          "--device-map)")
     parser.add_argument("--device-map", metavar="MAP",
@@ -333,6 +339,9 @@ def _check_options(args: argparse.Namespace) -> None:
     if args.runner == "deployed":
         _check_deployed(args)
         return
+    if args.batch_invariant and (args.dtype != "fp32" or args.device != "cpu" or args.device_map is not None):
+        raise ValueError("--batch-invariant: its kernels are built for float32 on the CPU (--dtype fp32 --device "
+                         "cpu, no --device-map)")
     deployed_only = [flag for flag, value in (("--cloud", args.cloud), ("--token-file", args.token_file),
                                               ("--tls-ca", args.tls_ca), ("--plaintext", args.plaintext),
                                               ("--transcripts", args.transcripts)) if value]
@@ -360,9 +369,10 @@ def _check_deployed(args: argparse.Namespace) -> None:
                          f"file, got {args.slm!r}")
     if args.transcript_wait < 0:
         raise ValueError(f"--transcript-wait must be non-negative, got {args.transcript_wait}")
-    if args.padded_batches:
-        raise ValueError("--padded-batches: only for the reference runner (the deployed edge decodes each item in "
-                         "an llama.cpp instance of its own)")
+    if args.padded_batches or args.batch_invariant:
+        raise ValueError(f"{'--padded-batches' if args.padded_batches else '--batch-invariant'}: only for the "
+                         "reference runner (the deployed edge decodes each item in an llama.cpp instance of its "
+                         "own)")
     remote_flags = [flag for flag, value in (("--token-file", args.token_file), ("--tls-ca", args.tls_ca),
                                              ("--plaintext", args.plaintext)) if value]
     if args.cloud is None:
@@ -420,8 +430,9 @@ def _spec(args: argparse.Namespace):  # noqa: ANN202
         return spec(slm=args.slm, llm=args.llm, dtype=args.dtype, concurrency=args.concurrency, cloud=args.cloud,
                     token_file=args.token_file, tls_ca=args.tls_ca, plaintext=args.plaintext,
                     transcripts=args.transcripts or local_transcripts, transcript_wait=args.transcript_wait)
+    forwards = "padded" if args.padded_batches else "batch-invariant" if args.batch_invariant else "per-sequence"
     return spec(slm=args.slm, llm=args.llm, dtype=args.dtype, device=args.device, device_map=args.device_map,
-                concurrency=args.concurrency, padded_batches=args.padded_batches)
+                concurrency=args.concurrency, forwards=forwards)
 
 
 def _attacker(args: argparse.Namespace, runner):  # noqa: ANN001, ANN202

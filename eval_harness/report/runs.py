@@ -37,6 +37,9 @@ ATTACKER_FIELDS = ("attacker", "k", "max_new_tokens", "prompt")
 ROW_FIELDS = ("task", "mode", "policy", "correct", "metrics")
 #: what of a row's privacy ledger the tables and figures read
 PRIVACY_FIELDS = ("guarantee", "epsilon_spent", "delta")
+#: how a report's title says each batch-invariant kind of forward (a row's ``batching.forwards``)
+FORWARD_WORDS = {"per-sequence": "one forward per item", "batch-invariant": "batched forwards through batch-invariant "
+                                                                             "kernels"}
 #: at most this many differing fields are named in a refusal (then how many more)
 NAMED_DIFFERENCES = 6
 
@@ -315,7 +318,9 @@ def label(rows: Iterable[Mapping[str, Any]]) -> str:
     if not batchings:
         return text + ", batching unrecorded"
     if all(b.get("batch_invariant") for b in batchings) and len(batchings) == len(rows):
-        return text + ", batching: one forward per item (rows independent of their batch)"
+        kinds = sorted({str(b.get("forwards", "per-sequence")) for b in batchings})
+        return text + f", batching: {' and '.join(FORWARD_WORDS.get(k, k) for k in kinds)} (rows independent of " \
+                      "their batch)"
     padded = sum(1 for b in batchings if not b.get("batch_invariant"))
     return text + (f", batching: {padded} of {len(rows)} rows from padded batched forwards (such a row depends on "
                    "which items shared its batches)" if padded else ", batching unrecorded for some rows")

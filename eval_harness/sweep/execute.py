@@ -172,7 +172,8 @@ class ReferenceSpec:
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (ignored with ``device_map``).
         device_map: an accelerate device map for both models, e.g. ``"auto"`` to spread them over the GPUs.
         concurrency: items decoded at once.
-        padded_batches: one padded forward per batch instead of one per item (:class:`ReferenceRunner`).
+        forwards: how a batch runs: ``"per-sequence"`` (one forward per item), ``"padded"`` or
+            ``"batch-invariant"`` (:class:`ReferenceRunner`).
     """
 
     slm: str = "embedded"
@@ -181,7 +182,7 @@ class ReferenceSpec:
     device: str = "cpu"
     device_map: str | None = None
     concurrency: int = 8
-    padded_batches: bool = False
+    forwards: str = "per-sequence"
 
     def torch_dtype(self) -> Any:
         """The ``torch.dtype`` both models load in (``"auto"`` resolved for the device), known before loading."""
@@ -223,7 +224,7 @@ class ReferenceSpec:
         slm = TransformersLLM(resolve_model(self.slm), dtype=dtype, device=self.device, device_map=self.device_map)
         llm = TransformersLLM(resolve_model(self.llm), dtype=dtype, device=self.device, device_map=self.device_map)
         vocab = reference_vocabulary(slm.tokenizer)
-        runner = ReferenceRunner(slm, llm, concurrency=self.concurrency, padded_batches=self.padded_batches)
+        runner = ReferenceRunner(slm, llm, concurrency=self.concurrency, forwards=self.forwards)
         dtype_name = str(llm.dtype).removeprefix("torch.")
         metadata = RunMetadata.of_run(
             identity,
