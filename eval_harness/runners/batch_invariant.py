@@ -56,28 +56,28 @@ def per_row_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
     ``query`` is ``[B, H, q, d]``, ``key``/``value`` ``[B, KV, T, d]`` (grouped heads repeated to ``H``),
     ``attention_mask`` boolean ``[B, 1, q, T]`` (True: attend) or ``None`` (no padding: causal over the last
     ``q`` positions).  Sequence ``i`` keeps the keys any of its queries attends to (its cache without the batch's
-    padding), so its shapes, and its sums, are those of a forward of it alone.  Returns ``[B, q, H, d]``.
+    padding) and the queries that attend to any key (its own positions of a padded prefill), so its shapes, and
+    its sums, are those of a forward of it alone; a padding query's output is 0.  Returns ``[B, q, H, d]``.
     """
     batch, heads, length, dim = query.shape
     groups = heads // key.shape[1]
     scale = dim ** -0.5 if scaling is None else scaling
-    outputs = []
+    output = query.new_zeros(batch, heads, length, value.shape[-1])
     for row in range(batch):
         if attention_mask is None:
             total = key.shape[2]
             positions = torch.arange(total, device=query.device)
-            mask = positions[None, :] <= (positions[total - length:])[:, None]  # causal, [q, T]
-            keys, values = key[row], value[row]
+            allowed = positions[None, :] <= (positions[total - length:])[:, None]  # causal, [q, T]
         else:
             allowed = attention_mask[row, 0].to(torch.bool)
-            kept = allowed.any(0).nonzero().squeeze(1)
-            keys, values, mask = key[row][:, kept], value[row][:, kept], allowed[:, kept]
-        keys = keys.repeat_interleave(groups, 0).contiguous()
-        values = values.repeat_interleave(groups, 0).contiguous()
-        scores = torch.matmul(query[row].contiguous(), keys.transpose(-1, -2)) * scale
+        live, kept = allowed.any(1).nonzero().squeeze(1), allowed.any(0).nonzero().squeeze(1)
+        mask = allowed[live][:, kept]
+        keys = key[row][:, kept].repeat_interleave(groups, 0).contiguous()
+        values = value[row][:, kept].repeat_interleave(groups, 0).contiguous()
+        scores = torch.matmul(query[row][:, live].contiguous(), keys.transpose(-1, -2)) * scale
         scores = scores.masked_fill(~mask, float("-inf"))
-        outputs.append(torch.matmul(torch.softmax(scores, dim=-1), values))
-    return torch.stack(outputs).transpose(1, 2).contiguous(), None
+        output[row, :, live] = torch.matmul(torch.softmax(scores, dim=-1), values)
+    return output.transpose(1, 2).contiguous(), None
 
 
 def _register() -> None:
