@@ -208,6 +208,21 @@ def test_recompute_catches_a_tampered_metric_and_a_tampered_trace(alone: Path, t
     assert status == 1 and table["metrics.token_er@1000"][2] == 1
 
 
+def test_recompute_sees_a_trace_edit_that_changes_no_metric(alone: Path, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    def reordered(row: dict) -> dict:  # the last step's two lowest-ranked ids swapped, the digest left as it was
+        trace = decode_trace(row["exposure"])
+        *head, last = trace.steps
+        edited = encode_trace(ExposureTrace(trace.k, (*head, (*last[:-2], last[-1], last[-2]))))
+        row["exposure"] = {**edited, "sha256": row["exposure"]["sha256"]}
+        return row
+
+    status = main(["recompute", str(rewritten(alone, tmp_path / "reordered.jsonl", reordered))])
+    captured = capsys.readouterr()
+    assert status == 1 and "0 disagree with what they store; 1 could not be re-scored" in captured.out
+    assert "does not match its sha256" in captured.err
+
+
 def test_recompute_scores_a_trace_worked_by_hand(alone: Path, tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     """A trace whose steps rank every id of the tiny vocabulary first, one id a step: every evidence token is in
