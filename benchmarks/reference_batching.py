@@ -45,9 +45,19 @@ of the 256 tokens a larger model reasons for it would be higher.
 The runner's batches run as one forward per item unless ``--padded-batches`` (then one padded forward each,
 the batching the ideal (b) measures): see ``cloud_adapter.runners.LockstepBatcher`` for why per item is the default.
 
+With ``--invariant`` it measures only the batch-invariant forwards (``decodeleak --batch-invariant``,
+:mod:`eval_harness.runners.batch_invariant`), float32, on the cloud model over the ``--items`` items' cloud
+prompts, ``--tokens`` greedy steps each (prefill included): one forward per item with the default kernels (the
+runner's default) against one batch-invariant forward of all items, rounds interleaved; then every item's logit
+row after each step of that batched run against the item stepped alone through the same kernels, counted where
+any bit differs.  batch8_invariant_vs_per_item = batched tokens/s / per-item tokens/s (target >= 2.5).  The
+forwards alone, not the runner: its per-item host work (the policy, the exposure rows) is the same either way.
+
 Usage: python benchmarks/reference_batching.py [--tokens N] [--items N] [--rounds R] [--dtype auto|bf16|fp32]
        [--padded-batches] [--threads N] [--protocol-items N] [--release-items N] [--release-samples N]
-The last three lines are batch8_speedup, batch8_vs_ideal and vs_release_loop.
+       [--invariant]
+The last three lines are batch8_speedup, batch8_vs_ideal and vs_release_loop; with --invariant the last two
+are invariant_row_differences and batch8_invariant_vs_per_item.
 """
 
 from __future__ import annotations
@@ -69,6 +79,7 @@ from edge_sdk.policies import CoVeil
 from edge_sdk.policies.coveil import coveil_select
 from eval_harness.datasets import load_task
 from eval_harness.decoding_protocol import DecodingProtocol
+from eval_harness.runners.batch_invariant import greedy_rows
 from eval_harness.runners.reference import ItemRun, ReferenceRunner
 
 ALPHA = DecodeSettings.alpha
@@ -82,9 +93,9 @@ def off_main_thread(measure: Callable[..., T], *args: object) -> T:
 
 
 def runner_tokens_per_s(slm: TransformersLLM, llm: TransformersLLM, runs: list[ItemRun], concurrency: int,
-                        tokens: int, padded_batches: bool) -> tuple[float, float, list[list[int]]]:
+                        tokens: int, forwards: str) -> tuple[float, float, list[list[int]]]:
     """(decode tokens/s with prefill time taken out, end-to-end tokens/s, every item's tokens)."""
-    with ReferenceRunner(slm, llm, concurrency=concurrency, padded_batches=padded_batches) as runner:
+    with ReferenceRunner(slm, llm, concurrency=concurrency, forwards=forwards) as runner:
         runner.run(runs[:concurrency], mode="edge", alpha=ALPHA, max_new_tokens=2)  # warm-up
         prefill_before = sum(stats.prefill_seconds for stats in runner.stats)
         start = time.perf_counter()
@@ -120,6 +131,37 @@ def release_seconds(slm: TransformersLLM, llm: TransformersLLM, slm_ids: list[in
     return float(np.interp(np.arange(n), at, cost).sum())
 
 
+def invariant_benchmark(args: argparse.Namespace, runs: list[ItemRun]) -> None:
+    """``--invariant``: the cloud model's forwards over the items' prompts, ``--tokens`` greedy steps: one forward
+    per item with the default kernels (timed), all items in one batch-invariant forward (timed), and each item in
+    a batch-invariant forward of its own (the oracle the batched rows are compared with, untimed)."""
+    from eval_harness.runners.batch_invariant import make_batch_invariant
+
+    plain = TransformersLLM(dtype="fp32")
+    invariant = TransformersLLM(dtype="fp32")
+    make_batch_invariant(invariant.model)
+    prompts = [list(run.prompts(plain).cloud_ids) for run in runs]
+    steps = len(prompts) * args.tokens
+
+    def timed(llm: TransformersLLM, together: bool) -> tuple[float, np.ndarray]:
+        start = time.perf_counter()
+        rows = greedy_rows(llm, prompts, args.tokens, together=together)
+        return steps / (time.perf_counter() - start), rows
+
+    ratios = []
+    for _ in range(args.rounds):
+        per_item, _ = off_main_thread(timed, plain, False)
+        batched, together = off_main_thread(timed, invariant, True)
+        ratios.append(batched / per_item)
+        print(f"  round: per-item forwards {per_item:6.2f}, batch-invariant batch of {len(prompts)} {batched:6.2f} "
+              f"tokens/s (prefill included): {ratios[-1]:.3f}x")
+    _, alone = off_main_thread(timed, invariant, False)
+    differing = int((alone != together).any(axis=2).sum())
+    print(f"batch8_invariant_vs_per_item per round: {summary(ratios)}")
+    print(f"invariant_row_differences={differing}  (of {len(prompts)} items x {args.tokens} steps)")
+    print(f"batch8_invariant_vs_per_item={np.median(ratios):.3f}")
+
+
 def summary(values: Sequence[float]) -> str:
     return f"{np.median(values):8.3f}  ({min(values):.3f}..{max(values):.3f})"
 
@@ -141,23 +183,31 @@ def main() -> None:
                         help="the runner's padded batched forwards (decodeleak --padded-batches) instead of its "
                              "default of one forward per item, which keeps rows independent of their batch")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
+    parser.add_argument("--invariant", action="store_true",
+                        help="measure only the batch-invariant batched forwards against per-item ones (float32)")
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-
-    slm, llm = TransformersLLM(dtype=args.dtype), TransformersLLM(dtype=args.dtype)
     protocol = DecodingProtocol()
     items = load_task("medpriv", args.items)
     runs = [ItemRun(item.item_id, protocol.question_prompt(item), item.private_context, CoVeil(lam=1.0),
                     public_preamble=protocol.preamble) for item in items]  # no stopping rule: a fixed length
+    if args.invariant:
+        print(f"float32, torch threads {torch.get_num_threads()}, {args.items} MedPriv items x {args.tokens} "
+              f"tokens, edge-side CoVeil, {args.rounds} rounds")
+        invariant_benchmark(args, runs)
+        return
+    forwards = "padded" if args.padded_batches else "per-sequence"
+
+    slm, llm = TransformersLLM(dtype=args.dtype), TransformersLLM(dtype=args.dtype)
     print(f"model {llm.name}, dtype {llm.dtype}, torch threads {torch.get_num_threads()}, {args.items} MedPriv "
           f"items x {args.tokens} tokens, edge-side CoVeil, {args.rounds} rounds")
 
     speedups, vs_ideal, rows = [], [], []
     for _ in range(args.rounds):
-        one, one_e2e, _ = runner_tokens_per_s(slm, llm, runs, 1, args.tokens, args.padded_batches)
+        one, one_e2e, _ = runner_tokens_per_s(slm, llm, runs, 1, args.tokens, forwards)
         eight, eight_e2e, fixed_continuations = runner_tokens_per_s(slm, llm, runs, 8, args.tokens,
-                                                                    args.padded_batches)
+                                                                    forwards)
         ideal_one, ideal_eight = (off_main_thread(ideal_tokens_per_s, llm, text_prompts(llm, batch), args.tokens) for batch in (1, 8))
         speedups.append(eight / one)
         vs_ideal.append(speedups[-1] / (ideal_eight / ideal_one))
@@ -185,7 +235,7 @@ def main() -> None:
           f"{len(spread)} of them ...")
     protocol_runs = [ItemRun.of(protocol, item, CoVeil(lam=1.0)) for item in protocol_items]
     _, runner_e2e, continuations = runner_tokens_per_s(slm, llm, protocol_runs, 8, protocol.max_new_tokens,
-                                                       args.padded_batches)
+                                                       forwards)
     timed = [(protocol_runs[i], continuations[i]) for i in spread]
     release = release_tokens_per_s(timed)
     lengths = [len(c) for c in continuations]

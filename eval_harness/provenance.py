@@ -44,16 +44,10 @@ def file_digest(path: str | Path | None) -> str | None:
 CHECKPOINT_SUFFIXES = (".safetensors", ".bin", ".json", ".model", ".txt", ".tiktoken", ".gguf")
 
 
-def checkpoint_digest(directory: str | Path) -> str:
-    """sha256 of a transformers checkpoint directory: over the lines ``"<relative path>\t<file sha256>\n"`` of
-    its :data:`CHECKPOINT_SUFFIXES` files (hidden ones aside), in sorted path order.  Each file's digest is kept
-    in ``$COVEIL_CACHE_DIR/file-digests.json`` under its path, size and mtime, so a second run does not read a
-    70B model's weights again."""
-    root = Path(directory)
-    files = sorted(path for path in root.rglob("*") if path.is_file() and path.suffix in CHECKPOINT_SUFFIXES
-                   and not any(part.startswith(".") for part in path.relative_to(root).parts))
-    if not files:
-        raise ValueError(f"{root}: no checkpoint files ({', '.join(CHECKPOINT_SUFFIXES)})")
+def cached_file_digests(paths: Sequence[Path]) -> list[str]:
+    """The :func:`file_digest` of each of ``paths``, each kept in ``$COVEIL_CACHE_DIR/file-digests.json`` under
+    its resolved path, size and mtime (ns), so a second run does not read a 253 MB GGUF or a 70B model's weights
+    again; a file changed since (another size or mtime) is read anew."""
     cache_path = Path(os.environ.get("COVEIL_CACHE_DIR", Path.home() / ".cache" / "coveil")).expanduser() / (
         "file-digests.json")
     try:
@@ -62,28 +56,45 @@ def checkpoint_digest(directory: str | Path) -> str:
         cache = {}
     if not isinstance(cache, dict):
         cache = {}
-    lines = []
-    for path in files:
-        stat = path.resolve().stat()
-        key = f"{path.resolve()}\t{stat.st_size}\t{stat.st_mtime_ns}"
+    digests, changed = [], False
+    for path in paths:
+        resolved = Path(path).resolve()
+        stat = resolved.stat()
+        key = f"{resolved}\t{stat.st_size}\t{stat.st_mtime_ns}"
         if key not in cache:
-            cache[key] = file_digest(path)
-        lines.append(f"{path.relative_to(root).as_posix()}\t{cache[key]}\n")
-    try:
-        cache_path.parent.mkdir(parents=True, exist_ok=True)
-        partial = cache_path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps(cache))
-        partial.replace(cache_path)
-    except OSError:  # an unwritable cache (a read-only home) costs the next run a re-read, not this run
-        pass
+            cache[key], changed = file_digest(resolved), True
+        digests.append(cache[key])
+    if changed:
+        try:
+            cache_path.parent.mkdir(parents=True, exist_ok=True)
+            partial = cache_path.with_suffix(f".{os.getpid()}.tmp")
+            partial.write_text(json.dumps(cache))
+            partial.replace(cache_path)
+        except OSError:  # an unwritable cache (a read-only home) costs the next run a re-read, not this run
+            pass
+    return digests
+
+
+def checkpoint_digest(directory: str | Path) -> str:
+    """sha256 of a transformers checkpoint directory: over the lines ``"<relative path>\t<file sha256>\n"`` of
+    its :data:`CHECKPOINT_SUFFIXES` files (hidden ones aside), in sorted path order (each file's digest from
+    :func:`cached_file_digests`)."""
+    root = Path(directory)
+    files = sorted(path for path in root.rglob("*") if path.is_file() and path.suffix in CHECKPOINT_SUFFIXES
+                   and not any(part.startswith(".") for part in path.relative_to(root).parts))
+    if not files:
+        raise ValueError(f"{root}: no checkpoint files ({', '.join(CHECKPOINT_SUFFIXES)})")
+    lines = [f"{path.relative_to(root).as_posix()}\t{digest}\n"
+             for path, digest in zip(files, cached_file_digests(files))]
     return hashlib.sha256("".join(lines).encode()).hexdigest()
 
 
 def model_digest(source: ModelSource) -> str | None:
     """The row's ``sha256`` of a model: of its GGUF file, of its checkpoint directory (:func:`checkpoint_digest`;
-    a hub name is looked up in the local cache), ``None`` only for a hub name that is not cached."""
+    a hub name is looked up in the local cache), ``None`` only for a hub name that is not cached.  Either is read
+    once per file version (:func:`cached_file_digests`)."""
     if source.gguf_path is not None:
-        return file_digest(source.gguf_path)
+        return cached_file_digests([Path(source.gguf_path)])[0]
     location = Path(str(source.hf_name_or_dir)).expanduser()
     if not location.is_dir():
         from huggingface_hub import snapshot_download

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from eval_harness.report.tables import bootstrap_interval, csv_text, lines, markdown, table
+from eval_harness.report.tables import bootstrap_interval, csv_text, lines, markdown, table, table_numbers
 
 from tests.cli_runs import decodeleak_in_fresh_process
 
@@ -268,8 +268,8 @@ def test_report_and_plot_name_a_row_that_is_not_a_result_in_one_line(tmp_path: P
     results.write_text(json.dumps({"key": "a", "task": "medpriv"}) + "\n")
     for command in ("report", "plot"):
         assert main([command, str(results), "--out", str(tmp_path / command)]) == 1
-        assert capsys.readouterr().err == (f"decodeleak {command}: row 'a' is not a decodeleak result row: it has no "
-                                           "mode, policy, correct, metrics\n")
+        assert capsys.readouterr().err == (f"decodeleak {command}: {results}:1: row 'a' is not a decodeleak result "
+                                           "row: it has no mode, policy, correct, metrics\n")
 
 
 def test_tables_and_figures_name_metrics_by_their_registered_labels() -> None:
@@ -294,21 +294,40 @@ def test_the_report_carries_the_epsilon_each_setting_spent() -> None:
     cells = {c["policy"]: c["epsilon_spent"] for c in table(rows, metrics=("token_er@100",))}
     # hand: (3 + 5) / 2 = 4 at delta 1e-5; one CoVeil item released nothing, the other did: the line is non-private
     assert cells == {"dp_logit": "4 (delta 1e-05)", "coveil": "non-private", "undefended": "-"}
+    # the CSV carries it as numbers, and every column the Markdown table has
+    numbers = {n["policy"]: n for n in table_numbers(rows, metrics=("token_er@100",))}
+    assert {k: numbers["dp_logit"][k] for k in ("epsilon_spent", "epsilon_delta", "epsilon_n", "guarantee")} == {
+        "epsilon_spent": 4.0, "epsilon_delta": "1e-05", "epsilon_n": 2, "guarantee": "dp"}
+    assert (numbers["coveil"]["guarantee"], numbers["coveil"]["epsilon_spent"]) == ("non-private", None)
+    assert (numbers["undefended"]["guarantee"], numbers["undefended"]["epsilon_n"]) == (None, 0)
+    assert set(table(rows, metrics=("token_er@100",))[0]) <= set(numbers["dp_logit"])
 
 
-def test_the_epsilon_axis_draws_only_the_dp_baselines_at_their_spent_epsilon(tmp_path: Path) -> None:
+def test_the_epsilon_figure_draws_leakage_and_a_readable_accuracy_panel_for_the_dp_baselines(tmp_path: Path) -> None:
     from eval_harness.report.plots import privacy_utility_epsilon_figure
 
     rows = [with_privacy(r, None, "non-private") for r in tradeoff_rows() if r["policy"] != "dp_logit"]
-    for eps, spent in ((1, 6.5), (8, 70.7)):  # hand: two settings, the 24-token spend of each, four items
+    for eps, spent, token_er in ((1, 6.5, 0.30), (8, 70.7, 0.55)):  # hand: two settings, four items each
         rows += [with_privacy(scored(f"i{i}", "cloud", "dp_logit", {"epsilon": eps}, i < 1 + eps // 4,
-                                     {"token_er@100": 0.1}, (0.2, 0.1)), spent) for i in range(4)]
-    ax = privacy_utility_epsilon_figure(rows, "medpriv", "cloud").axes[0]
-    (curve,) = ax.get_lines()  # CoVeil and undefended have no epsilon
-    assert curve.get_label() == "dp_logit" and ax.get_xscale() == "log"
+                                     {"token_er@100": token_er}, (0.2, 0.1)), spent) for i in range(4)]
+    fig = privacy_utility_epsilon_figure(rows, "medpriv", "cloud", metrics=("token_er@100",))
+    leakage, accuracy = fig.axes[:2]
+    (curve,) = leakage.get_lines()  # CoVeil and undefended have no epsilon
+    assert curve.get_label() == "dp_logit" and leakage.get_xscale() == "log"
+    assert leakage.get_ylabel().startswith("Token-ER@100 (%)")
     assert list(curve.get_xdata()) == pytest.approx([6.5, 70.7])
+    assert list(curve.get_ydata()) == pytest.approx([30.0, 55.0])  # the mean Token-ER@100 of each setting
+    (curve,) = accuracy.get_lines()
+    assert accuracy.get_ylabel() == "accuracy (%)"
     assert list(curve.get_ydata()) == pytest.approx([25.0, 75.0])  # 1 of 4, then 3 of 4 correct
+    low, high = accuracy.get_ylim()
+    assert low <= 25.0 and high >= 75.0 and high - low >= 20.0  # a readable span, not +-0.04 points
     assert privacy_utility_epsilon_figure(tradeoff_rows(), "medpriv", "cloud") is None  # no row has a ledger
+    flat = [dict(r, key=r["key"] + "-flat", alpha=0.9) for r in rows if r["policy"] == "dp_logit"]
+    for r in flat:
+        r["correct"] = True  # a constant accuracy: the axis still spans 20 points around it
+    low, high = privacy_utility_epsilon_figure(flat, "medpriv", "cloud").axes[-1].get_ylim()
+    assert high - low >= 20.0
     results = tmp_path / "results.jsonl"
     results.write_text("".join(json.dumps(r) + "\n" for r in rows))
     from eval_harness.cli.decodeleak import main

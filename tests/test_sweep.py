@@ -204,6 +204,27 @@ def test_a_checkpoint_directory_has_a_digest_of_its_files_names_and_bytes(tmp_pa
     assert model_digest(source) == expected
 
 
+def test_a_gguf_digest_is_read_once_per_version_of_the_file(tmp_path: Path, monkeypatch) -> None:
+    import hashlib
+
+    from edge_sdk.models import ModelSource
+    from eval_harness import provenance
+
+    monkeypatch.setenv("COVEIL_CACHE_DIR", str(tmp_path / "cache"))
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF\x03weights")
+    source = ModelSource(name="tiny", gguf_path=gguf)
+    expected = hashlib.sha256(b"GGUF\x03weights").hexdigest()
+    assert provenance.model_digest(source) == expected
+    reads: list[Path] = []
+    real = provenance.file_digest
+    monkeypatch.setattr(provenance, "file_digest", lambda path: reads.append(Path(path)) or real(path))
+    assert provenance.model_digest(source) == expected and reads == []  # from the cache: the file is not read
+    gguf.write_bytes(b"GGUF\x03weighty")  # another size and mtime: read anew
+    assert provenance.model_digest(source) == hashlib.sha256(b"GGUF\x03weighty").hexdigest()
+    assert reads == [gguf.resolve()]
+
+
 def test_results_are_private_files_whatever_the_umask(tmp_path: Path) -> None:
     """Before, a results file (every decoded answer of every private context) was written 0644 in 0755 folders."""
     import os

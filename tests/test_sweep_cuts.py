@@ -1,4 +1,5 @@
-"""A row is the same however the run was cut: --concurrency 1 or 4, two shards, Ray, a kill then a resume; and
+"""A row is the same however the run was cut: --concurrency 1 or 4, two shards, Ray, a SLURM array (submitit's
+local executor) and a preempted task requeued, a kill then a resume; and
 ``decodeleak recompute`` re-scores every row from the file alone, catching a tampered one.
 
 Two of the three settings are deterministic, dp_logit draws from each item's seeded generator.  Rows are
@@ -69,6 +70,15 @@ def test_the_rows_record_the_batching_and_what_recomputes_them(alone: Path) -> N
     assert coveil["params"] == {"lam": 1} and coveil["policy_params"] == {"lam": 1, "k": 50, "space": "prob"}
 
 
+def test_each_row_records_the_policy_parameters_the_run_used(options: list[str], tmp_path: Path) -> None:
+    out = tmp_path / "dp_fusion.jsonl"
+    assert main(["run", "--mode", "edge", "--policy", "dp_fusion", "--param", "epsilon=1", *options[1:5],
+                 "--limit", "1", "--max-new-tokens", "6", "--out", str(out)]) == 0
+    (row,) = read_rows([out])
+    # its epsilon budget covers the run's 6 tokens, not the class default of 256 it would record unset
+    assert row["policy_params"]["max_new_tokens"] == 6 == row["protocol"]["max_new_tokens"]
+
+
 @pytest.mark.parametrize("concurrency", [4])
 def test_concurrency_does_not_change_a_row(options: list[str], alone: Path, tmp_path: Path, concurrency: int) -> None:
     out = tmp_path / "together.jsonl"
@@ -101,6 +111,35 @@ def test_a_ray_run_gives_the_rows_of_one_process(options: list[str], alone: Path
     out = tmp_path / "ray.jsonl"
     assert main(["sweep", *options, "--concurrency", "3", "--out", str(out), "--ray", "--ray-shards", "2"]) == 0
     assert uncut([out]) == uncut([alone])
+
+
+def test_a_slurm_array_gives_the_rows_of_one_process_and_a_requeued_task_redoes_nothing(
+        options: list[str], alone: Path, tmp_path: Path) -> None:
+    import pickle
+
+    out = tmp_path / "slurm.jsonl"
+    assert main(["sweep", *options, "--concurrency", "3", "--out", str(out), "--backend", "slurm",
+                 "--slurm-cluster", "local", "--slurm-tasks", "2", "--slurm-time", "10"]) == 0
+    assert uncut([out]) == uncut([alone])
+    shards = sorted((tmp_path / "slurm.jsonl.slurm").glob("shard-*-of-2-*.jsonl"))
+    assert len(shards) == 2 and sum(len(list(read_rows([s]))) for s in shards) == 18
+    assert oct((tmp_path / "slurm.jsonl.slurm").stat().st_mode & 0o777) == "0o700"  # items and rows are private
+    # the task submitit pickled for the first shard, as a requeue after preemption would run it: its file cut
+    # back to its first two rows (the rest lost to the preemption), then the checkpoint's resubmission run
+    pickled = next((tmp_path / "slurm.jsonl.slurm" / "submitit").glob("*_submitted.pkl"))
+    task = pickle.loads(pickled.read_bytes()).function
+    lines = task.path.read_text().splitlines(keepends=True)
+    task.path.write_text("".join(lines[:2]))
+    requeued = task.checkpoint()
+    assert requeued.function is task
+    assert requeued.result() == len(lines) - 2  # only what the preemption lost is decoded again
+    assert task.path.read_text().splitlines(keepends=True)[:2] == lines[:2]  # what was done is left as it was
+    assert uncut([task.path]) == {key: row for key, row in uncut([alone]).items() if key in uncut([task.path])}
+    assert len(list(read_rows([task.path]))) == len(lines)
+    assert task.checkpoint().result() == 0  # a requeue after the last row: nothing to do
+    # a re-run of the command merges, finds nothing pending and submits nothing
+    assert main(["sweep", *options, "--out", str(out), "--backend", "slurm", "--slurm-cluster", "local"]) == 0
+    assert len(list(read_rows([out]))) == 18
 
 
 def test_a_killed_sweep_resumed_gives_the_rows_of_one_run(options: list[str], alone: Path, tmp_path: Path) -> None:
@@ -167,6 +206,21 @@ def test_recompute_catches_a_tampered_metric_and_a_tampered_trace(alone: Path, t
 
     status, table, _ = recompute(rewritten(alone, tmp_path / "trace.jsonl", trace), capsys)
     assert status == 1 and table["metrics.token_er@1000"][2] == 1
+
+
+def test_recompute_sees_a_trace_edit_that_changes_no_metric(alone: Path, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    def reordered(row: dict) -> dict:  # the last step's two lowest-ranked ids swapped, the digest left as it was
+        trace = decode_trace(row["exposure"])
+        *head, last = trace.steps
+        edited = encode_trace(ExposureTrace(trace.k, (*head, (*last[:-2], last[-1], last[-2]))))
+        row["exposure"] = {**edited, "sha256": row["exposure"]["sha256"]}
+        return row
+
+    status = main(["recompute", str(rewritten(alone, tmp_path / "reordered.jsonl", reordered))])
+    captured = capsys.readouterr()
+    assert status == 1 and "0 disagree with what they store; 1 could not be re-scored" in captured.out
+    assert "does not match its sha256" in captured.err
 
 
 def test_recompute_scores_a_trace_worked_by_hand(alone: Path, tmp_path: Path,

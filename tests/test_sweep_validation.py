@@ -136,7 +136,11 @@ def test_a_config_syntax_error_names_line_and_column(tmp_path: Path, capsys) -> 
                                               "--transcript-wait must be non-negative"),
                                              (["--runner", "deployed", "--cloud", "127.0.0.1:1", "--plaintext",
                                                "--transcripts", "/no/such/dir"],
-                                              "the transcript directory /no/such/dir does not exist")])
+                                              "the transcript directory /no/such/dir does not exist"),
+                                             (["--batch-invariant", "--dtype", "bf16"],
+                                              "--batch-invariant: its kernels are built for float32 on the CPU"),
+                                             (["--runner", "deployed", "--batch-invariant"],
+                                              "--batch-invariant: only for the reference runner")])
 def test_bad_option_values_fail_before_loading(tmp_path: Path, capsys, flags: list[str], says: str) -> None:
     assert says in one_line_error(capsys, [*RUN, *flags, "--out", str(tmp_path / "r.jsonl")])
 

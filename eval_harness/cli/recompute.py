@@ -7,7 +7,10 @@ row's digests, and re-scores the row with the sweep's own scoring (:func:`eval_h
 hence the metric functions of :mod:`eval_harness.metrics` as they are now): every DecodeLeak metric in both
 rule sets at every recorded K, the evidence counts, the predicted letter and its correctness, and the
 inversion's ROUGE-1 where the row kept the reconstruction.  The per-step mechanism statistics need both models
-and are not re-scored.
+and are not re-scored.  A trace edited after it was written is refused by its ``sha256``
+(:func:`~eval_harness.sweep.exposure_codec.decode_trace`), even where the edit changes no metric.
+
+The files are streamed once: each row is parsed, its trace decoded, re-scored and dropped before the next.
 """
 
 from __future__ import annotations
@@ -148,27 +151,28 @@ def _compared(stored: Mapping[str, Any], recomputed: Mapping[str, Any]) -> Itera
 def run(args: argparse.Namespace) -> int:
     """``decodeleak recompute``: one line per quantity, a summary; 1 if any row disagrees or cannot be re-scored."""
     from eval_harness.cli.shared import progress_bar
-    from eval_harness.sweep.store import read_rows
+    from eval_harness.sweep.store import read_rows_sized
 
     if args.tolerance < 0:
         raise ValueError(f"--tolerance must be non-negative, got {args.tolerance}")
-    rows = list(read_rows(args.results))
     rescorer = Rescorer(args.tokenizer)
     agreement: dict[str, Agreement] = {}
     failed: list[tuple[str, str]] = []
-    with progress_bar() as progress:
-        bar = progress.add_task("decodeleak recompute", total=len(rows))
-        for row in rows:
+    rows = 0
+    with progress_bar() as progress:  # in bytes of the files: the rows are not counted before they are read
+        bar = progress.add_task("decodeleak recompute (bytes)", total=sum(path.stat().st_size for path in args.results))
+        for row, size in read_rows_sized(args.results):
+            rows += 1
             key = str(row["key"])
             try:
                 recomputed = rescorer.rescore(row)
             except (ValueError, KeyError) as exc:
                 failed.append((key, str(exc).strip("'\"")))
-                progress.advance(bar)
+                progress.advance(bar, size)
                 continue
             for name, stored, value in _compared(row, recomputed):
                 agreement.setdefault(name, Agreement()).add(key, stored, value, args.tolerance)
-            progress.advance(bar)
+            progress.advance(bar, size)
     width = max((len(name) for name in agreement), default=8)
     print(f"{'quantity':<{width}}  rows  max_abs_diff  disagreeing")
     for name in sorted(agreement):
@@ -178,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
     disagreeing = sorted({key for a in agreement.values() for key in a.disagreeing})
     for key, reason in failed[:5]:
         print(f"row {key}: not re-scored: {reason}", file=sys.stderr)
-    summary = (f"{len(rows) - len(failed)} of {len(rows)} rows re-scored; "
+    summary = (f"{rows - len(failed)} of {rows} rows re-scored; "
                f"{len(disagreeing)} disagree with what they store" + (f"; {len(failed)} could not be re-scored"
                                                                        if failed else ""))
     print(summary)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from edge_sdk.policies import FUSION_MODES
+from eval_harness.cli.shared import add_source_options
 
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -20,21 +22,25 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
                                              "each metric's mean, its interval as METRIC_lo and METRIC_hi, and "
                                              "METRIC_n, the items that recorded it).")
     report.add_argument("results", nargs="+", type=Path,
-                        help="JSONL result files of one run (shards are merged; files of different runs, e.g. fp32 "
-                             "and bf16 or two inversion attackers, are refused)")
+                        help="JSONL result files of one run, read once in constant memory (shards are merged; files "
+                             "of different runs, e.g. fp32 and bf16 or two inversion attackers, are refused, and so "
+                             "is a key two files hold with different rows)")
     report.add_argument("--out", type=Path, default=Path("runs/decodeleak/report"),
-                        help="where tables.md, tables.csv and undefended.csv are written")
+                        help="where tables.md, tables.csv, undefended.csv and sources.json (the sha256 of every "
+                             "file read, and the rows' code digests) are written")
+    add_source_options(report)
     report.add_argument("-v", "--verbose", action="store_true", help="show the full traceback of an error")
     return report
 
 
 def run(args: argparse.Namespace) -> int:
     """``decodeleak report``: reads rows only (no model library is imported)."""
-    from eval_harness.report.runs import check_one_run, label
-    from eval_harness.report.tables import (csv_text, markdown, metrics_recorded, result_rows, table, table_numbers,
+    from eval_harness.report.runs import label, read_run
+    from eval_harness.report.tables import (csv_text, markdown, metrics_recorded, table, table_numbers,
                                             undefended_numbers, undefended_table)
 
-    rows = result_rows(check_one_run(args.results))
+    run_rows = read_run(args.results, allow_code_change=args.allow_code_change)
+    rows = run_rows.rows
     metrics = metrics_recorded(rows)
     sections, csv_parts, undefended_csv = [], [], []
     for rules, suffix in (("paper", ""), ("release", ":release")):
@@ -54,10 +60,12 @@ def run(args: argparse.Namespace) -> int:
                                            for c in table_numbers(mode_rows, metrics=metrics, suffix=suffix)]))
     args.out.mkdir(parents=True, exist_ok=True)
     text = (f"# DecodeLeak report: {len(rows)} rows from {len(args.results)} file(s) of one run; {label(rows)}\n\n"
-            + "\n".join(sections))
+            f"{run_rows.caption()}\n\n" + "\n".join(sections))
     (args.out / "tables.md").write_text(text)
     (args.out / "tables.csv").write_text(_join_csv(csv_parts))
     (args.out / "undefended.csv").write_text(_join_csv(undefended_csv))
+    (args.out / "sources.json").write_text(json.dumps(
+        {"derived": ["tables.md", "tables.csv", "undefended.csv"], **run_rows.provenance()}, indent=1) + "\n")
     print(text)
     return 0
 

@@ -3,7 +3,8 @@
 ``sweep`` decodes every setting of a grid config (default: the paper's grids), ``run`` one setting; both go
 through :func:`run`: the runner ``--runner`` names (reference: both models in transformers here; deployed: the
 llama.cpp edge over gRPC against a cloud adapter, audited from its transcripts), the optional inversion attack,
-and, for ``sweep --ray``, Ray tasks (:func:`sweep_on_ray`).  A re-run skips the rows already written.
+and, for ``sweep --backend ray`` (``--ray``), Ray tasks (:func:`sweep_on_ray`), for ``sweep --backend slurm`` a
+SLURM array through submitit (:func:`sweep_on_slurm`).  A re-run skips the rows already written.
 """
 
 from __future__ import annotations
@@ -61,7 +62,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     sweep.add_argument("--modes", type=csv_list, default=list(FUSION_MODES), help="fusion modes (default: cloud,edge)")
     sweep.add_argument("--policies", type=csv_list, help="only these policies (default: all in the config)")
     _common(sweep)
+    sweep.add_argument("--backend", choices=("local", "ray", "slurm"),
+                       help="where the sweep runs: local (this process, the default), ray (Ray tasks; as --ray) or "
+                            "slurm (a SLURM array through submitit); the same grid, options and rows for all three")
     _ray_flags(sweep)
+    _slurm_flags(sweep)
     run = commands.add_parser("run", help="one setting over a dataset",
                               description="One setting (mode, policy, parameters, alpha) over a dataset.")
     run.add_argument("--mode", choices=FUSION_MODES, required=True, help="fusion mode")
@@ -87,6 +92,38 @@ def _ray_flags(sweep: argparse.ArgumentParser) -> None:
                          help="CPUs each task asks for; torch uses that many threads (default: 1)")
     cluster.add_argument("--ray-gpus-per-task", type=float, default=0.0, metavar="N",
                          help="GPUs each task asks for (default: 0); with --device cuda or --device-map auto")
+
+
+def _slurm_flags(sweep: argparse.ArgumentParser) -> None:
+    """``sweep``'s SLURM group: the array's size, each task's resources, and whether to wait."""
+    from eval_harness.sweep.slurm import SlurmOptions
+
+    defaults = SlurmOptions()
+    cluster = sweep.add_argument_group(
+        "SLURM (--backend slurm)",
+        "run the sweep as one SLURM array through submitit, one task per shard, each loading the models once and "
+        "writing its own file under OUT.slurm/ (0700); a preempted or timed-out task is requeued and resumes from "
+        "its file; the driver waits and merges every shard into --out (a re-run merges first)")
+    cluster.add_argument("--slurm-tasks", type=positive_int, default=8, metavar="N",
+                         help="array tasks to cut the pending pairs into (default: 8)")
+    cluster.add_argument("--slurm-partition", metavar="NAME", help="the partition (default: the cluster's)")
+    cluster.add_argument("--slurm-time", type=positive_int, default=defaults.time_min, metavar="MINUTES",
+                         help=f"each task's time limit; a task that reaches it is requeued and resumes (default: "
+                              f"{defaults.time_min})")
+    cluster.add_argument("--slurm-gpus-per-task", type=int, default=defaults.gpus_per_task, metavar="N",
+                         help="GPUs per task (default: 0); with --device cuda or --device-map auto")
+    cluster.add_argument("--slurm-cpus-per-task", type=positive_int, default=defaults.cpus_per_task, metavar="N",
+                         help=f"CPUs per task (default: {defaults.cpus_per_task})")
+    cluster.add_argument("--slurm-mem-gb", type=positive_int, metavar="GB", help="memory per task (default: the "
+                                                                                  "partition's)")
+    cluster.add_argument("--slurm-array-parallelism", type=positive_int, default=defaults.array_parallelism,
+                         metavar="N", help=f"tasks of the array running at once (default: "
+                                           f"{defaults.array_parallelism})")
+    cluster.add_argument("--slurm-cluster", choices=("slurm", "local"),
+                         help="slurm, or local: submitit's local executor (the same tasks as processes of this "
+                              "machine, e.g. for CI) (default: slurm where sbatch is found, else local)")
+    cluster.add_argument("--slurm-no-wait", action="store_true",
+                         help="submit and return; a later run of the same command merges the finished shards")
 
 
 def _inversion_options(parser: argparse.ArgumentParser) -> None:
@@ -140,10 +177,16 @@ def _common(parser: argparse.ArgumentParser) -> None:
     add_dtype_flag(parser, default="fp32", auto=False,
                    help="both models' dtype (default: fp32, a full-precision reference; bf16 or fp16 only when "
                         "asked for, and every row and report says which)")
-    parser.add_argument("--padded-batches", action="store_true",
-                        help="reference: run each lockstep batch as one padded forward (faster) instead of one "
-                             "forward per item; a row then depends on which items shared its batches (rows say "
-                             "batching.batch_invariant = false)")
+    batching = parser.add_mutually_exclusive_group()
+    batching.add_argument("--padded-batches", action="store_true",
+                          help="reference: run each lockstep batch as one padded forward (faster) instead of one "
+                               "forward per item; a row then depends on which items shared its batches (rows say "
+                               "batching.batch_invariant = false)")
+    batching.add_argument("--batch-invariant", action="store_true",
+                          help="reference, fp32 on the CPU: run each lockstep batch as one padded forward through "
+                               "batch-invariant kernels (fixed-size matmul tiles, attention per item): batched, and "
+                               "each row bit for bit what the item gives alone through them (rows say "
+                               "batching.forwards = batch-invariant; not bitwise the per-item default's rows)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N for both models (ignored with "
                                                          "--device-map)")
     parser.add_argument("--device-map", metavar="MAP",
@@ -195,8 +238,10 @@ def run(args: argparse.Namespace) -> int:
     # the rows' protocol records the fusion weight the settings decode with (one per grid config or run)
     protocol = DecodingProtocol(max_new_tokens=args.max_new_tokens,
                                 alpha=settings[0].alpha if settings else DecodingProtocol.alpha)
-    if getattr(args, "ray", None) is not None:
+    if _backend(args) == "ray":
         return sweep_on_ray(args, settings, items, protocol, shard_of)
+    if _backend(args) == "slurm":
+        return sweep_on_slurm(args, settings, items, protocol, shard_of)
     audits: Counter[str] = Counter()
 
     def finished(row: dict) -> None:
@@ -227,6 +272,19 @@ def run(args: argparse.Namespace) -> int:
     if audits:
         print(audit_summary(audits))
     return 0
+
+
+def _backend(args: argparse.Namespace) -> str:
+    """``local``, ``ray`` or ``slurm``: ``--backend``, else ``ray`` with ``--ray`` (``run`` is always local);
+    ``--ray`` with another ``--backend`` is refused."""
+    backend = getattr(args, "backend", None)
+    if getattr(args, "ray", None) is not None:
+        if backend not in (None, "ray"):
+            raise ValueError(f"--ray and --backend {backend} contradict each other: give one")
+        return "ray"
+    if backend == "ray":
+        args.ray = LOCAL_RAY
+    return backend or "local"
 
 
 def _summary(args: argparse.Namespace, settings, items, written: int, skipped: int) -> str:  # noqa: ANN001
@@ -264,27 +322,40 @@ def _check_options(args: argparse.Namespace) -> None:
     if args.inversion == "local" and args.runner != "reference":
         raise ValueError("--inversion local asks the cloud model in this process: use --runner reference, or give "
                          "an OpenAI-compatible endpoint URL serving the attacker")
-    if getattr(args, "ray", None) is not None:
+    backend = _backend(args)
+    if backend == "slurm":
+        if args.runner != "reference" or args.inversion != "none":
+            raise ValueError("--backend slurm runs the reference runner without the inversion attack on its tasks; "
+                             "audit a deployment or attack in a plain sweep (or --shard i/N by hand)")
+        _check_gpus_per_task("--slurm-gpus-per-task", args.slurm_gpus_per_task, args)
+    if backend == "ray":
         if args.runner != "reference":
             raise ValueError("--ray runs the reference runner on the cluster's workers; audit a deployment with "
                              "--runner deployed without --ray (or --shard i/N by hand)")
         if args.inversion != "none":
             raise ValueError("--ray runs no inversion attack (its tasks decode only): attack in a plain sweep, or "
                              "--shard i/N by hand, with --inversion")
-        if args.ray_gpus_per_task < 0:
-            raise ValueError(f"--ray-gpus-per-task must be non-negative, got {args.ray_gpus_per_task}")
-        if args.ray_gpus_per_task > 0 and args.device == "cpu" and args.device_map is None:
-            raise ValueError("--ray-gpus-per-task needs --device cuda or --device-map auto, or the models stay on "
-                             "the CPU")
+        _check_gpus_per_task("--ray-gpus-per-task", args.ray_gpus_per_task, args)
     if args.runner == "deployed":
         _check_deployed(args)
         return
+    if args.batch_invariant and (args.dtype != "fp32" or args.device != "cpu" or args.device_map is not None):
+        raise ValueError("--batch-invariant: its kernels are built for float32 on the CPU (--dtype fp32 --device "
+                         "cpu, no --device-map)")
     deployed_only = [flag for flag, value in (("--cloud", args.cloud), ("--token-file", args.token_file),
                                               ("--tls-ca", args.tls_ca), ("--plaintext", args.plaintext),
                                               ("--transcripts", args.transcripts)) if value]
     if deployed_only:
         raise ValueError(f"{', '.join(deployed_only)}: only for --runner deployed (the reference runner keeps "
                          "both models in this process)")
+
+
+def _check_gpus_per_task(flag: str, gpus: float, args: argparse.Namespace) -> None:
+    """A cluster task's GPUs: non-negative, and only with the models on a GPU."""
+    if gpus < 0:
+        raise ValueError(f"{flag} must be non-negative, got {gpus}")
+    if gpus > 0 and args.device == "cpu" and args.device_map is None:
+        raise ValueError(f"{flag} needs --device cuda or --device-map auto, or the models stay on the CPU")
 
 
 def _check_deployed(args: argparse.Namespace) -> None:
@@ -298,9 +369,10 @@ def _check_deployed(args: argparse.Namespace) -> None:
                          f"file, got {args.slm!r}")
     if args.transcript_wait < 0:
         raise ValueError(f"--transcript-wait must be non-negative, got {args.transcript_wait}")
-    if args.padded_batches:
-        raise ValueError("--padded-batches: only for the reference runner (the deployed edge decodes each item in "
-                         "an llama.cpp instance of its own)")
+    if args.padded_batches or args.batch_invariant:
+        raise ValueError(f"{'--padded-batches' if args.padded_batches else '--batch-invariant'}: only for the "
+                         "reference runner (the deployed edge decodes each item in an llama.cpp instance of its "
+                         "own)")
     remote_flags = [flag for flag, value in (("--token-file", args.token_file), ("--tls-ca", args.tls_ca),
                                              ("--plaintext", args.plaintext)) if value]
     if args.cloud is None:
@@ -358,8 +430,9 @@ def _spec(args: argparse.Namespace):  # noqa: ANN202
         return spec(slm=args.slm, llm=args.llm, dtype=args.dtype, concurrency=args.concurrency, cloud=args.cloud,
                     token_file=args.token_file, tls_ca=args.tls_ca, plaintext=args.plaintext,
                     transcripts=args.transcripts or local_transcripts, transcript_wait=args.transcript_wait)
+    forwards = "padded" if args.padded_batches else "batch-invariant" if args.batch_invariant else "per-sequence"
     return spec(slm=args.slm, llm=args.llm, dtype=args.dtype, device=args.device, device_map=args.device_map,
-                concurrency=args.concurrency, padded_batches=args.padded_batches)
+                concurrency=args.concurrency, forwards=forwards)
 
 
 def _attacker(args: argparse.Namespace, runner):  # noqa: ANN001, ANN202
@@ -439,3 +512,47 @@ def sweep_on_ray(args: argparse.Namespace, settings, items, protocol, shard_of) 
           f"{len(settings)} settings x {', '.join(f'{len(v)} {k}' for k, v in items.items())} items "
           f"(shard {args.shard}){dropped}")
     return 0
+
+
+def sweep_on_slurm(args: argparse.Namespace, settings, items, protocol, shard_of) -> int:  # noqa: ANN001
+    """``decodeleak sweep --backend slurm``: merge finished shards into ``--out``, submit the pairs still pending
+    as one SLURM array (:mod:`eval_harness.sweep.slurm`), wait and merge again.  This process loads no model."""
+    from eval_harness.sweep import slurm
+    from eval_harness.sweep.ray import plan_shards
+    from eval_harness.sweep.store import ResultStore
+
+    options = slurm.SlurmOptions(partition=args.slurm_partition, time_min=args.slurm_time,
+                                 gpus_per_task=args.slurm_gpus_per_task, cpus_per_task=args.slurm_cpus_per_task,
+                                 mem_gb=args.slurm_mem_gb, array_parallelism=args.slurm_array_parallelism,
+                                 cluster=args.slurm_cluster)
+    try:
+        slurm.require_submitit()
+    except ImportError as exc:
+        print(f"decodeleak sweep: {exc}", file=sys.stderr)
+        return 1
+    spec = _spec(args)
+    with ResultStore(args.out) as store:
+        store.check_run(spec.run_identity(protocol, seed=args.seed))
+        merged = slurm.merge_shards(args.out, store)
+        plan = plan_shards(settings, items, store, count=args.slurm_tasks, shard_of=shard_of)
+    if merged:
+        print(f"{merged} rows of finished SLURM shards merged into {args.out}")
+    if not plan.pending:
+        print(_summary(args, settings, items, 0, plan.skipped))
+        return 0
+    tasks = slurm.shard_tasks(plan, items, args.out, spec=spec, protocol=protocol, seed=args.seed)
+    submission = slurm.submit(tasks, options, args.out)
+    print(f"submitted SLURM array {submission.array_id}: {len(tasks)} tasks, {len(plan.pending)} pairs; shards and "
+          f"logs in {slurm.shard_folder(args.out)}")
+    if args.slurm_no_wait:
+        print("not waiting (--slurm-no-wait): run the same command again to merge the finished shards")
+        return 0
+    failed = slurm.failures(submission)
+    with ResultStore(args.out) as store:
+        written = slurm.merge_shards(args.out, store)
+    for index, reason in failed:
+        print(f"decodeleak sweep: shard {index + 1}/{len(tasks)} failed: {reason}", file=sys.stderr)
+    print(f"{written} rows written to {args.out} by {len(tasks)} SLURM tasks; {plan.skipped} already there; "
+          f"{len(settings)} settings x {', '.join(f'{len(v)} {k}' for k, v in items.items())} items "
+          f"(shard {args.shard})" + (f"; {len(failed)} tasks failed, a re-run resumes them" if failed else ""))
+    return 1 if failed else 0

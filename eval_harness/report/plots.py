@@ -12,9 +12,11 @@ over steps) follow the paper's "Sensitivity Analysis".  Legends sit outside the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -181,38 +183,52 @@ def epsilon_spent(line: Any) -> float | None:
     return float(np.mean([p["epsilon_spent"] for p in line.privacy]))
 
 
-def privacy_utility_epsilon_figure(rows: Iterable[Mapping[str, Any]], task: str, mode: str) -> Any | None:
-    """Accuracy (%) against the epsilon each DP baseline's generations spent (mean per setting, log scale), one
-    curve per DP method of the mode; the heuristics have no epsilon and are left out (``None`` when no line has
-    one).  Epsilon 0 (nothing private used) is drawn at the axis' left end."""
-    grouped = [line for line in lines(rows) if line.task == task and line.mode == mode]
+def privacy_utility_epsilon_figure(rows: Iterable[Mapping[str, Any]], task: str, mode: str, *,
+                                   metrics: Sequence[str] = LEAKAGE_METRICS, suffix: str = "") -> Any | None:
+    """Leakage and accuracy against the epsilon each DP baseline's generations spent (mean per setting, log
+    scale), one curve per DP method of the mode: a panel per leakage metric the rows recorded (%, at K = 100),
+    then accuracy (%) in its own panel on a readable axis (:func:`accuracy_limits`).  The heuristics have no
+    epsilon and are left out (``None`` when no line has one).  Epsilon 0 (nothing private used) is drawn at the
+    axis' left end."""
+    grouped = [line for line in lines(rows, metrics, suffix=suffix) if line.task == task and line.mode == mode]
     points = [(line, epsilon_spent(line)) for line in grouped]
     points = [(line, eps) for line, eps in points if eps is not None]
     if not points:
         return None
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    shown = [m for m in metrics if any(line.values.get(m) for line, _ in points)]
+    fig, axes = _panel_grid(len(shown) + 1, (5.2, 4.0))
     positive = [eps for _, eps in points if eps > 0]
     floor = min(positive) / 2 if positive else 1e-3
-    for policy in dict.fromkeys(line.policy for line, _ in points):
-        mine = sorted(((max(eps, floor), 100 * sum(line.correct) / len(line.correct)) for line, eps in points
-                       if line.policy == policy))
-        ax.plot([x for x, _ in mine], [y for _, y in mine], marker="o", markersize=4, label=policy)
-    ax.set_xscale("log")
+    policies = list(dict.fromkeys(line.policy for line, _ in points))
+    panels = [(metric, f"{metric_label(metric)} (%), lower is more private") for metric in shown]
+    panels.append(("accuracy", "accuracy (%)"))
+    for ax, (quantity, label) in zip(axes.flat, panels):
+        for n, policy in enumerate(policies):
+            mine = sorted((max(eps, floor), 100 * (float(np.mean(line.correct)) if quantity == "accuracy"
+                                                   else line.mean(quantity)))
+                          for line, eps in points if line.policy == policy)
+            ax.plot([x for x, _ in mine], [y for _, y in mine], label=policy, **_method_style(n))
+        ax.set_xscale("log")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        if quantity == "accuracy":
+            _accuracy_axis(ax, [100 * float(np.mean(line.correct)) for line, _ in points])
     deltas = sorted({float(p["delta"]) for line, _ in points for p in line.privacy})
-    ax.set_xlabel(f"epsilon spent per generation (mean; delta {', '.join(f'{d:g}' for d in deltas)}; log scale)")
-    ax.set_ylabel("accuracy (%)")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
-    fig.suptitle(f"{task}, {mode}-side fusion: accuracy against epsilon spent (DP baselines only)")
+    for ax in axes.flat[:len(panels)]:
+        ax.set_xlabel(f"epsilon spent per generation (mean; delta {', '.join(f'{d:g}' for d in deltas)})")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
+    fig.suptitle(f"{task}, {mode}-side fusion: leakage and accuracy against epsilon spent (DP baselines only)")
     fig.tight_layout()
     return fig
 
 
-def privacy_utility_epsilon(rows: Iterable[Mapping[str, Any]], out_dir: str | Path) -> list[Path]:
+def privacy_utility_epsilon(rows: Iterable[Mapping[str, Any]], out_dir: str | Path, *,
+                            metrics: Sequence[str] = LEAKAGE_METRICS, suffix: str = "") -> list[Path]:
     """Write ``privacy_utility_epsilon_<mode>`` (:func:`privacy_utility_epsilon_figure`) for each (task, mode)
     with a DP baseline whose rows recorded their epsilon; return the paths."""
-    return _save_each_figure(rows, out_dir, "privacy_utility_epsilon", privacy_utility_epsilon_figure)
+    return _save_each_figure(rows, out_dir, "privacy_utility_epsilon", lambda group, task, mode: (
+        privacy_utility_epsilon_figure(group, task, mode, metrics=metrics, suffix=suffix)))
 
 
 # -- leakage against K, and CoVeil's per-step mechanism ------------------------------------------------------
@@ -260,13 +276,33 @@ def _stem(name: str, task: str, mode: str, tasks: int) -> str:
     return f"{name}_{mode}" + (f"_{task}" if tasks > 1 else "")
 
 
+#: what the figures saved now were derived from (:func:`figures_record`): JSON, written into each file's metadata
+_RECORDED_SOURCES: ContextVar[str | None] = ContextVar("recorded_sources", default=None)
+#: the metadata entry each format carries it in (PNG: a tEXt chunk; PDF: the document information's Subject)
+SOURCES_METADATA_KEY = {"png": "Description", "pdf": "Subject"}
+
+
+@contextlib.contextmanager
+def figures_record(provenance: Mapping[str, Any]) -> Iterator[None]:
+    """Within the block every figure :func:`save_figure` writes carries ``provenance`` (the files read and their
+    sha256, :meth:`~eval_harness.report.runs.RunRows.provenance`) as JSON in its metadata
+    (:data:`SOURCES_METADATA_KEY`)."""
+    token = _RECORDED_SOURCES.set(json.dumps(provenance, sort_keys=True))
+    try:
+        yield
+    finally:
+        _RECORDED_SOURCES.reset(token)
+
+
 def save_figure(fig: Any, out: Path, stem: str, *, tight: bool = True) -> list[Path]:
-    """Write ``fig`` as ``<stem>.png`` and ``<stem>.pdf`` under ``out`` (cropped to its contents when ``tight``),
-    close it, and return the two paths."""
+    """Write ``fig`` as ``<stem>.png`` and ``<stem>.pdf`` under ``out`` (cropped to its contents when ``tight``;
+    the sources :func:`figures_record` names in the metadata), close it, and return the two paths."""
     written = []
+    sources = _RECORDED_SOURCES.get()
     for ext in ("png", "pdf"):
         path = out / f"{stem}.{ext}"
-        fig.savefig(path, dpi=130, **({"bbox_inches": "tight"} if tight else {}))
+        metadata = {} if sources is None else {"metadata": {SOURCES_METADATA_KEY[ext]: sources}}
+        fig.savefig(path, dpi=130, **({"bbox_inches": "tight"} if tight else {}), **metadata)
         written.append(path)
     _pyplot().close(fig)
     return written

@@ -24,8 +24,6 @@ INVERSION_METRICS = ("inversion_recall", "inversion_f1")
 #: the observer attacks' scores, read from a row's ``observer`` field (eval_harness.attacks.observer)
 OBSERVER_METRICS = ("observer_sizes_apart", "observer_timing_auc", "observer_cloud_timing_auc")
 BOOTSTRAP_RESAMPLES = 1000
-#: the fields a table or a figure reads from every result row
-ROW_FIELDS = ("task", "mode", "policy", "correct", "metrics")
 
 
 def bootstrap_interval(values: Sequence[float], *, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
@@ -38,16 +36,6 @@ def bootstrap_interval(values: Sequence[float], *, level: float = 0.95, seed: in
     tail = (1.0 - level) / 2.0
     low, high = np.quantile(means, [tail, 1.0 - tail])
     return float(low), float(high)
-
-
-def result_rows(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """``rows`` as a list, each checked to carry :data:`ROW_FIELDS` (``ValueError`` naming the first that does not)."""
-    checked = []
-    for row in rows:
-        if missing := [name for name in ROW_FIELDS if name not in row]:
-            raise ValueError(f"row {row.get('key')!r} is not a decodeleak result row: it has no {', '.join(missing)}")
-        checked.append(row)
-    return checked
 
 
 @dataclass
@@ -143,17 +131,28 @@ def _numbers(line: Line, metric: str, seed: int) -> dict[str, float | int | None
     return dict(zip((metric, f"{metric}_lo", f"{metric}_hi", f"{metric}_n"), (*rounded, n)))
 
 
-def _epsilon(line: Line) -> str:
-    """The epsilon the line's generations spent: the mean over its items, at the ledger's delta; "non-private"
-    for a policy with no DP guarantee; ``-`` when no row recorded it."""
-    if not line.privacy:
-        return "-"
-    if any(p["guarantee"] != "dp" for p in line.privacy):
-        return "non-private"
+def _epsilon_numbers(line: Line) -> dict[str, Any]:
+    """The epsilon the line's generations spent, for CSV: ``epsilon_spent`` (the mean over the items that
+    recorded it), ``epsilon_delta`` (the ledgers' delta; several joined by ``;``), ``epsilon_n`` (those items)
+    and ``guarantee`` (``dp``, ``non-private`` for a policy with no DP guarantee, empty when no row recorded a
+    ledger; the numbers are empty unless ``dp``)."""
+    if not line.privacy or any(p["guarantee"] != "dp" for p in line.privacy):
+        guarantee = "non-private" if line.privacy else None
+        return {"epsilon_spent": None, "epsilon_delta": None, "epsilon_n": 0, "guarantee": guarantee}
     spent = [float(p["epsilon_spent"]) for p in line.privacy]
     deltas = sorted({float(p["delta"]) for p in line.privacy})
-    count = "" if len(spent) == line.items else f" n={len(spent)}"
-    return f"{np.mean(spent):.4g} (delta {', '.join(f'{d:g}' for d in deltas)}){count}"
+    return {"epsilon_spent": float(np.mean(spent)), "epsilon_delta": ";".join(f"{d:g}" for d in deltas),
+            "epsilon_n": len(spent), "guarantee": "dp"}
+
+
+def _epsilon(line: Line) -> str:
+    """The epsilon the line's generations spent (:func:`_epsilon_numbers`) as a cell: the mean at the ledger's
+    delta; "non-private" for a policy with no DP guarantee; ``-`` when no row recorded it."""
+    numbers = _epsilon_numbers(line)
+    if numbers["guarantee"] != "dp":
+        return numbers["guarantee"] or "-"
+    count = "" if numbers["epsilon_n"] == line.items else f" n={numbers['epsilon_n']}"
+    return f"{numbers['epsilon_spent']:.4g} (delta {numbers['epsilon_delta'].replace(';', ', ')}){count}"
 
 
 def _alpha(line: Line) -> str:
@@ -177,15 +176,16 @@ def table(rows: Iterable[Mapping[str, Any]], *, metrics: Sequence[str] = LEAKAGE
 
 def table_numbers(rows: Iterable[Mapping[str, Any]], *, metrics: Sequence[str] = LEAKAGE_METRICS, suffix: str = "",
                   seed: int = 0) -> list[dict[str, Any]]:
-    """:func:`table` as numbers, for CSV: the line's fields, ``items``, ``accuracy`` (%) and for each metric its
-    mean, ``_lo``, ``_hi`` (%, 95% bootstrap interval) and ``_n`` (items that recorded it) columns
-    (:func:`_numbers`)."""
+    """:func:`table` as numbers, for CSV, every column the Markdown table has: the line's fields, ``items``,
+    ``accuracy`` (%), the epsilon spent (:func:`_epsilon_numbers`) and for each metric its mean, ``_lo``, ``_hi``
+    (%, 95% bootstrap interval) and ``_n`` (items that recorded it) columns (:func:`_numbers`)."""
     out = []
     for line in lines(rows, metrics, suffix=suffix):
         numbers: dict[str, Any] = {"task": line.task, "mode": line.mode, "policy": line.policy,
                                    "params": ", ".join(f"{k}={v}" for k, v in json.loads(line.params).items()),
                                    "alpha": line.alpha, "items": line.items,
-                                   "accuracy": round(100 * float(np.mean(line.correct)), CSV_DECIMALS)}
+                                   "accuracy": round(100 * float(np.mean(line.correct)), CSV_DECIMALS),
+                                   **_epsilon_numbers(line)}
         for metric in metrics:
             numbers.update(_numbers(line, metric, seed))
         out.append(numbers)

@@ -11,8 +11,11 @@ together: the items step in lockstep, not one at a time without a cache as
 the authors' release does.  A forward of one sequence makes a row the same
 whichever items shared its batch (a padded forward of several rows changes
 every row's rounding: :class:`~cloud_adapter.runners.LockstepBatcher`);
-``padded_batches=True`` runs each batch as one padded forward instead,
-faster, and its rows say ``batch_invariant: false``.
+``forwards="padded"`` runs each batch as one padded forward instead,
+faster, and its rows say ``batch_invariant: false``; ``forwards="batch-invariant"``
+runs each batch as one padded forward through batch-invariant kernels
+(:mod:`eval_harness.runners.batch_invariant`): batched, and each row bit for bit
+what the item gives alone through those kernels.
 
 :meth:`ReferenceRunner.mechanism` measures a finished item's per-step
 decisions against full fusion (:mod:`eval_harness.runners.mechanism`).
@@ -173,6 +176,10 @@ class ItemRunner(ABC):
         return None
 
 
+#: how the reference runner runs a batch of forwards (:class:`ReferenceRunner`'s ``forwards``)
+FORWARDS = ("per-sequence", "padded", "batch-invariant")
+
+
 class ReferenceRunner(ItemRunner):
     """Both models in transformers, ``concurrency`` items in flight; results as the in-process SDK gives them.
 
@@ -181,16 +188,26 @@ class ReferenceRunner(ItemRunner):
         llm: the cloud model.
         concurrency: items decoded at once (the batch each model's forwards gather).
         max_wait_ms: how long a batch waits for an item still busy with its own work before it runs without it.
-        padded_batches: run each batch as one padded forward (faster; a row then depends on which items shared
-            its batches) instead of one forward per item (the default: a row is what the item gives alone).
+        forwards: how a batch runs (:data:`FORWARDS`): ``"per-sequence"``, one forward per item (the default: a
+            row is what the item gives alone); ``"padded"``, one padded forward (faster; a row then depends on
+            which items shared its batches); ``"batch-invariant"``, one padded forward through batch-invariant
+            kernels (:func:`~eval_harness.runners.batch_invariant.make_batch_invariant`, applied to both models
+            here: float32 on the CPU), as fast as batching and a row still what the item gives alone.
     """
 
     def __init__(self, slm: TransformersLLM, llm: TransformersLLM, *, concurrency: int = 8,
-                 max_wait_ms: float = 500.0, padded_batches: bool = False) -> None:
+                 max_wait_ms: float = 500.0, forwards: str = "per-sequence") -> None:
+        if forwards not in FORWARDS:
+            raise ValueError(f"forwards is one of {', '.join(FORWARDS)}, got {forwards!r}")
+        if forwards == "batch-invariant":
+            from eval_harness.runners.batch_invariant import make_batch_invariant
+
+            for model in (slm, llm):
+                make_batch_invariant(model.model)
         self.slm_model, self.llm = slm, llm
         self.concurrency = concurrency
-        self.padded_batches = padded_batches
-        self._batcher = LockstepBatcher([slm, llm], max_wait_ms=max_wait_ms, per_sequence=not padded_batches)
+        self.forwards = forwards
+        self._batcher = LockstepBatcher([slm, llm], max_wait_ms=max_wait_ms, per_sequence=forwards == "per-sequence")
         self._slm_lane, self._llm_lane = self._batcher.lanes
         limits = Limits(max_sessions=concurrency, max_sessions_per_client=concurrency)
         self.engine = CloudEngine(llm, limits, runner=self._llm_lane, exposure_k=1000)
@@ -208,11 +225,10 @@ class ReferenceRunner(ItemRunner):
     @property
     def batching(self) -> dict[str, Any]:
         """How items were batched, for each result row: ``concurrency``, ``lockstep``, ``forwards``
-        (``"per-sequence"`` or ``"padded"``) and ``batch_invariant`` (whether a row is independent of which
-        items shared its batches)."""
-        return {"concurrency": self.concurrency, "lockstep": True,
-                "forwards": "padded" if self.padded_batches else "per-sequence",
-                "batch_invariant": not self.padded_batches}
+        (:data:`FORWARDS`) and ``batch_invariant`` (whether a row is independent of which items shared its
+        batches)."""
+        return {"concurrency": self.concurrency, "lockstep": True, "forwards": self.forwards,
+                "batch_invariant": self.forwards != "padded"}
 
     @property
     def batch_sizes(self) -> tuple[dict[int, int], dict[int, int]]:

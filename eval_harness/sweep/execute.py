@@ -172,7 +172,8 @@ class ReferenceSpec:
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (ignored with ``device_map``).
         device_map: an accelerate device map for both models, e.g. ``"auto"`` to spread them over the GPUs.
         concurrency: items decoded at once.
-        padded_batches: one padded forward per batch instead of one per item (:class:`ReferenceRunner`).
+        forwards: how a batch runs: ``"per-sequence"`` (one forward per item), ``"padded"`` or
+            ``"batch-invariant"`` (:class:`ReferenceRunner`).
     """
 
     slm: str = "embedded"
@@ -181,7 +182,7 @@ class ReferenceSpec:
     device: str = "cpu"
     device_map: str | None = None
     concurrency: int = 8
-    padded_batches: bool = False
+    forwards: str = "per-sequence"
 
     def torch_dtype(self) -> Any:
         """The ``torch.dtype`` both models load in (``"auto"`` resolved for the device), known before loading."""
@@ -223,7 +224,7 @@ class ReferenceSpec:
         slm = TransformersLLM(resolve_model(self.slm), dtype=dtype, device=self.device, device_map=self.device_map)
         llm = TransformersLLM(resolve_model(self.llm), dtype=dtype, device=self.device, device_map=self.device_map)
         vocab = reference_vocabulary(slm.tokenizer)
-        runner = ReferenceRunner(slm, llm, concurrency=self.concurrency, padded_batches=self.padded_batches)
+        runner = ReferenceRunner(slm, llm, concurrency=self.concurrency, forwards=self.forwards)
         dtype_name = str(llm.dtype).removeprefix("torch.")
         metadata = RunMetadata.of_run(
             identity,
@@ -311,7 +312,10 @@ def run_sweep(
     exposure_k = max(max(METRIC_KS), inversion.k if inversion is not None else 0)
     for setting, item_ids in grouped.values():
         runs = []
-        policy = make_policy(setting.policy, backend=runner.policy_backend, **setting.params)  # stateless: shared
+        # stateless: shared; calibrated for the protocol's length as the decoder will (DP-Fusion's and
+        # InvisibleInk's max_new_tokens), so each row's policy_params are the parameters the run used
+        policy = make_policy(setting.policy, backend=runner.policy_backend,
+                             **setting.params).for_generation(protocol.max_new_tokens)
         for item_id in item_ids:
             item = by_id[setting.task][item_id]
             runs.append(ItemRun.of(protocol, item, policy, rng=item_rng(seed, setting, item_id)))

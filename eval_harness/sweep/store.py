@@ -144,17 +144,29 @@ class ResultStore:
 
 def read_rows(paths: Iterable[str | Path]) -> Iterator[dict[str, Any]]:
     """The rows of several result files (e.g. one per shard), each key once (the first seen wins)."""
+    for row, _ in read_rows_sized(paths):
+        yield row
+
+
+def read_rows_sized(paths: Iterable[str | Path]) -> Iterator[tuple[dict[str, Any], int]]:
+    """:func:`read_rows` with the bytes of each row's line (a line of a repeated key counts with the next row
+    given), streamed: one line in memory at a time."""
     seen: set[str] = set()
+    skipped = 0
     for path in paths:
-        with Path(path).open(encoding="utf-8") as lines:
+        with Path(path).open("rb") as lines:
             for number, line in enumerate(lines, 1):
                 if not line.strip():
+                    skipped += len(line)
                     continue
                 try:
                     row = json.loads(line)
                     key = str(row["key"])
-                except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
                     raise ValueError(f"{path}:{number}: not a result row ({exc})") from None
-                if key not in seen:
-                    seen.add(key)
-                    yield row
+                if key in seen:
+                    skipped += len(line)
+                    continue
+                seen.add(key)
+                yield row, skipped + len(line)
+                skipped = 0
