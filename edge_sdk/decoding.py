@@ -47,7 +47,7 @@ from edge_sdk.steps import (
     StopControl,
     StoppingRule,
 )
-from edge_sdk.status import CloudError
+from edge_sdk.status import CloudError, CloudReplyRejected
 from edge_sdk.transport import CloudConnection
 
 
@@ -260,6 +260,9 @@ class CollaborativeDecoder:
                 f"model {self.slm.name!r} has {self.slm.vocab_size}",
             )
         self.stop.open(info.eos_token_ids)
+        for processor in self.processors:  # the grammar ends where the session agreed, on both sides
+            if isinstance(processor, JsonConstraint):
+                processor.agree_end_ids(info.eos_token_ids)
         return min(self.settings.max_new_tokens, info.max_new_tokens)
 
     def _receive(self, connection: CloudConnection, step: int, step_meter: StepMeter) -> wire.CloudDistribution:
@@ -385,8 +388,8 @@ class CollaborativeDecoder:
             except ValueError:
                 if self.settings.mode == "edge":
                     raise
-                raise CloudError("DATA_LOSS", f"the cloud chose token {token}, outside the JSON schema's "
-                                 "grammar") from None
+                raise CloudReplyRejected(f"the cloud chose token {token}, outside the JSON schema's grammar "
+                                         "(the edge's check)") from None
         if self.stop.is_done(self.tokens) and not finished:  # the rule ends it here: the edge closes the session
             finished, self.finish_reason = True, "stop_rule"
         if not finished:

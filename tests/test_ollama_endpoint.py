@@ -113,7 +113,7 @@ def test_version_tags_and_show_describe_the_served_model(endpoint: Endpoint) -> 
     assert listed[0].details.family == "gemma3"
     shown = client(endpoint).show("coveil")
     assert shown.modelinfo["gemma3.context_length"] == endpoint.client.slm.n_ctx == 512
-    assert shown.capabilities == ["completion"]
+    assert shown.capabilities == ["completion", "embedding"]
     assert httpx.get(endpoint.base_url + "/api/version").json()["version"].count(".") == 2
     assert refused(client(endpoint).show, "llama3").status_code == 404
 
@@ -182,3 +182,16 @@ def test_options_stop_seed_and_temperature_reach_the_generation(endpoint: Endpoi
     others = {client(endpoint).chat(model="coveil", messages=MESSAGES, options={**sampled, "seed": seed}).message.content
               for seed in (8, 9, 10)}
     assert others != {first.message.content}  # another seed, another sample (three alike would be no seed at all)
+
+
+def test_a_whole_reply_carries_the_ledger_in_headers_the_ollama_client_cannot_drop(endpoint: Endpoint) -> None:
+    body = {"model": "coveil", "messages": MESSAGES, "stream": False,
+            "options": {"num_predict": TOKENS, "coveil": {"private_context": PRIVATE_CONTEXT, "mode": "edge"}}}
+    response = httpx.post(endpoint.base_url + "/api/chat", json=body, timeout=120)
+    ledger = response.json()["coveil"]
+    assert response.headers["x-coveil-summary"] == ledger["summary"].encode("ascii", "replace").decode()
+    assert int(response.headers["x-coveil-bytes-up"]) == ledger["bytes_up"] > 0
+    assert int(response.headers["x-coveil-bytes-down"]) == ledger["bytes_down"] > 0
+    assert int(response.headers["x-coveil-values-uploaded"]) == ledger["values_uploaded"]
+    assert response.headers["x-coveil-mode"] == "edge" and float(response.headers["x-coveil-leakage-meter"]) == \
+        pytest.approx(ledger["leakage_meter"], abs=1e-4)

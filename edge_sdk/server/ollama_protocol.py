@@ -24,7 +24,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from edge_sdk.server.protocol import ChatCompletionRequest, CompletionRequest, CoveilOptions, LedgerSummary
+from edge_sdk.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    CoveilOptions,
+    EmbeddingExtension,
+    LedgerSummary,
+)
 
 #: the Ollama release whose API these routes follow (``GET /api/version``; some apps refuse an older server)
 OLLAMA_API_VERSION = "0.12.0"
@@ -202,6 +208,25 @@ class OllamaGenerateRequest(OllamaGenerationRequest):
                                      **self.common_fields(served_model))
 
 
+class OllamaEmbedRequest(BaseModel):
+    """``/api/embed``: a text or texts, embedded by the device's model alone; ``truncate`` (Ollama's default: true)
+    cuts an input past the context window instead of refusing it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1)
+    input: str | list[str]
+    truncate: bool = True
+    dimensions: int | None = Field(default=None, ge=1)
+    options: OllamaOptions | None = None
+    keep_alive: float | str | None = None
+
+    def refused(self) -> tuple[str, str] | None:
+        if self.options is not None and self.options.coveil is not None:
+            return "options.coveil", "an embedding has no private context: nothing of its input leaves the device"
+        return self.options.refused() if self.options else None
+
+
 # -- responses ---------------------------------------------------------------------------------------
 
 
@@ -242,6 +267,15 @@ class OllamaPart(BaseModel):
     eval_duration: int | None = None
     coveil: LedgerSummary | dict | None = None
     logprobs: list[OllamaLogprob] | None = None  # each token's, when asked (the README says of which row)
+
+
+class OllamaEmbedResponse(BaseModel):
+    model: str
+    embeddings: list[list[float]]
+    total_duration: int
+    load_duration: int
+    prompt_eval_count: int
+    coveil: EmbeddingExtension
 
 
 class OllamaModelDetails(BaseModel):

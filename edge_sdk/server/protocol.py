@@ -280,6 +280,26 @@ class CompletionRequest(GenerationRequest):
         return self.logprobs
 
 
+class EmbeddingRequest(BaseModel):
+    """``/v1/embeddings``: one text or a list of texts (token-id inputs are refused: send text)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    input: str | list[Any]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+    user: str | None = None
+
+    def texts(self) -> list[str]:
+        """The inputs as texts; a :class:`ValueError` naming the first that is not one (``input[i]``)."""
+        items = [self.input] if isinstance(self.input, str) else self.input
+        for position, item in enumerate(items):
+            if not isinstance(item, str):
+                raise ValueError(f"input[{position}]: token ids are not served, send the text")
+        return items
+
+
 # -- responses ---------------------------------------------------------------------------------------
 
 
@@ -343,6 +363,7 @@ class LedgerSummary(BaseModel):
     queue_ms: float
     summary: str
     privacy: EpsilonLedger | None = None
+    notes: list[str] = Field(default_factory=list)  # what the app should know, e.g. a system message sent as public
 
 
 class TopLogprob(BaseModel):
@@ -452,6 +473,36 @@ class Completion(BaseModel):
     choices: list[CompletionChoice]
     usage: Usage | None = None
     coveil: LedgerSummary | ChunkExtension | None = None
+
+
+class EmbeddingExtension(BaseModel):
+    """An embedding response's ``coveil`` field: computed on the device, nothing sent to the cloud."""
+
+    cloud: Literal["nothing"] = "nothing"
+    bytes_up: Literal[0] = 0
+    bytes_down: Literal[0] = 0
+    pooling: str
+    normalized: Literal[True] = True
+    summary: str
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str  # base64: the float32 vector's little-endian bytes
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+    coveil: EmbeddingExtension
 
 
 class ModelCard(BaseModel):
