@@ -28,6 +28,7 @@ adapter masks where it picks and the edge only advances its copy of the grammar)
 the same items decoded free and under a small schema (every item one way, then the other, rotating), each
 generation's time per step = its time / its tokens;
   json_schema_step_overhead = median ms/step under the schema / median ms/step free - 1      (target <= 0.05)
+  tool_call_step_overhead   = the same under two tools' call grammar (``tool_choice: "auto"``)  (target <= 0.05)
   (the mask, its renormalisation, the grammar's advance, and the full rows the cloud sends under a schema).
 Concurrency (the endpoint's queue: one SLM, one generation at a time, FIFO): ``--concurrency`` requests sent at
 once; queue_aggregate_vs_sequential = their tokens / wall time over the sequential endpoint tokens/s (about 1:
@@ -41,7 +42,7 @@ context over the same GGUF (mean pooling, normalised, the same threads), alterna
 Usage: python benchmarks/openai_endpoint.py [--items 3] [--tokens 32] [--rounds 3] [--mode cloud|edge]
                                             [--concurrency 4] [--embed-batch 16]
 The last lines are embeddings_per_s, endpoint_vs_sdk, ollama_vs_sdk, messages_vs_sdk, responses_vs_sdk,
-json_schema_step_overhead and ttft_overhead_ms.
+json_schema_step_overhead, tool_call_step_overhead and ttft_overhead_ms.
 """
 
 from __future__ import annotations
@@ -59,6 +60,15 @@ from pathlib import Path
 JSON_SCHEMA = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 40},
                                                 "confident": {"type": "boolean"}},
                "required": ["answer", "confident"], "additionalProperties": False}
+#: the tools of the tool-call runs: two functions, as an agent offers them
+TOOLS = [{"type": "function", "function": {"name": "lookup_condition", "description": "Facts about a condition",
+                                           "parameters": {"type": "object", "properties": {
+                                               "condition": {"type": "string", "maxLength": 40}},
+                                               "required": ["condition"], "additionalProperties": False}}},
+         {"type": "function", "function": {"name": "organ_info", "description": "Facts about an organ",
+                                           "parameters": {"type": "object", "properties": {
+                                               "organ": {"enum": ["liver", "heart", "lung", "kidney"]}},
+                                               "required": ["organ"], "additionalProperties": False}}}]
 
 
 @dataclass(frozen=True)
@@ -102,6 +112,7 @@ def main() -> None:
     from edge_sdk.server.app import create_app, running
     from edge_sdk.server.serving import StopStrings, StopText
     from edge_sdk.server.settings import ServerSettings
+    from edge_sdk.server.tools import Tool, reply_schema
     from eval_harness.datasets import load_task
 
     console = Console(stderr=True)
@@ -263,13 +274,16 @@ def main() -> None:
                 return 1e3 * (time.perf_counter() - start) / max(1, len(result.token_ids))
 
             edge_step_ms(items[-1], JSON_SCHEMA)  # warm-up: the grammar engine's tokenizer is built once per model
-            schema_runs: dict[str, list[float]] = {"free": [], "schema": []}
-            schemas = {"free": None, "schema": JSON_SCHEMA}
+            tools_schema = reply_schema([Tool.model_validate(tool) for tool in TOOLS], text_allowed=True)
+            edge_step_ms(items[-1], tools_schema)
+            schema_runs: dict[str, list[float]] = {"free": [], "schema": [], "tools": []}
+            schemas = {"free": None, "schema": JSON_SCHEMA, "tools": tools_schema}
+            ways = list(schemas)
             with Progress(console=console, transient=True) as progress:
-                task = progress.add_task("json schema", total=2 * args.rounds * len(items))
+                task = progress.add_task("json schema", total=len(ways) * args.rounds * len(items))
                 for round_index in range(args.rounds):
-                    order = ("free", "schema") if round_index % 2 == 0 else ("schema", "free")
-                    for way in order:
+                    shift = round_index % len(ways)
+                    for way in ways[shift:] + ways[:shift]:
                         for item in items:
                             schema_runs[way].append(edge_step_ms(item, schemas[way]))
                             progress.advance(task)
@@ -307,7 +321,8 @@ def main() -> None:
                       f"{min(ttfts):.1f}..{max(ttfts):.1f}")
     console.print(table)
     console.print(f"edge-side CoVeil through EdgeClient, ms/step (median): free {median(schema_runs['free']):.1f}, "
-                  f"under the JSON schema {median(schema_runs['schema']):.1f}")
+                  f"under the JSON schema {median(schema_runs['schema']):.1f}, under the tools' grammar "
+                  f"{median(schema_runs['tools']):.1f}")
 
     def rate(path: str) -> float:
         return median([t.tokens_per_s for t in runs[path]])
@@ -329,6 +344,7 @@ def main() -> None:
     print(f"messages_vs_sdk={rate('messages') / rate('direct'):.3f}")
     print(f"responses_vs_sdk={rate('responses') / rate('direct'):.3f}")
     print(f"json_schema_step_overhead={median(schema_runs['schema']) / median(schema_runs['free']) - 1:.3f}")
+    print(f"tool_call_step_overhead={median(schema_runs['tools']) / median(schema_runs['free']) - 1:.3f}")
     print(f"ttft_overhead_ms={ttft_overhead_ms('endpoint'):.1f}")
 
 

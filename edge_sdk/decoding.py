@@ -175,7 +175,9 @@ class CollaborativeDecoder:
             return ""
         constraint = self.processors[0]
         assert isinstance(constraint, JsonConstraint)
-        return json.dumps(constraint.schema, sort_keys=True, separators=(",", ":"))
+        # in the app's key order: the grammar writes an object's properties in its schema's order, so sorted keys
+        # would have the cloud write {"arguments", "name"} where the edge's grammar expects {"name", "arguments"}
+        return json.dumps(constraint.schema, separators=(",", ":"))
 
     # -- the loop ------------------------------------------------------------------------------------
     def steps(self, connection: CloudConnection) -> Iterator[StepEvent]:

@@ -128,8 +128,11 @@ def test_the_fields_openai_clients_send_are_known() -> None:
         metadata={"app": "x"}, store=False, parallel_tool_calls=True, stream_options={"include_usage": True},
         coveil={"private_context": "notes"})
     assert request.unsupported() is None
-    tool = ChatCompletionRequest(model="coveil", messages=[{**reply, "tool_calls": [{"id": "1"}]}])
-    assert tool.unsupported()[0] == "messages.0"
+    call = {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    tool = ChatCompletionRequest(model="coveil", messages=[{**reply, "tool_calls": [call]}])
+    assert tool.unsupported() is None  # a reply's call joins the conversation (edge_sdk/server/tools.py)
+    legacy = ChatCompletionRequest(model="coveil", messages=[{**reply, "function_call": {"name": "f"}}])
+    assert legacy.unsupported()[0] == "messages.0"
     assert ChatCompletionRequest(model="coveil", messages=[{"role": "user", "content": "q"}],
                                  modalities=["audio"]).unsupported()[0] == "modalities"
     with pytest.raises(ValidationError):

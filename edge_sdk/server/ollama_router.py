@@ -39,12 +39,14 @@ from edge_sdk.server.ollama_protocol import (
     OllamaModel,
     OllamaModelDetails,
     OllamaPart,
+    OllamaFunction,
     OllamaReply,
+    OllamaToolCall,
     OllamaShow,
     OllamaTags,
     OllamaTopLogprob,
 )
-from edge_sdk.server.protocol import LedgerSummary, TokenLogprob
+from edge_sdk.server.protocol import ChatCompletionRequest, LedgerSummary, TokenLogprob
 from edge_sdk.server.lifecycle import (
     prepare_for,
     read_body,
@@ -56,6 +58,7 @@ from edge_sdk.server.lifecycle import (
 )
 from edge_sdk.server.router import serving_of
 from edge_sdk.server.serving import Done, EdgeServing, Event, Failed, Generation, StepOut
+from edge_sdk.server.tools import ToolCall, read_reply
 
 ollama_router = APIRouter()
 
@@ -149,7 +152,7 @@ async def show(request: Request) -> JSONResponse:
     stops = "".join(f'stop "{stop}"\n' for stop in getattr(serving.chat_template, "stops", ()))
     shown = OllamaShow(modelfile=f"FROM {serving.client.slm.name}\n{stops}", parameters=stops,
                        template=metadata.get("tokenizer.chat_template", ""), details=details, model_info=info,
-                       capabilities=["completion", "embedding"], modified_at=modified_at(request))
+                       capabilities=["completion", "embedding", "tools"], modified_at=modified_at(request))
     return JSONResponse(shown.model_dump())
 
 
@@ -202,8 +205,9 @@ async def ollama_generate(
         openai_request = translate(body, serving.settings.served_model_name)
     except EndpointError as error:
         return ollama_error(error)
+    tools = isinstance(openai_request, ChatCompletionRequest) and bool(openai_request.called_tools())
     return await serve_generation(connection, serving, prepare_for(serving, openai_request),
-                                  _Lines(body.model, reply_field, started), stream=body.stream)
+                                  _Lines(body.model, reply_field, started, tools=tools), stream=body.stream)
 
 
 class _Lines:
@@ -212,14 +216,26 @@ class _Lines:
 
     media_type = "application/x-ndjson"
 
-    def __init__(self, model: str, reply_field: str, started: float) -> None:
+    def __init__(self, model: str, reply_field: str, started: float, *, tools: bool = False) -> None:
         self.model = model
+        self.tools = tools  # the reply is read whole: steps carry no text, the last line the call or the text
+        self.held: list[str] = []
         self.reply_field = reply_field
         self.arrived = started  # when the request arrived
         self.first_at = started
 
     def _reply(self, text: str) -> dict[str, Any]:
         return {"message": OllamaReply(content=text)} if self.reply_field == "message" else {"response": text}
+
+    def _last_reply(self, text: str) -> dict[str, Any]:
+        """The last line's reply: with tools, the call the whole text made (or the text it answered)."""
+        if not self.tools:
+            return self._reply(text)
+        read = read_reply(text)
+        if isinstance(read, ToolCall):
+            call = OllamaToolCall(function=OllamaFunction(name=read.name, arguments=read.arguments))
+            return {"message": OllamaReply(content="", tool_calls=[call])}
+        return self._reply(read if isinstance(read, str) else text)
 
     @staticmethod
     def logprobs(entries: list[TokenLogprob] | None) -> list[OllamaLogprob] | None:
@@ -241,7 +257,7 @@ class _Lines:
             total_duration=round((ended - self.arrived) * 1e9), load_duration=0,
             prompt_eval_count=done.usage.prompt_tokens, prompt_eval_duration=round((first_at - self.arrived) * 1e9),
             eval_count=done.usage.completion_tokens, eval_duration=round((ended - first_at) * 1e9),
-            coveil=done.ledger, logprobs=self.logprobs(logprobs), **self._reply(text),
+            coveil=done.ledger, logprobs=self.logprobs(logprobs), **self._last_reply(text),
         )
 
     # -- the lifecycle's dialect -------------------------------------------------------------------------
@@ -254,9 +270,10 @@ class _Lines:
 
     def streamed(self, event: Event) -> list[str]:
         if isinstance(event, StepOut):
-            return [ndjson(self.part(event.text, event.report.model_dump(), event.logprobs))]
+            self.held.append(event.text)
+            return [ndjson(self.part("" if self.tools else event.text, event.report.model_dump(), event.logprobs))]
         if isinstance(event, Done):
-            return [ndjson(self.last(event.text, event))]
+            return [ndjson(self.last("".join(self.held) + event.text if self.tools else event.text, event))]
         return [json.dumps(error_body(event.error, event.ledger)) + "\n"]  # the ollama client raises it
 
     def whole(self, generation: Generation, steps: list[StepOut], done: Done) -> Response:

@@ -50,10 +50,13 @@ from edge_sdk.server.protocol import (
     GenerationRequest,
     ModelCard,
     ModelList,
+    ReplyFunction,
+    ReplyToolCall,
     TokenLogprob,
 )
 from edge_sdk.server.lifecycle import reply_logprobs, reply_text, serve_generation
 from edge_sdk.server.serving import Done, EdgeServing, Event, Failed, Generation, StepOut
+from edge_sdk.server.tools import ToolCall, read_reply
 
 STATIC_DIR = Path(__file__).parent / "static"
 
@@ -220,11 +223,46 @@ class _OpenAIFormat(ABC):
 
 
 class _ChatFormat(_OpenAIFormat):
-    """Chat completions' response shapes."""
+    """Chat completions' response shapes.  With tools the reply is read whole (:func:`edge_sdk.server.tools.read_reply`):
+    a stream's steps carry no text, its last chunk the call (``finish_reason: "tool_calls"``) or the text."""
+
+    def __init__(self, request: ChatCompletionRequest) -> None:
+        super().__init__(request)
+        try:
+            self.tools = bool(request.called_tools())
+        except ValueError:  # a tool_choice naming no tool: refused by name when the request is checked
+            self.tools = False
+        self.held: list[str] = []  # with tools: the reply's text so far
+
+    def reply(self, text: str, finish_reason: str) -> tuple[str | None, list[ReplyToolCall] | None, str]:
+        """``(content, tool_calls, finish_reason)`` of a reply whose text is ``text``."""
+        if not self.tools:
+            return text, None, finish_reason
+        read = read_reply(text)
+        if isinstance(read, ToolCall):
+            call = ReplyToolCall(index=0, id=read.id, function=ReplyFunction(name=read.name,
+                                                                            arguments=read.arguments_json))
+            return None, [call], "tool_calls"
+        return (read if isinstance(read, str) else text), None, finish_reason
+
+    def streamed(self, event: Event) -> list[str]:
+        if self.tools and isinstance(event, StepOut):  # the step is reported; its text waits for the whole reply
+            self.held.append(event.text)
+            event = StepOut("", event.report, event.logprobs)
+        elif self.tools and isinstance(event, Done):
+            self.held.append(event.text)
+            return super().streamed(Done(event.finish_reason, event.usage, event.ledger, "".join(self.held),
+                                         event.stop_string))
+        return super().streamed(event)
 
     def chunk(self, text: str, extension: ChunkExtension, finish_reason: str | None = None,
               logprobs: TokenLogprob | None = None) -> BaseModel:
-        delta = ChatDelta(role="assistant" if self.first else None, content=text if text or self.first else None)
+        calls = None
+        if self.tools and finish_reason is not None:
+            text, calls, finish_reason = self.reply(text, finish_reason)
+            text = text or ""
+        delta = ChatDelta(role="assistant" if self.first else None, content=text if text or self.first else None,
+                          tool_calls=calls)
         choice = ChatChunkChoice(delta=delta, finish_reason=finish_reason,
                                  logprobs=None if logprobs is None else ChatLogprobs(content=[logprobs]))
         return ChatCompletionChunk(id=self.request_id, created=self.created, model=self.model, coveil=extension,
@@ -235,7 +273,8 @@ class _ChatFormat(_OpenAIFormat):
                                    usage=done.usage)
 
     def complete(self, text: str, done: Done, logprobs: list[TokenLogprob] | None) -> BaseModel:
-        choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=done.finish_reason,
+        content, calls, finish_reason = self.reply(text, done.finish_reason)
+        choice = ChatChoice(message=AssistantMessage(content=content, tool_calls=calls), finish_reason=finish_reason,
                             logprobs=None if logprobs is None else ChatLogprobs(content=logprobs))
         return ChatCompletion(id=self.request_id, created=self.created, model=self.model, choices=[choice],
                               usage=done.usage, coveil=done.ledger)

@@ -49,6 +49,8 @@ from edge_sdk.server.protocol import (
     Usage,
 )
 from edge_sdk.server.settings import ServerSettings
+from edge_sdk.server.tools import chosen_tools
+from edge_sdk.server.tools import instruction as tool_instruction
 from edge_sdk.decoding import CollaborativeDecoder
 from edge_sdk.status import CloudError
 
@@ -307,6 +309,9 @@ class EdgeServing:
         private_parts = [m.private_text() for m in request.messages]
         private_context = "\n\n".join(part for part in [*private_parts, options.private_context] if part)
         public = [{"role": m.template_role(), "content": m.public_text()} for m in request.messages if m.is_public()]
+        tools, text_allowed = chosen_tools(request.tools or [], request.tool_choice)
+        if tools:  # public: the functions and the reply's shape, as the first system message
+            public.insert(0, {"role": "system", "content": tool_instruction(tools, text_allowed)})
         try:
             prompts = chat_prompts(self.chat_template, public, private_context)
         except ValueError as exc:
@@ -395,7 +400,8 @@ class EdgeServing:
         try:
             decoder = self.client.decoder(prompts, **settings)
         except GrammarError as exc:
-            raise bad_request(str(exc), param="response_format") from None
+            tools = isinstance(request, ChatCompletionRequest) and request.called_tools()
+            raise bad_request(str(exc), param="tools" if tools else "response_format") from None
         except ValueError as exc:
             if options.never_upload and "never_upload" in str(exc):  # the SDK's message quotes the span
                 raise bad_request("a coveil.never_upload span has no token that could be masked (only "
