@@ -34,13 +34,13 @@ Concurrency (the endpoint's queue: one SLM, one generation at a time, FIFO): ``-
 once; queue_aggregate_vs_sequential = their tokens / wall time over the sequential endpoint tokens/s (about 1:
 a queue serves the SLM's rate, never more), queue_max_wait_ms the longest ``coveil.queue_ms`` among them.
 
-Embeddings (no cloud at all): the sentences of the items' private contexts, in batches of ``--embed-batch``,
+Embeddings (no cloud at all): ``--embed-texts`` sentences of the items (cycled), in batches of ``--embed-batch``,
 embedded through ``/v1/embeddings`` (the ``openai`` client, base64 as it asks by default) and by a llama.cpp
 context over the same GGUF (mean pooling, normalised, the same threads), alternating rounds;
   embeddings_per_s = endpoint texts/s / llama.cpp texts/s                 (target >= 0.9)
 
 Usage: python benchmarks/openai_endpoint.py [--items 3] [--tokens 32] [--rounds 3] [--mode cloud|edge]
-                                            [--concurrency 4] [--embed-batch 16]
+                                            [--concurrency 4] [--embed-batch 16] [--embed-texts 64]
 The last lines are embeddings_per_s, endpoint_vs_sdk, ollama_vs_sdk, messages_vs_sdk, responses_vs_sdk,
 json_schema_step_overhead, tool_call_step_overhead and ttft_overhead_ms.
 """
@@ -48,6 +48,7 @@ json_schema_step_overhead, tool_call_step_overhead and ttft_overhead_ms.
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import tempfile
 import threading
@@ -91,6 +92,8 @@ def main() -> None:
     parser.add_argument("--mode", choices=["cloud", "edge"], default="cloud", help="fusion mode")
     parser.add_argument("--concurrency", type=int, default=4, help="requests sent at once for the queue figure")
     parser.add_argument("--embed-batch", type=int, default=16, help="texts per embeddings request")
+    parser.add_argument("--embed-texts", type=int, default=64,
+                        help="texts embedded per round (the items' sentences, cycled)")
     args = parser.parse_args()
     if min(args.tokens, args.rounds, args.concurrency) < 1 or args.items < 2:
         parser.error("--tokens, --rounds and --concurrency must be at least 1, --items at least 2")
@@ -236,8 +239,10 @@ def main() -> None:
                              for d, e in zip(runs["direct"], runs[route], strict=True))
 
             # embeddings: the endpoint against llama.cpp's own over the same GGUF, threads and texts
-            texts = [sentence.strip() for item in items for sentence in item.private_context.split(". ")
-                     if sentence.strip()]
+            sentences = [sentence.strip() for item in items
+                         for sentence in re.split(r"(?<=[.!?])\s+|\n", item.private_context + "\n" + item.public_prompt)
+                         if sentence.strip()]
+            texts = [sentences[i % len(sentences)] for i in range(max(args.embed_texts, len(sentences)))]
             batches = [texts[i : i + args.embed_batch] for i in range(0, len(texts), args.embed_batch)]
             raw = llama_cpp.Llama(model_path=str(slm.source.gguf_path), embedding=True,
                                   pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN, n_ctx=slm.n_ctx,
