@@ -1,5 +1,7 @@
 """The endpoint's cost: the same generations through the OpenAI endpoint (the ``openai`` client, streaming), its
-Ollama route (the ``ollama`` client, streaming ``/api/chat``) and ``EdgeClient`` directly, in one run.
+Ollama route (the ``ollama`` client, streaming ``/api/chat``), its Anthropic route (the ``anthropic`` client,
+streaming ``/v1/messages``), its Responses route (the ``openai`` client's ``responses``, streaming) and
+``EdgeClient`` directly, in one run; and embeddings through ``/v1/embeddings`` against llama.cpp's own.
 
 One run starts a cloud adapter on loopback (``coveil-cloud serve``, dtype auto, its share of the cores), loads the
 SLM once and serves the endpoint in this process (uvicorn on a thread) over the *same* ``EdgeClient``.  Each round
@@ -17,6 +19,8 @@ Per generation, timed in the caller from the call to the last token:
 Headline figures, medians over all generations of each path:
   endpoint_vs_sdk  = endpoint tokens/s / direct tokens/s                    (target >= 0.95)
   ollama_vs_sdk    = ollama route tokens/s / direct tokens/s                (target >= 0.95)
+  messages_vs_sdk  = /v1/messages tokens/s / direct tokens/s                (target >= 0.95)
+  responses_vs_sdk = /v1/responses tokens/s / direct tokens/s               (target >= 0.95)
   ttft_overhead_ms = endpoint ttft - direct ttft, in milliseconds         (target <= 50)
   (ollama_ttft_overhead_ms the same for the Ollama route.)
 JSON-schema decoding in edge-side fusion (where the grammar's per-step cost falls on the device; cloud-side the
@@ -24,19 +28,27 @@ adapter masks where it picks and the edge only advances its copy of the grammar)
 the same items decoded free and under a small schema (every item one way, then the other, rotating), each
 generation's time per step = its time / its tokens;
   json_schema_step_overhead = median ms/step under the schema / median ms/step free - 1      (target <= 0.05)
+  tool_call_step_overhead   = the same under two tools' call grammar (``tool_choice: "auto"``)  (target <= 0.05)
   (the mask, its renormalisation, the grammar's advance, and the full rows the cloud sends under a schema).
 Concurrency (the endpoint's queue: one SLM, one generation at a time, FIFO): ``--concurrency`` requests sent at
 once; queue_aggregate_vs_sequential = their tokens / wall time over the sequential endpoint tokens/s (about 1:
 a queue serves the SLM's rate, never more), queue_max_wait_ms the longest ``coveil.queue_ms`` among them.
 
+Embeddings (no cloud at all): ``--embed-texts`` sentences of the items (cycled), in batches of ``--embed-batch``,
+embedded through ``/v1/embeddings`` (the ``openai`` client, base64 as it asks by default) and by a llama.cpp
+context over the same GGUF (mean pooling, normalised, the same threads), alternating rounds;
+  embeddings_per_s = endpoint texts/s / llama.cpp texts/s                 (target >= 0.9)
+
 Usage: python benchmarks/openai_endpoint.py [--items 3] [--tokens 32] [--rounds 3] [--mode cloud|edge]
-                                            [--concurrency 4]
-The last four lines are endpoint_vs_sdk, ollama_vs_sdk, json_schema_step_overhead and ttft_overhead_ms.
+                                            [--concurrency 4] [--embed-batch 16] [--embed-texts 64]
+The last lines are embeddings_per_s, endpoint_vs_sdk, ollama_vs_sdk, messages_vs_sdk, responses_vs_sdk,
+json_schema_step_overhead, tool_call_step_overhead and ttft_overhead_ms.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import tempfile
 import threading
@@ -49,6 +61,15 @@ from pathlib import Path
 JSON_SCHEMA = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 40},
                                                 "confident": {"type": "boolean"}},
                "required": ["answer", "confident"], "additionalProperties": False}
+#: the tools of the tool-call runs: two functions, as an agent offers them
+TOOLS = [{"type": "function", "function": {"name": "lookup_condition", "description": "Facts about a condition",
+                                           "parameters": {"type": "object", "properties": {
+                                               "condition": {"type": "string", "maxLength": 40}},
+                                               "required": ["condition"], "additionalProperties": False}}},
+         {"type": "function", "function": {"name": "organ_info", "description": "Facts about an organ",
+                                           "parameters": {"type": "object", "properties": {
+                                               "organ": {"enum": ["liver", "heart", "lung", "kidney"]}},
+                                               "required": ["organ"], "additionalProperties": False}}}]
 
 
 @dataclass(frozen=True)
@@ -70,10 +91,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds over the items, each path once per item")
     parser.add_argument("--mode", choices=["cloud", "edge"], default="cloud", help="fusion mode")
     parser.add_argument("--concurrency", type=int, default=4, help="requests sent at once for the queue figure")
+    parser.add_argument("--embed-batch", type=int, default=16, help="texts per embeddings request")
+    parser.add_argument("--embed-texts", type=int, default=64,
+                        help="texts embedded per round (the items' sentences, cycled)")
     args = parser.parse_args()
     if min(args.tokens, args.rounds, args.concurrency) < 1 or args.items < 2:
         parser.error("--tokens, --rounds and --concurrency must be at least 1, --items at least 2")
 
+    import llama_cpp
+    from anthropic import Anthropic
     from ollama import Client as OllamaClient
     from openai import OpenAI
     from rich.console import Console
@@ -89,6 +115,7 @@ def main() -> None:
     from edge_sdk.server.app import create_app, running
     from edge_sdk.server.serving import StopStrings, StopText
     from edge_sdk.server.settings import ServerSettings
+    from edge_sdk.server.tools import Tool, reply_schema
     from eval_harness.datasets import load_task
 
     console = Console(stderr=True)
@@ -99,7 +126,8 @@ def main() -> None:
         slm = LlamaCppSLM(n_threads=edge_threads, n_ctx=4096)
         template = LlamaCppChatTemplate.for_model(slm)
         client = EdgeClient(address, slm=slm, credentials=Credentials(plaintext=True))
-        settings = ServerSettings(cloud=address, plaintext=True, n_ctx=slm.n_ctx, max_queue=args.concurrency)
+        settings = ServerSettings(cloud=address, plaintext=True, n_ctx=slm.n_ctx, max_queue=args.concurrency,
+                                  threads=edge_threads)
         app = create_app(settings, client=client, chat_template=template, n_ctx=slm.n_ctx)
 
         def direct(item) -> Timing:  # noqa: ANN001
@@ -157,7 +185,42 @@ def main() -> None:
                 end = time.perf_counter()
                 return Timing((first or end) - start, end - start, steps, "".join(pieces))
 
-            paths = {"direct": direct, "endpoint": lambda item: request(item)[0], "ollama": ollama_request}
+            anthropic_api = Anthropic(base_url=base_url, api_key="unused", max_retries=0, timeout=600)
+
+            def messages_request(item) -> Timing:  # noqa: ANN001
+                start = time.perf_counter()
+                first, pieces = None, []
+                with anthropic_api.messages.stream(
+                        model="coveil", max_tokens=args.tokens,
+                        messages=[{"role": "user", "content": item.public_prompt}],
+                        extra_body={"coveil": {"private_context": item.private_context, "mode": args.mode,
+                                               "params": {"lam": 1.0}}}) as stream:
+                    for text in stream.text_stream:
+                        if text:
+                            first = first or time.perf_counter()
+                            pieces.append(text)
+                    steps = stream.get_final_message().usage.output_tokens
+                end = time.perf_counter()
+                return Timing((first or end) - start, end - start, steps, "".join(pieces))
+
+            def responses_request(item) -> Timing:  # noqa: ANN001
+                start = time.perf_counter()
+                events = api.responses.create(
+                    model="coveil", input=item.public_prompt, max_output_tokens=args.tokens, stream=True,
+                    extra_body={"coveil": {"private_context": item.private_context, "mode": args.mode,
+                                           "params": {"lam": 1.0}}})
+                first, pieces, steps = None, [], 0
+                for event in events:
+                    if event.type == "response.output_text.delta" and event.delta:
+                        first = first or time.perf_counter()
+                        pieces.append(event.delta)
+                    elif event.type in ("response.completed", "response.incomplete"):
+                        steps = event.response.usage.output_tokens
+                end = time.perf_counter()
+                return Timing((first or end) - start, end - start, steps, "".join(pieces))
+
+            paths = {"direct": direct, "endpoint": lambda item: request(item)[0], "ollama": ollama_request,
+                     "messages": messages_request, "responses": responses_request}
             for path in paths.values():  # warm-up: model pages, the adapter's first session, the HTTP stack
                 path(items[-1])  # (the last item, so the first timed generation does not follow its own prompt)
             runs: dict[str, list[Timing]] = {name: [] for name in paths}
@@ -172,8 +235,39 @@ def main() -> None:
                         for item in items:
                             runs[path].append(paths[path](item))
                             progress.advance(task)
-            mismatches = sum(d.text != e.text for route in ("endpoint", "ollama")
+            mismatches = sum(d.text != e.text for route in names[1:]
                              for d, e in zip(runs["direct"], runs[route], strict=True))
+
+            # embeddings: the endpoint against llama.cpp's own over the same GGUF, threads and texts
+            sentences = [sentence.strip() for item in items
+                         for sentence in re.split(r"(?<=[.!?])\s+|\n", item.private_context + "\n" + item.public_prompt)
+                         if sentence.strip()]
+            texts = [sentences[i % len(sentences)] for i in range(max(args.embed_texts, len(sentences)))]
+            batches = [texts[i : i + args.embed_batch] for i in range(0, len(texts), args.embed_batch)]
+            raw = llama_cpp.Llama(model_path=str(slm.source.gguf_path), embedding=True,
+                                  pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN, n_ctx=slm.n_ctx,
+                                  n_batch=slm.n_ctx, n_ubatch=slm.n_ctx, n_threads=edge_threads,
+                                  n_threads_batch=edge_threads, verbose=False)
+
+            def embed_raw() -> float:
+                start = time.perf_counter()
+                for batch in batches:
+                    raw.embed(batch, normalize=True)
+                return len(texts) / (time.perf_counter() - start)
+
+            def embed_endpoint() -> float:
+                start = time.perf_counter()
+                for batch in batches:
+                    api.embeddings.create(model="coveil", input=batch)
+                return len(texts) / (time.perf_counter() - start)
+
+            embed_raw(), embed_endpoint()  # warm-up: the endpoint loads its embedding context on first use
+            embed_rates: dict[str, list[float]] = {"raw": [], "endpoint": []}
+            for round_index in range(args.rounds):
+                order = ("raw", "endpoint") if round_index % 2 == 0 else ("endpoint", "raw")
+                for way in order:
+                    embed_rates[way].append(embed_raw() if way == "raw" else embed_endpoint())
+            raw.close()
 
             # JSON-schema decoding against free decoding, edge-side, direct
             def edge_step_ms(item, schema) -> float:  # noqa: ANN001
@@ -185,13 +279,16 @@ def main() -> None:
                 return 1e3 * (time.perf_counter() - start) / max(1, len(result.token_ids))
 
             edge_step_ms(items[-1], JSON_SCHEMA)  # warm-up: the grammar engine's tokenizer is built once per model
-            schema_runs: dict[str, list[float]] = {"free": [], "schema": []}
-            schemas = {"free": None, "schema": JSON_SCHEMA}
+            tools_schema = reply_schema([Tool.model_validate(tool) for tool in TOOLS], text_allowed=True)
+            edge_step_ms(items[-1], tools_schema)
+            schema_runs: dict[str, list[float]] = {"free": [], "schema": [], "tools": []}
+            schemas = {"free": None, "schema": JSON_SCHEMA, "tools": tools_schema}
+            ways = list(schemas)
             with Progress(console=console, transient=True) as progress:
-                task = progress.add_task("json schema", total=2 * args.rounds * len(items))
+                task = progress.add_task("json schema", total=len(ways) * args.rounds * len(items))
                 for round_index in range(args.rounds):
-                    order = ("free", "schema") if round_index % 2 == 0 else ("schema", "free")
-                    for way in order:
+                    shift = round_index % len(ways)
+                    for way in ways[shift:] + ways[:shift]:
                         for item in items:
                             schema_runs[way].append(edge_step_ms(item, schemas[way]))
                             progress.advance(task)
@@ -229,7 +326,8 @@ def main() -> None:
                       f"{min(ttfts):.1f}..{max(ttfts):.1f}")
     console.print(table)
     console.print(f"edge-side CoVeil through EdgeClient, ms/step (median): free {median(schema_runs['free']):.1f}, "
-                  f"under the JSON schema {median(schema_runs['schema']):.1f}")
+                  f"under the JSON schema {median(schema_runs['schema']):.1f}, under the tools' grammar "
+                  f"{median(schema_runs['tools']):.1f}")
 
     def rate(path: str) -> float:
         return median([t.tokens_per_s for t in runs[path]])
@@ -238,13 +336,20 @@ def main() -> None:
         return 1e3 * (median([t.ttft_s for t in runs[path]]) - median([t.ttft_s for t in runs["direct"]]))
 
     aggregate = sum(t.tokens for t, _ in results) / wall
+    console.print(f"embeddings, texts/s (median of {args.rounds}): llama.cpp {median(embed_rates['raw']):.1f}, "
+                  f"endpoint {median(embed_rates['endpoint']):.1f} ({len(texts)} texts in batches of "
+                  f"{args.embed_batch})")
     print(f"text_mismatches={mismatches}")
     print(f"queue_aggregate_vs_sequential={aggregate / rate('endpoint'):.3f}")
     print(f"queue_max_wait_ms={max(wait for _, wait in results):.0f}")
     print(f"ollama_ttft_overhead_ms={ttft_overhead_ms('ollama'):.1f}")
+    print(f"embeddings_per_s={median(embed_rates['endpoint']) / median(embed_rates['raw']):.3f}")
     print(f"endpoint_vs_sdk={rate('endpoint') / rate('direct'):.3f}")
     print(f"ollama_vs_sdk={rate('ollama') / rate('direct'):.3f}")
+    print(f"messages_vs_sdk={rate('messages') / rate('direct'):.3f}")
+    print(f"responses_vs_sdk={rate('responses') / rate('direct'):.3f}")
     print(f"json_schema_step_overhead={median(schema_runs['schema']) / median(schema_runs['free']) - 1:.3f}")
+    print(f"tool_call_step_overhead={median(schema_runs['tools']) / median(schema_runs['free']) - 1:.3f}")
     print(f"ttft_overhead_ms={ttft_overhead_ms('endpoint'):.1f}")
 
 

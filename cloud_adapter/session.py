@@ -180,7 +180,8 @@ class SessionHandler:
                 "INVALID_ARGUMENT", f"the prompt's {len(request.prompt_ids)} tokens and max_new_tokens {max_new_tokens} "
                 f"exceed the {capacity} tokens a session holds here: shorten the prompt or lower max_new_tokens"
             )
-        constraint = self._compile_schema(request) if request.json_schema else None
+        end_ids = llm.eos_token_ids | frozenset(request.stop_token_ids)  # the session's public end set (both sides)
+        constraint = self._compile_schema(request, end_ids) if request.json_schema else None
 
         session_id = uuid.uuid4().hex
         transcript = SessionTranscript(session_id, request, llm.name, max_new_tokens, engine.exposure_k)
@@ -190,7 +191,7 @@ class SessionHandler:
         self._state = _State.DECODING
         self._request = request
         self._max_new_tokens = max_new_tokens
-        self._eos = llm.eos_token_ids | frozenset(request.stop_token_ids)
+        self._eos = end_ids
         self._rng = np.random.default_rng(request.seed)
         self._constraint = constraint
         self._lookahead = self._agreed_lookahead(request)
@@ -218,9 +219,10 @@ class SessionHandler:
         yield self._count_down(wire.encode_opened(info))
         yield self._next_distribution(forward_ns)
 
-    def _compile_schema(self, request: wire.SessionRequest) -> JsonConstraint:
-        """The session's JSON schema compiled over the cloud model's token bytes, advanced past a resumed
-        prefix (``INVALID_ARGUMENT`` when it is not JSON, cannot compile, or the prefix leaves its grammar)."""
+    def _compile_schema(self, request: wire.SessionRequest, end_ids: frozenset[int]) -> JsonConstraint:
+        """The session's JSON schema compiled over the cloud model's token bytes and the session's end set (the one
+        the edge compiles over too), advanced past a resumed prefix (``INVALID_ARGUMENT`` when it is not JSON,
+        cannot compile, or the prefix leaves its grammar)."""
         try:
             schema = json.loads(request.json_schema)
         except ValueError as exc:
@@ -228,7 +230,7 @@ class SessionHandler:
         if not isinstance(schema, dict):
             raise CloudError("INVALID_ARGUMENT", "json_schema must be a JSON object (a schema)")
         try:
-            constraint = JsonConstraint(self.engine.llm, schema)
+            constraint = JsonConstraint(self.engine.llm, schema, end_ids=end_ids)
             for token in request.resume_prefix:
                 constraint.consume(token)
         except TypeError as exc:  # a model without token_pieces()

@@ -47,7 +47,7 @@ from edge_sdk.steps import (
     StopControl,
     StoppingRule,
 )
-from edge_sdk.status import CloudError
+from edge_sdk.status import CloudError, CloudReplyRejected
 from edge_sdk.transport import CloudConnection
 
 
@@ -186,7 +186,9 @@ class CollaborativeDecoder:
             return ""
         constraint = self.processors[0]
         assert isinstance(constraint, JsonConstraint)
-        return json.dumps(constraint.schema, sort_keys=True, separators=(",", ":"))
+        # in the app's key order: the grammar writes an object's properties in its schema's order, so sorted keys
+        # would have the cloud write {"arguments", "name"} where the edge's grammar expects {"name", "arguments"}
+        return json.dumps(constraint.schema, separators=(",", ":"))
 
     # -- the loop ------------------------------------------------------------------------------------
     def steps(self, connection: CloudConnection) -> Iterator[StepEvent]:
@@ -273,6 +275,9 @@ class CollaborativeDecoder:
                 f"model {self.slm.name!r} has {self.slm.vocab_size}",
             )
         self.stop.open(info.eos_token_ids)
+        for processor in self.processors:  # the grammar ends where the session agreed, on both sides
+            if isinstance(processor, JsonConstraint):
+                processor.agree_end_ids(info.eos_token_ids)
         return min(self.settings.max_new_tokens, info.max_new_tokens)
 
     def _receive(self, connection: CloudConnection, step: int, step_meter: StepMeter) -> wire.CloudDistribution:
@@ -402,8 +407,8 @@ class CollaborativeDecoder:
             except ValueError:
                 if self.settings.mode == "edge":
                     raise
-                raise CloudError("DATA_LOSS", f"the cloud chose token {token}, outside the JSON schema's "
-                                 "grammar") from None
+                raise CloudReplyRejected(f"the cloud chose token {token}, outside the JSON schema's grammar "
+                                         "(the edge's check)") from None
         if self.stop.is_done(self.tokens) and not finished:  # the rule ends it here: the edge closes the session
             finished, self.finish_reason = True, "stop_rule"
         if not finished:

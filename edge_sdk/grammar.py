@@ -16,6 +16,7 @@ imported only when a constraint is built, so ``import edge_sdk`` stays numpy-onl
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from typing import Any, Protocol
@@ -169,34 +170,54 @@ class GrammarVocabulary(Protocol):
 
 
 class _Tokenizer:
-    """The vocabulary as llguidance's ``TokenizerWrapper`` reads it."""
+    """The vocabulary as llguidance's ``TokenizerWrapper`` reads it: the ids of ``end_ids`` end the generation and
+    are never text (``</s>``, id 212, is text to transformers' Gemma tokenizer and an end to llama.cpp's).
 
-    def __init__(self, vocabulary: GrammarVocabulary) -> None:
-        self.eos_token_id = min(vocabulary.eos_token_ids)
+    llguidance writes a string the grammar forces (a ``const``) as the tokenizer tokenises it, so both sides must
+    tokenise it alike: the text of an id that is never text (an end, a control token) is tokenised character by
+    character, on either side (transformers would write ``</s>`` as id 212, llama.cpp as three text tokens)."""
+
+    def __init__(self, vocabulary: GrammarVocabulary, end_ids: frozenset[int]) -> None:
+        self.eos_token_id = min(end_ids)
         self.bos_token_id = vocabulary.bos_token_id
         self.tokens = vocabulary.token_pieces()[: vocabulary.vocab_size]  # the bytes each id adds to the text
-        self.special_token_ids = sorted(vocabulary.special_token_ids)
+        not_text = vocabulary.special_token_ids | end_ids
+        self.special_token_ids = sorted(not_text)
         self._vocabulary = vocabulary
+        spelt = {self.tokens[i].decode("utf-8", errors="replace") for i in not_text if i < len(self.tokens)}
+        alternatives = sorted((piece for piece in spelt if piece), key=len, reverse=True)
+        self._not_text = re.compile("|".join(map(re.escape, alternatives))) if alternatives else None
+
+    def _text(self, text: str) -> list[int]:
+        return self._vocabulary.tokenize(text, add_bos=False) if text else []
 
     def __call__(self, text: bytes | str) -> list[int]:
         if isinstance(text, bytes):
             text = text.decode("utf-8", errors="replace")
-        return self._vocabulary.tokenize(text, add_bos=False)
+        if self._not_text is None:
+            return self._text(text)
+        ids: list[int] = []
+        start = 0
+        for found in self._not_text.finditer(text):
+            ids += self._text(text[start : found.start()])
+            ids += [i for character in found.group() for i in self._text(character)]
+            start = found.end()
+        return ids + self._text(text[start:])
 
 
-_tokenizers: dict[int, Any] = {}  # id(vocabulary) -> llguidance.LLTokenizer (building one takes ~0.8 s)
+#: (id(vocabulary), end ids) -> (vocabulary, llguidance.LLTokenizer) (building one takes ~0.8 s)
+_tokenizers: dict[tuple[int, frozenset[int]], Any] = {}
 _tokenizers_lock = threading.Lock()
 
 
-def _lltokenizer(vocabulary: GrammarVocabulary) -> Any:
+def _lltokenizer(vocabulary: GrammarVocabulary, end_ids: frozenset[int]) -> Any:
     from llguidance import LLTokenizer, TokenizerWrapper
 
     with _tokenizers_lock:
-        cached = _tokenizers.get(id(vocabulary))
+        cached = _tokenizers.get((id(vocabulary), end_ids))
         if cached is None or cached[0] is not vocabulary:
-            tokenizer = LLTokenizer(TokenizerWrapper(_Tokenizer(vocabulary)),
-                                    eos_token=sorted(vocabulary.eos_token_ids))
-            cached = _tokenizers[id(vocabulary)] = (vocabulary, tokenizer)
+            tokenizer = LLTokenizer(TokenizerWrapper(_Tokenizer(vocabulary, end_ids)), eos_token=sorted(end_ids))
+            cached = _tokenizers[(id(vocabulary), end_ids)] = (vocabulary, tokenizer)
         return cached[1]
 
 
@@ -211,34 +232,61 @@ _LEXER_FUEL_PER_MS, _EARLEY_ITEMS_PER_MS = 14_000, 20_000
 class JsonConstraint:
     """The ids that keep one generation's text valid JSON under ``schema`` (see the module docstring).
 
+    ``end_ids``: the ids that end the generation (default: the vocabulary's own ends).  Both sides of a session
+    must compile the grammar over one end set, the public one the session agreed when it opened
+    (:attr:`edge_sdk.wire.SessionInfo.eos_token_ids`: the cloud's ends and the edge's), else one side may pick
+    an id the other reads as text, or as an end inside a string (:meth:`agree_end_ids`).
+
     Raises :class:`GrammarError` when the schema cannot be compiled.
     """
 
     def __init__(self, vocabulary: GrammarVocabulary, schema: dict[str, Any], *,
-                 max_step_ms: float = MAX_MASK_STEP_MS) -> None:
-        from llguidance import LLMatcher, LLParserLimits
-
+                 end_ids: frozenset[int] | None = None, max_step_ms: float = MAX_MASK_STEP_MS) -> None:
         if not callable(getattr(vocabulary, "token_pieces", None)):
             raise TypeError(f"structured output needs the SLM's token_pieces() (the llama.cpp backend has them); "
                             f"{type(vocabulary).__name__} has none")
-        try:
-            grammar = LLMatcher.grammar_from_json_schema(json.dumps(schema))
-        except (ValueError, TypeError) as exc:
-            raise GrammarError(f"the JSON schema cannot be compiled: {exc}") from None
-        limits = LLParserLimits(step_lexer_fuel=max(1, int(max_step_ms * _LEXER_FUEL_PER_MS)),
-                                step_max_items=max(1, int(max_step_ms * _EARLEY_ITEMS_PER_MS)), verbose_errors=False)
-        self._matcher = LLMatcher(_lltokenizer(vocabulary), grammar, log_level=0, limits=limits)
-        if self._matcher.is_error():
-            raise GrammarError(f"the JSON schema cannot be compiled: {self._matcher.get_error()}")
+        self._vocabulary = vocabulary
         self.vocab_size = vocabulary.vocab_size
         self.schema = schema
+        self.end_ids = frozenset(vocabulary.eos_token_ids if end_ids is None else end_ids)
+        self.max_step_ms = max_step_ms
+        self._consumed: list[int] = []
         self._first: np.ndarray | None = None
+        self._matcher = self._compile()
         started = time.perf_counter()
         self._first = self.allowed()  # the first step's mask, timed (and kept for it)
         took_ms = 1e3 * (time.perf_counter() - started)
         if took_ms > max_step_ms:
             raise GrammarError(f"the JSON schema's grammar took {took_ms:.0f} ms for one step, more than the "
                                f"{max_step_ms:g} ms allowed: simplify its patterns")
+
+    def _compile(self) -> Any:
+        from llguidance import LLMatcher, LLParserLimits
+
+        try:
+            grammar = LLMatcher.grammar_from_json_schema(json.dumps(self.schema), defaults={"whitespace_flexible": False})
+        except (ValueError, TypeError) as exc:
+            raise GrammarError(f"the JSON schema cannot be compiled: {exc}") from None
+        limits = LLParserLimits(step_lexer_fuel=max(1, int(self.max_step_ms * _LEXER_FUEL_PER_MS)),
+                                step_max_items=max(1, int(self.max_step_ms * _EARLEY_ITEMS_PER_MS)),
+                                verbose_errors=False)
+        matcher = LLMatcher(_lltokenizer(self._vocabulary, self.end_ids), grammar, log_level=0, limits=limits)
+        if matcher.is_error():
+            raise GrammarError(f"the JSON schema cannot be compiled: {matcher.get_error()}")
+        return matcher
+
+    def agree_end_ids(self, end_ids: frozenset[int]) -> None:
+        """Follow the session's agreed end set from now on (recompiled and advanced past the tokens consumed so
+        far; nothing changes when it is already this constraint's)."""
+        end_ids = frozenset(end_ids)
+        if end_ids == self.end_ids:
+            return
+        self.end_ids = end_ids
+        self._matcher = self._compile()
+        self._first = None  # the kept first mask was the old grammar's
+        for token in self._consumed:
+            if not self._matcher.consume_token(int(token)):
+                raise ValueError(f"token {token} is outside the JSON grammar under the agreed end set")
 
     def allowed(self) -> np.ndarray:
         """A boolean row over the vocabulary: ``True`` where the id may come next (:class:`GrammarError` when the
@@ -255,6 +303,7 @@ class JsonConstraint:
         self._first = None
         if not self._matcher.consume_token(int(token_id)):
             raise ValueError(f"token {token_id} is outside the JSON grammar: {self._matcher.get_error()}")
+        self._consumed.append(int(token_id))
 
 
 def mask_row(row: np.ndarray, allowed: np.ndarray, *, lowest: float) -> np.ndarray:

@@ -27,3 +27,11 @@ class CloudError(RuntimeError):
         self.code = code
         self.message = message
         self.retryable = retryable
+
+
+class CloudReplyRejected(CloudError):
+    """The edge's own check of what the cloud sent failed (``DATA_LOSS``): the edge ended the session, not the
+    cloud, and an error shown to a user says so."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("DATA_LOSS", message)

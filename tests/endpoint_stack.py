@@ -7,6 +7,7 @@ Imported by the endpoint's test modules; each module gets its own stack (module-
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -57,6 +58,11 @@ class Cloud:
     address: str
     engine: CloudEngine
     transcript_dir: Path
+
+    def transcripts(self) -> list[dict]:
+        """Every finished session's transcript, oldest first."""
+        files = sorted(self.transcript_dir.glob("*.json"), key=lambda path: path.stat().st_mtime_ns)
+        return [json.loads(path.read_text()) for path in files]
 
 
 @dataclass

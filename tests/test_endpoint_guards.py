@@ -128,8 +128,11 @@ def test_the_fields_openai_clients_send_are_known() -> None:
         metadata={"app": "x"}, store=False, parallel_tool_calls=True, stream_options={"include_usage": True},
         coveil={"private_context": "notes"})
     assert request.unsupported() is None
-    tool = ChatCompletionRequest(model="coveil", messages=[{**reply, "tool_calls": [{"id": "1"}]}])
-    assert tool.unsupported()[0] == "messages.0"
+    call = {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    tool = ChatCompletionRequest(model="coveil", messages=[{**reply, "tool_calls": [call]}])
+    assert tool.unsupported() is None  # a reply's call joins the conversation (edge_sdk/server/tools.py)
+    legacy = ChatCompletionRequest(model="coveil", messages=[{**reply, "function_call": {"name": "f"}}])
+    assert legacy.unsupported()[0] == "messages.0"
     assert ChatCompletionRequest(model="coveil", messages=[{"role": "user", "content": "q"}],
                                  modalities=["audio"]).unsupported()[0] == "modalities"
     with pytest.raises(ValidationError):
@@ -188,19 +191,43 @@ def chat_body(**fields: object) -> bytes:
 JSON = {"Content-Type": "application/json"}
 
 
+#: headers a browser puts on every request a page sends (one is enough to tell one)
+BROWSER_HEADERS = [{"Origin": "http://127.0.0.1:5173"}, {"Sec-Fetch-Site": "cross-site"}, {"Sec-Fetch-Mode": "no-cors"},
+                   {"Referer": "http://evil.example/"}]
+
+
+@pytest.mark.parametrize("browser", BROWSER_HEADERS, ids=lambda headers: next(iter(headers)))
 @pytest.mark.parametrize("content_type", [None, "text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
                                           "multipart/form-data; boundary=x", "application/jsonp"])
-def test_a_post_that_is_not_declared_json_is_refused_before_it_is_read(served, content_type: str | None) -> None:
+def test_a_post_that_is_not_declared_json_is_refused_before_it_is_read(served, content_type: str | None,
+                                                                       browser: dict[str, str]) -> None:
     """The three kinds of body a page on another site may POST without a CORS preflight (none, text/plain, a
-    form) are 415 whatever the installed FastAPI does with them; nothing reaches the SLM."""
+    form) are 415 from a browser (any of its headers), whatever the installed FastAPI does with them; nothing
+    reaches the SLM (a loopback page passes the Origin check: this one alone stands)."""
     base_url, client = served
     headers = {} if content_type is None else {"Content-Type": content_type}
-    status, _, body = call(base_url, "POST", "/v1/chat/completions", chat_body(), headers)
+    status, _, body = call(base_url, "POST", "/v1/chat/completions", chat_body(), {**headers, **browser})
     assert status == 415 and json.loads(body)["error"]["code"] == "unsupported_media_type"
     assert client.prompts == []
     status, _, _ = call(base_url, "POST", "/v1/chat/completions", chat_body(),
-                        {"Content-Type": "Application/JSON; charset=utf-8"})
+                        {"Content-Type": "Application/JSON; charset=utf-8", **browser})
     assert status != 415 and len(client.prompts) == 1
+
+
+@pytest.mark.parametrize("content_type", [None, "application/x-www-form-urlencoded"], ids=["none", "curl -d"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/chat"])
+def test_curl_d_without_a_content_type_is_read_as_json_when_no_browser_sent_it(served, content_type: str | None,
+                                                                               path: str) -> None:
+    """Every Ollama example is ``curl URL -d '{...}'``: curl declares a form (or, with ``--data-binary`` and no
+    type, nothing). Without any browser header it is read as JSON; other declared types stay 415."""
+    base_url, client = served
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    body = chat_body() if path.startswith("/v1") else json.dumps(
+        {"model": "coveil", "messages": [{"role": "user", "content": "q"}], "stream": False}).encode()
+    status, _, _ = call(base_url, "POST", path, body, headers)
+    assert status != 415 and len(client.prompts) == 1
+    status, _, _ = call(base_url, "POST", path, body, {"Content-Type": "text/plain"})
+    assert status == 415 and len(client.prompts) == 1
 
 
 @pytest.mark.parametrize(("origin", "allowed"), [

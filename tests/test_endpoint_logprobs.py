@@ -1,7 +1,7 @@
 """Log-probabilities and the other app-facing options of issue 23 over the real endpoint, in front of a real cloud
 adapter, read by the ``openai`` and ``ollama`` clients: each token's log-probability under the fused row it was
 chosen from (edge-side computed on the device, cloud-side sent by the cloud), ``seed``, ``max_completion_tokens``
-and the refusal of ``tools``."""
+and a ``tool_choice`` that names no tool."""
 
 from __future__ import annotations
 
@@ -155,11 +155,12 @@ def test_max_completion_tokens_caps_the_reply_over_max_tokens(endpoint: Endpoint
     assert reply.usage.completion_tokens == 3 and reply.choices[0].finish_reason == "length"
 
 
-def test_tools_are_a_400_that_says_why(endpoint: Endpoint) -> None:
+def test_a_tool_choice_naming_no_tool_is_a_400_that_says_why(endpoint: Endpoint) -> None:
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     with pytest.raises(openai.BadRequestError) as caught:
-        api(endpoint).chat.completions.create(model="coveil", messages=MESSAGES, tools=[tool])
-    assert caught.value.body["param"] == "tools" and "not trained to call tools" in caught.value.body["message"]
+        api(endpoint).chat.completions.create(model="coveil", messages=MESSAGES, tools=[tool],
+                                              tool_choice={"type": "function", "function": {"name": "g"}})
+    assert caught.value.body["param"] == "tool_choice" and "not in tools" in caught.value.body["message"]
 
 
 def test_stop_ends_the_reply_before_the_stop_string_whole_and_streamed_with_usage(endpoint: Endpoint) -> None:

@@ -105,14 +105,15 @@ def test_parameters_the_endpoint_cannot_honour_are_named() -> None:
     for extra, param in [({"n": 2}, "n"), ({"top_p": 0.9}, "top_p"), ({"logit_bias": {"5": 1.0}}, "logit_bias"),
                          ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"), ({"top_logprobs": 2},
                                                                                      "top_logprobs"),
-                         ({"tools": [{"type": "function"}]}, "tools"),
+                         ({"tools": [{"type": "function", "function": {"name": "f"}}],
+                           "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
+                         ({"functions": [{"name": "f"}]}, "functions"),
                          ({"stop": ["a", "b", "c", "d", "e"]}, "stop"), ({"frequency_penalty": 0.5},
                                                                           "frequency_penalty")]:
         assert ChatCompletionRequest(**base, **extra).unsupported()[0] == param
     assert ChatCompletionRequest(**base, logprobs=True, top_logprobs=20).unsupported() is None
     assert CompletionRequest(model="coveil", prompt="a", logprobs=20).unsupported() is None
     assert CompletionRequest(model="coveil", prompt="a", logprobs=21).unsupported()[0] == "logprobs"
-    assert "not trained to call tools" in ChatCompletionRequest(**base, tools=[{"type": "function"}]).unsupported()[1]
     assert CompletionRequest(model="coveil", prompt=["a", "b"]).unsupported()[0] == "prompt"
     assert CompletionRequest(model="coveil", prompt="a", echo=True).unsupported()[0] == "echo"
     # a message's text parts are joined; developer messages are system messages to a chat template

@@ -113,7 +113,7 @@ def test_version_tags_and_show_describe_the_served_model(endpoint: Endpoint) -> 
     assert listed[0].details.family == "gemma3"
     shown = client(endpoint).show("coveil")
     assert shown.modelinfo["gemma3.context_length"] == endpoint.client.slm.n_ctx == 512
-    assert shown.capabilities == ["completion"]
+    assert shown.capabilities == ["completion", "embedding", "tools"]
     assert httpx.get(endpoint.base_url + "/api/version").json()["version"].count(".") == 2
     assert refused(client(endpoint).show, "llama3").status_code == 404
 
@@ -133,12 +133,11 @@ def test_unknown_markers_options_and_fields_are_refused_never_sent(endpoint: End
     response = httpx.post(endpoint.base_url + "/api/chat", json=body, timeout=60)
     assert response.status_code == 400 and "messages.0.private: unknown field" in response.json()["error"]
     assert CANARY not in response.text
-    # sampling options that would reshape the fused distribution, tools, thinking, another model
+    # sampling options that would reshape the fused distribution, images, thinking, another model
     assert "options.top_k" in refused(client(endpoint).chat, model="coveil", messages=MESSAGES,
                                       options={"top_k": 40}).error
-    tool = {"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}
-    assert "tools is not supported" in refused(client(endpoint).chat, model="coveil", messages=MESSAGES,
-                                               tools=[tool]).error
+    assert "messages.0.images" in refused(client(endpoint).chat, model="coveil",
+                                          messages=[{**MESSAGES[0], "images": ["aGk="]}]).error
     assert "think" in refused(client(endpoint).chat, model="coveil", messages=MESSAGES, think=True).error
     for ask, param in (({"top_logprobs": 3}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 21}, None)):
         for raw in (False, True):
@@ -182,3 +181,16 @@ def test_options_stop_seed_and_temperature_reach_the_generation(endpoint: Endpoi
     others = {client(endpoint).chat(model="coveil", messages=MESSAGES, options={**sampled, "seed": seed}).message.content
               for seed in (8, 9, 10)}
     assert others != {first.message.content}  # another seed, another sample (three alike would be no seed at all)
+
+
+def test_a_whole_reply_carries_the_ledger_in_headers_the_ollama_client_cannot_drop(endpoint: Endpoint) -> None:
+    body = {"model": "coveil", "messages": MESSAGES, "stream": False,
+            "options": {"num_predict": TOKENS, "coveil": {"private_context": PRIVATE_CONTEXT, "mode": "edge"}}}
+    response = httpx.post(endpoint.base_url + "/api/chat", json=body, timeout=120)
+    ledger = response.json()["coveil"]
+    assert response.headers["x-coveil-summary"] == ledger["summary"].encode("ascii", "replace").decode()
+    assert int(response.headers["x-coveil-bytes-up"]) == ledger["bytes_up"] > 0
+    assert int(response.headers["x-coveil-bytes-down"]) == ledger["bytes_down"] > 0
+    assert int(response.headers["x-coveil-values-uploaded"]) == ledger["values_uploaded"]
+    assert response.headers["x-coveil-mode"] == "edge" and float(response.headers["x-coveil-leakage-meter"]) == \
+        pytest.approx(ledger["leakage_meter"], abs=1e-4)

@@ -215,7 +215,8 @@ def test_bad_requests_get_openai_errors(endpoint: Endpoint) -> None:
         "coveil": {"private_context": PRIVATE_CONTEXT, "never_upload": ["Dr. Wu"]}})["message"]
     assert refused(openai.BadRequestError, temperature=7,
                    extra_body={"coveil": {"private_context": PRIVATE_CONTEXT}})["param"] == "temperature"
-    assert refused(openai.BadRequestError, messages=[{"role": "tool", "content": "x", "tool_call_id": "1"}])
+    assert refused(openai.BadRequestError, messages=[{"role": "assistant", "content": "x",
+                                                      "function_call": {"name": "f", "arguments": "{}"}}])
     assert refused(openai.NotFoundError, model="gpt-4o")["code"] == "model_not_found"
     too_long = refused(openai.BadRequestError, extra_body={"coveil": {"private_context": PRIVATE_CONTEXT * 40}})
     assert too_long["code"] == "context_length_exceeded" and "maximum context length is 512" in too_long["message"]

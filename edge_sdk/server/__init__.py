@@ -6,7 +6,12 @@
 * :mod:`~edge_sdk.server.protocol`: the OpenAI request and response schemas, and the ``coveil`` extension;
 * :mod:`~edge_sdk.server.errors`: OpenAI-style error objects, and the cloud's statuses mapped to them;
 * :mod:`~edge_sdk.server.serving`: requests to prompts and decoder settings, the one SLM's queue;
-* :mod:`~edge_sdk.server.router`: the HTTP routes; :mod:`~edge_sdk.server.app`: the app, its guards, uvicorn;
+* :mod:`~edge_sdk.server.lifecycle`: one request's life (check, queue, whole or streamed, disconnects), shared by
+  every dialect: :mod:`~edge_sdk.server.router` (OpenAI's routes), :mod:`~edge_sdk.server.ollama_router`,
+  :mod:`~edge_sdk.server.anthropic` (``/v1/messages``), :mod:`~edge_sdk.server.responses` (``/v1/responses``);
+* :mod:`~edge_sdk.server.embeddings`: embeddings from the device's model alone; :mod:`~edge_sdk.server.tools`: the
+  tools' grammar and calls;
+* :mod:`~edge_sdk.server.app`: the app, its guards, uvicorn;
 * ``static/``: the live page served at ``GET /`` (no build step, nothing from the network).
 
 ``import edge_sdk`` never loads this package (nor FastAPI).

@@ -11,6 +11,7 @@ INVALID_ARGUMENT, OUT_OF_RANGE (a limit of the cloud)  400     invalid_request_e
 UNAUTHENTICATED, PERMISSION_DENIED                     502     api_error                 cloud_auth_failed
 FAILED_PRECONDITION (the two models do not fit)        502     api_error                 model_mismatch
 anything else (INTERNAL, DATA_LOSS, ABORTED, ...)      502     api_error                 cloud_error
+the edge's check of the cloud's reply failed           502     api_error                 cloud_reply_rejected
 =====================================================  ======  ========================  ========================
 
 The endpoint's own: bad parameters 400 (``invalid_request_error``), a prompt
@@ -27,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from edge_sdk.server.protocol import ErrorDetail, ErrorResponse
-from edge_sdk.status import CloudError
+from edge_sdk.status import CloudError, CloudReplyRejected
 
 
 class EndpointError(Exception):
@@ -59,6 +60,17 @@ class EndpointError(Exception):
     def body(self) -> dict[str, Any]:
         detail = ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code)
         return ErrorResponse(error=detail).model_dump()
+
+
+def renamed(error: EndpointError, names: Mapping[str, str]) -> EndpointError:
+    """``error`` with the parameter it names spelt as another API spells it (``names``: the OpenAI chat request's
+    name -> the dialect's), in ``param`` and at the head of the message."""
+    name = names.get(error.param or "")
+    if name is None:
+        return error
+    message = name + error.message[len(error.param):] if error.message.startswith(error.param) else error.message
+    return EndpointError(error.status, message, type=error.type, param=name, code=error.code,
+                         retry_after_s=error.retry_after_s)
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> EndpointError:
@@ -95,7 +107,12 @@ RETRY_AFTER_S = 1
 
 def from_cloud_error(exc: CloudError) -> EndpointError:
     """The OpenAI-style error for a failed cloud session: a fixed message per status.  The adapter's own text
-    is not passed on: the cloud chooses it, and an app would show it to its user as the endpoint's word."""
+    is not passed on: the cloud chooses it, and an app would show it to its user as the endpoint's word.  Where
+    the edge's own check of the cloud's reply failed (:class:`CloudReplyRejected`), the error says the edge
+    ended the session, and why (the edge's message: a public token id, never text)."""
+    if isinstance(exc, CloudReplyRejected):
+        return EndpointError(502, f"the edge ended the session: its check of the cloud's reply failed: "
+                             f"{exc.message} ({exc.code})", type="api_error", code="cloud_reply_rejected")
     status, kind, code = _CLOUD_STATUSES.get(exc.code, (502, "api_error", "cloud_error"))
     return EndpointError(status, f"{_CLOUD_HINTS[code]} ({exc.code})", type=kind, code=code,
                          retry_after_s=RETRY_AFTER_S if status == 429 else None)

@@ -9,13 +9,16 @@ In order, each answered with OpenAI's error body:
    this endpoint itself, a loopback page, or a page on the configured ``--host``.  ``Origin: null`` (a sandboxed
    frame, a ``data:`` page) is refused.
 3. **The API key** (``401 invalid_api_key``): with a key configured, *every* path needs it, ``/health``,
-   ``/openapi.json``, the page and its files included: ``Authorization: Bearer KEY``.  A browser cannot send that
+   ``/openapi.json``, the page and its files included: ``Authorization: Bearer KEY`` (or ``x-api-key: KEY``, as the
+   ``anthropic`` client sends it).  A browser cannot send that
    header when it opens the page, so the page (``/`` and ``/static/...``) also takes the key as ``/?key=KEY``, which
    sets it as an HttpOnly ``SameSite=Strict`` cookie for the page's files; the API routes take the header only, so
    the cookie never authorises a request another site makes.
 4. **A JSON body** (``415 unsupported_media_type``): a POST must say ``Content-Type: application/json``.  A page
    on another site can send a POST without a CORS preflight only as ``text/plain``, a form or without a type;
-   none of these is read (FastAPI refuses them too since 0.132; this check does not rest on that).
+   none of these is read from a browser (FastAPI refuses them too since 0.132; this check does not rest on that).
+   A form or no type from a client that is no browser (no ``Origin``, ``Referer`` nor ``Sec-Fetch-*`` header:
+   ``curl URL -d '{...}'``, as every Ollama example is written) is read as JSON.
 5. **Body size** (``413 request_too_large``): a body over ``--max-request-bytes`` is refused as soon as its
    ``Content-Length`` says so, or, sent in chunks, once it has grown past the limit, before it is parsed or
    tokenised (a 4 MiB private context cost 3.2 s of tokenising before its 400).
@@ -38,6 +41,12 @@ from edge_sdk.client import is_loopback
 from edge_sdk.server.errors import EndpointError
 
 Scope = MutableMapping[str, Any]
+
+#: what ``curl URL -d '{...}'`` declares (a form), or ``--data-binary`` with no type (nothing): read as JSON when
+#: no browser sent the request (a page on another site can send both without a CORS preflight)
+CURL_MEDIA_TYPES = ("", "application/x-www-form-urlencoded")
+#: headers a browser adds to every request a page sends (``Origin`` on every POST, the ``Sec-Fetch-*`` metadata)
+BROWSER_HEADERS = ("origin", "referer", "sec-fetch-site", "sec-fetch-mode", "sec-fetch-dest", "sec-fetch-user")
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
@@ -146,8 +155,12 @@ class RequestGuard:
         if scope["method"] == "POST":
             media_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
             if media_type != "application/json":
-                raise EndpointError(415, "a POST's body must be JSON, sent with Content-Type: application/json",
-                                    type="invalid_request_error", code="unsupported_media_type")
+                if media_type not in CURL_MEDIA_TYPES or any(name in headers for name in BROWSER_HEADERS):
+                    raise EndpointError(415, "a POST's body must be JSON, sent with Content-Type: application/json",
+                                        type="invalid_request_error", code="unsupported_media_type")
+                # curl -d, no browser: its body is read as the JSON it is
+                scope["headers"] = [(name, value) for name, value in scope["headers"]
+                                    if name.lower() != b"content-type"] + [(b"content-type", b"application/json")]
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_request_bytes):
             if not length.isdigit():
@@ -173,6 +186,8 @@ class RequestGuard:
         presented = headers.get("authorization", "")
         if presented.startswith("Bearer ") and hmac.compare_digest(presented[7:].encode(), expected):
             return True
+        if "x-api-key" in headers and hmac.compare_digest(headers["x-api-key"].encode(), expected):
+            return True  # how the anthropic client sends its key
         if scope["method"] != "GET" or not is_page_path(scope["path"]):
             return False
         cookie = SimpleCookie()

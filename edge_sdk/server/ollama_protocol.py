@@ -20,11 +20,18 @@ loads the model: accepted and not used.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from edge_sdk.server.protocol import ChatCompletionRequest, CompletionRequest, CoveilOptions, LedgerSummary
+from edge_sdk.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    CoveilOptions,
+    EmbeddingExtension,
+    LedgerSummary,
+)
 
 #: the Ollama release whose API these routes follow (``GET /api/version``; some apps refuse an older server)
 OLLAMA_API_VERSION = "0.12.0"
@@ -148,23 +155,31 @@ class OllamaGenerationRequest(BaseModel):
 
 
 class OllamaChatRequest(OllamaGenerationRequest):
+    """``/api/chat``; ``tools`` as on the OpenAI routes (the model may call one or answer in text: ``"auto"``)."""
+
     messages: list[OllamaMessage] = Field(min_length=1)
     tools: list[dict] | None = None
 
     def refused(self) -> tuple[str, str] | None:
-        if self.tools:
-            return "tools", "tool calls are not served"
         for position, message in enumerate(self.messages):
             if message.images:
                 return f"messages.{position}.images", "only text is served"
-            if message.tool_calls or message.role == "tool" or message.tool_name:
-                return f"messages.{position}", "tool calls are not served"
         return super().refused()
 
     def as_openai(self, served_model: str) -> ChatCompletionRequest:
-        messages = [{"role": m.role, "content": m.content or "", "coveil_private": m.coveil_private}
-                    for m in self.messages]
-        return ChatCompletionRequest(messages=messages, **self.common_fields(served_model))
+        messages = [{"role": m.role, "content": m.content or "", "coveil_private": m.coveil_private,
+                     **({"name": m.tool_name} if m.tool_name else {}),
+                     **({"tool_calls": [openai_call(call, i) for i, call in enumerate(m.tool_calls)]}
+                        if m.tool_calls else {})} for m in self.messages]
+        tools = {"tools": self.tools} if self.tools else {}
+        return ChatCompletionRequest(messages=messages, **tools, **self.common_fields(served_model))
+
+
+def openai_call(call: dict[str, Any], index: int) -> dict[str, Any]:
+    """An Ollama reply's ``tool_calls[i]`` (``{"function": {"name", "arguments": {...}}}``) as OpenAI's."""
+    function = call.get("function") or {}
+    return {"id": f"call_{index}", "type": "function",
+            "function": {"name": str(function.get("name", "")), "arguments": json.dumps(function.get("arguments") or {})}}
 
 
 class OllamaGenerateRequest(OllamaGenerationRequest):
@@ -202,12 +217,41 @@ class OllamaGenerateRequest(OllamaGenerationRequest):
                                      **self.common_fields(served_model))
 
 
+class OllamaEmbedRequest(BaseModel):
+    """``/api/embed``: a text or texts, embedded by the device's model alone; ``truncate`` (Ollama's default: true)
+    cuts an input past the context window instead of refusing it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1)
+    input: str | list[str]
+    truncate: bool = True
+    dimensions: int | None = Field(default=None, ge=1)
+    options: OllamaOptions | None = None
+    keep_alive: float | str | None = None
+
+    def refused(self) -> tuple[str, str] | None:
+        if self.options is not None and self.options.coveil is not None:
+            return "options.coveil", "an embedding has no private context: nothing of its input leaves the device"
+        return self.options.refused() if self.options else None
+
+
 # -- responses ---------------------------------------------------------------------------------------
+
+
+class OllamaFunction(BaseModel):
+    name: str
+    arguments: dict[str, Any]
+
+
+class OllamaToolCall(BaseModel):
+    function: OllamaFunction
 
 
 class OllamaReply(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str
+    tool_calls: list[OllamaToolCall] | None = None
 
 
 class OllamaTopLogprob(BaseModel):
@@ -242,6 +286,15 @@ class OllamaPart(BaseModel):
     eval_duration: int | None = None
     coveil: LedgerSummary | dict | None = None
     logprobs: list[OllamaLogprob] | None = None  # each token's, when asked (the README says of which row)
+
+
+class OllamaEmbedResponse(BaseModel):
+    model: str
+    embeddings: list[list[float]]
+    total_duration: int
+    load_duration: int
+    prompt_eval_count: int
+    coveil: EmbeddingExtension
 
 
 class OllamaModelDetails(BaseModel):

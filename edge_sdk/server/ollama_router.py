@@ -1,13 +1,16 @@
-"""Ollama's routes on the same server: ``GET /api/version``, ``GET /api/tags``, ``POST /api/show``, ``POST /api/chat``
-and ``POST /api/generate``, for the apps and tools that speak Ollama's API (many hard-code ``/api/chat`` and
+"""Ollama's routes on the same server: ``GET /api/version``, ``GET /api/tags``, ``POST /api/show``, ``POST /api/chat``,
+``POST /api/generate`` and ``POST /api/embed`` (the device's model alone, :mod:`edge_sdk.server.embeddings`), for the apps and tools that speak Ollama's API (many hard-code ``/api/chat`` and
 ``/api/tags``).
 
 A chat or generate request is translated to the OpenAI request that asks for the same generation
-(:mod:`edge_sdk.server.ollama_protocol`) and queued like one; the answer is Ollama's: one JSON object, or a
+(:mod:`edge_sdk.server.ollama_protocol`) and served by the one request lifecycle
+(:mod:`edge_sdk.server.lifecycle`); the answer is Ollama's: one JSON object, or a
 stream of newline-delimited JSON objects (``application/x-ndjson``) whose last has ``"done": true``.  Errors are
 Ollama's, ``{"error": "message"}`` with the HTTP status; an error after the first token ends the stream with such
 a line (the ``ollama`` client raises it).  As on the OpenAI routes, every line carries what the cloud saw in
-``coveil`` (a step's report; the ledger's summary on the last line and beside a late error).  ``logprobs`` (with
+``coveil`` (a step's report; the ledger's summary on the last line and beside a late error); as the ``ollama``
+client drops that field, a whole reply (and an error after steps were sent) also carries the summary in
+``X-Coveil-*`` response headers.  ``logprobs`` (with
 ``top_logprobs``) puts each token's log-probability on its line (all of them in one object), under the fused
 distribution the token was chosen from, as on the OpenAI routes (:mod:`edge_sdk.server.router`).
 
@@ -16,36 +19,46 @@ The model is listed as ``NAME:latest`` (Ollama's spelling) and answers to ``NAME
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timezone
 from typing import Any
 
 import anyio
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import ValidationError
+from fastapi.responses import JSONResponse, Response
 
-from edge_sdk.server.errors import EndpointError, validation_message
+from edge_sdk.server.errors import EndpointError
 from edge_sdk.server.ollama_protocol import (
     OLLAMA_API_VERSION,
     OllamaChatRequest,
+    OllamaEmbedRequest,
+    OllamaEmbedResponse,
     OllamaGenerateRequest,
-    OllamaGenerationRequest,
     OllamaLogprob,
     OllamaModel,
     OllamaModelDetails,
     OllamaPart,
+    OllamaFunction,
     OllamaReply,
+    OllamaToolCall,
     OllamaShow,
     OllamaTags,
     OllamaTopLogprob,
 )
 from edge_sdk.server.protocol import ChatCompletionRequest, LedgerSummary, TokenLogprob
-from edge_sdk.server.router import CLIENT_GONE, client_gone, next_unless_gone, serving_of
-from edge_sdk.server.serving import Done, EdgeServing, Failed, Generation, Job, StepOut
+from edge_sdk.server.lifecycle import (
+    prepare_for,
+    read_body,
+    refuse,
+    reply_logprobs,
+    reply_text,
+    serve_generation,
+    translate,
+)
+from edge_sdk.server.router import serving_of
+from edge_sdk.server.serving import Done, EdgeServing, Event, Failed, Generation, StepOut
+from edge_sdk.server.tools import ToolCall, read_reply
 
 ollama_router = APIRouter()
 
@@ -55,7 +68,20 @@ DEFAULT_TAG = "latest"
 
 def ollama_error(error: EndpointError, ledger: LedgerSummary | None = None) -> JSONResponse:
     """Ollama's error body, ``{"error": message}``, with the ledger of what had left the device (``coveil``)."""
-    return JSONResponse(error_body(error, ledger), status_code=error.status, headers=error.headers)
+    headers = {**error.headers, **(ledger_headers(ledger) if ledger is not None else {})}
+    return JSONResponse(error_body(error, ledger), status_code=error.status, headers=headers)
+
+
+def ledger_headers(ledger: LedgerSummary) -> dict[str, str]:
+    """What left the device, as response headers: the ``ollama`` client drops the body's ``coveil`` field, an app
+    (or ``curl -i``) can still read these.  ASCII (``epsilon`` for the Greek letter)."""
+    summary = ledger.summary.replace("\u03b5", "epsilon").replace("\u03b4", "delta")
+    return {"X-Coveil-Summary": summary.encode("ascii", "replace").decode("ascii"),
+            "X-Coveil-Mode": ledger.mode, "X-Coveil-Policy": ledger.policy,
+            "X-Coveil-Bytes-Up": str(ledger.bytes_up), "X-Coveil-Bytes-Down": str(ledger.bytes_down),
+            "X-Coveil-Values-Uploaded": str(ledger.values_uploaded),
+            "X-Coveil-Full-Requests": str(ledger.full_requests),
+            "X-Coveil-Leakage-Meter": f"{ledger.leakage_meter:.4f}"}
 
 
 def error_body(error: EndpointError, ledger: LedgerSummary | None = None) -> dict[str, Any]:
@@ -92,24 +118,6 @@ def modified_at(request: Request) -> str:
     return started.isoformat().replace("+00:00", "Z")
 
 
-async def read_body(request: Request, schema: type[OllamaGenerationRequest] | None) -> Any:
-    """The request's JSON, validated against ``schema``; a bad body is an :class:`EndpointError` that names the
-    field, never its value."""
-    try:
-        payload = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise EndpointError(400, "the body is not JSON") from None
-    if not isinstance(payload, dict):
-        raise EndpointError(400, "the body is not a JSON object")
-    if schema is None:
-        return payload
-    try:
-        return schema.model_validate(payload)
-    except ValidationError as exc:
-        message, param = validation_message(exc.errors(include_input=False))
-        raise EndpointError(400, message, param=param) from None
-
-
 # -- model information -------------------------------------------------------------------------------
 
 
@@ -144,7 +152,7 @@ async def show(request: Request) -> JSONResponse:
     stops = "".join(f'stop "{stop}"\n' for stop in getattr(serving.chat_template, "stops", ()))
     shown = OllamaShow(modelfile=f"FROM {serving.client.slm.name}\n{stops}", parameters=stops,
                        template=metadata.get("tokenizer.chat_template", ""), details=details, model_info=info,
-                       capabilities=["completion"], modified_at=modified_at(request))
+                       capabilities=["completion", "embedding", "tools"], modified_at=modified_at(request))
     return JSONResponse(shown.model_dump())
 
 
@@ -161,66 +169,73 @@ async def generate(request: Request) -> Response:
     return await ollama_generate(request, OllamaGenerateRequest, reply_field="response")
 
 
+@ollama_router.post("/api/embed")
+async def embed(request: Request) -> Response:
+    """The inputs' vectors from the device's model alone (:mod:`edge_sdk.server.embeddings`): no cloud session."""
+    started = time.perf_counter()
+    serving = serving_of(request)
+    try:
+        body = await read_body(request, OllamaEmbedRequest)
+        check_model(serving, body.model)
+        refuse(body.refused())
+        texts = [body.input] if isinstance(body.input, str) else body.input
+        embedded = await anyio.to_thread.run_sync(
+            lambda: serving.embed(texts, dimensions=body.dimensions, truncate=body.truncate))
+    except EndpointError as error:
+        return ollama_error(error)
+    answer = OllamaEmbedResponse(model=body.model, embeddings=embedded.vectors.tolist(),
+                                 total_duration=round((time.perf_counter() - started) * 1e9), load_duration=0,
+                                 prompt_eval_count=embedded.prompt_tokens, coveil=embedded.note())
+    return Response(answer.model_dump_json(), media_type="application/json")
+
+
 async def ollama_generate(
     connection: Request, schema: type[OllamaChatRequest | OllamaGenerateRequest], reply_field: str
 ) -> Response:
-    """Check, translate and queue the request; answer whole or as an NDJSON stream."""
+    """Check and translate the request; the one lifecycle queues it and answers whole or as an NDJSON stream."""
     started = time.perf_counter()
     serving = serving_of(connection)
     try:
         body = await read_body(connection, schema)
         check_model(serving, body.model)
-        refused = body.refused()
-        if refused is not None:
-            raise EndpointError(400, f"{refused[0]} is not supported: {refused[1]}", param=refused[0])
-        if isinstance(body, OllamaGenerateRequest) and not body.prompt:  # Ollama's "load the model" request
+        if isinstance(body, OllamaGenerateRequest) and not body.prompt and body.refused() is None:
+            # Ollama's "load the model" request
             return JSONResponse(OllamaPart(model=body.model, created_at=now_rfc3339(), response="", done=True,
                                            done_reason="load").model_dump(exclude_none=True))
-        try:
-            openai_request = body.as_openai(serving.settings.served_model_name)
-        except ValidationError as exc:
-            message, param = validation_message(exc.errors(include_input=False))
-            raise EndpointError(400, message, param=param) from None
-        prepare: Callable[[], Generation] = (
-            (lambda: serving.prepare_chat(openai_request)) if isinstance(openai_request, ChatCompletionRequest)
-            else (lambda: serving.prepare_completion(openai_request)))
-        generation = await anyio.to_thread.run_sync(prepare)
-        job = serving.submit(generation)
+        openai_request = translate(body, serving.settings.served_model_name)
     except EndpointError as error:
         return ollama_error(error)
-    lines = _Lines(body.model, reply_field, started)
-    gone = asyncio.ensure_future(client_gone(connection))
-    try:
-        first = await next_unless_gone(job, gone)
-        if first is None:
-            return Response(status_code=CLIENT_GONE)
-        if isinstance(first, Failed):
-            return ollama_error(first.error, first.ledger)
-        lines.first_token()
-        if body.stream:
-            return StreamingResponse(_stream(job, first, lines), media_type="application/x-ndjson")
-        return await _whole(job, first, gone, lines)
-    except BaseException:
-        job.cancel()
-        raise
-    finally:
-        gone.cancel()
+    tools = isinstance(openai_request, ChatCompletionRequest) and bool(openai_request.called_tools())
+    return await serve_generation(connection, serving, prepare_for(serving, openai_request),
+                                  _Lines(body.model, reply_field, started, tools=tools), stream=body.stream)
 
 
 class _Lines:
-    """The reply's NDJSON objects, timed as Ollama times them (nanoseconds from the request's arrival)."""
+    """Ollama's dialect: the reply's NDJSON objects, timed as Ollama times them (nanoseconds from the request's
+    arrival)."""
 
-    def __init__(self, model: str, reply_field: str, started: float) -> None:
+    media_type = "application/x-ndjson"
+
+    def __init__(self, model: str, reply_field: str, started: float, *, tools: bool = False) -> None:
         self.model = model
+        self.tools = tools  # the reply is read whole: steps carry no text, the last line the call or the text
+        self.held: list[str] = []
         self.reply_field = reply_field
-        self.started = started
+        self.arrived = started  # when the request arrived
         self.first_at = started
-
-    def first_token(self) -> None:
-        self.first_at = time.perf_counter()
 
     def _reply(self, text: str) -> dict[str, Any]:
         return {"message": OllamaReply(content=text)} if self.reply_field == "message" else {"response": text}
+
+    def _last_reply(self, text: str) -> dict[str, Any]:
+        """The last line's reply: with tools, the call the whole text made (or the text it answered)."""
+        if not self.tools:
+            return self._reply(text)
+        read = read_reply(text)
+        if isinstance(read, ToolCall):
+            call = OllamaToolCall(function=OllamaFunction(name=read.name, arguments=read.arguments))
+            return {"message": OllamaReply(content="", tool_calls=[call])}
+        return self._reply(read if isinstance(read, str) else text)
 
     @staticmethod
     def logprobs(entries: list[TokenLogprob] | None) -> list[OllamaLogprob] | None:
@@ -236,52 +251,35 @@ class _Lines:
 
     def last(self, text: str, done: Done, logprobs: list[TokenLogprob] | None = None) -> OllamaPart:
         ended = time.perf_counter()
+        first_at = self.first_at  # when the first token was decided
         return OllamaPart(
             model=self.model, created_at=now_rfc3339(), done=True, done_reason=done.finish_reason,
-            total_duration=round((ended - self.started) * 1e9), load_duration=0,
-            prompt_eval_count=done.usage.prompt_tokens, prompt_eval_duration=round((self.first_at - self.started) * 1e9),
-            eval_count=done.usage.completion_tokens, eval_duration=round((ended - self.first_at) * 1e9),
-            coveil=done.ledger, logprobs=self.logprobs(logprobs), **self._reply(text),
+            total_duration=round((ended - self.arrived) * 1e9), load_duration=0,
+            prompt_eval_count=done.usage.prompt_tokens, prompt_eval_duration=round((first_at - self.arrived) * 1e9),
+            eval_count=done.usage.completion_tokens, eval_duration=round((ended - first_at) * 1e9),
+            coveil=done.ledger, logprobs=self.logprobs(logprobs), **self._last_reply(text),
         )
+
+    # -- the lifecycle's dialect -------------------------------------------------------------------------
+    def error(self, failed: Failed) -> Response:
+        return ollama_error(failed.error, failed.ledger)
+
+    def started(self, generation: Generation) -> list[str]:
+        self.first_at = time.perf_counter()
+        return []
+
+    def streamed(self, event: Event) -> list[str]:
+        if isinstance(event, StepOut):
+            self.held.append(event.text)
+            return [ndjson(self.part("" if self.tools else event.text, event.report.model_dump(), event.logprobs))]
+        if isinstance(event, Done):
+            return [ndjson(self.last("".join(self.held) + event.text if self.tools else event.text, event))]
+        return [json.dumps(error_body(event.error, event.ledger)) + "\n"]  # the ollama client raises it
+
+    def whole(self, generation: Generation, steps: list[StepOut], done: Done) -> Response:
+        part = self.last(reply_text(steps, done), done, reply_logprobs(generation, steps))
+        return JSONResponse(json.loads(ndjson(part)), headers=ledger_headers(done.ledger))
 
 
 def ndjson(part: OllamaPart) -> str:
     return part.model_dump_json(exclude_none=True) + "\n"
-
-
-async def _whole(job: Job, first: StepOut | Done, gone: asyncio.Future[None], lines: _Lines) -> Response:
-    pieces: list[str] = []
-    logprobs: list[TokenLogprob] = []
-    event: StepOut | Done | Failed | None = first
-    try:
-        while not isinstance(event, Done):
-            if event is None:
-                return Response(status_code=CLIENT_GONE)
-            if isinstance(event, Failed):
-                return ollama_error(event.error, event.ledger)
-            pieces.append(event.text)
-            if event.logprobs is not None:
-                logprobs.append(event.logprobs)
-            event = await next_unless_gone(job, gone)
-    finally:
-        job.cancel()  # a no-op once done; stops the generation if this handler is cancelled
-    asked = job.generation.decoder.settings.logprobs is not None
-    return JSONResponse(json.loads(ndjson(lines.last("".join(pieces) + event.text, event,
-                                                     logprobs if asked else None))))
-
-
-async def _stream(job: Job, first: StepOut | Done, lines: _Lines) -> AsyncIterator[str]:
-    event: StepOut | Done | Failed = first
-    try:
-        while True:
-            if isinstance(event, StepOut):
-                yield ndjson(lines.part(event.text, event.report.model_dump(), event.logprobs))
-            elif isinstance(event, Done):
-                yield ndjson(lines.last(event.text, event))
-                return
-            else:
-                yield json.dumps(error_body(event.error, event.ledger)) + "\n"  # the ollama client raises it
-                return
-            event = await job.next()
-    finally:
-        job.cancel()  # the client went away (or the stream ended): stop at the next step

@@ -3,7 +3,7 @@
 Requests are read against an allowlist: every model here names the fields it
 knows (OpenAI's, and the ``coveil`` extension) and refuses any other with a
 400 naming it.  A field the endpoint knows but cannot honour (``n > 1``,
-``top_logprobs`` > 20, tools, ...) is refused by :meth:`GenerationRequest.unsupported`.
+``top_logprobs`` > 20, ...) is refused by :meth:`GenerationRequest.unsupported`.
 Nothing unknown is ignored: an ignored privacy marker (``"private": true``,
 ``"confidential": true``, a misspelt ``coveil_private``) would send text the
 app meant to keep on the device to the cloud.
@@ -21,11 +21,13 @@ Responses carry the privacy ledger's summary in a ``coveil`` field
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 from edge_sdk.grammar import ANY_JSON_OBJECT
+from edge_sdk.server.tools import Tool, ToolChoice, chosen_tools, reply_schema, result_text
 from edge_sdk.logprobs import MAX_TOP_LOGPROBS
 
 #: OpenAI's limit on stop strings per request
@@ -60,6 +62,31 @@ class CoveilOptions(BaseModel):
     prefill_budget_ms: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
 
 
+class CalledFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class AssistantToolCall(BaseModel):
+    """A call an earlier reply made (``message.tool_calls[i]`` as the ``openai`` client returns it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+    def as_reply(self) -> str:
+        """The reply's text that made this call (the shape the tools grammar writes)."""
+        try:
+            arguments = json.loads(self.function.arguments or "{}")
+        except ValueError:
+            arguments = {}
+        return json.dumps({"name": self.function.name, "arguments": arguments}, separators=(",", ":"))
+
+
 class TextPart(BaseModel):
     """One text part of a message's content (images and audio are not served); ``coveil_private`` moves this
     part's text into the private context, the message's other parts stay public."""
@@ -75,12 +102,14 @@ class ChatMessage(BaseModel):
     """One message; ``developer`` reads as ``system``; ``coveil_private`` moves its text into the private context.
 
     ``refusal``, ``annotations``, ``audio``, ``function_call`` and ``tool_calls`` are the fields of a reply the
-    ``openai`` client returns, so an app can append a reply to its conversation as it got it; a tool call or
-    audio in them is refused (:meth:`ChatCompletionRequest.unsupported`)."""
+    ``openai`` client returns, so an app can append a reply to its conversation as it got it (a call the reply
+    made joins the conversation as its JSON, :mod:`edge_sdk.server.tools`); audio or a legacy ``function_call``
+    is refused (:meth:`ChatCompletionRequest.unsupported`).  A ``tool`` message is a tool's result: it joins the
+    conversation as a user turn naming the call (public unless marked private)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
     coveil_private: StrictBool = False
@@ -88,7 +117,18 @@ class ChatMessage(BaseModel):
     annotations: list[dict] | None = None
     audio: dict | None = None
     function_call: dict | None = None
-    tool_calls: list[dict] | None = None
+    tool_calls: list[AssistantToolCall] | None = None
+    tool_call_id: str | None = None
+
+    def own_text(self) -> str:
+        """The message's text as the model reads it: a call the reply made as its JSON (:mod:`edge_sdk.server.tools`),
+        a tool's result as the turn that brings it in."""
+        text = self.content if isinstance(self.content, str) else ""
+        if self.tool_calls:
+            text += "".join(call.as_reply() for call in self.tool_calls)
+        if self.role == "tool":
+            return result_text(self.name, text)
+        return text
 
     def public_text(self) -> str:
         """The text the cloud may read: nothing of a private message, else the parts not marked private."""
@@ -96,13 +136,13 @@ class ChatMessage(BaseModel):
             return ""
         if isinstance(self.content, list):
             return "".join(part.text for part in self.content if not part.coveil_private)
-        return self.content or ""
+        return self.own_text()
 
     def private_text(self) -> str:
         """The text that joins the private context: all of a private message, else its private parts."""
         if isinstance(self.content, list):
             return "".join(part.text for part in self.content if self.coveil_private or part.coveil_private)
-        return (self.content or "") if self.coveil_private else ""
+        return self.own_text() if self.coveil_private else ""
 
     def is_public(self) -> bool:
         """Whether the message goes to the cloud at all (a private message, or one whose every part is private,
@@ -114,7 +154,7 @@ class ChatMessage(BaseModel):
         return True
 
     def template_role(self) -> str:
-        return "system" if self.role == "developer" else self.role
+        return {"developer": "system", "tool": "user"}.get(self.role, self.role)
 
 
 class StreamOptions(BaseModel):
@@ -205,8 +245,8 @@ class ChatCompletionRequest(GenerationRequest):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0)
-    tools: list[dict] | None = None
-    tool_choice: str | dict | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
     # OpenAI's fields that change nothing here: accepted and not used
     parallel_tool_calls: bool | None = None
     metadata: dict[str, str] | None = None
@@ -229,12 +269,17 @@ class ChatCompletionRequest(GenerationRequest):
             return "top_logprobs", f"at most {MAX_TOP_LOGPROBS} alternatives per token"
         if self.top_logprobs and not self.logprobs:
             return "top_logprobs", "alternatives are returned with logprobs: true only"
-        if self.tools or self.functions or self.function_call:
-            return "tools", "tool calls are not served: the edge model is not trained to call tools, and a call's " \
-                "arguments would be generated text the app then runs, outside what the privacy ledger reports"
+        if self.functions or self.function_call:
+            return "functions", "the legacy functions are not served: send tools"
+        try:
+            tools, _ = chosen_tools(self.tools or [], self.tool_choice)
+        except ValueError as exc:
+            return "tool_choice", str(exc)
+        if tools and self.response_format is not None and self.response_format.type != "text":
+            return "response_format", "a reply is either under the tools' grammar or under a response format"
         for position, message in enumerate(self.messages):
-            if message.tool_calls or message.function_call or message.audio:
-                return f"messages.{position}", "tool calls and audio in a message are not served"
+            if message.function_call or message.audio:
+                return f"messages.{position}", "audio and legacy function calls in a message are not served"
         if self.modalities not in (None, ["text"]) or self.audio:
             return "modalities", "only text replies are served"
         for name in ("prediction", "reasoning_effort", "verbosity", "web_search_options"):
@@ -244,6 +289,15 @@ class ChatCompletionRequest(GenerationRequest):
 
     def reply_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def called_tools(self) -> list[Tool]:
+        """The tools the reply may call (none: ``tool_choice: "none"`` or no tools)."""
+        return chosen_tools(self.tools or [], self.tool_choice)[0]
+
+    def json_schema(self) -> dict[str, Any] | None:
+        """With tools, the reply's schema (:func:`edge_sdk.server.tools.reply_schema`); else the response format's."""
+        tools, text_allowed = chosen_tools(self.tools or [], self.tool_choice)
+        return reply_schema(tools, text_allowed) if tools else super().json_schema()
 
     def logprobs_count(self) -> int | None:
         """How many alternatives per token to return with each token's log-probability (``None``: none at all)."""
@@ -278,6 +332,26 @@ class CompletionRequest(GenerationRequest):
 
     def logprobs_count(self) -> int | None:
         return self.logprobs
+
+
+class EmbeddingRequest(BaseModel):
+    """``/v1/embeddings``: one text or a list of texts (token-id inputs are refused: send text)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    input: str | list[Any]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+    user: str | None = None
+
+    def texts(self) -> list[str]:
+        """The inputs as texts; a :class:`ValueError` naming the first that is not one (``input[i]``)."""
+        items = [self.input] if isinstance(self.input, str) else self.input
+        for position, item in enumerate(items):
+            if not isinstance(item, str):
+                raise ValueError(f"input[{position}]: token ids are not served, send the text")
+        return items
 
 
 # -- responses ---------------------------------------------------------------------------------------
@@ -354,6 +428,7 @@ class LedgerSummary(BaseModel):
     queue_ms: float
     summary: str
     privacy: EpsilonLedger | None = None
+    notes: list[str] = Field(default_factory=list)  # what the app should know, e.g. a system message sent as public
 
 
 class TopLogprob(BaseModel):
@@ -402,9 +477,22 @@ class ChunkExtension(BaseModel):
     ledger: LedgerSummary | None = None
 
 
+class ReplyFunction(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ReplyToolCall(BaseModel):
+    index: int | None = None  # streamed deltas number their calls
+    id: str
+    type: Literal["function"] = "function"
+    function: ReplyFunction
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ReplyToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -427,6 +515,7 @@ class ChatCompletion(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ReplyToolCall] | None = None
 
 
 class ChatChunkChoice(BaseModel):
@@ -463,6 +552,36 @@ class Completion(BaseModel):
     choices: list[CompletionChoice]
     usage: Usage | None = None
     coveil: LedgerSummary | ChunkExtension | None = None
+
+
+class EmbeddingExtension(BaseModel):
+    """An embedding response's ``coveil`` field: computed on the device, nothing sent to the cloud."""
+
+    cloud: Literal["nothing"] = "nothing"
+    bytes_up: Literal[0] = 0
+    bytes_down: Literal[0] = 0
+    pooling: str
+    normalized: Literal[True] = True
+    summary: str
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str  # base64: the float32 vector's little-endian bytes
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+    coveil: EmbeddingExtension
 
 
 class ModelCard(BaseModel):

@@ -1,12 +1,9 @@
 """The HTTP routes: the OpenAI API (``/v1/...``), ``/health``, ``/coveil/info`` and the live page (``/``).
 
-A generation's first event decides the response: an error before the first
-token is an HTTP error with OpenAI's body; after it, a streamed response ends
-with an ``error`` event (which the ``openai`` client raises), a complete one
-with the error's status.  While a request waits in the queue or for a
-complete response, its connection is watched: a client that went away has
-its generation dropped or stopped (the server would otherwise decode it to the
-end for nobody).  Streams are server-sent events: one chunk per decided
+Each generating route is a dialect over the one request lifecycle of :mod:`edge_sdk.server.lifecycle` (checks,
+queue, disconnects): an error before the first token is an HTTP error with OpenAI's body; after it, a streamed
+response ends with an ``error`` event (which the ``openai`` client raises), a complete one with the error's
+status.  Streams are server-sent events: one chunk per decided
 token (its ``coveil.step`` says what the cloud saw), a last chunk with the
 finish reason and ``coveil.ledger``, the usage chunk when asked
 (``stream_options.include_usage``), then ``data: [DONE]``.  With ``logprobs`` each token's chunk carries its
@@ -20,15 +17,14 @@ logits); see :mod:`edge_sdk.logprobs`.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from abc import ABC, abstractmethod
 from pathlib import Path
 
 import anyio
 from fastapi import APIRouter, Request
-from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
 from pydantic import BaseModel
 
 from edge_sdk.policies import available_policies
@@ -47,12 +43,20 @@ from edge_sdk.server.protocol import (
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
+    Embedding,
+    EmbeddingList,
+    EmbeddingRequest,
+    EmbeddingUsage,
     GenerationRequest,
     ModelCard,
     ModelList,
+    ReplyFunction,
+    ReplyToolCall,
     TokenLogprob,
 )
-from edge_sdk.server.serving import Done, EdgeServing, Event, Failed, Generation, Job, StepOut
+from edge_sdk.server.lifecycle import reply_logprobs, reply_text, serve_generation
+from edge_sdk.server.serving import Done, EdgeServing, Event, Failed, Generation, StepOut
+from edge_sdk.server.tools import ToolCall, read_reply
 
 STATIC_DIR = Path(__file__).parent / "static"
 
@@ -148,172 +152,164 @@ async def model(model_id: str, request: Request) -> Response:
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     serving = serving_of(request)
-    return await generate(serving, body, lambda: serving.prepare_chat(body), _ChatFormat(body), request)
+    return await serve_generation(request, serving, lambda: serving.prepare_chat(body), _ChatFormat(body),
+                                  stream=body.stream)
 
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request) -> Response:
     serving = serving_of(request)
-    return await generate(serving, body, lambda: serving.prepare_completion(body), _CompletionFormat(body), request)
+    return await serve_generation(request, serving, lambda: serving.prepare_completion(body),
+                                  _CompletionFormat(body), stream=body.stream)
 
 
-class _ChatFormat:
-    """Chat completions' response shapes."""
+@router.post("/v1/embeddings")
+async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
+    """The inputs' vectors from the device's model alone (:mod:`edge_sdk.server.embeddings`): no cloud session."""
+    serving = serving_of(request)
+    try:
+        serving.check_model(body.model)
+        try:
+            texts = body.texts()
+        except ValueError as exc:
+            raise EndpointError(400, str(exc), param="input") from None
+        embedded = await anyio.to_thread.run_sync(lambda: serving.embed(texts, dimensions=body.dimensions))
+    except EndpointError as error:
+        return error_response(error)
+    data = [Embedding(index=i, embedding=embedded.base64(i) if body.encoding_format == "base64" else vector)
+            for i, vector in enumerate(embedded.vectors.tolist())]
+    usage = EmbeddingUsage(prompt_tokens=embedded.prompt_tokens, total_tokens=embedded.prompt_tokens)
+    answer = EmbeddingList(data=data, model=body.model, usage=usage, coveil=embedded.note())
+    return Response(answer.model_dump_json(), media_type="application/json")
+
+
+class _OpenAIFormat(ABC):
+    """What OpenAI's two generation routes share: error bodies, server-sent events, the last chunk, ``[DONE]``."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, request: GenerationRequest) -> None:
+        self.model = request.model
+        self.include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        self.created = int(time.time())
+        self.first = True
+
+    def error(self, failed: Failed) -> Response:
+        return failure_response(failed)
+
+    def started(self, generation: Generation) -> list[str]:
+        self.request_id = generation.request_id
+        return []
+
+    def streamed(self, event: Event) -> list[str]:
+        if isinstance(event, StepOut):
+            chunk = self.chunk(event.text, ChunkExtension(step=event.report), logprobs=event.logprobs)
+            self.first = False
+            return [sse(chunk)]
+        if isinstance(event, Done):
+            lines = [sse(self.chunk(event.text, ChunkExtension(ledger=event.ledger), finish_reason=event.finish_reason))]
+            if self.include_usage:
+                lines.append(sse(self.usage_chunk(event)))
+            return [*lines, "data: [DONE]\n\n"]
+        return [f"data: {json.dumps(event.body())}\n\n"]  # the openai client raises it
+
+    def whole(self, generation: Generation, steps: list[StepOut], done: Done) -> Response:
+        completion = self.complete(reply_text(steps, done), done, reply_logprobs(generation, steps))
+        return JSONResponse(completion.model_dump())
+
+    @abstractmethod
+    def chunk(self, text: str, extension: ChunkExtension, finish_reason: str | None = None,
+              logprobs: TokenLogprob | None = None) -> BaseModel:
+        """One streamed chunk: a step's text, or (``finish_reason``) the last."""
+
+    @abstractmethod
+    def usage_chunk(self, done: Done) -> BaseModel:
+        """The usage chunk (``stream_options.include_usage``)."""
+
+    @abstractmethod
+    def complete(self, text: str, done: Done, logprobs: list[TokenLogprob] | None) -> BaseModel:
+        """The whole reply."""
+
+
+class _ChatFormat(_OpenAIFormat):
+    """Chat completions' response shapes.  With tools the reply is read whole (:func:`edge_sdk.server.tools.read_reply`):
+    a stream's steps carry no text, its last chunk the call (``finish_reason: "tool_calls"``) or the text."""
 
     def __init__(self, request: ChatCompletionRequest) -> None:
-        self.model = request.model
+        super().__init__(request)
+        try:
+            self.tools = bool(request.called_tools())
+        except ValueError:  # a tool_choice naming no tool: refused by name when the request is checked
+            self.tools = False
+        self.held: list[str] = []  # with tools: the reply's text so far
 
-    def chunk(self, request_id: str, created: int, text: str, first: bool, extension: ChunkExtension,
-              finish_reason: str | None = None, logprobs: TokenLogprob | None = None) -> BaseModel:
-        delta = ChatDelta(role="assistant" if first else None, content=text if text or first else None)
+    def reply(self, text: str, finish_reason: str) -> tuple[str | None, list[ReplyToolCall] | None, str]:
+        """``(content, tool_calls, finish_reason)`` of a reply whose text is ``text``."""
+        if not self.tools:
+            return text, None, finish_reason
+        read = read_reply(text)
+        if isinstance(read, ToolCall):
+            call = ReplyToolCall(index=0, id=read.id, function=ReplyFunction(name=read.name,
+                                                                            arguments=read.arguments_json))
+            return None, [call], "tool_calls"
+        return (read if isinstance(read, str) else text), None, finish_reason
+
+    def streamed(self, event: Event) -> list[str]:
+        if self.tools and isinstance(event, StepOut):  # the step is reported; its text waits for the whole reply
+            self.held.append(event.text)
+            event = StepOut("", event.report, event.logprobs)
+        elif self.tools and isinstance(event, Done):
+            self.held.append(event.text)
+            return super().streamed(Done(event.finish_reason, event.usage, event.ledger, "".join(self.held),
+                                         event.stop_string))
+        return super().streamed(event)
+
+    def chunk(self, text: str, extension: ChunkExtension, finish_reason: str | None = None,
+              logprobs: TokenLogprob | None = None) -> BaseModel:
+        calls = None
+        if self.tools and finish_reason is not None:
+            text, calls, finish_reason = self.reply(text, finish_reason)
+            text = text or ""
+        delta = ChatDelta(role="assistant" if self.first else None, content=text if text or self.first else None,
+                          tool_calls=calls)
         choice = ChatChunkChoice(delta=delta, finish_reason=finish_reason,
                                  logprobs=None if logprobs is None else ChatLogprobs(content=[logprobs]))
-        return ChatCompletionChunk(id=request_id, created=created, model=self.model, coveil=extension,
+        return ChatCompletionChunk(id=self.request_id, created=self.created, model=self.model, coveil=extension,
                                    choices=[choice])
 
-    def usage_chunk(self, request_id: str, created: int, done: Done) -> BaseModel:
-        return ChatCompletionChunk(id=request_id, created=created, model=self.model, choices=[], usage=done.usage)
+    def usage_chunk(self, done: Done) -> BaseModel:
+        return ChatCompletionChunk(id=self.request_id, created=self.created, model=self.model, choices=[],
+                                   usage=done.usage)
 
-    def complete(self, request_id: str, created: int, text: str, done: Done,
-                 logprobs: list[TokenLogprob] | None) -> BaseModel:
-        choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=done.finish_reason,
+    def complete(self, text: str, done: Done, logprobs: list[TokenLogprob] | None) -> BaseModel:
+        content, calls, finish_reason = self.reply(text, done.finish_reason)
+        choice = ChatChoice(message=AssistantMessage(content=content, tool_calls=calls), finish_reason=finish_reason,
                             logprobs=None if logprobs is None else ChatLogprobs(content=logprobs))
-        return ChatCompletion(id=request_id, created=created, model=self.model, choices=[choice], usage=done.usage,
-                              coveil=done.ledger)
+        return ChatCompletion(id=self.request_id, created=self.created, model=self.model, choices=[choice],
+                              usage=done.usage, coveil=done.ledger)
 
 
-class _CompletionFormat:
+class _CompletionFormat(_OpenAIFormat):
     """Text completions' response shapes (streamed chunks are ``text_completion`` objects too)."""
 
     def __init__(self, request: CompletionRequest) -> None:
-        self.model = request.model
+        super().__init__(request)
         self.offset = 0  # streamed: the character offset of the next token's text in the reply
 
-    def chunk(self, request_id: str, created: int, text: str, first: bool, extension: ChunkExtension,
-              finish_reason: str | None = None, logprobs: TokenLogprob | None = None) -> BaseModel:
+    def chunk(self, text: str, extension: ChunkExtension, finish_reason: str | None = None,
+              logprobs: TokenLogprob | None = None) -> BaseModel:
         legacy = None
         if logprobs is not None:
             legacy = CompletionLogprobs.of([logprobs], self.offset)
             self.offset += len(logprobs.token)
-        return Completion(id=request_id, created=created, model=self.model, coveil=extension,
+        return Completion(id=self.request_id, created=self.created, model=self.model, coveil=extension,
                           choices=[CompletionChoice(text=text, finish_reason=finish_reason, logprobs=legacy)])
 
-    def usage_chunk(self, request_id: str, created: int, done: Done) -> BaseModel:
-        return Completion(id=request_id, created=created, model=self.model, choices=[], usage=done.usage)
+    def usage_chunk(self, done: Done) -> BaseModel:
+        return Completion(id=self.request_id, created=self.created, model=self.model, choices=[], usage=done.usage)
 
-    def complete(self, request_id: str, created: int, text: str, done: Done,
-                 logprobs: list[TokenLogprob] | None) -> BaseModel:
+    def complete(self, text: str, done: Done, logprobs: list[TokenLogprob] | None) -> BaseModel:
         legacy = None if logprobs is None else CompletionLogprobs.of(logprobs)
-        return Completion(id=request_id, created=created, model=self.model, usage=done.usage, coveil=done.ledger,
+        return Completion(id=self.request_id, created=self.created, model=self.model, usage=done.usage,
+                          coveil=done.ledger,
                           choices=[CompletionChoice(text=text, finish_reason=done.finish_reason, logprobs=legacy)])
-
-
-#: the answer to a request whose client went away (nginx's "client closed request"; nobody reads it)
-CLIENT_GONE = 499
-
-
-async def client_gone(connection: Request) -> None:
-    """Return once ``connection``'s client has gone away (its body is read: the next message is the disconnect).
-
-    ``Request.is_disconnected`` cannot tell behind the app's HTTP middleware (its receive never answers in a
-    cancelled scope), so this waits for the message itself."""
-    while (await connection.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def next_unless_gone(job: Job, gone: asyncio.Future[None]) -> Event | None:
-    """The job's next event, or ``None`` (the job cancelled) once ``gone`` says the client went away."""
-    pending = asyncio.ensure_future(job.next())
-    done, _ = await asyncio.wait({pending, gone}, return_when=asyncio.FIRST_COMPLETED)
-    if pending in done:
-        return pending.result()
-    pending.cancel()
-    job.cancel()
-    return None
-
-
-async def generate(
-    serving: EdgeServing,
-    request: GenerationRequest,
-    prepare: Callable[[], Generation],
-    shapes: _ChatFormat | _CompletionFormat,
-    connection: Request,
-) -> Response:
-    """Check and queue the request, wait for its first event, and answer whole or as a stream."""
-    try:
-        generation = await anyio.to_thread.run_sync(prepare)  # tokenising a long private context takes a while
-        job = serving.submit(generation)
-    except EndpointError as error:
-        return error_response(error)
-    created = int(time.time())
-    gone = asyncio.ensure_future(client_gone(connection))
-    try:
-        return await _answer(job, gone, request, generation, shapes, created)
-    except BaseException:
-        job.cancel()
-        raise
-    finally:
-        gone.cancel()  # a stream watches its client itself
-
-
-async def _answer(
-    job: Job, gone: asyncio.Future[None], request: GenerationRequest, generation: Generation,
-    shapes: _ChatFormat | _CompletionFormat, created: int,
-) -> Response:
-    """Wait for the job's first event (while its client stays), then answer whole or as a stream."""
-    first = await next_unless_gone(job, gone)
-    if first is None:
-        return Response(status_code=CLIENT_GONE)
-    if isinstance(first, Failed):
-        return failure_response(first)
-    if request.stream:
-        include_usage = bool(request.stream_options and request.stream_options.include_usage)
-        events = _stream(job, first, shapes, generation.request_id, created, include_usage)
-        return StreamingResponse(events, media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    try:
-        pieces: list[str] = []
-        logprobs: list[TokenLogprob] = []
-        event = first
-        while not isinstance(event, Done):
-            if isinstance(event, Failed):
-                return failure_response(event)
-            pieces.append(event.text)
-            if event.logprobs is not None:
-                logprobs.append(event.logprobs)
-            event = await next_unless_gone(job, gone)
-            if event is None:
-                return Response(status_code=CLIENT_GONE)
-    finally:
-        job.cancel()  # a no-op once done; stops the generation if this handler is cancelled
-    text = "".join(pieces) + event.text
-    asked = generation.decoder.settings.logprobs is not None
-    return JSONResponse(shapes.complete(generation.request_id, created, text, event,
-                                        logprobs if asked else None).model_dump())
-
-
-async def _stream(
-    job: Job, first: StepOut | Done, shapes: _ChatFormat | _CompletionFormat, request_id: str, created: int,
-    include_usage: bool,
-) -> AsyncIterator[str]:
-    event: StepOut | Done | Failed = first
-    is_first = True
-    try:
-        while True:
-            if isinstance(event, StepOut):
-                yield sse(shapes.chunk(request_id, created, event.text, is_first, ChunkExtension(step=event.report),
-                                       logprobs=event.logprobs))
-                is_first = False
-            elif isinstance(event, Done):
-                yield sse(shapes.chunk(request_id, created, event.text, is_first, ChunkExtension(ledger=event.ledger),
-                                       finish_reason=event.finish_reason))
-                if include_usage:
-                    yield sse(shapes.usage_chunk(request_id, created, event))
-                yield "data: [DONE]\n\n"
-                return
-            else:
-                yield f"data: {json.dumps(event.body())}\n\n"  # the openai client raises it
-                return
-            event = await job.next()
-    finally:
-        job.cancel()  # the client went away (or the stream ended): stop at the next step

@@ -35,6 +35,7 @@ from edge_sdk.ledger import LedgerEntry, PrivacyLedger
 from edge_sdk.logprobs import TokenLogprobs
 from edge_sdk.policies import available_policies, make_policy
 from edge_sdk.prompts import ChatRenderer, Prompts, chat_prompts, plain_prompts
+from edge_sdk.server.embeddings import MAX_INPUTS, DeviceEmbedder, Embedded, InputTooLong
 from edge_sdk.server.errors import RETRY_AFTER_S, EndpointError, bad_request, from_cloud_error
 from edge_sdk.server.protocol import (
     ChatCompletionRequest,
@@ -48,6 +49,8 @@ from edge_sdk.server.protocol import (
     Usage,
 )
 from edge_sdk.server.settings import ServerSettings
+from edge_sdk.server.tools import chosen_tools
+from edge_sdk.server.tools import instruction as tool_instruction
 from edge_sdk.decoding import CollaborativeDecoder
 from edge_sdk.status import CloudError
 
@@ -76,7 +79,13 @@ def step_report(entry: LedgerEntry) -> StepReport:
     )
 
 
-def ledger_summary(ledger: PrivacyLedger, *, cloud_prompt_tokens: int, queue_ms: float) -> LedgerSummary:
+#: said in the ledger of a request whose system message went to the cloud (documented, and now said where it happens)
+PUBLIC_SYSTEM_NOTE = ("the system message was sent to the cloud as public text, as every unmarked message is; mark "
+                      "it \"coveil_private\": true (or a text part of it) to keep it on the device")
+
+
+def ledger_summary(ledger: PrivacyLedger, *, cloud_prompt_tokens: int, queue_ms: float,
+                   notes: Sequence[str] = ()) -> LedgerSummary:
     withheld = sum(entry.withheld for entry in ledger.entries)
     return LedgerSummary(
         mode=ledger.mode, policy=ledger.policy, steps=len(ledger.entries), values_uploaded=ledger.values_uploaded,
@@ -85,7 +94,7 @@ def ledger_summary(ledger: PrivacyLedger, *, cloud_prompt_tokens: int, queue_ms:
         withheld_steps=withheld, exposure_budget_spent=withheld > 0, reconnects=ledger.reconnects,
         prefill_overrun=ledger.prefill_overrun, exposure_k=ledger.exposure_k,
         cloud_prompt_tokens=cloud_prompt_tokens, queue_ms=round(queue_ms, 2),
-        summary=ledger.summary(), privacy=ledger.privacy(),
+        summary=ledger.summary(), privacy=ledger.privacy(), notes=list(notes),
     )
 
 
@@ -132,6 +141,7 @@ class StopText:
         self.text = ""
         self.shown = 0
         self.stopped = False
+        self.matched: str | None = None  # the stop string the text ended at
 
     def feed(self, piece: str) -> str:
         """Add ``piece``; return the text that became showable."""
@@ -139,10 +149,10 @@ class StopText:
             return ""
         start = max(0, len(self.text) - self.longest + 1)  # an occurrence that ends in the new piece
         self.text += piece
-        found = [at for at in (self.text.find(stop, start) for stop in self.stops) if at >= 0]
+        found = [(at, stop) for stop in self.stops if (at := self.text.find(stop, start)) >= 0]
         if found:
             self.stopped = True
-            visible = min(found)
+            visible, self.matched = min(found)
         else:
             tail = self.text[-self.longest :] if self.longest else ""
             held = max((n for stop in self.stops for n in range(1, min(len(stop), len(tail) + 1))
@@ -176,6 +186,8 @@ class Generation:
     #: was made): the prefill budget's grid starts here, or when the previous generation ended if later
     #: (:meth:`EdgeClient.run`)
     began_at: float = field(default_factory=time.perf_counter)
+    #: what the ledger's summary should tell the app about the request (:data:`PUBLIC_SYSTEM_NOTE`)
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -196,6 +208,7 @@ class Done:
     usage: Usage
     ledger: LedgerSummary
     text: str = ""
+    stop_string: str | None = None  # the stop string the reply ended at (request's or the prompt format's)
 
 
 @dataclass(frozen=True)
@@ -263,6 +276,7 @@ class EdgeServing:
         self._queued: set[Job] = set()  # submitted, not yet taken by the worker nor withdrawn
         self._running: Job | None = None
         self._pieces: list[bytes] | None = None  # each id's bytes, for log-probabilities (built when first asked)
+        self._embedder: DeviceEmbedder | None = None  # the SLM's GGUF loaded for embeddings (on the first request)
         self._worker = threading.Thread(target=self._work, name="coveil-slm", daemon=True)
         self._worker.start()
 
@@ -295,12 +309,18 @@ class EdgeServing:
         private_parts = [m.private_text() for m in request.messages]
         private_context = "\n\n".join(part for part in [*private_parts, options.private_context] if part)
         public = [{"role": m.template_role(), "content": m.public_text()} for m in request.messages if m.is_public()]
+        tools, text_allowed = chosen_tools(request.tools or [], request.tool_choice)
+        if tools:  # public: the functions and the reply's shape, as the first system message
+            public.insert(0, {"role": "system", "content": tool_instruction(tools, text_allowed)})
         try:
             prompts = chat_prompts(self.chat_template, public, private_context)
         except ValueError as exc:
             raise bad_request(str(exc), param="messages") from None
-        return self._generation("chatcmpl", request, options, prompts, "messages", request.reply_limit(),
-                                request.logprobs_count(), began_at, format_stops=self.chat_template.stops)
+        generation = self._generation("chatcmpl", request, options, prompts, "messages", request.reply_limit(),
+                                      request.logprobs_count(), began_at, format_stops=self.chat_template.stops)
+        if any(m.template_role() == "system" and m.public_text() for m in request.messages):
+            generation.notes = (PUBLIC_SYSTEM_NOTE,)
+        return generation
 
     def prepare_completion(self, request: CompletionRequest) -> Generation:
         """Check a completion request and build its plain-text prompts and decoder."""
@@ -314,11 +334,15 @@ class EdgeServing:
         return self._generation("cmpl", request, options, prompts, "prompt", request.reply_limit(),
                                 request.logprobs_count(), began_at)
 
-    def _check_supported(self, request: GenerationRequest) -> None:
-        if request.model != self.settings.served_model_name:
-            raise EndpointError(404, f"the model {request.model!r} does not exist here; this endpoint serves "
+    def check_model(self, model: str) -> None:
+        """404 unless ``model`` is the served model's name."""
+        if model != self.settings.served_model_name:
+            raise EndpointError(404, f"the model {model!r} does not exist here; this endpoint serves "
                                 f"{self.settings.served_model_name!r}", type="invalid_request_error",
                                 param="model", code="model_not_found")
+
+    def _check_supported(self, request: GenerationRequest) -> None:
+        self.check_model(request.model)
         refused = request.unsupported()
         if refused is not None:
             raise bad_request(f"{refused[0]} is not supported: {refused[1]}", param=refused[0])
@@ -376,7 +400,8 @@ class EdgeServing:
         try:
             decoder = self.client.decoder(prompts, **settings)
         except GrammarError as exc:
-            raise bad_request(str(exc), param="response_format") from None
+            tools = isinstance(request, ChatCompletionRequest) and request.called_tools()
+            raise bad_request(str(exc), param="tools" if tools else "response_format") from None
         except ValueError as exc:
             if options.never_upload and "never_upload" in str(exc):  # the SDK's message quotes the span
                 raise bad_request("a coveil.never_upload span has no token that could be masked (only "
@@ -402,6 +427,37 @@ class EdgeServing:
 
         chosen = entry(logprobs.token_id, logprobs.logprob)
         return TokenLogprob(**chosen.model_dump(), top_logprobs=[entry(i, v) for i, v in logprobs.top])
+
+    # -- embeddings (the device's model alone: nothing reaches the cloud) ----------------------------------
+    def embed(self, texts: list[str], *, dimensions: int | None = None, truncate: bool = False) -> Embedded:
+        """The unit vectors of ``texts`` from the SLM's GGUF (:mod:`edge_sdk.server.embeddings`); a bad input is
+        a 400 naming it.  Blocking: call off the event loop."""
+        if not texts:
+            raise bad_request("input is empty: send a text or a list of texts", param="input")
+        if len(texts) > MAX_INPUTS:
+            raise bad_request(f"input holds {len(texts)} texts, over {MAX_INPUTS}", param="input")
+        for position, text in enumerate(texts):
+            if not text:
+                raise bad_request(f"input[{position}] is an empty text", param="input")
+        embedder = self._device_embedder()
+        if dimensions is not None and dimensions != embedder.dimensions:
+            raise bad_request(f"dimensions: this model's embeddings have {embedder.dimensions} dimensions; "
+                              "shortened embeddings are not served (the model is not trained for them)",
+                              param="dimensions")
+        try:
+            return embedder.embed(texts, truncate=truncate)
+        except InputTooLong as exc:
+            raise bad_request(str(exc), param="input", code="context_length_exceeded") from None
+
+    def _device_embedder(self) -> DeviceEmbedder:
+        path = getattr(getattr(self.client.slm, "source", None), "gguf_path", None)
+        if path is None:
+            raise bad_request(f"the edge model {self.client.slm.name!r} has no GGUF file to embed with",
+                              param="model")
+        with self._lock:
+            if self._embedder is None:
+                self._embedder = DeviceEmbedder(path, n_ctx=self.n_ctx, n_threads=self.settings.threads)
+            return self._embedder
 
     # -- the queue -----------------------------------------------------------------------------------
     def submit(self, generation: Generation) -> Job:
@@ -456,7 +512,7 @@ class EdgeServing:
             if stream is None:
                 return None
             return ledger_summary(stream.ledger, cloud_prompt_tokens=len(generation.prompts.cloud_ids),
-                                  queue_ms=queue_ms)
+                                  queue_ms=queue_ms, notes=generation.notes)
 
         try:
             stream = self.client.run(generation.decoder, began_at=generation.began_at)
@@ -486,8 +542,9 @@ class EdgeServing:
         prompt_tokens = len(generation.prompts.slm_ids)
         usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                       total_tokens=prompt_tokens + completion_tokens)
-        summary = ledger_summary(ledger, cloud_prompt_tokens=len(generation.prompts.cloud_ids), queue_ms=queue_ms)
-        job.put(Done(finish, usage, summary, rest))
+        summary = ledger_summary(ledger, cloud_prompt_tokens=len(generation.prompts.cloud_ids), queue_ms=queue_ms,
+                                 notes=generation.notes)
+        job.put(Done(finish, usage, summary, rest, shown.matched))
         log.info(
             "request %s: %s-side %s, %d+%d tokens (%s), %d values up, %d full requests, %d B up, %d B down, "
             "leakage meter %.1f%%, queued %.0f ms, decoded in %.0f ms", generation.request_id, summary.mode,
