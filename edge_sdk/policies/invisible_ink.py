@@ -118,7 +118,9 @@ class InvisibleInk(Policy):
     over ``max_new_tokens`` tokens, through zCDP and the CKS conversion
     (``s = 1`` private reference)::
 
-        rho = zcdp_rho(eps, delta),  rho_token = rho / T,  C = tau * sqrt(2 * rho_token)
+        rho = zcdp_rho(eps, delta),  rho_token = rho / T,  C = tau * sqrt(rho_token / 2)
+
+    (between two contexts each clipped logit moves by up to 2C: rho_token = 2 (C / tau)^2)
 
     (:func:`~edge_sdk.privacy_accounting.invisible_ink_clip`); every grid point
     of the paper (1 to 128) is a distinct positive ``C``.  As in the original
