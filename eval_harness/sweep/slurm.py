@@ -20,7 +20,7 @@ A later run of the same command merges first, so an array left running (``--slur
 that was killed) is gathered then.
 
 **Private data.**  A task's pickle (its items: private contexts) and its rows sit under ``OUT.slurm/``, made
-0700 (:func:`eval_harness.private_files.private_dir`); each task is sent only its shard's items.
+0700 (:func:`edge_sdk.private_files.private_dir`); each task is sent only its shard's items.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from eval_harness.datasets import DecodeLeakItem
 from eval_harness.decoding_protocol import DecodingProtocol
-from eval_harness.private_files import private_dir
+from edge_sdk.private_files import private_dir
 from eval_harness.provenance import code_digest, code_dirs, items_digest
 from eval_harness.sweep.grid import Setting, row_key
 from eval_harness.sweep.ray import ShardPlan, shard_items
