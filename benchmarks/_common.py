@@ -31,10 +31,10 @@ TEXT = (
 IDEAL_PROMPT_LENGTH = 32
 
 
-def synchronize(llm: TransformersLLM) -> None:
-    """Wait for the model's device (a GPU runs asynchronously; the CPU needs nothing)."""
-    if llm.device.type == "cuda":
-        torch.cuda.synchronize(llm.device)
+def synchronize(device: torch.device | str) -> None:
+    """Wait for ``device`` (a GPU runs asynchronously; the CPU needs nothing)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def text_prompts(llm: TransformersLLM, batch: int, length: int = IDEAL_PROMPT_LENGTH) -> list[list[int]]:
@@ -54,13 +54,13 @@ def ideal_tokens_per_s(llm: TransformersLLM, prompts: Sequence[Sequence[int]], t
     logits, cache = forward_with_cache(model, cache, input_ids=torch.tensor(prompts, device=llm.device),
                                        logits_to_keep=1)
     rows = logits[:, -1, : llm.vocab_size].float().cpu().numpy()
-    synchronize(llm)
+    synchronize(llm.device)
     start = time.perf_counter()
     for _ in range(tokens):
         next_ids = torch.from_numpy(rows.argmax(axis=1)).to(llm.device)[:, None]
         logits, cache = forward_with_cache(model, cache, input_ids=next_ids, logits_to_keep=1)
         rows = logits[:, -1, : llm.vocab_size].float().cpu().numpy()
-    synchronize(llm)
+    synchronize(llm.device)
     return len(prompts) * tokens / (time.perf_counter() - start)
 
 

@@ -75,6 +75,7 @@ class NullModel:
         self._summaries: dict[RowSpec, list[StepRow]] = {}
         self._turn = 0
         self.steps = 0  # step batches run
+        self.opened_at_step = 0  # step batches run when the latest prefill ran
         self._fingerprint = vocab_fingerprint([f"<t{i}>" for i in range(VOCAB)])
 
     # -- what the engine reads -------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from _common import ideal_tokens_per_s
+from _common import ideal_tokens_per_s, synchronize
 from cloud_adapter.backends import BackendSettings, build_backend
 from cloud_adapter.backends.rows import RowSpec
 from cloud_adapter.engine import CloudEngine
@@ -121,17 +121,12 @@ def copy_rate_bytes_per_s(device: str) -> float:
     target = torch.empty_like(source)
     best = float("inf")
     for _ in range(5):
-        synchronize_device(device)
+        synchronize(device)
         start = time.perf_counter()
         target.copy_(source)
-        synchronize_device(device)
+        synchronize(device)
         best = min(best, time.perf_counter() - start)
     return 2 * size / best
-
-
-def synchronize_device(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 @torch.inference_mode()
@@ -139,11 +134,11 @@ def slots_plain_tokens_per_s(model: Any, batch: int, tokens: int) -> float:
     """Tokens/s of a bare greedy decode of ``batch`` slots on the slot engine (rows summarised, as served)."""
     seqs = [model.open(p, RowSpec(top_n=16)) for p in random_prompts(model.vocab_size, batch, lambda i: PLAIN_PROMPT,
                                                                      seed=batch)]
-    synchronize_device(str(model.device))
+    synchronize(model.device)
     start = time.perf_counter()
     for _ in range(tokens):
         model.step([(seq, int(seq.next_row.ids[0])) for seq in seqs])
-    synchronize_device(str(model.device))
+    synchronize(model.device)
     elapsed = time.perf_counter() - start
     for seq in seqs:
         model.release(seq)

@@ -214,7 +214,8 @@ def run_serve(args: argparse.Namespace, source: ModelSource, tls: TlsConfig | No
                           tp_plan="auto" if args.tp > 1 else None)
     log.info("loaded %s (vocabulary %d) in %.1f s", llm.name, llm.vocab_size, time.perf_counter() - start)
     limits = limits_from_args(args)
-    model = build_backend(args.backend, llm, dataclass_from_args(BackendSettings, args))
+    backend = "slots" if args.tp > 1 else args.backend
+    model = build_backend(backend, llm, dataclass_from_args(BackendSettings, args))
     log.info("backend %s%s", type(model).__name__,
              f": {model.slots} KV slots of {model.max_len} tokens" if hasattr(model, "slots") else "")
     if args.tp > 1 and model.rank != 0:
@@ -240,7 +241,6 @@ def check_tensor_parallel_launch(args: argparse.Namespace) -> None:
         raise ValueError("--tp runs on the slots backend: drop --backend or pass --backend slots")
     if args.device_map is not None:
         raise ValueError("--tp and --device-map both place the weights: use one")
-    args.backend = "slots"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -90,10 +90,14 @@ def _architecture_problem(config: Any) -> str | None:
     return None
 
 
+def _text_config(model: Any) -> Any:
+    """The decoder's configuration (a multimodal model's text part)."""
+    return model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+
+
 def supports(llm: TransformersLLM) -> str | None:
     """Why ``llm`` cannot be served by the slot engine, or ``None`` when it can."""
-    config = llm.model.config.get_text_config() if hasattr(llm.model.config, "get_text_config") else llm.model.config
-    return _architecture_problem(config)
+    return _architecture_problem(_text_config(llm.model))
 
 
 def check_weights_placed(model: Any, device: torch.device) -> None:
@@ -254,8 +258,7 @@ class SlotLLM:
         self.model = llm.model
         self.device = llm.device
         check_weights_placed(self.model, self.device)
-        config = self.model.config.get_text_config() if hasattr(self.model.config, "get_text_config") else \
-            self.model.config
+        config = _text_config(self.model)
         self.layers = int(config.num_hidden_layers)
         self.tp_size, self.rank = _tensor_parallel_ranks(self.model)
         kv_heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
@@ -460,16 +463,15 @@ class SlotLLM:
         indices = [s.index for s in slots]
         lo, hi = min(indices), max(indices) + 1
         starts = [s.length for s in slots]
-        if len(slots) >= MIN_RANGE_SHARE * (hi - lo):  # the range lo:hi, riders masked and not written
-            row_of = {s.index: b for b, s in enumerate(slots)}
-            rows = [row_of.get(i) for i in range(lo, hi)]
-            input_ids = torch.tensor([tokens[b] if b is not None else [0] * q_len for b in rows], device=self.device)
-            row_starts = [starts[b] if b is not None else 0 for b in rows]
-            written = None if all(b is not None for b in rows) else \
-                torch.tensor([r for r, b in enumerate(rows) if b is not None], device=self.device)
+        if len(slots) >= MIN_RANGE_SHARE * (hi - lo):  # the range lo:hi (row r: slot lo + r), riders not written
+            order = [i - lo for i in indices]  # each batch entry's row
+            row_tokens, row_starts = [[0] * q_len for _ in range(hi - lo)], [0] * (hi - lo)
+            for b, r in enumerate(order):
+                row_tokens[r], row_starts[r] = tokens[b], starts[b]
+            input_ids = torch.tensor(row_tokens, device=self.device)
+            written = None if len(slots) == hi - lo else torch.tensor(sorted(order), device=self.device)
             view = _StepView(self._keys, self._values, lo, hi, None,
                              torch.tensor(row_starts, device=self.device), written, max(starts) + q_len)
-            order = [r for r, b in sorted(((r, b) for r, b in enumerate(rows) if b is not None), key=lambda x: x[1])]
         else:  # few rows of a wide range: read theirs through an index
             input_ids = torch.tensor(tokens, device=self.device)
             view = _StepView(self._keys, self._values, lo, hi, torch.tensor(indices, device=self.device),
