@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -103,6 +103,7 @@ class _PrefillRequest:
     prompt_ids: list[int]
     spec: RowSpec | None = None  # what the session reads of each row (for a model that summarises its rows)
     result: Future[tuple[CloudSequence, int]] = field(default_factory=Future)
+    forward_ns: int = 0  # time inside the forwards of its chunks so far (a chunked prefill)
 
 
 #: called with the sequences a batch just stepped or opened, before their callers are woken
@@ -130,16 +131,25 @@ class _ModelQueue:
     bf16, enough to reorder near-ties in a top-1000 or flip a greedy token.
     """
 
-    def __init__(self, llm: TransformersLLM, *, per_sequence: bool = False) -> None:
+    def __init__(self, llm: TransformersLLM, *, per_sequence: bool = False, chunked_prefills: bool = False) -> None:
         self.llm = llm
         self.per_sequence = per_sequence
+        #: a model that prefills chunk by chunk (``opening``): each prefill turn runs one chunk of one prompt
+        self.chunked_prefills = chunked_prefills and hasattr(llm, "opening")
         self.steps: list[_StepRequest] = []
         self.prefills: deque[_PrefillRequest] = deque()
+        #: the prefill whose chunks are running (with ``chunked_prefills``), and the generator that runs them
+        self.opening: tuple[_PrefillRequest, Generator[None, None, CloudSequence]] | None = None
         self.stats = BatchStats()
 
     def __len__(self) -> int:
-        """Requests waiting (steps and prefills)."""
-        return len(self.steps) + len(self.prefills)
+        """Requests waiting (steps and prefills, one part-prefilled included)."""
+        return len(self.steps) + len(self.prefills) + (self.opening is not None)
+
+    @property
+    def prefill_waits(self) -> bool:
+        """A prefill is waiting or part-run."""
+        return bool(self.prefills) or self.opening is not None
 
     def take_steps(self) -> list[_StepRequest]:
         """With the lock held: every waiting step (one batch)."""
@@ -151,8 +161,11 @@ class _ModelQueue:
 
         Takes them in arrival order while the padded batch (``B * max L`` tokens)
         stays within twice the real tokens, so a long prompt is not padded into
-        many short ones.
+        many short ones.  With ``chunked_prefills``: the oldest waiting prefill alone, or none while one is
+        part-run (:meth:`run_prefills` then runs that one's next chunk).
         """
+        if self.chunked_prefills:
+            return [] if self.opening is not None else [self.prefills.popleft()]
         taken = [self.prefills.popleft()]
         real, longest = len(taken[0].prompt_ids), len(taken[0].prompt_ids)
         while self.prefills:
@@ -164,9 +177,14 @@ class _ModelQueue:
         return taken
 
     def take_all(self) -> list[_StepRequest | _PrefillRequest]:
-        """With the lock held: every waiting request, which nobody will run (the worker is ending)."""
+        """With the lock held: every waiting request, which nobody will run (the worker is ending); a part-run
+        prefill is abandoned (its generator closed, so its slot is given back)."""
         waiting: list[_StepRequest | _PrefillRequest] = [*self.steps, *self.prefills]
-        self.steps, self.prefills = [], deque()
+        if self.opening is not None:
+            request, chunks = self.opening
+            chunks.close()
+            waiting.append(request)
+        self.steps, self.prefills, self.opening = [], deque(), None
         return waiting
 
     def run_steps(self, steps: list[_StepRequest], delivered: Delivered | None = None) -> None:
@@ -199,7 +217,10 @@ class _ModelQueue:
 
     def run_prefills(self, requests: list[_PrefillRequest], delivered: Delivered | None = None) -> None:
         """One padded prefill for ``requests`` (one prefill each with ``per_sequence``); if it fails, each alone, so
-        one bad prompt fails only its session."""
+        one bad prompt fails only its session.  With ``chunked_prefills``: one chunk (:meth:`_run_chunk`)."""
+        if self.chunked_prefills:
+            self._run_chunk(requests, delivered)
+            return
         start = time.perf_counter_ns()
         try:
             prompts = [request.prompt_ids for request in requests]
@@ -227,6 +248,38 @@ class _ModelQueue:
             delivered(seqs)
         for request, seq in zip(requests, seqs, strict=True):
             request.result.set_result((seq, elapsed))
+
+    def _run_chunk(self, requests: list[_PrefillRequest], delivered: Delivered | None) -> None:
+        """The next chunk of the part-run prefill, or the first of ``requests``' one prefill; a prefill that ends
+        (its last chunk, or a failure) is answered."""
+        if requests:
+            (request,) = requests
+            self.opening = request, self.llm.opening(request.prompt_ids, request.spec)  # type: ignore[attr-defined]
+        assert self.opening is not None
+        request, chunks = self.opening
+        start = time.perf_counter_ns()
+        try:
+            next(chunks)
+        except StopIteration as done:
+            self.opening = None
+            self._count_chunk(request, start)
+            self.stats.prefill_sizes[1] += 1
+            if delivered is not None:
+                delivered([done.value])
+            request.result.set_result((done.value, request.forward_ns))
+            return
+        except BaseException as exc:
+            self.opening = None
+            request.result.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
+            if not isinstance(exc, Exception):
+                raise  # the worker cannot go on
+            return
+        self._count_chunk(request, start)
+
+    def _count_chunk(self, request: _PrefillRequest, start_ns: int) -> None:
+        elapsed = time.perf_counter_ns() - start_ns
+        request.forward_ns += elapsed
+        self.stats.prefill_seconds += elapsed / 1e9
 
 
 class _ModelWorker:
@@ -329,7 +382,11 @@ class StepBatcher(_ModelWorker):
     batches, so no two forwards ever overlap; the prefills that queued up
     meanwhile run as one padded ``llm.open_many``, right after the next step
     batch: under continuous decoding a new session waits at most one step
-    (not until no step waits, which under run-ahead may be never).
+    (not until no step waits, which under run-ahead may be never).  On a
+    model that prefills chunk by chunk (the slot engine's ``opening``), a
+    prefill turn runs one chunk of the oldest prompt: a long prompt then
+    holds the decoding sessions up by one chunk's forward per step, never
+    by its whole prefill (chunked prefill, interleaved with the steps).
 
     Attributes:
         batch_sizes: how many step batches of each size ran.
@@ -343,7 +400,7 @@ class StepBatcher(_ModelWorker):
     def __init__(self, llm: TransformersLLM, *, batch_window_ms: float = 10.0) -> None:
         if batch_window_ms < 0:
             raise ValueError(f"batch_window_ms must be non-negative, got {batch_window_ms}")
-        self._queue = _ModelQueue(llm)
+        self._queue = _ModelQueue(llm, chunked_prefills=True)
         super().__init__([self._queue])
         self._least_window_s = batch_window_ms / 1000.0
         self._step_s = 0.0  # average seconds of one batched step
@@ -410,11 +467,11 @@ class StepBatcher(_ModelWorker):
             with self._cond:
                 while not (queue or self._closed):
                     self._cond.wait()
-                if queue.prefills and (prefill_turn or not queue.steps):
-                    steps, prefills = [], queue.take_prefills()
+                if queue.prefill_waits and (prefill_turn or not queue.steps):
+                    steps, prefills, prefilling = [], queue.take_prefills(), True
                 elif queue.steps:
                     self._wait_for_batch()
-                    steps, prefills = queue.take_steps(), []
+                    steps, prefills, prefilling = queue.take_steps(), [], False
                 else:
                     return  # closed and drained
             prefill_turn = bool(steps)
@@ -424,7 +481,7 @@ class StepBatcher(_ModelWorker):
                 with self._cond:
                     elapsed = time.monotonic() - started
                     self._step_s += self.GAP_SMOOTHING * (elapsed - self._step_s) if self._step_s else elapsed
-            elif prefills:
+            elif prefilling:
                 queue.run_prefills(prefills, self._opened)
             # drop this batch's requests before waiting for the next: they hold their sequences, and with
             # them the KV caches of sessions that may have ended meanwhile

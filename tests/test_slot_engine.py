@@ -359,3 +359,66 @@ def test_a_session_that_could_outgrow_its_slot_is_refused_when_it_opens() -> Non
         assert slots.free_slots == 2
         fits = list(engine.session("client").handle(wire.encode_open(replace(request, max_new_tokens=10))))
         assert [m.WhichOneof("kind") for m in fits] == ["opened", "distribution"]
+
+
+def test_a_long_prefill_runs_one_chunk_between_step_batches() -> None:
+    """A session decodes without a pause while a 40-token prompt prefills 8 tokens a forward: the prompt's five
+    chunks alternate with step batches (the decoding session is never held up by more than one chunk), and both
+    sessions' greedy tokens are those of the transformers path alone."""
+    reference, served = _tiny("llama")
+    slots = SlotLLM(served, max_slots=4, max_len=64, prefill_chunk=8)
+    forwards: list[int] = []  # each forward's query length: 8 = a prompt chunk, 1 = a step
+    forward = slots._forward
+
+    def logged(batch_slots: Any, tokens: list[list[int]]) -> Any:
+        forwards.append(len(tokens[0]))
+        if len(tokens[0]) > 1:
+            time.sleep(0.03)  # a chunk as long as a real one: the decoding session's next step is queued by its end
+        return forward(batch_slots, tokens)
+
+    slots._forward = logged  # type: ignore[method-assign]
+    short, long = [5, 9, 13, 2], [(7 * i) % 90 + 1 for i in range(40)]
+    expected = {}
+    for name, prompt, steps in (("short", short, 24), ("long", long, 3)):
+        seq = reference.open(prompt)
+        for _ in range(steps):
+            reference.step([(seq, int(np.argmax(seq.next_logits)))])
+        expected[name] = seq.ids[len(prompt):]
+    got: dict[str, list[int]] = {}
+    with StepBatcher(slots, batch_window_ms=0) as batcher:  # type: ignore[arg-type]
+        decoding = threading.Event()
+
+        def decode() -> None:
+            seq, _ = batcher.prefill(short, spec=RowSpec(top_n=2))
+            for i in range(24):
+                if i == 4:
+                    decoding.set()
+                batcher.forward(seq, int(seq.next_row.ids[0]))
+            got["short"] = seq.ids[len(short):]
+            batcher.release(seq)
+
+        thread = threading.Thread(target=decode)
+        thread.start()
+        decoding.wait()
+        seq, forward_ns = batcher.prefill(long, spec=RowSpec(top_n=2))
+        for _ in range(3):
+            batcher.forward(seq, int(seq.next_row.ids[0]))
+        got["long"] = seq.ids[len(long):]
+        batcher.release(seq)
+        thread.join()
+    assert got == expected
+    assert forward_ns > 0
+    chunks = [i for i, q in enumerate(forwards) if q == 8]
+    assert len(chunks) == 5, forwards
+    assert all(forwards[i + 1] == 1 for i in chunks[:-1]), forwards  # a step batch after each chunk but the last
+    assert slots.free_slots == 4
+
+
+def test_a_prefill_abandoned_between_chunks_gives_its_slot_back() -> None:
+    _, served = _tiny("qwen2")
+    slots = SlotLLM(served, max_slots=2, max_len=32, prefill_chunk=4)
+    chunks = slots.opening(list(range(1, 11)), RowSpec(top_n=2))
+    next(chunks)
+    assert slots.free_slots == 1
+    chunks.close()
+    assert slots.free_slots == 2

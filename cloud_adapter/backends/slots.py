@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -369,14 +369,24 @@ class SlotLLM:
             self._give_back(index)
 
     @torch.inference_mode()
-    def open(self, prompt_ids: Sequence[int], spec: RowSpec | None = None) -> CloudSequence:
-        """Prefill ``prompt_ids`` into a free slot, ``prefill_chunk`` tokens a forward."""
+    def opening(self, prompt_ids: Sequence[int], spec: RowSpec | None = None,
+                ) -> Generator[None, None, CloudSequence]:
+        """Prefill ``prompt_ids`` into a free slot, one forward of ``prefill_chunk`` tokens per resumption.
+
+        A generator: it takes the slot and runs the first chunk at the first ``next``, pauses after each chunk
+        but the last, and returns the sequence (``StopIteration.value``) once the prompt's last chunk has run.
+        Between two resumptions the caller may run other forwards (the batcher runs a step batch there, so a
+        long prompt does not stall the sessions decoding): a slot being filled rides along a step's range with
+        its K/V unwritten.  Closed before its end (``close()``), it gives its slot back.
+        """
         ids = [int(i) for i in prompt_ids]
         slot = self._take_slot(len(ids))
         slot.spec = spec
         try:
             logits = None
             for start in range(0, len(ids), self.prefill_chunk):
+                if start:
+                    yield
                 chunk = ids[start : start + self.prefill_chunk]
                 logits = self._guarded_forward([slot], [chunk])
                 slot.length = start + len(chunk)
@@ -386,16 +396,26 @@ class SlotLLM:
                 "RESOURCE_EXHAUSTED", f"the device ran out of memory prefilling {len(ids)} tokens "
                 f"({self.prefill_chunk} a forward): retry, or lower --prefill-chunk"
             ) from None
-        except BaseException:
+        except BaseException:  # GeneratorExit included: a prefill abandoned midway frees its slot
             self._give_back(slot.index)
             raise
         seq = CloudSequence(ids=ids, cache=slot, next_logits=None)
         self._deliver([seq], logits)
         return seq
 
+    def open(self, prompt_ids: Sequence[int], spec: RowSpec | None = None) -> CloudSequence:
+        """Prefill ``prompt_ids`` into a free slot, ``prefill_chunk`` tokens a forward, all at once."""
+        chunks = self.opening(prompt_ids, spec)
+        while True:
+            try:
+                next(chunks)
+            except StopIteration as done:
+                return done.value
+
     def open_many(self, prompts: Sequence[Sequence[int]], specs: Sequence[RowSpec | None] | None = None,
                   ) -> list[CloudSequence]:
-        """One :meth:`open` each (a prefill is chunked per session; steps interleave between requests)."""
+        """One :meth:`open` each, each chunked (the batcher interleaves steps between chunks through
+        :meth:`opening` instead)."""
         specs = specs if specs is not None else [None] * len(prompts)
         return [self.open(prompt, spec) for prompt, spec in zip(prompts, specs, strict=True)]
 
