@@ -24,6 +24,11 @@ Targets (issue: the cloud half at GPU scale): at 32 sessions with run-ahead, slo
 >= 0.85 (70B widths: ``llama-70b-w20``, 20 of the 80 layers); slots plain >= 0.5 of the floor (7B) and >= 0.75
 (70B widths); slots >= 3x the transformers path's tokens/s; >= 0.7 with 30% vetoed; mean batch >= 30 of 32.
 
+Checked on the slot engine as well: admission (sessions past the slots, a prompt past a slot: refused with the
+numbers; ``<shape>_slots_admission_checked``), and a 2,048-token prompt joining 8 decoding sessions, prefilled 512
+tokens a forward vs all at once (``<shape>_slots_join_stall_ms_chunked`` / ``_whole``: the longest gap between two
+of their steps).
+
 Usage: python benchmarks/gpu_cloud.py [--shapes qwen2.5-7b llama-70b-w20] [--backends slots transformers]
        [--tokens 64] [--sessions 1 8 32] [--lookahead 8] [--veto 0.3] [--deadline-s 450]
 """
@@ -31,6 +36,7 @@ Usage: python benchmarks/gpu_cloud.py [--shapes qwen2.5-7b llama-70b-w20] [--bac
 from __future__ import annotations
 
 import argparse
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -47,6 +53,7 @@ from cloud_adapter.limits import Limits
 from cloud_adapter.llm import TransformersLLM
 from cloud_adapter.loadgen import run_load_in_process
 from cloud_adapter.runners import StepBatcher
+from edge_sdk.status import CloudError
 
 #: published configurations (the models' config.json), by name; "tiny" checks the script on a CPU
 SHAPES: dict[str, dict[str, Any]] = {
@@ -70,6 +77,8 @@ SHAPES: dict[str, dict[str, Any]] = {
 TOKENIZER_SIZE = {"qwen2.5-7b": 151_665, "qwen2.5-32b": 151_665, "llama-70b-w20": 128_256, "tiny": 1000}
 #: prompt length of the plain batch; the served sessions' prompts are 48..79 tokens
 PLAIN_PROMPT = 64
+#: the long prompt that joins decoding sessions in the join check, and the sessions decoding meanwhile
+JOIN_PROMPT, JOIN_DECODING = 2048, 8
 
 
 class SyntheticTokenizer:
@@ -145,6 +154,61 @@ def slots_plain_tokens_per_s(model: Any, batch: int, tokens: int) -> float:
     return batch * tokens / elapsed
 
 
+def join_stall_ms(model: Any, prefill_chunk: int, steps: int = 24) -> float:
+    """The longest gap between two steps of ``JOIN_DECODING`` sessions decoding through a ``StepBatcher`` while
+    a ``JOIN_PROMPT``-token prompt joins them, prefilled ``prefill_chunk`` tokens a forward."""
+    model.prefill_chunk = prefill_chunk
+    prompts = random_prompts(model.vocab_size, JOIN_DECODING + 1, lambda i: JOIN_PROMPT if i == 0 else PLAIN_PROMPT,
+                             seed=7)
+    gaps: list[float] = []
+    with StepBatcher(model, batch_window_ms=1.0) as batcher:
+        seqs = [batcher.prefill(p, spec=RowSpec(top_n=16))[0] for p in prompts[1:]]
+        halfway = threading.Barrier(JOIN_DECODING + 1)
+
+        def decode(seq: Any) -> None:
+            last = time.perf_counter()
+            for i in range(steps):
+                if i == steps // 4:
+                    halfway.wait()
+                batcher.forward(seq, int(seq.next_row.ids[0]))
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+
+        threads = [threading.Thread(target=decode, args=(seq,)) for seq in seqs]
+        for thread in threads:
+            thread.start()
+        halfway.wait()
+        joined, _ = batcher.prefill(prompts[0], spec=RowSpec(top_n=16))
+        for thread in threads:
+            thread.join()
+        for seq in [*seqs, joined]:
+            batcher.release(seq)
+    return 1e3 * max(gaps)
+
+
+def check_admission(model: Any) -> str:
+    """Sessions past the slots and a prompt past a slot are refused with the numbers (RESOURCE_EXHAUSTED,
+    INVALID_ARGUMENT); the slots are all free again afterwards."""
+    held = [model.open([1, 2, 3], RowSpec(top_n=4)) for _ in range(model.free_slots)]
+    try:
+        model.open([1, 2, 3], RowSpec(top_n=4))
+        raise AssertionError("a session past the slots was admitted")
+    except CloudError as refused:
+        assert refused.code == "RESOURCE_EXHAUSTED", refused
+        full = str(refused)
+    for seq in held:
+        model.release(seq)
+    try:
+        model.open([1] * model.max_len, RowSpec(top_n=4))
+        raise AssertionError("a prompt past a slot was admitted")
+    except CloudError as refused:
+        assert refused.code == "INVALID_ARGUMENT", refused
+        long = str(refused)
+    assert model.free_slots == model.slots, (model.free_slots, model.slots)
+    return f"{full} | {long}"
+
+
 def weight_bytes(llm: TransformersLLM) -> int:
     """Bytes a decode step reads of the weights (the input embedding is only gathered)."""
     embedding = llm.model.get_input_embeddings().weight
@@ -187,8 +251,9 @@ def measure(shape: str, args: argparse.Namespace, deadline: float) -> dict[str, 
             print(f"deadline reached: {shape} {backend} not measured", flush=True)
             break
         if backend == "slots":
-            max_len = PLAIN_PROMPT + 80 + args.tokens + 8
-            engine_model = build_backend("slots", llm, BackendSettings(max_slots=max(args.sessions), max_len=max_len))
+            max_len = max(PLAIN_PROMPT + 80 + args.tokens + 8, JOIN_PROMPT + 32)
+            slots = max(*args.sessions, JOIN_DECODING + 1)
+            engine_model = build_backend("slots", llm, BackendSettings(max_slots=slots, max_len=max_len))
         else:
             engine_model = llm
         # warm-ups: first calls build kernels and caches
@@ -222,6 +287,13 @@ def measure(shape: str, args: argparse.Namespace, deadline: float) -> dict[str, 
                     figures[f"{shape}_{backend}_mean_batch_runahead_{sessions}"] = mean_batch
                     served_tok_s[(backend, sessions)] = tok_s
         if backend == "slots":
+            print(f"admission: {check_admission(engine_model)}", flush=True)
+            figures[f"{shape}_slots_admission_checked"] = 1.0
+            for name, chunk in (("chunked", 512), ("whole", JOIN_PROMPT)):
+                stall = join_stall_ms(engine_model, chunk)
+                print(f"a {JOIN_PROMPT}-token prompt joins {JOIN_DECODING} decoding sessions, prefilled {chunk} "
+                      f"tokens a forward: longest step gap {stall:.1f} ms", flush=True)
+                figures[f"{shape}_slots_join_stall_ms_{name}"] = stall
             engine_model.model.set_attn_implementation("sdpa")  # the transformers path reads the same weights
     for sessions in args.sessions:
         if ("slots", sessions) in served_tok_s and ("transformers", sessions) in served_tok_s:

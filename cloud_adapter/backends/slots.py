@@ -187,8 +187,9 @@ def slot_attention(
     if view.slots is None:
         keys, values = cache_k[view.lo : view.hi, :, : view.kv_len], cache_v[view.lo : view.hi, :, : view.kv_len]
     else:
-        keys = cache_k.index_select(0, view.slots)[:, :, : view.kv_len]
-        values = cache_v.index_select(0, view.slots)[:, :, : view.kv_len]
+        # cut to kv_len before the gather, so it copies the positions attended over, not whole slots
+        keys = cache_k[:, :, : view.kv_len].index_select(0, view.slots)
+        values = cache_v[:, :, : view.kv_len].index_select(0, view.slots)
     j = torch.arange(view.kv_len, device=query.device)
     allowed = j[None, None, :] <= positions[:, :, None]  # [B, q, T]
     if sliding_window is not None:
