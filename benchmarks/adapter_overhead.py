@@ -23,6 +23,10 @@ Each runs in lockstep and with run-ahead (``--lookahead``).  Measured per config
   straight through the runner; ``prefill_wait_steps`` = the step batches that ran between a probe's prefill request
   and its prefill.
 
+For scale, the same run measures gRPC alone: a bare echo server's CPU per session-step (one message each way on
+each of as many streams, no engine, no session logic; ``grpc_echo_host_us_per_session_step``), the part of the
+host work that Python's gRPC costs whatever the adapter does.
+
 Usage: python benchmarks/adapter_overhead.py [--sessions 32] [--tokens 128] [--lookahead 8] [--probes 40]
 Last lines: host_us_per_session_step= (the rows path with run-ahead; target <= 100), mean_batch_32= (>= 30),
 prefill_wait_steps_p99= (<= 2).
@@ -35,6 +39,7 @@ import resource
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -119,6 +124,68 @@ class NullModel:
         """Nothing held."""
 
 
+#: the bidirectional-stream method of the bare carrier's echo server (``carrier_floor_us``)
+ECHO_METHOD = "/coveil.bench.Echo/Echo"
+
+
+def _echo_load(address: str, sessions: int, round_trips: int, size: int, done: Any) -> None:
+    """In a process of its own: ``sessions`` streams, each ``round_trips`` times sending ``size`` bytes and waiting
+    for their echo (one message each way per session-step, as a lockstep edge-side session)."""
+    import queue
+
+    import grpc
+
+    channel = grpc.insecure_channel(address)
+    echo = channel.stream_stream(ECHO_METHOD, request_serializer=None, response_deserializer=None)
+
+    def session() -> None:
+        outbox: queue.Queue[bytes | None] = queue.Queue()
+        replies = echo(iter(outbox.get, None))
+        for _ in range(round_trips):
+            outbox.put(b"x" * size)
+            next(replies)
+        outbox.put(None)
+        for _ in replies:
+            pass
+
+    threads = [threading.Thread(target=session) for _ in range(sessions)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    channel.close()
+    done.set()
+
+
+def carrier_floor_us(args: argparse.Namespace, size: int = 200) -> float:
+    """The server's CPU microseconds per session-step of gRPC alone: a bare echo stream (no engine, no session
+    logic, no protobuf), ``args.sessions`` streams from another process, one ``size``-byte message each way."""
+    import multiprocessing
+    from concurrent import futures
+
+    import grpc
+
+    def echo(requests: Any, context: Any) -> Any:
+        yield from requests
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=args.sessions + 16))
+    handler = grpc.stream_stream_rpc_method_handler(echo)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("coveil.bench.Echo", {"Echo": handler}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    context = multiprocessing.get_context("spawn")
+    done = context.Event()
+    process = context.Process(target=_echo_load, args=(f"127.0.0.1:{port}", args.sessions, args.tokens, size, done))
+    before = _cpu_seconds()
+    process.start()
+    process.join()
+    used = _cpu_seconds() - before
+    server.stop(None).wait()
+    if not done.is_set():
+        raise RuntimeError(f"the echo load ended with exit code {process.exitcode}")
+    return 1e6 * used / (args.sessions * args.tokens)
+
+
 def _cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -198,10 +265,13 @@ def main() -> None:
             figures[(path, lookahead)] = got
             print(f"{path:>6}{lookahead:>10}{got['host_us']:>14.1f}{got['mean_batch']:>12.2f}{got['tok_s']:>10.0f}"
                   f"{got['wait_p99']:>18.1f}", flush=True)
+    floor = carrier_floor_us(args)
+    print(f"gRPC alone (a bare echo stream, one message each way): {floor:.1f} host us per session-step")
     rows_ahead, whole_ahead = figures[("rows", args.lookahead)], figures[("whole", args.lookahead)]
     print(f"rows_lockstep_host_us_per_session_step={figures[('rows', 0)]['host_us']:.1f}")
     print(f"whole_rows_host_us_per_session_step={whole_ahead['host_us']:.1f}")
     print(f"whole_vs_rows_host_work={whole_ahead['host_us'] / rows_ahead['host_us']:.2f}")
+    print(f"grpc_echo_host_us_per_session_step={floor:.1f}")
     print(f"host_us_per_session_step={rows_ahead['host_us']:.1f}")
     print(f"mean_batch_{args.sessions}={rows_ahead['mean_batch']:.2f}")
     print(f"prefill_wait_steps_p99={rows_ahead['wait_p99']:.1f}")
