@@ -1,0 +1,3 @@
+/** `@coveil/edge`: the CoVeil edge SDK in TypeScript. */
+export * from "./core/errors.js";
+export * as wire from "./wire/index.js";
