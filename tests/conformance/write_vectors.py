@@ -155,6 +155,24 @@ def _steps(rng: np.random.Generator, vocab: int, n: int, space: str, top_m: int 
     return steps
 
 
+def _boundary_steps(rng: np.random.Generator, vocab: int, space: str) -> list[Step]:
+    """Two dense rows where one id has the logit 0 in both models (the release's upload objective of that id is
+    exactly 0: not uploaded, the rule is ``< 0``), then a sparse row whose public fill decides the fused top."""
+    steps = []
+    for t, (slm, llm) in enumerate(zip(_rows(rng, vocab, 2, spread=2.0, ties=False),
+                                       _rows(rng, vocab, 2, spread=2.0, ties=False))):
+        slm[5] = llm[5] = 0.0
+        full = llm if space == "logit" else _probabilities(llm)
+        steps.append(Step(slm, CloudDistribution(t, dense=full), full))
+    # the cloud sends its top 2 (0.5, 0.1) and leaves 0.4 to 10 ids: the public fill 0.04 (not 0) is what puts the
+    # SLM's favourite, an id the cloud left out, above the cloud's own top in the fused row
+    llm = np.log(np.array([0.5, 0.1] + [0.04] * (vocab - 2))).astype(np.float32)
+    slm = np.log(np.array([0.3, 0.05, 0.5] + [0.15 / (vocab - 3)] * (vocab - 3))).astype(np.float32)
+    full = llm if space == "logit" else _probabilities(llm)
+    steps.append(Step(slm, _cloud_row(full, 2, 2, space), full))
+    return steps
+
+
 def _param_sets(policy: str) -> list[dict[str, Any]]:
     return {
         "undefended": [{}, {"temperature": 0.7}],
@@ -199,6 +217,12 @@ def cases() -> list[Case]:
                                     _steps(rng, 12, 4, space, top_m=5, lying=True), exposure_budget=0.5,
                                     max_epsilon=MAX_EPSILON.get(policy), private_content_ids=(2,), seed=len(out),
                                     note="exposure budget 0.5 over 4 steps; step 1's row lies", **extra))
+                    out.append(Case(f"{base}/narrow", policy, params, mode, 12,
+                                    _steps(rng, 12, 4, space, top_m=2), private_content_ids=(3, 4), seed=len(out),
+                                    exposure_k=2, note="the cloud sends its top 2: omitted ids at the public fill",
+                                    **extra))
+                    out.append(Case(f"{base}/boundary", policy, params, mode, 12, _boundary_steps(rng, 12, space),
+                                    private_content_ids=(5,), exposure_k=2, seed=len(out), **extra))
                     if index == 0 and policy != "custext":
                         out.append(Case(f"{base}/large", policy, params, mode, 1536,
                                         _steps(rng, 1536, 2, space, top_m=64, ties=True), masked_ids=(7, 1535),

@@ -1,0 +1,274 @@
+/**
+ * Fusion math, as Python's `edge_sdk.fusion`: small pure functions over one step's full-vocabulary rows.
+ *
+ * Two fusion spaces: `"prob"` (`p_fuse = alpha * p_llm + (1 - alpha) * p_slm`, the paper's) and `"logit"`
+ * (`z_fuse = alpha * z_llm + (1 - alpha) * z_slm`, the authors' release).  Rows are `Float32Array`s and every
+ * operation rounds where numpy's float32 arithmetic rounds (each product and sum through `Math.fround`: a float32
+ * `+ - * /` done in float64 and rounded once is the float32 result), so decisions and uploads agree with Python's
+ * bit for bit.  `TopK` returns ids by decreasing value, ties to the lower id; `argmax` breaks ties the same way.
+ */
+
+import { InvalidArgumentError, NonFiniteError } from "./errors.js";
+
+export type FusionSpace = "prob" | "logit";
+export const FUSION_SPACES: readonly FusionSpace[] = ["prob", "logit"];
+
+const f32 = Math.fround;
+
+/** float32's most negative finite value: the lowest a logit row holds (a masked or excluded id). */
+export const FLOAT32_LOWEST = -3.4028234663852886e38;
+/** float32's smallest positive normal value. */
+export const FLOAT32_TINY = 1.1754943508222875e-38;
+
+/** `space` if it names a fusion space, else `InvalidArgumentError`. */
+export function checkSpace(space: string): FusionSpace {
+  if (space !== "prob" && space !== "logit") {
+    throw new InvalidArgumentError(`fusion space must be one of ('prob', 'logit'), got '${space}'`);
+  }
+  return space;
+}
+
+/** `alpha` if `0 <= alpha <= 1`, else `InvalidArgumentError`. */
+export function checkAlpha(alpha: number): number {
+  if (!(alpha >= 0 && alpha <= 1)) {
+    throw new InvalidArgumentError(`fusion weight alpha must lie in [0, 1], got ${alpha}`);
+  }
+  return alpha;
+}
+
+/** `values` if every entry is finite, else `NonFiniteError` naming `what` and the first bad id. */
+export function checkFinite(values: Float32Array, what: string): Float32Array {
+  for (let i = 0; i < values.length; i++) {
+    if (!Number.isFinite(values[i])) {
+      let count = 0;
+      for (let j = i; j < values.length; j++) if (!Number.isFinite(values[j])) count++;
+      throw new NonFiniteError(
+        `${what} holds ${count} non-finite value(s) (first at id ${i}: ${values[i]}); refusing to rank or fuse it`,
+      );
+    }
+  }
+  return values;
+}
+
+/** The lowest value a row of `space` holds: 0 for probabilities, float32's minimum for logits. */
+export function lowestOf(space: FusionSpace): number {
+  return space === "logit" ? FLOAT32_LOWEST : 0;
+}
+
+/**
+ * numpy's pairwise summation of `values[start, start + n)` (`np.add.reduce`): blocks of at most 128 summed with
+ * eight running sums, halves summed recursively.  `round` is `Math.fround` for a float32 sum, the identity for
+ * float64 (a float32 row summed with `dtype=np.float64`).
+ */
+export function pairwiseSum(values: ArrayLike<number>, start: number, n: number, round: (x: number) => number): number {
+  if (n < 8) {
+    let sum = 0;
+    for (let i = 0; i < n; i++) sum = round(sum + values[start + i]);
+    return sum;
+  }
+  if (n <= 128) {
+    const r = [0, 0, 0, 0, 0, 0, 0, 0];
+    for (let j = 0; j < 8; j++) r[j] = values[start + j];
+    let i = 8;
+    for (; i < n - (n % 8); i += 8) {
+      for (let j = 0; j < 8; j++) r[j] = round(r[j] + values[start + i + j]);
+    }
+    let sum = round(round(round(r[0] + r[1]) + round(r[2] + r[3])) + round(round(r[4] + r[5]) + round(r[6] + r[7])));
+    for (; i < n; i++) sum = round(sum + values[start + i]);
+    return sum;
+  }
+  let half = Math.floor(n / 2);
+  half -= half % 8;
+  return round(pairwiseSum(values, start, half, round) + pairwiseSum(values, start + half, n - half, round));
+}
+
+const identity = (x: number): number => x;
+
+/** `sum(values)` in float32, as `np.sum` of a float32 array. */
+export function sumFloat32(values: ArrayLike<number>): number {
+  return pairwiseSum(values, 0, values.length, f32);
+}
+
+/** `sum(values, dtype=np.float64)`. */
+export function sumFloat64(values: ArrayLike<number>): number {
+  return pairwiseSum(values, 0, values.length, identity);
+}
+
+/** `p(i) = exp(z(i)/T - max z/T) / sum_j exp(...)` in float32 (the exponentials through float64, rounded once:
+ * numpy's float32 `exp` is its own SIMD approximation, so these may differ from Python's in the last bits). */
+export function softmax(logits: Float32Array, temperature = 1.0): Float32Array {
+  if (!(temperature > 0)) throw new InvalidArgumentError(`temperature must be positive, got ${temperature}`);
+  let top = -Infinity;
+  for (let i = 0; i < logits.length; i++) if (logits[i] > top) top = logits[i];
+  const out = new Float32Array(logits.length);
+  const t = f32(temperature);
+  for (let i = 0; i < logits.length; i++) {
+    const shifted = temperature === 1.0 ? f32(logits[i] - top) : f32(f32(logits[i] - top) / t);
+    out[i] = Math.exp(shifted);
+  }
+  const total = sumFloat32(out);
+  for (let i = 0; i < out.length; i++) out[i] = out[i] / total;
+  return out;
+}
+
+/** `alpha * p_llm + (1 - alpha) * p_slm` (probabilities or logits alike), float32. */
+export function fuse(pLlm: Float32Array, pSlm: Float32Array, alpha: number, out?: Float32Array): Float32Array {
+  const a = f32(alpha);
+  const b = f32(1.0 - alpha);
+  const result = out ?? new Float32Array(pLlm.length);
+  for (let i = 0; i < pLlm.length; i++) result[i] = f32(pLlm[i] * a) + f32(pSlm[i] * b);
+  return result;
+}
+
+/** The cloud's masked fusion of a sparse upload: `alpha * p_llm(i) + (1 - alpha) * m(i) * u(i)`. */
+export function fuseUpload(pLlm: Float32Array, ids: ArrayLike<number>, values: ArrayLike<number>, alpha: number):
+  Float32Array {
+  const a = f32(alpha);
+  const b = f32(1.0 - alpha);
+  const out = new Float32Array(pLlm.length);
+  for (let i = 0; i < pLlm.length; i++) out[i] = pLlm[i] * a;
+  for (let j = 0; j < ids.length; j++) out[ids[j]] = out[ids[j]] + f32(b * values[j]);
+  return out;
+}
+
+/** `argmax values`, ties to the lower id (numpy's first occurrence). */
+export function argmax(values: ArrayLike<number>): number {
+  let best = 0;
+  let top = values[0];
+  for (let i = 1; i < values.length; i++) {
+    if (values[i] > top) {
+      top = values[i];
+      best = i;
+    }
+  }
+  return best;
+}
+
+/** `argmin values`, ties to the first. */
+export function argmin(values: ArrayLike<number>): number {
+  let best = 0;
+  let low = values[0];
+  for (let i = 1; i < values.length; i++) {
+    if (values[i] < low) {
+      low = values[i];
+      best = i;
+    }
+  }
+  return best;
+}
+
+/** `ids` ordered by decreasing `values[id]`, ties by increasing id (a fresh array). */
+export function sortedByValue(values: ArrayLike<number>, ids: ArrayLike<number>): number[] {
+  return Array.from(ids).sort((x, y) => (values[y] - values[x]) || (x - y));
+}
+
+/**
+ * `TopK(values)`: the `k` ids of largest value, by decreasing value, ties to the lower id.
+ *
+ * One pass keeps the best `k` in a min-heap (ordered by value, then by higher id first out); ids come in
+ * increasing order, so a later id that only ties the heap's weakest never displaces it.  The result equals
+ * sorting the whole row, ties included.
+ */
+export function topKIds(values: ArrayLike<number>, k: number): number[] {
+  const n = values.length;
+  if (k <= 0) return [];
+  if (k >= n) return sortedByValue(values, Array.from({ length: n }, (_, i) => i));
+  const heap: number[] = [];
+  // weaker(a, b): a ranks below b (smaller value, or equal value and higher id)
+  const weaker = (a: number, b: number): boolean => values[a] < values[b] || (values[a] === values[b] && a > b);
+  const siftDown = (at: number): void => {
+    for (;;) {
+      const left = 2 * at + 1;
+      const right = left + 1;
+      let low = at;
+      if (left < heap.length && weaker(heap[left], heap[low])) low = left;
+      if (right < heap.length && weaker(heap[right], heap[low])) low = right;
+      if (low === at) return;
+      [heap[at], heap[low]] = [heap[low], heap[at]];
+      at = low;
+    }
+  };
+  for (let i = 0; i < n; i++) {
+    if (heap.length < k) {
+      heap.push(i);
+      let at = heap.length - 1;
+      while (at > 0) {
+        const parent = (at - 1) >> 1;
+        if (!weaker(heap[at], heap[parent])) break;
+        [heap[at], heap[parent]] = [heap[parent], heap[at]];
+        at = parent;
+      }
+    } else if (values[i] > values[heap[0]]) {
+      heap[0] = i;
+      siftDown(0);
+    }
+  }
+  return sortedByValue(values, heap);
+}
+
+/**
+ * Whether id `i` belongs to `TopK(values)` (same tie rule) without selecting it:
+ * `rank(i) = |{j : v_j > v_i}| + |{j < i : v_j = v_i}|` and `i` is in iff `rank(i) < k`.
+ */
+export function inTopK(values: ArrayLike<number>, i: number, k: number): boolean {
+  if (k <= 0) return false;
+  const v = values[i];
+  let rank = 0;
+  for (let j = 0; j < values.length; j++) {
+    if (values[j] > v || (values[j] === v && j < i)) rank++;
+  }
+  return rank < k;
+}
+
+/** Slack for comparing float32-derived values: `1e-6 * |value| + 1e-12`. */
+export function roundingMargin(value: number): number {
+  return 1e-6 * Math.abs(value) + 1e-12;
+}
+
+/** Uniform draws a randomised policy consumes: `random()` a float64 in [0, 1), `randomRaw(n)` 64-bit words. */
+export interface Draws {
+  random(): number;
+  randomRaw(n: number): BigUint64Array;
+}
+
+/**
+ * One draw of an id with probability `weights(i) / sum(weights)`: one uniform and a cumulative sum (float64),
+ * the first id whose cumulative weight exceeds `u * total` (numpy's `searchsorted(side="right")`).
+ */
+export function sampleFrom(weights: ArrayLike<number>, draws: Draws): number {
+  const cdf = new Float64Array(weights.length);
+  let running = 0;
+  for (let i = 0; i < weights.length; i++) {
+    running += weights[i];
+    cdf[i] = running;
+  }
+  const total = cdf[cdf.length - 1];
+  if (!Number.isFinite(total) || !(total > 0)) {
+    throw new InvalidArgumentError("cannot sample: weights must be finite, non-negative and not all zero");
+  }
+  const target = draws.random() * total;
+  let low = 0;
+  let high = cdf.length;
+  while (low < high) {
+    const middle = (low + high) >> 1;
+    if (cdf[middle] <= target) low = middle + 1;
+    else high = middle;
+  }
+  return Math.min(low, cdf.length - 1);
+}
+
+/** Greedy `argmax p` at temperature 0, else a draw from `p**(1/T)` renormalised (`p` non-negative). */
+export function pickToken(p: Float32Array, temperature: number, draws?: Draws): number {
+  if (temperature === 0) return argmax(p);
+  if (draws === undefined) throw new InvalidArgumentError("sampling at temperature > 0 needs explicit draws");
+  // p**(1/T) / max p**(1/T) = exp((log p - log max p) / T)
+  const logP = new Float64Array(p.length);
+  let top = -Infinity;
+  for (let i = 0; i < p.length; i++) {
+    logP[i] = Math.log(Math.max(p[i], 0));
+    if (logP[i] > top) top = logP[i];
+  }
+  const weights = new Float64Array(p.length);
+  for (let i = 0; i < p.length; i++) weights[i] = Math.exp((logP[i] - top) / temperature);
+  return sampleFrom(weights, draws);
+}

@@ -1,0 +1,89 @@
+/**
+ * Every registered policy by name, as Python's `edge_sdk.policies` registry.  A policy Python registers and this
+ * SDK does not implement is refused by {@link makePolicy} with `NotImplementedInTypeScriptError` (`UNIMPLEMENTED`),
+ * never replaced by another.
+ */
+
+import { InvalidArgumentError, NotImplementedInTypeScriptError, UnknownNameError } from "../core/errors.js";
+import { type FusionMode, Policy } from "./base.js";
+import { CoGenesis } from "./cogenesis.js";
+import { CoVeil } from "./coveil.js";
+import { DPLogit } from "./dp_logit.js";
+import { Undefended } from "./undefended.js";
+
+export * from "./base.js";
+export * from "./cogenesis.js";
+export * from "./coveil.js";
+export * from "./dp_logit.js";
+export * from "./undefended.js";
+
+type Kind = "int" | "float" | "space";
+
+interface Entry {
+  modes: readonly FusionMode[];
+  params: Record<string, Kind>;
+  build: (params: Record<string, unknown>) => Policy;
+}
+
+/** The policies this SDK implements, with each parameter's type (as Python's dataclass fields). */
+const IMPLEMENTED: Record<string, Entry> = {
+  undefended: { modes: ["cloud", "edge"], params: { temperature: "float", space: "space" },
+    build: (p) => new Undefended(p) },
+  coveil: { modes: ["cloud", "edge"], params: { lam: "float", k: "int", space: "space" },
+    build: (p) => new CoVeil(p) },
+  cogenesis: { modes: ["cloud"], params: { b: "int" }, build: (p) => new CoGenesis(p) },
+  dp_logit: { modes: ["cloud"], params: { epsilon: "float", delta: "float", upload_k: "int" },
+    build: (p) => new DPLogit(p) },
+};
+
+/** Registered in Python, not implemented here (each with what it needs that this SDK lacks). */
+export const NOT_IMPLEMENTED: Readonly<Record<string, string>> = {
+  dp_fusion: "its Renyi-bounded mixing weight search",
+  custext: "token-embedding neighbours and clusters",
+  ldp_sampler: "the locally optimal sampler's normaliser search",
+  invisible_ink: "its zCDP clip calibration and dp-accounting's RDP accountant",
+};
+
+/** Every name Python registers, sorted. */
+export function registeredPolicies(): string[] {
+  return [...Object.keys(IMPLEMENTED), ...Object.keys(NOT_IMPLEMENTED)].sort();
+}
+
+/** The policies this SDK implements, optionally only those that define `mode`. */
+export function availablePolicies(mode?: FusionMode): string[] {
+  return Object.keys(IMPLEMENTED).filter((name) => mode === undefined || IMPLEMENTED[name].modes.includes(mode)).sort();
+}
+
+function typed(policy: string, name: string, kind: Kind, value: unknown): unknown {
+  if (kind === "space") return value;
+  if (typeof value !== "number") {
+    throw new InvalidArgumentError(`${policy} parameter ${name} must be a number, got ${JSON.stringify(value)}`);
+  }
+  if (kind === "int" && !Number.isInteger(value)) {
+    throw new InvalidArgumentError(`${policy} parameter ${name} must be an integer, got ${value}`);
+  }
+  return value;
+}
+
+/** Instantiate a registered policy by name with its parameters (names and types checked as Python checks them). */
+export function makePolicy(name: string, params: Record<string, unknown> = {}): Policy {
+  if (name in NOT_IMPLEMENTED) {
+    throw new NotImplementedInTypeScriptError(
+      `policy '${name}' is not implemented in the TypeScript SDK (it needs ${NOT_IMPLEMENTED[name]}): use the ` +
+        `Python SDK for it, or one of ${availablePolicies().join(", ")}`,
+    );
+  }
+  const entry = IMPLEMENTED[name];
+  if (entry === undefined) {
+    throw new UnknownNameError(`unknown policy '${name}' (available: ${registeredPolicies().join(", ")})`);
+  }
+  const accepted = Object.keys(entry.params);
+  const checked: Record<string, unknown> = {};
+  for (const [key, value] of Object.entries(params)) {
+    if (!(key in entry.params)) {
+      throw new InvalidArgumentError(`policy ${name} has no parameter '${key}' (its parameters: ${accepted.join(", ")})`);
+    }
+    checked[key] = typed(name, key, entry.params[key], value);
+  }
+  return entry.build(checked);
+}
