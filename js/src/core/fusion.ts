@@ -111,6 +111,22 @@ export function softmax(logits: Float32Array, temperature = 1.0): Float32Array {
   return out;
 }
 
+const scratchRows = new Map<string, Float32Array>();
+
+/**
+ * A float32 work row of length `n` kept per `slot` and reused (a fresh megabyte-sized typed array per step costs
+ * several argmax passes in page faults and collection).  Its contents are the caller's until the next call with
+ * the same slot: only for rows that do not outlive the call that fills them.
+ */
+export function scratch(n: number, slot: string): Float32Array {
+  let row = scratchRows.get(slot);
+  if (row === undefined || row.length !== n) {
+    row = new Float32Array(n);
+    scratchRows.set(slot, row);
+  }
+  return row;
+}
+
 /** `alpha * p_llm + (1 - alpha) * p_slm` (probabilities or logits alike), float32. */
 export function fuse(pLlm: Float32Array, pSlm: Float32Array, alpha: number, out?: Float32Array): Float32Array {
   const a = f32(alpha);
@@ -121,11 +137,12 @@ export function fuse(pLlm: Float32Array, pSlm: Float32Array, alpha: number, out?
 }
 
 /** The cloud's masked fusion of a sparse upload: `alpha * p_llm(i) + (1 - alpha) * m(i) * u(i)`. */
-export function fuseUpload(pLlm: Float32Array, ids: ArrayLike<number>, values: ArrayLike<number>, alpha: number):
-  Float32Array {
+export function fuseUpload(
+  pLlm: Float32Array, ids: ArrayLike<number>, values: ArrayLike<number>, alpha: number, into?: Float32Array,
+): Float32Array {
   const a = f32(alpha);
   const b = f32(1.0 - alpha);
-  const out = new Float32Array(pLlm.length);
+  const out = into ?? new Float32Array(pLlm.length);
   for (let i = 0; i < pLlm.length; i++) out[i] = pLlm[i] * a;
   for (let j = 0; j < ids.length; j++) out[ids[j]] = out[ids[j]] + f32(b * values[j]);
   return out;
@@ -162,45 +179,56 @@ export function sortedByValue(values: ArrayLike<number>, ids: ArrayLike<number>)
   return Array.from(ids).sort((x, y) => (values[y] - values[x]) || (x - y));
 }
 
+/** Whether id `a` ranks below id `b` in `values`: a smaller value, or an equal value and a higher id. */
+function weaker(values: ArrayLike<number>, a: number, b: number): boolean {
+  return values[a] < values[b] || (values[a] === values[b] && a > b);
+}
+
+/** Restore the min-heap `heap[0, size)` (weakest id first) below position `at`. */
+function siftDown(values: ArrayLike<number>, heap: Int32Array, size: number, at: number): void {
+  for (;;) {
+    const left = 2 * at + 1;
+    const right = left + 1;
+    let low = at;
+    if (left < size && weaker(values, heap[left], heap[low])) low = left;
+    if (right < size && weaker(values, heap[right], heap[low])) low = right;
+    if (low === at) return;
+    const moved = heap[at];
+    heap[at] = heap[low];
+    heap[low] = moved;
+    at = low;
+  }
+}
+
 /**
  * `TopK(values)`: the `k` ids of largest value, by decreasing value, ties to the lower id.
  *
- * One pass keeps the best `k` in a min-heap (ordered by value, then by higher id first out); ids come in
- * increasing order, so a later id that only ties the heap's weakest never displaces it.  The result equals
- * sorting the whole row, ties included.
+ * One pass keeps the best `k` in a min-heap (its root the weakest kept: the smallest value, the higher id on
+ * ties); ids come in increasing order, so a later id that only ties the root never displaces it, and an id is
+ * looked at twice only when it beats the root.  The result equals sorting the whole row, ties included.
  */
 export function topKIds(values: ArrayLike<number>, k: number): number[] {
   const n = values.length;
   if (k <= 0) return [];
   if (k >= n) return sortedByValue(values, Array.from({ length: n }, (_, i) => i));
-  const heap: number[] = [];
-  // weaker(a, b): a ranks below b (smaller value, or equal value and higher id)
-  const weaker = (a: number, b: number): boolean => values[a] < values[b] || (values[a] === values[b] && a > b);
-  const siftDown = (at: number): void => {
-    for (;;) {
-      const left = 2 * at + 1;
-      const right = left + 1;
-      let low = at;
-      if (left < heap.length && weaker(heap[left], heap[low])) low = left;
-      if (right < heap.length && weaker(heap[right], heap[low])) low = right;
-      if (low === at) return;
-      [heap[at], heap[low]] = [heap[low], heap[at]];
-      at = low;
+  const heap = new Int32Array(k);
+  for (let size = 0; size < k; size++) {
+    heap[size] = size;
+    for (let at = size; at > 0;) {
+      const parent = (at - 1) >> 1;
+      if (!weaker(values, heap[at], heap[parent])) break;
+      const moved = heap[at];
+      heap[at] = heap[parent];
+      heap[parent] = moved;
+      at = parent;
     }
-  };
-  for (let i = 0; i < n; i++) {
-    if (heap.length < k) {
-      heap.push(i);
-      let at = heap.length - 1;
-      while (at > 0) {
-        const parent = (at - 1) >> 1;
-        if (!weaker(heap[at], heap[parent])) break;
-        [heap[at], heap[parent]] = [heap[parent], heap[at]];
-        at = parent;
-      }
-    } else if (values[i] > values[heap[0]]) {
+  }
+  let floor = values[heap[0]];
+  for (let i = k; i < n; i++) {
+    if (values[i] > floor) {
       heap[0] = i;
-      siftDown(0);
+      siftDown(values, heap, k, 0);
+      floor = values[heap[0]];
     }
   }
   return sortedByValue(values, heap);
@@ -208,16 +236,25 @@ export function topKIds(values: ArrayLike<number>, k: number): number[] {
 
 /**
  * Whether id `i` belongs to `TopK(values)` (same tie rule) without selecting it:
- * `rank(i) = |{j : v_j > v_i}| + |{j < i : v_j = v_i}|` and `i` is in iff `rank(i) < k`.
+ * `rank(i) = |{j : v_j > v_i}| + |{j < i : v_j = v_i}|` and `i` is in iff `rank(i) < k`.  A pass counts the ids
+ * at least `v_i` and stops once they exceed `k` (when at most `k` are, `i` is in whatever the ties); only then
+ * does a second pass count the rank, stopping once it reaches `k`.  Either pass ends after about `k` hits, so a
+ * hit is rare and its branch well predicted.
  */
 export function inTopK(values: ArrayLike<number>, i: number, k: number): boolean {
   if (k <= 0) return false;
   const v = values[i];
-  let rank = 0;
-  for (let j = 0; j < values.length; j++) {
-    if (values[j] > v || (values[j] === v && j < i)) rank++;
+  const n = values.length;
+  let atLeast = 0;
+  for (let j = 0; j < n; j++) {
+    if (values[j] >= v && ++atLeast > k) break;
   }
-  return rank < k;
+  if (atLeast <= k) return true;
+  let rank = 0;
+  for (let j = 0; j < n; j++) {
+    if ((values[j] > v || (values[j] === v && j < i)) && ++rank >= k) return false;
+  }
+  return true;
 }
 
 /** Slack for comparing float32-derived values: `1e-6 * |value| + 1e-12`. */

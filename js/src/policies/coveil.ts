@@ -14,6 +14,7 @@ import {
   fuseUpload,
   type FusionSpace,
   inTopK,
+  scratch,
   sortedByValue,
   sumFloat32,
   topKIds,
@@ -43,7 +44,7 @@ export interface CoVeilSettings {
 export function coveilUpload(pSlm: Float32Array, pLlm: Float32Array, { alpha, lam, k }: CoVeilSettings): number[] {
   checkAlpha(alpha);
   check(lam, k);
-  const yStar = argmax(fuse(pLlm, pSlm, alpha));
+  const yStar = argmax(fuse(pLlm, pSlm, alpha, scratch(pSlm.length, "coveil")));
   if (!inTopK(pSlm, yStar, k)) return [];
   const pool = Math.min(k, pSlm.length);
   const s = pSlm[yStar];
@@ -59,7 +60,7 @@ export function coveilUpload(pSlm: Float32Array, pLlm: Float32Array, { alpha, la
 export function coveilSelect(pSlm: Float32Array, pLlm: Float32Array, { alpha, lam, k }: CoVeilSettings): number {
   checkAlpha(alpha);
   check(lam, k);
-  const pFuse = fuse(pLlm, pSlm, alpha);
+  const pFuse = fuse(pLlm, pSlm, alpha, scratch(pSlm.length, "coveil"));
   const candidates = topKIds(pFuse, k);
   if (lam === 0) return candidates[0];
   const top = pFuse[candidates[0]];
@@ -91,7 +92,8 @@ export function coveilUploadLogit(zSlm: Float32Array, zLlm: Float32Array, { alph
   checkAlpha(alpha);
   check(lam, k);
   const candidates = topKIds(zSlm, k);
-  const winner = argmax(fuseUpload(zLlm, candidates, candidates.map((c) => zSlm[c]), alpha));
+  const row = scratch(zSlm.length, "coveil");
+  const winner = argmax(fuseUpload(zLlm, candidates, candidates.map((c) => zSlm[c]), alpha, row));
   return releaseUploadRule(zSlm, zLlm, candidates, winner, alpha, lam);
 }
 
@@ -133,9 +135,11 @@ function releaseSelectRule(
 export function coveilSelectLogit(zSlm: Float32Array, zLlm: Float32Array, { alpha, lam, k }: CoVeilSettings): number {
   checkAlpha(alpha);
   check(lam, k);
-  const fusedTop = argmax(fuse(zLlm, zSlm, alpha));
+  const row = scratch(zSlm.length, "coveil");
+  const fusedTop = argmax(fuse(zLlm, zSlm, alpha, row));
   let candidates = releaseCandidates(zLlm, k, [fusedTop, argmax(zLlm)]);
-  const winnerOf = (pool: number[]): number => argmax(fuseUpload(zLlm, pool, pool.map((c) => zSlm[c]), alpha));
+  const winnerOf = (pool: number[]): number =>
+    argmax(fuseUpload(zLlm, pool, pool.map((c) => zSlm[c]), alpha, row));
   let winner = winnerOf(candidates);
   if (!candidates.includes(winner)) {
     candidates = releaseCandidates(zLlm, k, [...candidates, winner]);
