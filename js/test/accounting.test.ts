@@ -5,7 +5,7 @@ import { describe, expect, it } from "vitest";
 import { InvalidArgumentError, NotImplementedInTypeScriptError } from "../src/core/errors.js";
 import { pyG, pyRepr } from "../src/core/format.js";
 import { PrivacyAccountant, ReleaseEvent } from "../src/privacy/accountant.js";
-import { erfc, rdpEpsilon } from "../src/privacy/accounting.js";
+import { erfc, invisibleInkClip, rdpEpsilon } from "../src/privacy/accounting.js";
 
 describe("erfc", () => {
   // scipy.special.erfc at these points (an independent implementation)
@@ -57,11 +57,21 @@ describe("the accountant", () => {
       .toThrow(/max_epsilon 2 cannot be met: one release of this policy already spends epsilon 3 at delta 0/);
   });
 
-  it("refuses at construction what only dp-accounting composes here", () => {
-    expect(() => new PrivacyAccountant(new ReleaseEvent("zcdp", 0.1, { delta: 1e-6 })))
-      .toThrow(NotImplementedInTypeScriptError);
+  it("refuses at construction what only dp-accounting's PLD accountant composes", () => {
     expect(() => new PrivacyAccountant(new ReleaseEvent("pure_dp", 1), { delta: 1e-5 }))
       .toThrow(NotImplementedInTypeScriptError);
+  });
+
+  it("composes zCDP releases as dp-accounting's RDP accountant does", () => {
+    // dp_accounting.rdp.RdpAccountant(DEFAULT_RDP_ORDERS), ZCDpEvent(0.1) composed 1, 2, 3 times, at delta 1e-6
+    const accountant = new PrivacyAccountant(new ReleaseEvent("zcdp", 0.1, { delta: 1e-6 }));
+    const want = [2.143043523753668, 3.1310897749150355, 3.9200778582288445];
+    want.forEach((epsilon, n) => expect(Math.abs(accountant.epsilon(n + 1) - epsilon) / epsilon).toBeLessThan(1e-12));
+  });
+
+  it("calibrates InvisibleInk's clip as Python does", () => {
+    // edge_sdk.privacy_accounting.invisible_ink_clip(10.0, max_new_tokens=4, delta=1e-6, temperature=1.1)
+    expect(Math.abs(invisibleInkClip(10, 4, 1e-6, 1.1) - 0.48251001340370414)).toBeLessThan(1e-12);
   });
 
   it("checks its event as Python does", () => {

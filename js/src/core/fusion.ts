@@ -309,3 +309,22 @@ export function pickToken(p: Float32Array, temperature: number, draws?: Draws): 
   for (let i = 0; i < p.length; i++) weights[i] = Math.exp((logP[i] - top) / temperature);
   return sampleFrom(weights, draws);
 }
+
+/** Ids per block of {@link sampleIndex}'s two-level inverse CDF. */
+export const SAMPLE_BLOCK = 512;
+
+/**
+ * One draw of an id with probability `weights(i) / sum(weights)`, as Python's `sample_index`: up to
+ * {@link SAMPLE_BLOCK} ids one {@link sampleFrom}; beyond, the ids are cut into blocks of that many, a block is drawn
+ * by its float64 sum (numpy's pairwise sum), then an id inside it (two uniforms).
+ */
+export function sampleIndex(weights: Float32Array | Float64Array, draws: Draws): number {
+  const n = weights.length;
+  if (n <= SAMPLE_BLOCK) return sampleFrom(weights, draws);
+  const full = Math.floor(n / SAMPLE_BLOCK);
+  const sums = new Float64Array(full + (full * SAMPLE_BLOCK < n ? 1 : 0));
+  for (let b = 0; b < full; b++) sums[b] = pairwiseSum(weights, b * SAMPLE_BLOCK, SAMPLE_BLOCK, identity);
+  if (full * SAMPLE_BLOCK < n) sums[full] = pairwiseSum(weights, full * SAMPLE_BLOCK, n - full * SAMPLE_BLOCK, identity);
+  const start = sampleFrom(sums, draws) * SAMPLE_BLOCK;
+  return start + sampleFrom(weights.subarray(start, start + SAMPLE_BLOCK), draws);
+}

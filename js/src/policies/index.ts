@@ -9,15 +9,17 @@ import { type FusionMode, Policy } from "./base.js";
 import { CoGenesis } from "./cogenesis.js";
 import { CoVeil } from "./coveil.js";
 import { DPLogit } from "./dp_logit.js";
+import { InvisibleInk } from "./invisible_ink.js";
 import { Undefended } from "./undefended.js";
 
 export * from "./base.js";
 export * from "./cogenesis.js";
 export * from "./coveil.js";
 export * from "./dp_logit.js";
+export * from "./invisible_ink.js";
 export * from "./undefended.js";
 
-type Kind = "int" | "float" | "space";
+type Kind = "int" | "optional_int" | "float" | "space";
 
 interface Entry {
   modes: readonly FusionMode[];
@@ -34,6 +36,8 @@ const IMPLEMENTED: Record<string, Entry> = {
   cogenesis: { modes: ["cloud"], params: { b: "int" }, build: (p) => new CoGenesis(p) },
   dp_logit: { modes: ["cloud"], params: { epsilon: "float", delta: "float", upload_k: "int" },
     build: (p) => new DPLogit(p) },
+  invisible_ink: { modes: ["edge"], params: { epsilon: "float", delta: "float", top_k: "optional_int",
+    temperature: "float", max_new_tokens: "int" }, build: (p) => new InvisibleInk(p) },
 };
 
 /** Registered in Python, not implemented here (each with what it needs that this SDK lacks). */
@@ -41,7 +45,6 @@ export const NOT_IMPLEMENTED: Readonly<Record<string, string>> = {
   dp_fusion: "its Renyi-bounded mixing weight search",
   custext: "token-embedding neighbours and clusters",
   ldp_sampler: "the locally optimal sampler's normaliser search",
-  invisible_ink: "its zCDP clip calibration and dp-accounting's RDP accountant",
 };
 
 /** Every name Python registers, sorted. */
@@ -55,11 +58,11 @@ export function availablePolicies(mode?: FusionMode): string[] {
 }
 
 function typed(policy: string, name: string, kind: Kind, value: unknown): unknown {
-  if (kind === "space") return value;
+  if (kind === "space" || (kind === "optional_int" && value === null)) return value;
   if (typeof value !== "number") {
     throw new InvalidArgumentError(`${policy} parameter ${name} must be a number, got ${JSON.stringify(value)}`);
   }
-  if (kind === "int" && !Number.isInteger(value)) {
+  if (kind !== "float" && !Number.isInteger(value)) {
     throw new InvalidArgumentError(`${policy} parameter ${name} must be an integer, got ${value}`);
   }
   return value;

@@ -8,13 +8,15 @@
  * - `pure_dp` (LDP-Sampler) at delta 0: `n * eps`, exact;
  * - `non_private` (the heuristics): `eps = inf` from the first release.
  *
- * `zcdp` and `pure_dp` at a delta > 0 are composed in Python by dp-accounting's RDP and PLD accountants, which
- * this SDK does not carry: an accountant for them is refused when it is built.
+ * - `zcdp` (InvisibleInk): dp-accounting's RDP accountant's composition and conversion, ported.
+ *
+ * `pure_dp` at a delta > 0 is composed in Python by dp-accounting's PLD accountant, which this SDK does not carry:
+ * an accountant for it is refused when it is built.
  */
 
 import { InvalidArgumentError, NotImplementedInTypeScriptError } from "../core/errors.js";
 import { pyG } from "../core/format.js";
-import { checkDelta, checkOrder, gaussianCompositionEpsilon, rdpEpsilon } from "./accounting.js";
+import { checkDelta, checkOrder, gaussianCompositionEpsilon, rdpEpsilon, zcdpOptimalOrder } from "./accounting.js";
 
 export type ReleaseKind = "gaussian" | "zcdp" | "pure_dp" | "renyi" | "non_private";
 export const RELEASE_KINDS: readonly ReleaseKind[] = ["gaussian", "zcdp", "pure_dp", "renyi", "non_private"];
@@ -130,10 +132,45 @@ function epsilonCurve(event: ReleaseEvent, delta: number): (releases: number) =>
     return (releases) => renyiCompositionEpsilon(releases, event.value, order, delta);
   }
   if (event.kind === "gaussian") return (releases) => gaussianCompositionEpsilon(event.value, releases, delta);
+  if (event.kind === "zcdp") return zcdpCurve(event, delta);
   throw new NotImplementedInTypeScriptError(
-    `composing a ${event.kind} release at delta ${pyG(delta)} needs dp-accounting's ` +
-      `${event.kind === "zcdp" ? "RDP" : "PLD"} accountant, which the TypeScript SDK does not implement`,
+    `composing a pure_dp release at delta ${pyG(delta)} > 0 needs dp-accounting's PLD accountant, which the ` +
+      "TypeScript SDK does not implement (state the budget at delta 0)",
   );
+}
+
+/** dp-accounting's default RDP orders (`DEFAULT_RDP_ORDERS`), which Python's zCDP accountant converts at. */
+export const DEFAULT_RDP_ORDERS: readonly number[] = [
+  ...Array.from({ length: 99 }, (_, x) => 1 + (x + 1) / 10),
+  ...Array.from({ length: 53 }, (_, x) => 11 + x),
+  128, 256, 512, 1024,
+];
+
+/**
+ * `eps(n)` of `n` releases each `rho`-zCDP, as Python's accountant composes them with dp-accounting's RDP
+ * accountant (ported here): at every order `a` of {@link DEFAULT_RDP_ORDERS} (plus the order the calibration
+ * converted at, for a horizon) the releases add `rho * a` each, one after another; the epsilon is the smallest
+ * over the orders of the improved conversion `r + log(1 - 1/a) - log(delta * a) / (a - 1)` (0 where
+ * `delta^2 + expm1(-r) > 0`, the KL bound), floored at 0.  Memoised, as a generation asks for `n` and `n + 1`.
+ */
+function zcdpCurve(event: ReleaseEvent, delta: number): (releases: number) => number {
+  const orders = [...DEFAULT_RDP_ORDERS];
+  if (event.horizon !== null && event.value > 0) orders.push(zcdpOptimalOrder(event.horizon * event.value, delta));
+  orders.sort((x, y) => x - y);
+  const rdp = orders.map(() => 0);
+  const epsilons = [0];
+  return (releases) => {
+    while (epsilons.length <= releases) {
+      orders.forEach((order, j) => { rdp[j] += event.value * order; });
+      const candidates = orders.map((order, j) => {
+        const r = rdp[j];
+        if (r < 0 || delta ** 2 + Math.expm1(-r) > 0) return 0;
+        return order > 1.01 ? r + Math.log1p(-1 / order) - Math.log(delta * order) / (order - 1) : Infinity;
+      });
+      epsilons.push(Math.max(0, Math.min(...candidates)));
+    }
+    return epsilons[releases];
+  };
 }
 
 /** The ledger's privacy summary (Python's `PrivacyAccountant.summary()`), JSON-ready. */

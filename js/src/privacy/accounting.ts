@@ -169,3 +169,65 @@ export function dpFusionBound(epsilon: number, order = 2.0): number {
   checkOrder(order);
   return ((2 * order - 2) / (4 * order - 3)) * checkEpsilon(epsilon);
 }
+
+/**
+ * The Renyi order at which the CKS conversion of `rho`-zCDP attains its infimum: the root of
+ * `rho*(a-1)^2 = log(1/delta) - log a` on `(1, 1/delta)` (`1/delta` when `rho = 0`), the upper end of a bisection.
+ */
+export function zcdpOptimalOrder(rho: number, delta: number): number {
+  if (!(rho >= 0 && Number.isFinite(rho))) throw new InvalidArgumentError(`zCDP rho must be finite and >= 0, got ${rho}`);
+  const logInvDelta = -Math.log(checkDelta(delta));
+  let low = 1;
+  let high = 1 / delta;
+  if (rho > 0) {
+    high = Math.min(high, 1 + Math.sqrt(logInvDelta / rho));
+    for (let i = 0; i < BISECTION_STEPS; i++) {
+      const middle = 0.5 * (low + high);
+      if (middle === low || middle === high) break;
+      if (rho * (middle - 1) * (middle - 1) < logInvDelta - Math.log(middle)) low = middle;
+      else high = middle;
+    }
+  }
+  return high;
+}
+
+/** `rho`-zCDP implies `(eps, delta)`-DP (Canonne, Kamath & Steinke 2020): the improved conversion at the optimal order. */
+export function zcdpEpsilon(rho: number, delta: number): number {
+  const order = zcdpOptimalOrder(rho, delta);
+  return rdpEpsilon(rho * order, order, delta);
+}
+
+/** The largest `rho` with `zcdpEpsilon(rho, delta) <= epsilon` (the lower end of a bisection; 0 at `epsilon = 0`). */
+export function zcdpRho(epsilon: number, delta: number): number {
+  checkEpsilon(epsilon);
+  checkDelta(delta);
+  if (epsilon === 0) return 0;
+  let low = 0;
+  let high = Math.max(1, epsilon);
+  while (zcdpEpsilon(high, delta) <= epsilon) {
+    low = high;
+    high *= 2;
+  }
+  for (let i = 0; i < BISECTION_STEPS; i++) {
+    const middle = 0.5 * (low + high);
+    if (middle === low || middle === high) break;
+    if (zcdpEpsilon(middle, delta) <= epsilon) low = middle;
+    else high = middle;
+  }
+  return low;
+}
+
+/**
+ * InvisibleInk's clip bound `C` for a total `(epsilon, delta)` over `T` tokens, any two contexts:
+ * `rho = zcdpRho(eps, delta)`, `rho_token = rho / T`, `C = tau * s * sqrt(rho_token / 2)`.
+ */
+export function invisibleInkClip(
+  epsilon: number, maxNewTokens: number, delta = 1e-6, temperature = 1.0, nPrivate = 1,
+): number {
+  if (!(temperature > 0)) throw new InvalidArgumentError(`sampling temperature must be > 0, got ${temperature}`);
+  if (!Number.isInteger(nPrivate) || nPrivate < 1) {
+    throw new InvalidArgumentError(`number of private references must be a positive integer, got ${nPrivate}`);
+  }
+  const rhoToken = zcdpRho(epsilon, delta) / checkPositiveInt(maxNewTokens, "max_new_tokens");
+  return temperature * nPrivate * Math.sqrt(0.5 * rhoToken);
+}
