@@ -138,7 +138,8 @@ describe("golden vectors from the Python SDK", () => {
     const combos = new Set(implemented.map((c) => `${c.policy}/${c.mode}/${c.space}`));
     expect([...combos].sort()).toEqual([
       "cogenesis/cloud/prob", "coveil/cloud/logit", "coveil/cloud/prob", "coveil/edge/logit", "coveil/edge/prob",
-      "dp_logit/cloud/prob", "invisible_ink/edge/prob", "undefended/cloud/logit", "undefended/cloud/prob", "undefended/edge/logit",
+      "dp_logit/cloud/prob", "invisible_ink/edge/prob", "ldp_sampler/edge/prob",
+      "undefended/cloud/logit", "undefended/cloud/prob", "undefended/edge/logit",
       "undefended/edge/prob",
     ]);
     const steps = implemented.flatMap((c) => c.steps.map((s) => s.expect));

@@ -314,17 +314,32 @@ export function pickToken(p: Float32Array, temperature: number, draws?: Draws): 
 export const SAMPLE_BLOCK = 512;
 
 /**
- * One draw of an id with probability `weights(i) / sum(weights)`, as Python's `sample_index`: up to
- * {@link SAMPLE_BLOCK} ids one {@link sampleFrom}; beyond, the ids are cut into blocks of that many, a block is drawn
- * by its float64 sum (numpy's pairwise sum), then an id inside it (two uniforms).
+ * Repeated draws of an id with probability `weights(i) / sum(weights)`, two uniforms per draw (Python's
+ * `BlockSampler`): the ids are cut into blocks of {@link SAMPLE_BLOCK}, each block summed once in float64 (numpy's
+ * pairwise sum); a draw picks a block by its sum, then an id inside it.
  */
+export class BlockSampler {
+  private readonly sums: Float64Array;
+
+  constructor(private readonly weights: Float32Array | Float64Array) {
+    const n = weights.length;
+    const full = Math.floor(n / SAMPLE_BLOCK);
+    this.sums = new Float64Array(full + (full * SAMPLE_BLOCK < n ? 1 : 0));
+    for (let b = 0; b < full; b++) this.sums[b] = pairwiseSum(weights, b * SAMPLE_BLOCK, SAMPLE_BLOCK, identity);
+    if (full * SAMPLE_BLOCK < n) {
+      this.sums[full] = pairwiseSum(weights, full * SAMPLE_BLOCK, n - full * SAMPLE_BLOCK, identity);
+    }
+  }
+
+  draw(draws: Draws): number {
+    const start = sampleFrom(this.sums, draws) * SAMPLE_BLOCK;
+    return start + sampleFrom(this.weights.subarray(start, start + SAMPLE_BLOCK), draws);
+  }
+}
+
+/** One draw of an id with probability `weights(i) / sum(weights)` (Python's `sample_index`): one
+ * {@link sampleFrom} up to {@link SAMPLE_BLOCK} ids, a {@link BlockSampler} draw beyond. */
 export function sampleIndex(weights: Float32Array | Float64Array, draws: Draws): number {
-  const n = weights.length;
-  if (n <= SAMPLE_BLOCK) return sampleFrom(weights, draws);
-  const full = Math.floor(n / SAMPLE_BLOCK);
-  const sums = new Float64Array(full + (full * SAMPLE_BLOCK < n ? 1 : 0));
-  for (let b = 0; b < full; b++) sums[b] = pairwiseSum(weights, b * SAMPLE_BLOCK, SAMPLE_BLOCK, identity);
-  if (full * SAMPLE_BLOCK < n) sums[full] = pairwiseSum(weights, full * SAMPLE_BLOCK, n - full * SAMPLE_BLOCK, identity);
-  const start = sampleFrom(sums, draws) * SAMPLE_BLOCK;
-  return start + sampleFrom(weights.subarray(start, start + SAMPLE_BLOCK), draws);
+  if (weights.length <= SAMPLE_BLOCK) return sampleFrom(weights, draws);
+  return new BlockSampler(weights).draw(draws);
 }

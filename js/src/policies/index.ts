@@ -10,6 +10,7 @@ import { CoGenesis } from "./cogenesis.js";
 import { CoVeil } from "./coveil.js";
 import { DPLogit } from "./dp_logit.js";
 import { InvisibleInk } from "./invisible_ink.js";
+import { LDPSampler } from "./ldp_sampler.js";
 import { Undefended } from "./undefended.js";
 
 export * from "./base.js";
@@ -17,6 +18,7 @@ export * from "./cogenesis.js";
 export * from "./coveil.js";
 export * from "./dp_logit.js";
 export * from "./invisible_ink.js";
+export * from "./ldp_sampler.js";
 export * from "./undefended.js";
 
 type Kind = "int" | "optional_int" | "float" | "space";
@@ -38,13 +40,13 @@ const IMPLEMENTED: Record<string, Entry> = {
     build: (p) => new DPLogit(p) },
   invisible_ink: { modes: ["edge"], params: { epsilon: "float", delta: "float", top_k: "optional_int",
     temperature: "float", max_new_tokens: "int" }, build: (p) => new InvisibleInk(p) },
+  ldp_sampler: { modes: ["edge"], params: { epsilon: "float", gamma: "float" }, build: (p) => new LDPSampler(p) },
 };
 
 /** Registered in Python, not implemented here (each with what it needs that this SDK lacks). */
 export const NOT_IMPLEMENTED: Readonly<Record<string, string>> = {
   dp_fusion: "its Renyi-bounded mixing weight search",
   custext: "token-embedding neighbours and clusters",
-  ldp_sampler: "the locally optimal sampler's normaliser search",
 };
 
 /** Every name Python registers, sorted. */
