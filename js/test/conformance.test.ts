@@ -138,7 +138,7 @@ describe("golden vectors from the Python SDK", () => {
     const combos = new Set(implemented.map((c) => `${c.policy}/${c.mode}/${c.space}`));
     expect([...combos].sort()).toEqual([
       "cogenesis/cloud/prob", "coveil/cloud/logit", "coveil/cloud/prob", "coveil/edge/logit", "coveil/edge/prob",
-      "dp_logit/cloud/prob", "invisible_ink/edge/prob", "ldp_sampler/edge/prob",
+      "dp_fusion/cloud/prob", "dp_fusion/edge/prob", "dp_logit/cloud/prob", "invisible_ink/edge/prob", "ldp_sampler/edge/prob",
       "undefended/cloud/logit", "undefended/cloud/prob", "undefended/edge/logit",
       "undefended/edge/prob",
     ]);

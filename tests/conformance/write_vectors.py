@@ -157,7 +157,8 @@ def _steps(rng: np.random.Generator, vocab: int, n: int, space: str, top_m: int 
 
 def _boundary_steps(rng: np.random.Generator, vocab: int, space: str) -> list[Step]:
     """Two dense rows where one id has the logit 0 in both models (the release's upload objective of that id is
-    exactly 0: not uploaded, the rule is ``< 0``), then a sparse row whose public fill decides the fused top."""
+    exactly 0: not uploaded, the rule is ``< 0``), a sparse row whose public fill decides the fused top, and a
+    dense row with a probability under DP-Fusion's floor."""
     steps = []
     for t, (slm, llm) in enumerate(zip(_rows(rng, vocab, 2, spread=2.0, ties=False),
                                        _rows(rng, vocab, 2, spread=2.0, ties=False))):
@@ -170,6 +171,12 @@ def _boundary_steps(rng: np.random.Generator, vocab: int, space: str) -> list[St
     slm = np.log(np.array([0.3, 0.05, 0.5] + [0.15 / (vocab - 3)] * (vocab - 3))).astype(np.float32)
     full = llm if space == "logit" else _probabilities(llm)
     steps.append(Step(slm, _cloud_row(full, 2, 2, space), full))
+    # the SLM gives the cloud's favourite (0.9) a probability of 1e-12, under DP-Fusion's floor: the floor decides
+    # the private row there, and at a large epsilon the reverse divergence, not the forward one, bounds the weight
+    llm = np.log(np.array([0.9] + [0.1 / (vocab - 1)] * (vocab - 1))).astype(np.float32)
+    slm = np.log(np.array([1e-12] + [1.0 / (vocab - 1)] * (vocab - 1))).astype(np.float32)
+    full = llm if space == "logit" else _probabilities(llm)
+    steps.append(Step(slm, CloudDistribution(3, dense=full), full))
     return steps
 
 
@@ -179,7 +186,7 @@ def _param_sets(policy: str) -> list[dict[str, Any]]:
         "coveil": [{"lam": 1.0, "k": 50}, {"lam": 0.05, "k": 3}, {"lam": 0.0, "k": 2}],
         "cogenesis": [{"b": 3}],
         "dp_logit": [{"epsilon": 1.0, "delta": 1e-5, "upload_k": 5}],
-        "dp_fusion": [{"epsilon": 2.0, "upload_k": 5}, {"epsilon": 0.0, "upload_k": 3}],
+        "dp_fusion": [{"epsilon": 2.0, "upload_k": 5}, {"epsilon": 0.0, "upload_k": 3}, {"epsilon": 20.0, "upload_k": 5}],
         "custext": [{"epsilon": 5.0, "n_neighbours": 3}, {"epsilon": 1.0, "n_neighbours": 3, "mapping": "aggressive"}],
         "ldp_sampler": [{"epsilon": 2.0, "gamma": 2.0}],
         "invisible_ink": [{"epsilon": 10.0, "delta": 1e-6}, {"epsilon": 10.0, "top_k": 3}],
@@ -190,7 +197,7 @@ SPACED = ("undefended", "coveil")  # the policies with a logit space
 MODES = {"undefended": ("cloud", "edge"), "coveil": ("cloud", "edge"), "cogenesis": ("cloud",),
          "dp_logit": ("cloud",), "dp_fusion": ("cloud", "edge"), "custext": ("edge",), "ldp_sampler": ("edge",),
          "invisible_ink": ("edge",)}
-#: DP policies get an epsilon budget that withholds after a few releases
+#: DP policies get an epsilon budget that withholds after a few releases (at a per-token epsilon of at most 2)
 MAX_EPSILON = {"dp_logit": 8.0, "ldp_sampler": 4.0, "dp_fusion": 15.0}
 
 
@@ -215,7 +222,8 @@ def cases() -> list[Case]:
                                     private_content_ids=(0, 3), seed=len(out), **extra))
                     out.append(Case(f"{base}/budget-lying", policy, params, mode, 12,
                                     _steps(rng, 12, 4, space, top_m=5, lying=True), exposure_budget=0.5,
-                                    max_epsilon=MAX_EPSILON.get(policy), private_content_ids=(2,), seed=len(out),
+                                    max_epsilon=MAX_EPSILON.get(policy) if params.get("epsilon", 0) <= 2 else None,
+                                    private_content_ids=(2,), seed=len(out),
                                     note="exposure budget 0.5 over 4 steps; step 1's row lies", **extra))
                     out.append(Case(f"{base}/narrow", policy, params, mode, 12,
                                     _steps(rng, 12, 4, space, top_m=2), private_content_ids=(3, 4), seed=len(out),

@@ -8,6 +8,7 @@ import { InvalidArgumentError, NotImplementedInTypeScriptError, UnknownNameError
 import { type FusionMode, Policy } from "./base.js";
 import { CoGenesis } from "./cogenesis.js";
 import { CoVeil } from "./coveil.js";
+import { DPFusion } from "./dp_fusion.js";
 import { DPLogit } from "./dp_logit.js";
 import { InvisibleInk } from "./invisible_ink.js";
 import { LDPSampler } from "./ldp_sampler.js";
@@ -16,6 +17,7 @@ import { Undefended } from "./undefended.js";
 export * from "./base.js";
 export * from "./cogenesis.js";
 export * from "./coveil.js";
+export * from "./dp_fusion.js";
 export * from "./dp_logit.js";
 export * from "./invisible_ink.js";
 export * from "./ldp_sampler.js";
@@ -40,12 +42,13 @@ const IMPLEMENTED: Record<string, Entry> = {
     build: (p) => new DPLogit(p) },
   invisible_ink: { modes: ["edge"], params: { epsilon: "float", delta: "float", top_k: "optional_int",
     temperature: "float", max_new_tokens: "int" }, build: (p) => new InvisibleInk(p) },
+  dp_fusion: { modes: ["cloud", "edge"], params: { epsilon: "float", order: "float", delta: "float",
+    max_new_tokens: "int", upload_k: "int" }, build: (p) => new DPFusion(p) },
   ldp_sampler: { modes: ["edge"], params: { epsilon: "float", gamma: "float" }, build: (p) => new LDPSampler(p) },
 };
 
 /** Registered in Python, not implemented here (each with what it needs that this SDK lacks). */
 export const NOT_IMPLEMENTED: Readonly<Record<string, string>> = {
-  dp_fusion: "its Renyi-bounded mixing weight search",
   custext: "token-embedding neighbours and clusters",
 };
 
