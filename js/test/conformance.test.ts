@@ -2,7 +2,7 @@
  * The TypeScript decide step replays the Python SDK's golden vectors (tests/conformance/vectors.json, written by
  * `python -m tests.conformance.write_vectors` through the Python decoder): the same withheld steps, full-row
  * requests, uploaded ids and float32 values, synced tokens, exposure sets, steered and released steps, epsilons,
- * leakage shares and ledger summaries, for every policy this SDK implements in every mode and space Python
+ * leakage shares and ledger summaries, for every registered policy in every mode and space Python
  * defines it in, each case fed the very uniform draws Python's policy consumed.
  *
  * Bit for bit except where a transcendental function of this runtime stands in for the C library's (the bounds
@@ -14,16 +14,17 @@
 import { describe, expect, it } from "vitest";
 import { CloudDistribution } from "../src/core/distribution.js";
 import { StepDecider } from "../src/core/decide.js";
-import { NotImplementedInTypeScriptError } from "../src/core/errors.js";
+import { UnknownNameError } from "../src/core/errors.js";
 import { softmax, type Draws } from "../src/core/fusion.js";
-import { CloudUpload, makePolicy, NOT_IMPLEMENTED, registeredPolicies, SyncedToken } from "../src/policies/index.js";
+import {
+  CloudUpload, EmbeddingNeighbours, makePolicy, registeredPolicies, SyncedToken,
+} from "../src/policies/index.js";
 import { LeakageMeter } from "../src/privacy/ledger.js";
 import { maskProbabilities } from "../src/privacy/masking.js";
 import { type CaseJson, type DistJson, f32FromHex, f32ToHex, f64FromHex, f64ToHex, loadVectors, ReplayDraws }
   from "./vectors.js";
 
 const vectors = loadVectors();
-const implemented = vectors.cases.filter((c) => !(c.policy in NOT_IMPLEMENTED));
 
 /** Relative distance of two float64s (0 when equal). */
 function relative(a: number, b: number): number {
@@ -59,7 +60,10 @@ const EPSILON_RELATIVE = 1e-9;
 const NOISE_ULPS = 64;
 
 function replay(c: CaseJson): void {
-  const policy = makePolicy(c.policy, c.params);
+  const neighbours = c.embeddings === null ? {} : {
+    neighbours: new EmbeddingNeighbours(f32FromHex(c.embeddings.values), c.embeddings.rows, c.embeddings.dim),
+  };
+  const policy = makePolicy(c.policy, { ...c.params, ...neighbours });
   expect(policy.describe()).toBe(c.describe);
   const step: { draws: ReplayDraws } = { draws: new ReplayDraws([]) };
   const draws: Draws = { random: () => step.draws.random(), randomRaw: (n) => step.draws.randomRaw(n) };
@@ -134,30 +138,28 @@ describe("golden vectors from the Python SDK", () => {
   it("are the format this replay reads, and cover every registered policy", () => {
     expect(vectors.format).toBe("coveil-conformance/1");
     expect([...new Set(vectors.cases.map((c) => c.policy))].sort()).toEqual(registeredPolicies());
-    // what is replayed: every mode and space of the implemented policies, with every kind of step in it
-    const combos = new Set(implemented.map((c) => `${c.policy}/${c.mode}/${c.space}`));
+    // what is replayed: every mode and space of every policy, with every kind of step in it
+    const combos = new Set(vectors.cases.map((c) => `${c.policy}/${c.mode}/${c.space}`));
     expect([...combos].sort()).toEqual([
       "cogenesis/cloud/prob", "coveil/cloud/logit", "coveil/cloud/prob", "coveil/edge/logit", "coveil/edge/prob",
+      "custext/edge/prob",
       "dp_fusion/cloud/prob", "dp_fusion/edge/prob", "dp_logit/cloud/prob", "invisible_ink/edge/prob", "ldp_sampler/edge/prob",
       "undefended/cloud/logit", "undefended/cloud/prob", "undefended/edge/logit",
       "undefended/edge/prob",
     ]);
-    const steps = implemented.flatMap((c) => c.steps.map((s) => s.expect));
+    const steps = vectors.cases.flatMap((c) => c.steps.map((s) => s.expect));
     for (const flag of ["withheld", "full_requested", "steered", "released"] as const) {
       expect(steps.some((s) => s[flag]) && steps.some((s) => !s[flag]), flag).toBe(true);
     }
   });
 
-  it.each(implemented.map((c) => [c.name, c] as const))("%s replays bit for bit", (_name, c) => replay(c));
+  it.each(vectors.cases.map((c) => [c.name, c] as const))("%s replays bit for bit", (_name, c) => replay(c));
 
-  it.each(Object.keys(NOT_IMPLEMENTED))("%s is refused at construction, never replaced", (name) => {
-    const c = vectors.cases.find((v) => v.policy === name) as CaseJson;
-    expect(() => makePolicy(name, c.params)).toThrow(NotImplementedInTypeScriptError);
-    try {
-      makePolicy(name, c.params);
-    } catch (error) {
-      expect((error as NotImplementedInTypeScriptError).code).toBe("UNIMPLEMENTED");
-    }
+  it("refuses an unknown policy and a parameter a policy does not have, by name", () => {
+    expect(() => makePolicy("coveill")).toThrow(UnknownNameError);
+    expect(() => makePolicy("coveil", { lamda: 1 })).toThrow(/policy coveil has no parameter 'lamda'/);
+    expect(() => makePolicy("coveil", { k: 2.5 })).toThrow(/coveil parameter k must be an integer, got 2.5/);
+    expect(() => makePolicy("dp_logit", { epsilon: true })).toThrow(/must be a number/);
   });
 
   it("computes the SLM's probabilities from its logits within a few float32 ulps of numpy's SIMD softmax", () => {

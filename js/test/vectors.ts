@@ -51,6 +51,7 @@ export interface CaseJson {
   max_new_tokens: number;
   masked_ids: number[];
   private_content_ids: number[];
+  embeddings: { rows: number; dim: number; values: string } | null;
   event: { kind: string; value: string; delta: string; order: string | null; horizon: number | null;
     source_value: string | null };
   steps: StepJson[];

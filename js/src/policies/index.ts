@@ -1,13 +1,10 @@
-/**
- * Every registered policy by name, as Python's `edge_sdk.policies` registry.  A policy Python registers and this
- * SDK does not implement is refused by {@link makePolicy} with `NotImplementedInTypeScriptError` (`UNIMPLEMENTED`),
- * never replaced by another.
- */
+/** Every registered policy by name, as Python's `edge_sdk.policies` registry (each one implemented here). */
 
-import { InvalidArgumentError, NotImplementedInTypeScriptError, UnknownNameError } from "../core/errors.js";
+import { InvalidArgumentError, UnknownNameError } from "../core/errors.js";
 import { type FusionMode, Policy } from "./base.js";
 import { CoGenesis } from "./cogenesis.js";
 import { CoVeil } from "./coveil.js";
+import { CusText } from "./custext.js";
 import { DPFusion } from "./dp_fusion.js";
 import { DPLogit } from "./dp_logit.js";
 import { InvisibleInk } from "./invisible_ink.js";
@@ -17,13 +14,14 @@ import { Undefended } from "./undefended.js";
 export * from "./base.js";
 export * from "./cogenesis.js";
 export * from "./coveil.js";
+export * from "./custext.js";
 export * from "./dp_fusion.js";
 export * from "./dp_logit.js";
 export * from "./invisible_ink.js";
 export * from "./ldp_sampler.js";
 export * from "./undefended.js";
 
-type Kind = "int" | "optional_int" | "float" | "space";
+type Kind = "int" | "optional_int" | "float" | "space" | "text" | "neighbours";
 
 interface Entry {
   modes: readonly FusionMode[];
@@ -31,7 +29,7 @@ interface Entry {
   build: (params: Record<string, unknown>) => Policy;
 }
 
-/** The policies this SDK implements, with each parameter's type (as Python's dataclass fields). */
+/** Each policy with its modes and each parameter's type (as Python's dataclass fields). */
 const IMPLEMENTED: Record<string, Entry> = {
   undefended: { modes: ["cloud", "edge"], params: { temperature: "float", space: "space" },
     build: (p) => new Undefended(p) },
@@ -42,19 +40,16 @@ const IMPLEMENTED: Record<string, Entry> = {
     build: (p) => new DPLogit(p) },
   invisible_ink: { modes: ["edge"], params: { epsilon: "float", delta: "float", top_k: "optional_int",
     temperature: "float", max_new_tokens: "int" }, build: (p) => new InvisibleInk(p) },
+  custext: { modes: ["edge"], params: { neighbours: "neighbours", epsilon: "float", n_neighbours: "int",
+    mapping: "text" }, build: (p) => new CusText(p) },
   dp_fusion: { modes: ["cloud", "edge"], params: { epsilon: "float", order: "float", delta: "float",
     max_new_tokens: "int", upload_k: "int" }, build: (p) => new DPFusion(p) },
   ldp_sampler: { modes: ["edge"], params: { epsilon: "float", gamma: "float" }, build: (p) => new LDPSampler(p) },
 };
 
-/** Registered in Python, not implemented here (each with what it needs that this SDK lacks). */
-export const NOT_IMPLEMENTED: Readonly<Record<string, string>> = {
-  custext: "token-embedding neighbours and clusters",
-};
-
 /** Every name Python registers, sorted. */
 export function registeredPolicies(): string[] {
-  return [...Object.keys(IMPLEMENTED), ...Object.keys(NOT_IMPLEMENTED)].sort();
+  return Object.keys(IMPLEMENTED).sort();
 }
 
 /** The policies this SDK implements, optionally only those that define `mode`. */
@@ -63,7 +58,9 @@ export function availablePolicies(mode?: FusionMode): string[] {
 }
 
 function typed(policy: string, name: string, kind: Kind, value: unknown): unknown {
-  if (kind === "space" || (kind === "optional_int" && value === null)) return value;
+  if (kind === "space" || kind === "text" || kind === "neighbours" || (kind === "optional_int" && value === null)) {
+    return value;
+  }
   if (typeof value !== "number") {
     throw new InvalidArgumentError(`${policy} parameter ${name} must be a number, got ${JSON.stringify(value)}`);
   }
@@ -75,12 +72,6 @@ function typed(policy: string, name: string, kind: Kind, value: unknown): unknow
 
 /** Instantiate a registered policy by name with its parameters (names and types checked as Python checks them). */
 export function makePolicy(name: string, params: Record<string, unknown> = {}): Policy {
-  if (name in NOT_IMPLEMENTED) {
-    throw new NotImplementedInTypeScriptError(
-      `policy '${name}' is not implemented in the TypeScript SDK (it needs ${NOT_IMPLEMENTED[name]}): use the ` +
-        `Python SDK for it, or one of ${availablePolicies().join(", ")}`,
-    );
-  }
   const entry = IMPLEMENTED[name];
   if (entry === undefined) {
     throw new UnknownNameError(`unknown policy '${name}' (available: ${registeredPolicies().join(", ")})`);
