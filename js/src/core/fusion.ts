@@ -269,6 +269,25 @@ export interface Draws {
 }
 
 /**
+ * Draws from the operating system's entropy (`crypto.getRandomValues`), as the SDK must seed its policies:
+ * anything derived from what crosses the wire would let the cloud replay the policy's noise.  `random()` is a
+ * 64-bit word's top 53 bits times 2^-53, as numpy's `Generator.random()` turns a word into a uniform.
+ */
+export const osDraws: Draws = {
+  random(): number {
+    const word = globalThis.crypto.getRandomValues(new BigUint64Array(1))[0];
+    return Number(word >> 11n) * 2 ** -53;
+  },
+  randomRaw(n: number): BigUint64Array {
+    const words = new BigUint64Array(n);
+    for (let start = 0; start < n; start += 8192) { // getRandomValues fills at most 65,536 bytes a call
+      globalThis.crypto.getRandomValues(words.subarray(start, Math.min(start + 8192, n)));
+    }
+    return words;
+  },
+};
+
+/**
  * One draw of an id with probability `weights(i) / sum(weights)`: one uniform and a cumulative sum (float64),
  * the first id whose cumulative weight exceeds `u * total` (numpy's `searchsorted(side="right")`).
  */

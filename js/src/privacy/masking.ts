@@ -10,7 +10,7 @@
  */
 
 import { InvalidArgumentError } from "../core/errors.js";
-import { FLOAT32_LOWEST, type FusionSpace, softmax, sumFloat64 } from "../core/fusion.js";
+import { checkFinite, FLOAT32_LOWEST, type FusionSpace, softmax, sumFloat64 } from "../core/fusion.js";
 
 /** A full-vocabulary upload keeps only its this-many largest values (with every id listed, masked ones stand out). */
 export const FULL_UPLOAD_LIMIT = 1000;
@@ -41,8 +41,10 @@ export function maskLogits(z: Float32Array, masked: ArrayLike<number>): Float32A
   return out;
 }
 
-/** The SLM's logits as a policy of `space` reads them, `masked` ids removed (Python: `SLMView.arrays`). */
+/** The SLM's logits as a policy of `space` reads them, `masked` ids removed (Python: `SLMView.arrays`);
+ * `NonFiniteError` for a row holding NaN or an infinity. */
 export function slmView(logits: Float32Array, space: FusionSpace, masked: ArrayLike<number>): Float32Array {
+  checkFinite(logits, "the SLM's logits");
   return space === "logit" ? maskLogits(logits, masked) : maskProbabilities(softmax(logits), masked);
 }
 
