@@ -86,11 +86,12 @@ function replay(c: CaseJson): void {
       ? maskProbabilities(f32FromHex(row.slm_probs as string), decider.masked)
       : decider.view(f32FromHex(row.slm_logits));
     let dist = distribution(t, row.cloud);
-    let decision = decider.decide(slmRow, dist, withheld);
+    const stops = row.no_stop ? c.stop_ids : null;
+    let decision = decider.decide(slmRow, dist, withheld, stops);
     expect(decision === null, `step ${t} asks for the full row`).toBe(want.full_requested);
     if (decision === null) {
       dist = CloudDistribution.full(t, f32FromHex(row.full as string));
-      decision = decider.decide(slmRow, dist, withheld);
+      decision = decider.decide(slmRow, dist, withheld, stops);
     }
     if (decision === null) throw new Error("a full row must decide");
     if (!withheld) decider.recordRelease(t, decision.signal, dist);

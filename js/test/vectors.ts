@@ -18,6 +18,7 @@ export interface StepJson {
   slm_logits: string;
   slm_probs?: string;
   cloud: DistJson;
+  no_stop: boolean;
   full?: string;
   draws: [string, string | string[]][];
   expect: {
@@ -50,6 +51,7 @@ export interface CaseJson {
   max_epsilon: number | null;
   max_new_tokens: number;
   masked_ids: number[];
+  stop_ids: number[];
   private_content_ids: number[];
   embeddings: { rows: number; dim: number; values: string } | null;
   event: { kind: string; value: string; delta: string; order: string | null; horizon: number | null;

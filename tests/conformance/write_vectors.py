@@ -108,6 +108,10 @@ class Case:
     private_content_ids: tuple[int, ...] = ()
     seed: int = 0
     embeddings: np.ndarray | None = None
+    #: end-of-generation ids, and the steps on which they are out of the choice (``no_stop``; edge-side the edge
+    #: removes them from both rows, cloud-side only the cloud is told)
+    stop_ids: tuple[int, ...] = ()
+    no_stop_steps: tuple[int, ...] = ()
     note: str = ""
 
 
@@ -216,7 +220,7 @@ def cases() -> list[Case]:
                     extra = {"embeddings": embeddings} if policy == "custext" else {}
                     out.append(Case(f"{base}/sparse", policy, params, mode, 12,
                                     _steps(rng, 12, 4, space, top_m=4), private_content_ids=(1, 5, 7),
-                                    seed=len(out), **extra))
+                                    seed=len(out), stop_ids=(0, 1, 2), no_stop_steps=(0, 2), **extra))
                     out.append(Case(f"{base}/dense-masked", policy, params, mode, 12,
                                     _steps(rng, 12, 3, space, top_m=None), masked_ids=(0, 3, 4),
                                     private_content_ids=(0, 3), seed=len(out), **extra))
@@ -270,18 +274,20 @@ def run_case(case: Case) -> dict[str, Any]:
     meter = LeakageMeter(frozenset(case.private_content_ids))
     decoder = CollaborativeDecoder(slm, policy, settings, slm_prompt=[], cloud_prompt=[], meter=meter,
                                    masked_ids=frozenset(case.masked_ids), rng=draws)  # type: ignore[arg-type]
+    decoder.stop.open(frozenset(case.stop_ids))
     max_steps = len(case.steps)
     steps = []
     for t, step in enumerate(case.steps):
-        pending = decoder._pending_signal(t, max_steps, no_stop=False)
+        no_stop = t in case.no_stop_steps
+        pending = decoder._pending_signal(t, max_steps, no_stop=no_stop)
         logits = step.slm_logits
         decoder.view.row = decoder.view.arrays(logits)
         dist = step.cloud
-        decision = decoder._decision(dist, pending.withheld, False)
+        decision = decoder._decision(dist, pending.withheld, no_stop)
         full_requested = decision is None
         if decision is None:
             dist = CloudDistribution(t, dense=step.full)
-            decision = decoder._decision(dist, pending.withheld, False)
+            decision = decoder._decision(dist, pending.withheld, no_stop)
             assert decision is not None
         pending.decision = decision
         if not pending.withheld:
@@ -305,8 +311,8 @@ def run_case(case: Case) -> dict[str, Any]:
             expect.update(ids=[int(i) for i in signal.ids], values=f32_hex(signal.values))
         else:
             expect["token_id"] = int(signal.token_id)
-        row: dict[str, Any] = {"slm_logits": f32_hex(logits), "cloud": _dist_json(step.cloud), "draws": draws.take(),
-                               "expect": expect}
+        row: dict[str, Any] = {"slm_logits": f32_hex(logits), "cloud": _dist_json(step.cloud), "no_stop": no_stop,
+                               "draws": draws.take(), "expect": expect}
         if policy.space == "prob":
             row["slm_probs"] = f32_hex(_softmax32(logits))
         if full_requested:
@@ -321,6 +327,7 @@ def run_case(case: Case) -> dict[str, Any]:
         "describe": policy.describe(), "mode": case.mode, "space": policy.space, "alpha": f64_hex(case.alpha),
         "vocab_size": case.vocab_size, "exposure_k": case.exposure_k, "exposure_budget": case.exposure_budget,
         "max_epsilon": case.max_epsilon, "max_new_tokens": max_steps, "masked_ids": list(case.masked_ids),
+        "stop_ids": list(case.stop_ids),
         "private_content_ids": list(case.private_content_ids),
         "embeddings": None if case.embeddings is None else {"rows": int(case.embeddings.shape[0]),
                                                             "dim": int(case.embeddings.shape[1]),
