@@ -6,15 +6,21 @@
  * benchmark (benchmarks/policy_step.py) draws them.  Each figure is the median of `--repeats` timed calls after
  * a warm-up, the three timed in turn in each round.  Usage (from js/): npm run bench [-- --repeats N]
  *
- * The last lines are name=value: coveil_upload_vs_argmax and coveil_select_vs_argmax (target <= 10), then
- * package_packed_bytes and package_unpacked_bytes (`npm pack --dry-run`, target <= 1 MB).
+ * Every other registered policy's step is timed too (a table; CusText with its aggressive mapping: the
+ * conservative one first builds clusters in ~V^2 d / size steps, minutes here at this vocabulary).
+ *
+ * The last lines are name=value: coveil_upload_vs_argmax and coveil_select_vs_argmax (target <= 10),
+ * slowest_policy_vs_argmax, then package_packed_bytes and package_unpacked_bytes (`npm pack --dry-run`,
+ * target <= 1 MB).
  */
 
 import { execFileSync } from "node:child_process";
 import { dirname, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
-import { argmax, softmax } from "../src/core/fusion.js";
+import { argmax, osDraws, softmax } from "../src/core/fusion.js";
 import { CoVeil } from "../src/policies/coveil.js";
+import { EmbeddingNeighbours } from "../src/policies/custext.js";
+import { makePolicy, type Policy, registeredPolicies } from "../src/policies/index.js";
 
 const VOCAB = 262_144;
 const ALPHA = 0.3;
@@ -78,14 +84,29 @@ function main(): void {
     () => coveil.decide("cloud", pSlm, pLlm, ALPHA),
     () => coveil.decide("edge", pSlm, pLlm, ALPHA),
   ], repeats);
+  const table: [string, string, number][] = [];
+  for (const name of registeredPolicies()) {
+    if (name === "coveil") continue;
+    const policy: Policy = name === "custext"
+      ? makePolicy(name, { neighbours: new EmbeddingNeighbours(normals(VOCAB * 64, 7), VOCAB, 64), mapping: "aggressive" })
+      : makePolicy(name);
+    for (const mode of [...policy.modes].sort()) {
+      const [base, step] = medianSeconds([() => argmax(pLlm), () => policy.decide(mode, pSlm, pLlm, ALPHA, osDraws)],
+        Math.max(5, Math.floor(repeats / 10)));
+      table.push([name, mode, step / base]);
+    }
+  }
   const root = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..");
   const size = packageSize(root);
   console.log(`vocab ${VOCAB.toLocaleString("en-US")}: argmax = ${(floor * 1e6).toFixed(1)} us`);
   console.log(`  coveil cloud (upload): ${(upload * 1e6).toFixed(1)} us`);
   console.log(`  coveil edge (select):  ${(select * 1e6).toFixed(1)} us`);
+  for (const [name, mode, ratio] of table) console.log(`  ${name.padEnd(14)}${mode.padEnd(7)}${ratio.toFixed(1)}x argmax`);
   console.log(`npm pack --dry-run: ${size.files} files, ${size.size} B packed, ${size.unpackedSize} B unpacked`);
   console.log(`coveil_upload_vs_argmax=${(upload / floor).toFixed(2)}`);
   console.log(`coveil_select_vs_argmax=${(select / floor).toFixed(2)}`);
+  const slowest = Math.max(upload / floor, select / floor, ...table.map(([, , ratio]) => ratio));
+  console.log(`slowest_policy_vs_argmax=${slowest.toFixed(2)}`);
   console.log(`package_packed_bytes=${size.size}`);
   console.log(`package_unpacked_bytes=${size.unpackedSize}`);
 }

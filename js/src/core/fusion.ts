@@ -57,41 +57,54 @@ export function lowestOf(space: FusionSpace): number {
 
 /**
  * numpy's pairwise summation of `values[start, start + n)` (`np.add.reduce`): blocks of at most 128 summed with
- * eight running sums, halves summed recursively.  `round` is `Math.fround` for a float32 sum, the identity for
- * float64 (a float32 row summed with `dtype=np.float64`).
+ * eight running sums, halves summed recursively.  `float32`: every partial sum rounded to float32 (`np.sum` of a
+ * float32 row), else float64 (a row summed with `dtype=np.float64`).
  */
-export function pairwiseSum(values: ArrayLike<number>, start: number, n: number, round: (x: number) => number): number {
+export function pairwiseSum(values: ArrayLike<number>, start: number, n: number, float32: boolean): number {
+  const round = (x: number): number => (float32 ? f32(x) : x);
   if (n < 8) {
     let sum = 0;
     for (let i = 0; i < n; i++) sum = round(sum + values[start + i]);
     return sum;
   }
   if (n <= 128) {
-    const r = [0, 0, 0, 0, 0, 0, 0, 0];
-    for (let j = 0; j < 8; j++) r[j] = values[start + j];
+    let r0 = values[start];
+    let r1 = values[start + 1];
+    let r2 = values[start + 2];
+    let r3 = values[start + 3];
+    let r4 = values[start + 4];
+    let r5 = values[start + 5];
+    let r6 = values[start + 6];
+    let r7 = values[start + 7];
     let i = 8;
     for (; i < n - (n % 8); i += 8) {
-      for (let j = 0; j < 8; j++) r[j] = round(r[j] + values[start + i + j]);
+      const at = start + i;
+      r0 = round(r0 + values[at]);
+      r1 = round(r1 + values[at + 1]);
+      r2 = round(r2 + values[at + 2]);
+      r3 = round(r3 + values[at + 3]);
+      r4 = round(r4 + values[at + 4]);
+      r5 = round(r5 + values[at + 5]);
+      r6 = round(r6 + values[at + 6]);
+      r7 = round(r7 + values[at + 7]);
     }
-    let sum = round(round(round(r[0] + r[1]) + round(r[2] + r[3])) + round(round(r[4] + r[5]) + round(r[6] + r[7])));
+    let sum = round(round(round(r0 + r1) + round(r2 + r3)) + round(round(r4 + r5) + round(r6 + r7)));
     for (; i < n; i++) sum = round(sum + values[start + i]);
     return sum;
   }
   let half = Math.floor(n / 2);
   half -= half % 8;
-  return round(pairwiseSum(values, start, half, round) + pairwiseSum(values, start + half, n - half, round));
+  return round(pairwiseSum(values, start, half, float32) + pairwiseSum(values, start + half, n - half, float32));
 }
-
-const identity = (x: number): number => x;
 
 /** `sum(values)` in float32, as `np.sum` of a float32 array. */
 export function sumFloat32(values: ArrayLike<number>): number {
-  return pairwiseSum(values, 0, values.length, f32);
+  return pairwiseSum(values, 0, values.length, true);
 }
 
 /** `sum(values, dtype=np.float64)`. */
 export function sumFloat64(values: ArrayLike<number>): number {
-  return pairwiseSum(values, 0, values.length, identity);
+  return pairwiseSum(values, 0, values.length, false);
 }
 
 /** `p(i) = exp(z(i)/T - max z/T) / sum_j exp(...)` in float32 (the exponentials through float64, rounded once:
@@ -344,9 +357,9 @@ export class BlockSampler {
     const n = weights.length;
     const full = Math.floor(n / SAMPLE_BLOCK);
     this.sums = new Float64Array(full + (full * SAMPLE_BLOCK < n ? 1 : 0));
-    for (let b = 0; b < full; b++) this.sums[b] = pairwiseSum(weights, b * SAMPLE_BLOCK, SAMPLE_BLOCK, identity);
+    for (let b = 0; b < full; b++) this.sums[b] = pairwiseSum(weights, b * SAMPLE_BLOCK, SAMPLE_BLOCK, false);
     if (full * SAMPLE_BLOCK < n) {
-      this.sums[full] = pairwiseSum(weights, full * SAMPLE_BLOCK, n - full * SAMPLE_BLOCK, identity);
+      this.sums[full] = pairwiseSum(weights, full * SAMPLE_BLOCK, n - full * SAMPLE_BLOCK, false);
     }
   }
 

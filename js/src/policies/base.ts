@@ -23,6 +23,13 @@ export class CloudUpload {
     if (ids.length !== values.length) {
       throw new InvalidArgumentError(`upload has ${ids.length} ids but ${values.length} values`);
     }
+    let ascending = true;
+    for (let j = 1; j < ids.length && ascending; j++) ascending = ids[j] > ids[j - 1];
+    if (ascending) {
+      this.ids = Int32Array.from(ids);
+      this.values = Float32Array.from(values);
+      return;
+    }
     const order = Array.from({ length: ids.length }, (_, j) => j).sort((x, y) => (ids[x] - ids[y]) || (x - y));
     this.ids = Int32Array.from(order, (j) => ids[j]);
     this.values = Float32Array.from(order, (j) => values[j]);

@@ -59,9 +59,11 @@ export class EmbeddingNeighbours {
   readonly dim: number;
   private readonly unit: Float32Array;
   private readonly clusterCache = new Map<number, TokenClusters>();
+  private readonly cache = new Map<number, { ids: number[]; similarities: Float32Array }>();
 
   /** `embeddings`: a `[vocabSize, dim]` matrix, row after row. */
-  constructor(embeddings: Float32Array, vocabSize: number, dim: number) {
+  constructor(embeddings: Float32Array, vocabSize: number, dim: number, readonly cacheSize = 4096) {
+    checkPositiveInt(cacheSize, "neighbour cache size");
     if (!(vocabSize > 0 && dim > 0) || embeddings.length !== vocabSize * dim) {
       throw new InvalidArgumentError(
         `embeddings must be a non-empty 2-D float array [V, d], got ${embeddings.length} values for [${vocabSize}, ${dim}]`,
@@ -101,21 +103,33 @@ export class EmbeddingNeighbours {
 
   /** Cosine similarity of `tokenId`'s row to every row, into `out`. */
   similaritiesInto(tokenId: number, out: Float32Array): Float32Array {
-    const query = this.checkId(tokenId) * this.dim;
-    for (let id = 0; id < this.vocabSize; id++) {
+    const { unit, dim, vocabSize } = this;
+    const query = unit.slice(this.checkId(tokenId) * dim, (tokenId + 1) * dim);
+    for (let id = 0, row = 0; id < vocabSize; id++, row += dim) {
       let sum = 0;
-      for (let c = 0; c < this.dim; c++) sum += this.unit[id * this.dim + c] * this.unit[query + c];
+      for (let c = 0; c < dim; c++) sum += unit[row + c] * query[c];
       out[id] = sum;
     }
     return out;
   }
 
-  /** The `n` most similar tokens to `tokenId` (itself included), by decreasing similarity, and their similarities. */
+  /**
+   * The `n` most similar tokens to `tokenId` (itself included), by decreasing similarity, and their similarities;
+   * remembered for up to `cacheSize` token ids (oldest evicted first), as Python's: a smaller `n` is a prefix of a
+   * larger one.
+   */
   of(tokenId: number, n: number): { ids: number[]; similarities: Float32Array } {
     checkPositiveInt(n, "neighbour count n");
-    const all = this.similaritiesInto(tokenId, new Float32Array(this.vocabSize));
-    const ids = topKIds(all, n);
-    return { ids, similarities: Float32Array.from(ids, (id) => all[id]) };
+    let cached = this.cache.get(tokenId);
+    if (cached === undefined || cached.ids.length < Math.min(n, this.vocabSize)) {
+      const all = this.similaritiesInto(tokenId, new Float32Array(this.vocabSize));
+      const ids = topKIds(all, n);
+      cached = { ids, similarities: Float32Array.from(ids, (id) => all[id]) };
+      this.cache.delete(tokenId);
+      if (this.cache.size >= this.cacheSize) this.cache.delete(this.cache.keys().next().value as number);
+      this.cache.set(tokenId, cached);
+    }
+    return { ids: cached.ids.slice(0, n), similarities: cached.similarities.slice(0, n) };
   }
 
   /** The conservative mapping's partition into clusters of `size` (built on first use, then kept). */

@@ -16,7 +16,6 @@ import {
 import { CloudUpload, type Described, type FusionMode, Policy, requireDraws, SyncedToken } from "./base.js";
 
 const f32 = Math.fround;
-const identity = (x: number): number => x;
 
 /** DP-Fusion's floor on probabilities: both rows are floored and renormalised before they are bounded and drawn. */
 export const RENYI_PROBABILITY_FLOOR = 1e-10;
@@ -26,13 +25,7 @@ const WEIGHT_TOLERANCE = 1e-12;
 const SLACK_TOLERANCE = 1e-12;
 const WEIGHT_STEPS = 300;
 
-const sum64 = (row: Float64Array): number => pairwiseSum(row, 0, row.length, identity);
-
-function dot(a: Float64Array, b: Float64Array): number {
-  let sum = 0;
-  for (let i = 0; i < a.length; i++) sum += a[i] * b[i];
-  return sum;
-}
+const sum64 = (row: Float64Array): number => pairwiseSum(row, 0, row.length, false);
 
 function binomial(n: number, k: number): number {
   let value = 1;
@@ -108,12 +101,17 @@ class Mixing {
       throw new InvalidArgumentError(`private and public distributions must be 1-D of one length, got (${
         pPrivate.length},) and (${pPublic.length},)`);
     }
-    const support: number[] = [];
-    for (let i = 0; i < pPublic.length; i++) if (pPublic[i] > 0) support.push(i);
-    this.ids = support.length === pPublic.length ? null : Int32Array.from(support);
+    let supported = 0;
+    for (let i = 0; i < pPublic.length; i++) if (pPublic[i] > 0) supported++;
+    if (supported === pPublic.length) {
+      this.ids = null;
+    } else {
+      this.ids = new Int32Array(supported);
+      for (let i = 0, at = 0; i < pPublic.length; i++) if (pPublic[i] > 0) this.ids[at++] = i;
+    }
     const floored = (source: Float32Array, what: string): Float64Array => {
       const row = this.ids === null ? Float64Array.from(source) : Float64Array.from(this.ids, (i) => source[i]);
-      const total = this.ids === null ? sum64(row) : pairwiseSum(source, 0, source.length, identity);
+      const total = this.ids === null ? sum64(row) : pairwiseSum(source, 0, source.length, false);
       if (!(total > 0 && Number.isFinite(total))) {
         throw new InvalidArgumentError(`the ${what} distribution needs a positive finite mass, got ${total}`);
       }
@@ -125,7 +123,8 @@ class Mixing {
     };
     this.privateRow = floored(pPrivate, "private");
     this.publicRow = floored(pPublic, "public");
-    this.direction = this.privateRow.map((p, i) => p - this.publicRow[i]);
+    this.direction = new Float64Array(this.privateRow.length);
+    for (let i = 0; i < this.direction.length; i++) this.direction[i] = this.privateRow[i] - this.publicRow[i];
     this.base = sum64(this.publicRow);
     const size = this.publicRow.length;
     if (!(bound > 0)) {
@@ -155,8 +154,8 @@ class Mixing {
   allows(weight: number): boolean {
     if (this.trivial !== null) return weight <= this.trivial;
     if (weight > 1) return false;
-    const ratio = this.direction.map((d, i) => d / this.publicRow[i]);
-    const chi2 = dot(ratio, this.direction);
+    let chi2 = 0; // sum (d / q) * d, in order
+    for (let i = 0; i < this.direction.length; i++) chi2 += (this.direction[i] / this.publicRow[i]) * this.direction[i];
     if ((this.forwardOrder - 1) * Math.log1p(weight * weight * chi2) > Math.log(this.forwardLimit)) return false;
     return this.forward(weight) <= this.forwardLimit && this.reverse(weight) <= this.reverseLimit;
   }
@@ -183,7 +182,8 @@ class Mixing {
   private forwardPolynomial(weight: number): number {
     if (this.coefficients === null) {
       const n = this.forwardOrder;
-      const ratio = this.direction.map((d, i) => d / this.publicRow[i]);
+      const ratio = new Float64Array(this.direction.length);
+      for (let i = 0; i < ratio.length; i++) ratio[i] = this.direction[i] / this.publicRow[i];
       const term = Float64Array.from(this.direction);
       const sums = [this.base, sum64(this.direction)];
       for (let k = 2; k <= n; k++) {

@@ -27,14 +27,19 @@ const ANGLE_BITS = 64 - RADIUS_BITS;
 export function standardNormalFloat32(n: number, draws: Draws): Float32Array {
   const pairs = Math.floor((n + 1) / 2);
   const raw = draws.randomRaw(pairs);
+  // each word as its two little-endian 32-bit halves: no BigInt arithmetic per draw
+  const halves = new Uint32Array(raw.buffer, raw.byteOffset, 2 * pairs);
   const out = new Float32Array(2 * pairs);
   const angleScale = f32((2 * Math.PI) / 2 ** ANGLE_BITS);
   const half = f32(2 ** -(RADIUS_BITS + 1));
-  const mask = (1n << BigInt(ANGLE_BITS)) - 1n;
+  const angleMask = 2 ** ANGLE_BITS - 1;
+  const lowShift = 2 ** (32 - ANGLE_BITS);
   for (let j = 0; j < pairs; j++) {
-    const word = raw[j];
-    const angle = f32(Number(word & mask) * angleScale);
-    let radius = f32(f32(Number(word >> BigInt(ANGLE_BITS)) * 2 ** -RADIUS_BITS) + half);
+    const low = halves[2 * j];
+    const high = halves[2 * j + 1];
+    const angle = f32((low & angleMask) * angleScale);
+    const radiusBits = high * lowShift + (low >>> ANGLE_BITS); // the word's top 40 bits, exact in a double
+    let radius = f32(f32(radiusBits * 2 ** -RADIUS_BITS) + half);
     radius = f32(Math.sqrt(f32(f32(Math.log(radius)) * -2)));
     out[j] = f32(radius * f32(Math.cos(angle)));
     out[pairs + j] = f32(f32(Math.sin(angle)) * radius);

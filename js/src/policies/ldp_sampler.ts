@@ -23,21 +23,17 @@ function checkRow(row: Float32Array, what: string): void {
   if (row.length === 0) throw new InvalidArgumentError(`${what} must be a non-empty 1-D array`);
   let top = -Infinity;
   let low = Infinity;
-  for (const value of row) {
-    if (Number.isNaN(value)) top = NaN;
+  let finite = true;
+  for (let i = 0; i < row.length; i++) {
+    const value = row[i];
+    if (value !== value) finite = false; // NaN
     if (value > top) top = value;
     if (value < low) low = value;
   }
+  if (!finite) top = NaN;
   if (!(Number.isFinite(top) && top > 0 && low >= 0)) {
     throw new InvalidArgumentError(`${what} must be non-negative and finite with positive mass`);
   }
-}
-
-/** `sum a * b` in order (numpy's einsum sums in its own order: a sum can differ from Python's in its last bits). */
-function dot(a: Float64Array, b: Float64Array): number {
-  let sum = 0;
-  for (let i = 0; i < a.length; i++) sum += a[i] * b[i];
-  return sum;
 }
 
 /** `[w(P > 0), w(P = 0)]`, each summed directly. */
@@ -71,17 +67,21 @@ export function ldpSamplerDraw(pPrivate: Float32Array, pPublic: Float32Array, ep
   const proposals = new BlockSampler(weights);
   if (low === high) return proposals.draw(draws);
   const total = sumFloat64(weights);
-  const ratio = Float64Array.from(pPrivate, (p, i) => p / weights[i]);
-  const work = new Float64Array(ratio.length);
+  const ratio = new Float64Array(pPrivate.length);
+  for (let i = 0; i < ratio.length; i++) ratio[i] = pPrivate[i] / weights[i];
   let cleaned = false;
   const clean = (): void => {
-    for (let i = 0; i < ratio.length; i++) if (Number.isNaN(ratio[i])) ratio[i] = 0;
+    for (let i = 0; i < ratio.length; i++) if (ratio[i] !== ratio[i]) ratio[i] = 0;
   };
   const mass = (t: number): number => {
     const floor = low / t;
     const ceiling = high / t;
-    for (let i = 0; i < ratio.length; i++) work[i] = Number.isNaN(ratio[i]) ? NaN : Math.min(Math.max(ratio[i], floor), ceiling);
-    const value = (t * dot(weights, work)) / total;
+    let sum = 0; // sum weights * clip(ratio, floor, ceiling), in order (NaN stays NaN, as np.clip keeps it)
+    for (let i = 0; i < ratio.length; i++) {
+      const r = ratio[i];
+      sum += weights[i] * (r < floor ? floor : r > ceiling ? ceiling : r);
+    }
+    const value = (t * sum) / total;
     if (Number.isNaN(value) && !cleaned) { // 0/0 where both are 0: those ids have no weight
       clean();
       cleaned = true;
@@ -100,7 +100,7 @@ export function ldpSamplerDraw(pPrivate: Float32Array, pPublic: Float32Array, ep
     if (ratioX === 0) {
       if (offSupportCeiling === null) {
         offSupportCeiling = low;
-        const cleanRatio = ratio.map((r) => (Number.isNaN(r) ? 0 : r));
+        const cleanRatio = ratio.map((r) => (r !== r ? 0 : r));
         const [inside, outside] = supportMasses(cleanRatio, weights);
         if (!(((high - 1) / (1 - low)) * inside > outside)) offSupportCeiling = 1 - ((high - 1) * inside) / outside;
       }

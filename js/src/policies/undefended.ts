@@ -29,7 +29,9 @@ export class Undefended extends Policy {
   }
 
   override cloudUpload(pSlm: Float32Array): CloudUpload {
-    return new CloudUpload(Array.from({ length: pSlm.length }, (_, i) => i), pSlm, this.space);
+    const ids = new Int32Array(pSlm.length);
+    for (let i = 0; i < ids.length; i++) ids[i] = i;
+    return new CloudUpload(ids, pSlm, this.space);
   }
 
   override edgeToken(pSlm: Float32Array, pLlm: Float32Array, alpha: number, draws?: Draws): SyncedToken {
