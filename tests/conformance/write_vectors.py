@@ -22,6 +22,7 @@ import json
 import struct
 import sys
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -372,17 +373,16 @@ def masking_vectors() -> list[dict[str, Any]]:
     for table in MASKING:
         slm = TableSLM(table["pieces"])
         piece = slm.pieces.__getitem__
+        tokenize = partial(slm.tokenize, add_bos=False)
         vocabulary = folded_vocabulary(piece, slm.vocab_size)
         results = []
         for spans in table["cases"]:
-            ids = never_upload_ids(spans, table["private_context"], lambda text: slm.tokenize(text, add_bos=False),
-                                   piece, vocabulary)
+            ids = never_upload_ids(spans, table["private_context"], tokenize, piece, vocabulary)
             results.append({"spans": spans, "ids": sorted(ids)})
         errors = []
         for spans in table["errors"]:
             try:
-                never_upload_ids(spans, table["private_context"], lambda text: slm.tokenize(text, add_bos=False),
-                                 piece, vocabulary)
+                never_upload_ids(spans, table["private_context"], tokenize, piece, vocabulary)
             except ValueError as error:
                 errors.append({"spans": spans, "error": str(error)})
             else:
