@@ -22,7 +22,7 @@ from edge_sdk import wire
 from edge_sdk._wire import coveil_pb2
 from edge_sdk.status import CloudError
 
-from tests.tiny_models import bpe_tokenizer, random_qwen
+from tests.support.tiny_models import bpe_tokenizer, random_qwen
 
 PROMPT = "Which organ is affected? The liver, the heart or the lung."
 STATUS_CODES = {code.name for code in grpc.StatusCode}
