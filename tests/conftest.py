@@ -60,3 +60,16 @@ def engine(gemma_llm):
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
+
+
+#: fixtures that load the embedded model (directly, or through the endpoint's adapter and endpoint over it)
+EMBEDDED_MODEL_FIXTURES = frozenset({"slm", "gemma_llm", "engine"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test that loads the embedded model is ``slow`` too: the fast lane (``pytest -m "not slow"``) needs
+    no model file and no marker to remember. Tests slow for other reasons (tiny transformers models, processes,
+    servers) carry ``pytest.mark.slow`` themselves."""
+    for item in items:
+        if item.get_closest_marker("model") or EMBEDDED_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

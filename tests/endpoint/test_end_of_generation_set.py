@@ -18,15 +18,7 @@ from edge_sdk.grammar import JsonConstraint
 from edge_sdk.server.errors import from_cloud_error
 from edge_sdk.status import CloudError, CloudReplyRejected
 
-from tests.support.endpoint_stack import (  # noqa: F401  (fixtures)
-    PRIVATE_CONTEXT,
-    Cloud,
-    Endpoint,
-    cloud,
-    endpoint,
-    server_logs,
-    start_endpoint,
-)
+from tests.support.endpoint_stack import PRIVATE_CONTEXT, Cloud, Endpoint, start_endpoint
 
 pytestmark = pytest.mark.model
 

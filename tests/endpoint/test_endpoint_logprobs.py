@@ -15,15 +15,7 @@ import pytest
 
 from edge_sdk.fusion import softmax
 from edge_sdk.prompts import chat_prompts
-from tests.support.endpoint_stack import (  # noqa: F401  (fixtures)
-    PRIVATE_CONTEXT,
-    QUESTION,
-    Cloud,
-    Endpoint,
-    cloud,
-    endpoint,
-    server_logs,
-)
+from tests.support.endpoint_stack import PRIVATE_CONTEXT, QUESTION, Cloud, Endpoint
 from tests.endpoint.test_structured_output import transcripts
 
 pytestmark = pytest.mark.model

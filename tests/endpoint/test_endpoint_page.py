@@ -17,15 +17,13 @@ from edge_sdk.policies import CoVeil
 from edge_sdk.prompts import chat_prompts
 
 from tests.support.browser import headless_chromium
-from tests.support.endpoint_stack import (  # noqa: F401  (fixtures)
+from tests.support.endpoint_stack import (
     CANARY,
     PRIVATE_CONTEXT,
     QUESTION,
     Cloud,
     Endpoint,
-    cloud,
     generate_as_the_endpoint,
-    server_logs,
     start_endpoint,
 )
 

@@ -14,16 +14,7 @@ import pytest
 
 from edge_sdk.server.tools import Tool, instruction
 
-from tests.support.endpoint_stack import (  # noqa: F401  (fixtures)
-    CANARY,
-    PRIVATE_CONTEXT,
-    QUESTION,
-    Cloud,
-    Endpoint,
-    cloud,
-    endpoint,
-    server_logs,
-)
+from tests.support.endpoint_stack import CANARY, PRIVATE_CONTEXT, QUESTION, Cloud, Endpoint
 
 pytestmark = pytest.mark.model
 

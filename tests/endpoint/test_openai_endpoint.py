@@ -20,7 +20,7 @@ from edge_sdk.policies import CoVeil, Undefended
 from edge_sdk.prompts import chat_prompts, plain_prompts
 from edge_sdk.transport import CloudConnection, GrpcChannel
 
-from tests.support.endpoint_stack import (  # noqa: F401  (fixtures)
+from tests.support.endpoint_stack import (
     CANARY,
     PRIVATE_CONTEXT,
     QUESTION,
@@ -30,9 +30,6 @@ from tests.support.endpoint_stack import (  # noqa: F401  (fixtures)
     Endpoint,
     LogCapture,
     generate_as_the_endpoint,
-    cloud,
-    endpoint,
-    server_logs,
     start_endpoint,
 )
 

@@ -12,17 +12,7 @@ import pytest
 from edge_sdk.policies import CoVeil
 from edge_sdk.prompts import chat_prompts
 
-from tests.support.endpoint_stack import (  # noqa: F401  (fixtures)
-    CANARY,
-    PRIVATE_CONTEXT,
-    QUESTION,
-    Cloud,
-    Endpoint,
-    cloud,
-    endpoint,
-    generate_as_the_endpoint,
-    server_logs,
-)
+from tests.support.endpoint_stack import CANARY, PRIVATE_CONTEXT, QUESTION, Cloud, Endpoint, generate_as_the_endpoint
 
 pytestmark = pytest.mark.model
 

@@ -13,16 +13,7 @@ import ollama
 import openai
 import pytest
 
-from tests.support.endpoint_stack import (  # noqa: F401  (fixtures)
-    CANARY,
-    PRIVATE_CONTEXT,
-    QUESTION,
-    Cloud,
-    Endpoint,
-    cloud,
-    endpoint,
-    server_logs,
-)
+from tests.support.endpoint_stack import CANARY, PRIVATE_CONTEXT, QUESTION, Cloud, Endpoint
 
 pytestmark = pytest.mark.model
 

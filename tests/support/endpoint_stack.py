@@ -1,7 +1,7 @@
 """The endpoint's test stack: a real cloud adapter (gRPC on loopback, the embedded model, transcripts on disk) and
 the endpoint in front of it (uvicorn on loopback), with every log line either side writes captured.
 
-Imported by the endpoint's test modules; each module gets its own stack (module-scoped fixtures).
+The fixtures over it (``server_logs``, ``cloud``, ``endpoint``) are in tests/endpoint/conftest.py.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-
-import pytest
 
 from cloud_adapter.engine import CloudEngine
 from cloud_adapter.limits import Limits
@@ -128,21 +126,3 @@ def start_endpoint(cloud_address: str, slm: LlamaCppSLM, workdir: Path, *, api_k
             yield Endpoint(base_url, client, template, settings)
     finally:
         client.close()
-
-
-@pytest.fixture(scope="module")
-def server_logs() -> Iterator[LogCapture]:
-    with capture_server_logs() as capture:
-        yield capture
-
-
-@pytest.fixture(scope="module")
-def cloud(tmp_path_factory: pytest.TempPathFactory, gemma_llm, server_logs) -> Iterator[Cloud]:
-    with start_cloud(tmp_path_factory.mktemp("transcripts"), gemma_llm) as started:
-        yield started
-
-
-@pytest.fixture(scope="module")
-def endpoint(cloud: Cloud, slm: LlamaCppSLM, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
-    with start_endpoint(cloud.address, slm, tmp_path_factory.mktemp("endpoint")) as started:
-        yield started
