@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 from hypothesis import strategies as st
@@ -55,6 +58,22 @@ def engine(gemma_llm):
     from cloud_adapter.engine import CloudEngine
 
     return CloudEngine(gemma_llm)
+
+
+@pytest.fixture(autouse=True)
+def root_logger_as_it_was() -> Iterator[None]:
+    """A command line's ``main()`` configures the root logger (``logging.basicConfig(force=True)``) with a handler
+    on the ``sys.stderr`` of that moment, which pytest closes after the test: a later test's log line then wrote
+    "--- Logging error ---" and a traceback into that test's stderr. Each test leaves the root logger's own
+    handlers (pytest's capture handlers are subclasses, and pytest removes them itself) and level as it found them.
+    """
+    root = logging.getLogger()
+    before, level = set(root.handlers), root.level
+    yield
+    for handler in root.handlers[:]:
+        if handler not in before and type(handler) in (logging.StreamHandler, logging.FileHandler):
+            root.removeHandler(handler)
+    root.setLevel(level)
 
 
 @pytest.fixture

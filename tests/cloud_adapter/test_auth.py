@@ -64,6 +64,7 @@ def refused(adapter: Adapter, credentials: Credentials) -> str:
     return caught.value.code
 
 
+@pytest.mark.slow
 def test_the_right_token_over_verified_tls_decodes(adapter) -> None:
     assert len(generate(adapter, Credentials(token=TOKEN, root_cert=adapter.ca_pem))) == 2
 
@@ -119,6 +120,7 @@ def coveil(*args: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
+@pytest.mark.slow
 def test_the_cli_says_what_failed_in_one_line(adapter, tmp_path: Path) -> None:
     wrong = tmp_path / "token.txt"
     wrong.write_text("not-the-token\n")

@@ -20,6 +20,7 @@ from tests.support.tiny_models import CORPUS, bpe_tokenizer, random_qwen
 SESSIONS = 32
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lookahead", [0, 4])
 def test_32_concurrent_sessions_decode_and_leave_no_kv_cache_behind(lookahead: int) -> None:
     """In lockstep and with run-ahead (drafted forwards batched with the others; misses roll the KV back)."""

@@ -87,6 +87,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_two_ranks_read_the_rows_of_one_process(model_dir: Path) -> None:
     context = torch.multiprocessing.get_context("spawn")
     results = context.Queue()

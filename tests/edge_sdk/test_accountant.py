@@ -26,6 +26,7 @@ def spent(policy, mode: str, releases: int, **kwargs) -> PrivacyAccountant:
     return accountant
 
 
+@pytest.mark.slow
 def test_a_dp_logit_generation_is_the_exact_gaussian_composition_by_dp_accountings_pld() -> None:
     from dp_accounting import dp_event
     from dp_accounting.pld import PLDAccountant

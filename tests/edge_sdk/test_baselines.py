@@ -939,6 +939,7 @@ def test_invisible_ink_rejects_bad_parameters() -> None:
 # --------------------------------------------------------------------------- full vocabulary
 
 
+@pytest.mark.slow
 def test_every_baseline_runs_on_a_262144_token_vocabulary() -> None:
     vocab = 262_144
     rng = np.random.default_rng(0)

@@ -59,6 +59,7 @@ def test_tie_break_prefers_higher_fused_then_lower_id() -> None:
     assert coveil_select(p_slm, p_llm, alpha=0.5, lam=3.0, k=4) == 0
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(distribution_pairs(), st.floats(0.0, 1.0), st.floats(0.0, 20.0), st.integers(1, 70))
 def test_fast_path_equals_general_rule(pair, alpha: float, lam: float, k: int) -> None:
@@ -68,6 +69,7 @@ def test_fast_path_equals_general_rule(pair, alpha: float, lam: float, k: int) -
     )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(distribution_pairs(), st.floats(0.0, 1.0), st.floats(0.0, 20.0), st.integers(1, 70))
 def test_upload_lies_in_top_k_of_slm(pair, alpha: float, lam: float, k: int) -> None:
@@ -78,6 +80,7 @@ def test_upload_lies_in_top_k_of_slm(pair, alpha: float, lam: float, k: int) -> 
     assert set(logit_upload.tolist()) <= set(top_k_ids(np.log(p_slm + 1e-9), k).tolist())
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(distribution_pairs(), st.floats(0.0, 0.99), st.integers(2, 70))
 def test_lambda_zero_uploads_exactly_y_star_and_keeps_it_the_argmax(pair, alpha: float, k: int) -> None:
@@ -92,6 +95,7 @@ def test_lambda_zero_uploads_exactly_y_star_and_keeps_it_the_argmax(pair, alpha:
         assert upload.tolist() == []
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(distribution_pairs(), st.floats(0.0, 1.0), st.integers(1, 70))
 def test_edge_side_lambda_zero_returns_y_star(pair, alpha: float, k: int) -> None:
@@ -99,6 +103,7 @@ def test_edge_side_lambda_zero_returns_y_star(pair, alpha: float, k: int) -> Non
     assert coveil_select(p_slm, p_llm, alpha=alpha, lam=0.0, k=k) == int(np.argmax(fuse(p_llm, p_slm, alpha)))
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(distribution_pairs(), st.floats(0.0, 1.0), st.integers(1, 70))
 def test_large_lambda_uploads_nothing_unless_the_models_agree(pair, alpha: float, k: int) -> None:
@@ -160,6 +165,7 @@ def sparse_view(p_llm: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray, floa
     return ids, lower, tail
 
 
+@pytest.mark.slow
 @settings(max_examples=500, deadline=None)
 @given(distribution_pairs(2, 80), st.integers(1, 40), st.integers(1, 30), st.floats(0.0, 1.0), st.floats(0.0, 5.0))
 def test_sparse_decisions_are_the_full_decisions_whenever_certified(pair, m: int, k: int, alpha: float, lam: float):

@@ -159,6 +159,7 @@ def test_cloud_side_matches_the_reference(rows, alpha, lam, k) -> None:
     assert got == coveil_upload(z(*z_s), z(*z_l), alpha=alpha, lam=lam, k=k, space="logit").tolist()
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(logit_rows, st.sampled_from([0.25, 0.5, 0.75]), st.sampled_from([0.0, 0.5, 1.0, 2.0]),
        st.integers(1, 6))

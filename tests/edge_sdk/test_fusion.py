@@ -98,6 +98,7 @@ def test_sample_from_follows_the_weights() -> None:
     assert 0.70 < counts[1] / 4000 < 0.80
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(distribution_pairs(2, 80), st.integers(1, 40), st.integers(1, 8), st.floats(0.0, 1.0))
 def test_certified_top_k_is_the_true_top_k(pair: tuple[np.ndarray, np.ndarray], m: int, k: int, alpha: float) -> None:

@@ -319,6 +319,7 @@ def test_the_stop_rule_ends_where_it_says_and_forbids_ending_before(scenario, da
 
 
 # -- resume ------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 @FAST
 @given(scenario=scenarios(max_steps=6), data=st.data(), which=st.sampled_from(range(len(CERTIFYING))),
        budget=st.sampled_from([None, 0.0, 0.5, 1.0]))

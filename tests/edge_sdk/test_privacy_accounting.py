@@ -156,6 +156,7 @@ def test_zcdp_epsilon_matches_grid_minimum_and_beats_the_simple_bound(rho: float
     assert epsilon < rho + 2 * math.sqrt(rho * math.log(1 / delta))
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(rho=st.floats(1e-4, 50.0), delta=st.floats(1e-9, 1e-2))
 def test_zcdp_epsilon_matches_dp_accounting(rho: float, delta: float) -> None:

@@ -138,6 +138,7 @@ def ledger_view(decoder: CollaborativeDecoder) -> list[tuple[Any, ...]]:
              e.exposure, e.sends, e.full_requests) for e in decoder.ledger.entries]
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(scenario=scenarios(), case=st.sampled_from(CASES))
 def test_run_ahead_sends_the_same_bytes_in_the_same_order_and_decides_the_same_tokens(scenario, case) -> None:
@@ -181,6 +182,7 @@ def steps_acknowledged(opened_with: int, channel: BreakingChannel) -> int:
 CLOUD_CASES = [case for case in CASES if case[0] == "cloud"]
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(scenario=scenarios(), case=st.sampled_from(CLOUD_CASES), reads=st.lists(st.integers(1, 30), max_size=2))
 def test_a_broken_run_ahead_stream_resumes_where_the_cloud_acknowledged_and_resends_the_rest(scenario, case,
@@ -309,6 +311,7 @@ def tiny_pair_engine() -> tuple[Any, Any]:
     return CloudEngine(cloud), TransformersSLM(edge)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["edge", "cloud"])
 def test_the_real_engine_with_run_ahead_observes_what_it_observes_in_lockstep(tiny_pair_engine, mode) -> None:
     """Greedy tokens are lockstep's token for token, the cloud's transcript (what it observed) is the same, and the

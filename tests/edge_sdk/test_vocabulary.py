@@ -59,6 +59,7 @@ def tiny_family():
     return tokenizer, slm, llm
 
 
+@pytest.mark.slow
 def test_a_bpe_pair_padded_differently_decodes_on_the_shared_ids(tiny_family) -> None:
     from cloud_adapter.engine import CloudEngine
 

@@ -308,6 +308,7 @@ fetch("%(target)s/v1/chat/completions", {method: "POST", mode: "no-cors", body: 
 </script>"""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("site", ["127.0.0.1", "evil.example"])
 def test_a_cross_origin_post_without_content_type_from_chromium_reaches_nothing(site: str, tmp_path) -> None:
     """A real browser on a page of another origin (another loopback port: only the content-type check stands;
@@ -400,6 +401,7 @@ def test_each_stop_search_reads_only_the_new_end_of_the_text() -> None:
 _letters = st.text(alphabet="ab\n", max_size=6)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(stops=st.lists(_letters.filter(bool), min_size=1, max_size=4), pieces=st.lists(_letters, max_size=30))
 def test_incremental_stop_matching_agrees_with_searching_the_whole_text(stops: list[str], pieces: list[str]) -> None:
@@ -618,6 +620,7 @@ def test_health_reports_the_cloud_down_then_back() -> None:
         client.close()
 
 
+@pytest.mark.slow
 def test_the_channel_retries_a_down_adapter_at_most_2_5_s_apart() -> None:
     """gRPC's default backoff spaces connection attempts up to 120 s apart, and a session fails at once until the
     next attempt: after a 90 s outage the endpoint answered 503 for ~24 s after the adapter was back.  A listener

@@ -45,6 +45,7 @@ def test_the_attributes_reproduce_the_provenance_notes_measurements() -> None:
         "| MedPriv | MedQA | Medical | 1,000 | 4 | 15.9 | 46.1 | 26.5 | 13.7 |"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("dataset", "source_format", "record"), [("MEDPRIV.jsonl", "medqa", medqa_record),
                                                                     ("COMMPRIV.jsonl", "cosmosqa", cosmosqa_record)])
 def test_finalized_rows_equal_the_shipped_rows_they_were_rebuilt_from(dataset, source_format, record,
@@ -95,6 +96,7 @@ def test_finalized_rows_equal_the_shipped_rows_they_were_rebuilt_from(dataset, s
     assert "1 items written (1 accepted; 1 rejected; 5 not reviewed, left out" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_finalize_and_review_load_no_model_library(tmp_path: Path) -> None:
     from tests.support.cli_runs import decodeleak_in_fresh_process
 
@@ -112,6 +114,7 @@ def test_finalize_and_review_load_no_model_library(tmp_path: Path) -> None:
         assert done.returncode == 0 and heavy == [], done.stderr
 
 
+@pytest.mark.slow
 def test_a_generic_source_with_five_options_is_built_and_flagged(tmp_path: Path, capsys) -> None:
     rows = [row for row in shipped("MEDPRIV.jsonl") if clean(row)][:2]
     source = tmp_path / "notes.jsonl"

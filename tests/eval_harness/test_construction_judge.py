@@ -299,6 +299,7 @@ def test_a_config_file_gives_the_build_its_settings(tmp_path: Path) -> None:
     assert json.loads((out / "summary.json").read_text())["screen"]["rejected"] == {J.NOT_DECISIVE: 2}
 
 
+@pytest.mark.slow
 def test_the_disk_cache_is_keyed_by_model_and_prompt_so_a_fresh_build_costs_nothing(tmp_path: Path,
                                                                                      capsys) -> None:
     rows, sources = medpriv_sources(tmp_path, 3)

@@ -92,6 +92,7 @@ def test_decisions_are_checked_then_saved_as_made(build) -> None:
     assert len(decisions(out)) == 3
 
 
+@pytest.mark.slow
 def test_a_csv_round_trip(build, tmp_path: Path, capsys) -> None:
     out, rows = build
     sheet = tmp_path / "review.csv"
@@ -147,12 +148,14 @@ def test_a_cell_a_spreadsheet_would_run_is_escaped(cell: str, escaped: str) -> N
     assert unescape_formula("=x") == "=x"  # as a spreadsheet saves the cell it showed: unchanged
 
 
+@pytest.mark.slow
 @given(st.text(max_size=12))
 def test_escaping_a_cell_round_trips_and_never_leaves_a_formula(cell: str) -> None:
     assert unescape_formula(escape_formula(cell)) == cell
     assert not escape_formula(cell).startswith(("=", "+", "-", "@", "\t", "\r"))
 
 
+@pytest.mark.slow
 def test_the_csv_holds_no_live_formula_and_reads_escaped_cells_back(build: tuple[Path, list[dict]], tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Before, a rationale or context starting with ``=`` was a live formula in the exported sheet; an escaped span
@@ -207,6 +210,7 @@ def credentialed(server: ReviewServer) -> Callable[..., tuple[int, dict]]:
     return send
 
 
+@pytest.mark.slow
 def test_the_page_answers_only_a_request_that_carries_the_runs_secret(build: tuple[Path, list[dict]]) -> None:
     out, rows = build
     server = ReviewServer(out).start()
@@ -251,6 +255,7 @@ def _status(url: str, headers: dict) -> int:
         return error.code
 
 
+@pytest.mark.slow
 def test_the_page_api_refuses_what_it_must(build) -> None:
     out, rows = build
     server = ReviewServer(out).start()
@@ -295,6 +300,7 @@ def browser(tmp_path: Path) -> Iterator[object]:
         yield driver
 
 
+@pytest.mark.slow
 def test_the_review_page_in_a_real_browser(build, browser, tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
@@ -409,6 +415,7 @@ def test_the_browser_is_opened_on_a_file_only_this_user_reads_not_on_the_secret(
         path.parent.rmdir()
 
 
+@pytest.mark.slow
 def test_every_file_of_a_build_review_and_finalize_is_private(build: tuple[Path, list[dict]], tmp_path: Path) -> None:
     """Before, the build's outputs, review.jsonl, the review CSV and final/ (private contexts, spans) were 0644."""
     import os

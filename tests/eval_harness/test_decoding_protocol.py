@@ -97,6 +97,7 @@ def eos_loving_pair():
     return slm, llm, eos
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["cloud", "edge"])
 def test_both_ends_honour_the_stopping_rule(eos_loving_pair, mode: str) -> None:
     slm, llm, eos = eos_loving_pair

@@ -40,6 +40,7 @@ traces = st.integers(1, 40).flatmap(lambda k: st.builds(
     st.lists(st.lists(st.integers(0, 2**31 - 1), max_size=k, unique=True).map(tuple), max_size=12).map(tuple)))
 
 
+@pytest.mark.slow
 @given(traces)
 def test_every_trace_decodes_to_itself(trace: ExposureTrace) -> None:
     assert decode_trace(encode_trace(trace)) == trace

@@ -32,6 +32,7 @@ from tests.support.llama_server import llama_cpp_server
 CANARY = "Quartzwhistle-7731"
 
 
+@pytest.mark.slow
 def test_rouge1_hand_worked() -> None:
     # rouge-score lowercases and splits on non-alphanumerics: the private context has 8 tokens
     # (the patient s liver is swollen and yellow), the reconstruction 4 (the liver is swollen), all 4 shared:
@@ -136,6 +137,7 @@ def tiny_attacker() -> TransformersInversion:
     return TransformersInversion(llm, piece_reader(tokenizer), k=3, max_new_tokens=6, batch_size=4)
 
 
+@pytest.mark.slow
 @settings(max_examples=6, deadline=None)
 @given(st.lists(st.lists(st.integers(2, 399), min_size=1, max_size=40), min_size=2, max_size=5))
 def test_a_batched_generate_writes_what_one_prompt_at_a_time_writes(tiny_attacker, prompts) -> None:
@@ -143,6 +145,7 @@ def test_a_batched_generate_writes_what_one_prompt_at_a_time_writes(tiny_attacke
     assert tiny_attacker.complete(prompts) == [tiny_attacker.complete([p])[0] for p in prompts]
 
 
+@pytest.mark.slow
 def test_reconstruct_each_answers_every_observation_once(tiny_attacker) -> None:
     observations = [CloudObservation(f"Which organ? {'x' * n}", ExposureTrace(3, ((5, 6, 7),) * (1 + n % 3)))
                     for n in range(6)]

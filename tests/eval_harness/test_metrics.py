@@ -291,6 +291,7 @@ def _written_by_brute_force(word: str, exposed: ExposureTrace, vocab: Vocabulary
     return best
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.lists(st.sampled_from(PLAIN_PIECES), min_size=1, max_size=3, unique=True), max_size=5))
 def test_word_cutoffs_agree_with_enumerating_every_run(chosen: list[list[str]]) -> None:

@@ -131,6 +131,7 @@ def test_each_method_is_drawn_at_the_setting_nearest_the_matched_leakage(results
     assert representatives([line for line in edge if line.policy == "undefended"]) is None
 
 
+@pytest.mark.slow
 def test_the_plot_command_draws_every_figure_without_a_model_library(results: Path, tmp_path: Path) -> None:
     out = tmp_path / "plots"
     done, heavy = decodeleak_in_fresh_process(["plot", str(results), "--out", str(out), "--rules", "release"])

@@ -23,6 +23,7 @@ def items(policy_of) -> list[ItemRun]:
                     rng=np.random.default_rng(i)) for i in range(6)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["cloud", "edge"])
 def test_batched_items_decode_as_when_alone(pair, mode: str) -> None:
     slm, llm = pair
@@ -42,6 +43,7 @@ def test_batched_items_decode_as_when_alone(pair, mode: str) -> None:
     assert all(len(r.ledger.entries) == len(r.token_ids) for r in results)
 
 
+@pytest.mark.slow
 def test_a_batch_invariant_forward_gives_each_item_the_row_it_gets_alone() -> None:
     from eval_harness.runners.batch_invariant import TiledLinear, greedy_rows, make_batch_invariant
 

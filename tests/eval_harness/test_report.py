@@ -80,6 +80,7 @@ def test_the_report_command_writes_markdown_and_csv(tmp_path: Path) -> None:
     assert (out / "tables.csv").read_text().startswith("rules,task,mode,policy")
 
 
+@pytest.mark.slow
 def test_the_plot_command_draws_one_figure_per_mode(tmp_path: Path) -> None:
     import random
 
@@ -213,6 +214,7 @@ def test_the_inversion_tradeoff_figure_draws_each_method_and_labels_nothing_over
         assert all(not box.overlaps(other) for other in boxes[i + 1:]), [t.get_text() for t in notes]
 
 
+@pytest.mark.slow
 def test_the_plot_command_draws_the_inversion_tradeoff(tmp_path: Path) -> None:
     results = tmp_path / "results.jsonl"
     results.write_text("".join(json.dumps(r) + "\n" for r in tradeoff_rows()))
@@ -238,6 +240,7 @@ def two_task_rows() -> list[dict]:
     return rows
 
 
+@pytest.mark.slow
 def test_privacy_utility_draws_each_task_apart_and_labels_nothing_over_another(tmp_path: Path) -> None:
     from eval_harness.report.plots import privacy_utility, privacy_utility_figure
 
@@ -303,6 +306,7 @@ def test_the_report_carries_the_epsilon_each_setting_spent() -> None:
     assert set(table(rows, metrics=("token_er@100",))[0]) <= set(numbers["dp_logit"])
 
 
+@pytest.mark.slow
 def test_the_epsilon_figure_draws_leakage_and_a_readable_accuracy_panel_for_the_dp_baselines(tmp_path: Path) -> None:
     from eval_harness.report.plots import privacy_utility_epsilon_figure
 

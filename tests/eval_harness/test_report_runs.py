@@ -40,6 +40,7 @@ def test_shards_of_one_run_merge_and_rows_older_than_a_field_match(tmp_path: Pat
     assert [r["item"] for r in read_run([first, second]).rows] == ["1", "2", "3"]
 
 
+@pytest.mark.slow
 def test_fp32_and_bf16_files_are_refused_naming_the_field_and_where(tmp_path: Path,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     fp32 = write(tmp_path / "fp32.jsonl", [row("1"), row("2")])
@@ -126,6 +127,7 @@ def test_rows_of_different_code_are_refused_unless_mixing_is_asked_for(tmp_path:
         read_run([before, rescored], allow_code_change=True)
 
 
+@pytest.mark.slow
 def test_tables_and_figures_record_the_digest_of_every_file_they_read(tmp_path: Path) -> None:
     import hashlib
 

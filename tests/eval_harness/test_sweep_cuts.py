@@ -26,6 +26,7 @@ from eval_harness.sweep.exposure_codec import decode_trace, encode_trace
 from eval_harness.sweep.store import read_rows
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow  # tiny models in transformers, sweeps in processes, Ray and SLURM
 GRID = {"alpha": 0.3, "cloud": {"undefended": {}, "dp_logit": {"epsilon": [4]}}, "edge": {"coveil": {"lam": [1]}}}
 #: what a row says of how the run was cut, and the cloud's forward times (``forward_ns`` in its replies)
 CUT_FIELDS = ("batching", "bytes_down")

@@ -18,6 +18,8 @@ from eval_harness.provenance import code_digest
 from eval_harness.sweep.ray import RowInbox, connect, plan_shards, run_shard
 from eval_harness.sweep.store import ResultStore, read_rows
 
+pytestmark = pytest.mark.slow  # a local Ray instance and tiny models
+
 #: two deterministic settings (greedy decoding): 2 settings x 2 items = 4 rows
 GRID = {"alpha": 0.3, "cloud": {"undefended": {}}, "edge": {"coveil": {"lam": [1]}}}
 

@@ -38,6 +38,7 @@ def arrival_times(context_tokens: int, policy: str, pace_ms: float) -> list[tupl
     return [(kind, 1e3 * (when - opened)) for kind, when in cloud.arrivals[1:]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["dp_fusion", "ldp_sampler"])
 def test_paced_full_row_requests_leave_on_the_public_schedule_whatever_the_private_context_s_length(
     policy: str,

@@ -102,6 +102,7 @@ def gap_before_second_open(arrivals: list[tuple[str, float]]) -> float:
     return 1e3 * (arrivals[opens[1]][1] - last_of_first)
 
 
+@pytest.mark.slow
 def test_the_cloud_cannot_time_the_next_prefill_from_the_gap_between_two_sessions(timed_server) -> None:
     """Finding: the endpoint runs queued generations one after another on one client (one gRPC channel, one
     bearer token, so the cloud links the sessions).  Session N+1 opened once its SLM prefill was done, which starts
@@ -167,6 +168,7 @@ def endpoint_opens_after_previous_request(port: int, arrivals: list[tuple[str, f
     return gap_before_second_open(arrivals)
 
 
+@pytest.mark.slow
 def test_on_the_endpoint_the_gap_between_two_sessions_says_nothing_of_tokenising_the_next_context(
         timed_server) -> None:
     """Finding: the endpoint's grid began when its worker took the request, after the request was checked and
@@ -180,6 +182,7 @@ def test_on_the_endpoint_the_gap_between_two_sessions_says_nothing_of_tokenising
     assert abs(gaps[400] - gaps[5]) < 250, gaps
 
 
+@pytest.mark.slow
 def test_a_decoder_built_then_run_opens_one_budget_after_the_previous_session_whatever_its_tokenising(
         timed_server) -> None:
     """Finding: ``EdgeClient.run`` (build a decoder to check a request first, then run it) started the grid when
@@ -200,6 +203,7 @@ def test_a_decoder_built_then_run_opens_one_budget_after_the_previous_session_wh
     assert all(1400 < gap < 1900 for gap in gaps.values()), gaps  # one budget, less what the first's end took
 
 
+@pytest.mark.slow
 def test_a_decoder_built_while_the_previous_generation_ran_opens_one_budget_after_that_generation_ended(
         timed_server) -> None:
     """A decoder built before the previous generation ended (a request queued while another runs) starts its grid
@@ -234,6 +238,7 @@ class SlowVocabularySLM(PeakSLM):
         return super().detokenize(ids)
 
 
+@pytest.mark.slow
 def test_the_first_masked_generation_on_a_client_opens_when_an_unmasked_one_would(timed_server) -> None:
     """Finding: whether a generation masks spans must not change when its session opens.  The client folded the
     whole vocabulary at its first ``never_upload`` (here 512 tokens at 2 ms: ~1 s; Gemma-3's 262,144 pieces take

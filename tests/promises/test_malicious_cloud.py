@@ -271,6 +271,7 @@ def signal_times(context_tokens: int, pace_ms: float | None) -> tuple[list[float
     return [1e3 * (when - opened) for kind, when in cloud.arrivals if kind == "signal"], decoder
 
 
+@pytest.mark.slow
 def test_paced_signals_leave_on_a_public_schedule_whatever_the_private_context_s_length() -> None:
     """Unpaced, a 200-token context's SLM steps are ~100 ms slower than a 5-token one's, and the cloud sees it in
     the gaps between signals; paced at 200 ms, signal t reaches the cloud (t + 1) * 200 ms after the open (and

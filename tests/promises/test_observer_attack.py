@@ -55,6 +55,7 @@ def generation(context_tokens: int, mode: str, *, protected: bool) -> RecordingC
     return channel
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["edge", "cloud"])
 def test_the_observer_attacks_tell_the_contexts_apart_only_without_the_defences(mode: str) -> None:
     """Unprotected, the token ids' varints and the uploads' values give the contexts' sizes away and the SLM's

@@ -89,6 +89,7 @@ def observe(stack: Stack, context: str, mode: str, lookahead: int) -> Seen:
                 list(stack.outer.records["up"]), list(stack.inner.records["down"]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["cloud", "edge"])
 def test_an_on_path_observer_reads_the_same_sizes_for_two_private_contexts(stack: Stack, mode: str) -> None:
     """Each of the edge's messages has one public size per kind (the open is the public prompt's; every signal

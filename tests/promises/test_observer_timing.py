@@ -70,6 +70,7 @@ def test_the_auc_counts_pairs_by_hand() -> None:
     assert mannwhitneyu(far + 30, far).statistic / 400 == 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["edge", "cloud"])
 def test_the_gaps_the_cloud_sees_do_not_show_the_private_context_s_length(mode: str) -> None:
     """Edge-side lockstep hides the SLM's step behind the round trip and the cloud's forward.  Run-ahead, with the
@@ -89,6 +90,7 @@ def test_the_gaps_the_cloud_sees_do_not_show_the_private_context_s_length(mode: 
     assert auc(short, long) > 0.9 and np.median(long) - np.median(short) > 15, (short, long)
 
 
+@pytest.mark.slow
 def test_an_explicit_pace_paces_lockstep_and_run_ahead_alike() -> None:
     """``pace_ms`` overrides the default pace, in edge-side lockstep too (which the default leaves unpaced): the
     signals reach the cloud one pace apart (a busy host's late wake-up shows in one gap and is made up in the next)."""
