@@ -1,6 +1,6 @@
 """Authentication and TLS: every wrong way in is refused with its own status; secrets never show.
 
-One TLS + bearer-token adapter over a tiny random model (tests/tiny_models.py)
+One TLS + bearer-token adapter over a tiny random model (tests/support/tiny_models.py)
 serves every case; the edge is the same model behind the SLM interface.
 """
 

@@ -1,7 +1,7 @@
 """The cloud adapter's limits hold against streams and requests that try to exhaust it.
 
 The server here runs a tiny random model of the byte-level BPE family built in
-the test session (tests/tiny_models.py), so each case costs milliseconds.
+the test session (tests/support/tiny_models.py), so each case costs milliseconds.
 """
 
 from __future__ import annotations

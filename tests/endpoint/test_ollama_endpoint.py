@@ -1,7 +1,7 @@
 """The device's Ollama routes through the real ``ollama`` client, in front of a real cloud adapter on loopback.
 
-What the cloud received is read back from the adapter's transcripts (``tests/endpoint_stack.py``); each answer is
-compared with the SDK's generation from the same prompts.  Generations are a few tokens long.
+What the cloud received is read back from the adapter's transcripts (``tests/support/endpoint_stack.py``); each
+answer is compared with the SDK's generation from the same prompts.  Generations are a few tokens long.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The device's OpenAI endpoint through the unmodified ``openai`` client, in front of a real cloud adapter.
 
 What the cloud received is read back from the adapter's transcripts on disk; what both servers logged is
-captured from their loggers (``tests/endpoint_stack.py``).  Generations are a few tokens long.
+captured from their loggers (``tests/support/endpoint_stack.py``).  Generations are a few tokens long.
 """
 
 from __future__ import annotations

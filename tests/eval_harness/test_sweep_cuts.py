@@ -34,7 +34,7 @@ CUT_FIELDS = ("batching", "bytes_down")
 
 @pytest.fixture(scope="module")
 def options(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    """A grid file and the tiny random edge/cloud pair (tests/tiny_models.py) as transformers directories."""
+    """A grid file and the tiny random edge/cloud pair (tests/support/tiny_models.py) as transformers directories."""
     from tests.support.tiny_models import save_tiny_pair
 
     dirs = save_tiny_pair(tmp_path_factory.mktemp)

@@ -26,7 +26,7 @@ GRID = {"alpha": 0.3, "cloud": {"undefended": {}}, "edge": {"coveil": {"lam": [1
 
 @pytest.fixture(scope="module")
 def tiny_spec(tmp_path_factory: pytest.TempPathFactory) -> ReferenceSpec:
-    """The tiny random edge/cloud pair of tests/tiny_models.py, saved as transformers directories."""
+    """The tiny random edge/cloud pair of tests/support/tiny_models.py, saved as transformers directories."""
     from tests.support.tiny_models import save_tiny_pair
 
     dirs = save_tiny_pair(tmp_path_factory.mktemp)
