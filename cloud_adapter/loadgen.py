@@ -2,7 +2,7 @@
 
 Each session answers every distribution at once with its best id that does
 not end the generation, so every session runs its full length and the
-adapter's own latency is what is measured.  Used by ``tests/test_load.py``
+adapter's own latency is what is measured.  Used by ``tests/cloud_adapter/test_load.py``
 (a tiny model, in CI) and ``benchmarks/load.py`` (the embedded model).
 """
 

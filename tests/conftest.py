@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 from hypothesis import strategies as st
@@ -57,6 +60,35 @@ def engine(gemma_llm):
     return CloudEngine(gemma_llm)
 
 
+@pytest.fixture(autouse=True)
+def root_logger_as_it_was() -> Iterator[None]:
+    """A command line's ``main()`` configures the root logger (``logging.basicConfig(force=True)``) with a handler
+    on the ``sys.stderr`` of that moment, which pytest closes after the test: a later test's log line then wrote
+    "--- Logging error ---" and a traceback into that test's stderr. Each test leaves the root logger's own
+    handlers (pytest's capture handlers are subclasses, and pytest removes them itself) and level as it found them.
+    """
+    root = logging.getLogger()
+    before, level = set(root.handlers), root.level
+    yield
+    for handler in root.handlers[:]:
+        if handler not in before and type(handler) in (logging.StreamHandler, logging.FileHandler):
+            root.removeHandler(handler)
+    root.setLevel(level)
+
+
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
+
+
+#: fixtures that load the embedded model (directly, or through the endpoint's adapter and endpoint over it)
+EMBEDDED_MODEL_FIXTURES = frozenset({"slm", "gemma_llm", "engine"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test that loads the embedded model is ``slow`` too: the fast lane (``pytest -m "not slow"``) needs
+    no model file and no marker to remember. Tests slow for other reasons (tiny transformers models, processes,
+    servers) carry ``pytest.mark.slow`` themselves."""
+    for item in items:
+        if item.get_closest_marker("model") or EMBEDDED_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

@@ -22,7 +22,7 @@ from edge_sdk import wire
 from edge_sdk._wire import coveil_pb2
 from edge_sdk.status import CloudError
 
-from tests.tiny_models import bpe_tokenizer, random_qwen
+from tests.support.tiny_models import bpe_tokenizer, random_qwen
 
 PROMPT = "Which organ is affected? The liver, the heart or the lung."
 STATUS_CODES = {code.name for code in grpc.StatusCode}
@@ -77,6 +77,7 @@ def signals() -> st.SearchStrategy:
     )
 
 
+@pytest.mark.slow
 def test_the_adapter_answers_every_malformed_session_with_a_status(tiny_llm) -> None:
     engine = CloudEngine(tiny_llm)
 
@@ -112,6 +113,7 @@ def _softmax(z: np.ndarray) -> np.ndarray:
     return (e / e.sum()).astype(np.float32)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.one_of(
     st.text(max_size=60),
@@ -143,6 +145,7 @@ ARGUMENT = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.lists(ARGUMENT, max_size=6))
 def test_the_command_lines_parse_or_exit_with_a_usage_error(argv) -> None:

@@ -31,6 +31,7 @@ def test_import_edge_sdk_is_light() -> None:
     assert loaded == [], f"import edge_sdk pulled in {loaded}"
 
 
+@pytest.mark.slow
 def test_dp_accounting_loads_only_when_a_dp_policy_is_accounted() -> None:
     account = ("import edge_sdk, edge_sdk.accountant as a, edge_sdk.policies as p; "
                "x = a.PrivacyAccountant(p.{}.release_event('edge')); x.record(0, steered=True); x.summary()")
@@ -62,6 +63,7 @@ def test_wire_code_is_generated_from_the_proto() -> None:
     assert "Decode" in pb.DESCRIPTOR.services_by_name["CollaborativeDecoding"].methods_by_name
 
 
+@pytest.mark.slow
 def test_the_front_door_names_import_lazily() -> None:
     # naming the exports loads nothing heavy until one is used
     modules = imported_after("import edge_sdk; dir(edge_sdk); edge_sdk.CoVeil; edge_sdk.Undefended")
@@ -78,6 +80,7 @@ def test_the_front_door_names_import_lazily() -> None:
     assert result.returncode != 0 and "has no attribute 'Nope'" in result.stderr
 
 
+@pytest.mark.slow
 def test_llama_cpp_prints_nothing_unless_asked() -> None:
     load = "from edge_sdk.backends.llama_cpp import LlamaCppSLM; s = LlamaCppSLM(n_ctx=128, verbose={})"
     quiet = subprocess.run([sys.executable, "-c", load.format(False)], capture_output=True, text=True, cwd=ROOT)
@@ -122,6 +125,7 @@ TYPING_ADDED = {"Self": (3, 11), "LiteralString": (3, 11), "Never": (3, 11), "as
                 "ReadOnly": (3, 13), "NoDefault": (3, 13)}
 
 
+@pytest.mark.slow
 def test_requires_python_admits_only_releases_that_run_the_code() -> None:
     """Every source parses with the grammar of the lowest release ``requires-python`` admits, and imports
     from ``typing`` only what that release has."""

@@ -33,7 +33,7 @@ read through an index (one copy of theirs).
 
 Padding a batch or stepping a session alone changes a row's floating-point reductions (as in every batched
 engine): on the CPU in float32 rows agree with ``TransformersLLM``'s to about 1e-5 and greedy tokens match
-(``tests/test_slot_engine.py``).
+(``tests/cloud_adapter/test_slot_engine.py``).
 """
 
 from __future__ import annotations

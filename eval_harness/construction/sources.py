@@ -7,7 +7,7 @@ The cloud may see the public query and the options; the private context stays on
   vignette followed by one final question sentence. The public query is the text after the **last sentence
   boundary** (a ``.``, ``?`` or ``!`` followed by whitespace), the private context everything before it.
   This is the rule MedPriv was cut by: every one of its 1,000 rows is rebuilt exactly from
-  ``private_context + " " + public_query`` (tests/test_construction_sources.py).
+  ``private_context + " " + public_query`` (tests/eval_harness/test_construction_sources.py).
 * ``cosmosqa`` (Cosmos QA JSONL: ``context``, ``question``, ``answer0``..``answer3``, ``label``): the passage
   is private, the question public.
 * ``generic``: named fields, ``--fields public=question,private=notes,options=choices,answer=label[,id=uid]``.

@@ -256,7 +256,7 @@ def cloud_observation(run: ItemRun, result: GenerationResult, k: int) -> CloudOb
     the top ``k`` the attack is defined over (the sweep records more for the metrics' leakage-vs-K curves).
 
     The exposure is the trace the row's metrics score: the cloud's own transcript for an audited deployment,
-    else the edge ledger's record (equal to the transcript, ``tests/test_edge_sdk.py``).  Nothing private goes
+    else the edge ledger's record (equal to the transcript, ``tests/edge_sdk/test_edge_sdk.py``).  Nothing private goes
     in: the attack's input is built here only.
     """
     trace = result.exposure_trace() if isinstance(result, AuditedResult) else result.ledger.exposure_trace()

@@ -1,0 +1,257 @@
+"""Attack review of issue 19 over a real gRPC stream: what the cloud's server sees of the edge's timing.
+
+A finding of the review: it failed on the code the review started from.  The server here is a bare gRPC handler
+that records when the stream began and when each message arrived, and answers as the lying cloud of
+``tests/promises/test_malicious_cloud.py`` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+import pytest
+
+from edge_sdk._wire import coveil_pb2
+from edge_sdk.client import CLOUD_SERVICE, Credentials, EdgeClient
+from edge_sdk.policies import make_policy
+from edge_sdk.server.protocol import CompletionRequest
+from edge_sdk.server.serving import Done, EdgeServing, Failed
+from edge_sdk.server.settings import ServerSettings
+from tests.promises.test_malicious_cloud import LyingCloud, PeakSLM
+
+#: the SLM's prefill takes this long per token of its prompt (the private context is most of it)
+PREFILL_S_PER_TOKEN = 0.002
+
+
+class SlowPrefillSLM(PeakSLM):
+    """Prefill costs ``PREFILL_S_PER_TOKEN`` per prompt token (one token per character); ``prefilled_at`` is when the
+    last prefill ended (``time.perf_counter``, the clock the server here records with)."""
+
+    prefilled_at = 0.0
+
+    def prefill(self, ids: list[int]) -> Any:
+        time.sleep(PREFILL_S_PER_TOKEN * len(ids))
+        self.prefilled_at = time.perf_counter()
+        return super().prefill(ids)
+
+
+@pytest.fixture
+def timed_server() -> Iterator[tuple[int, list[tuple[str, float]]]]:
+    """A gRPC server on loopback recording ``("stream", t)`` when a Decode stream begins and ``(kind, t)`` for
+    each message of the edge's; it answers as a :class:`LyingCloud` with no probe set, two tokens long."""
+    arrivals: list[tuple[str, float]] = []
+
+    def decode(requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[Any]:
+        arrivals.append(("stream", time.perf_counter()))
+        cloud = LyingCloud(frozenset(), [], breaks=[0], max_new_tokens=2)
+        for data in requests:
+            message = coveil_pb2.EdgeMessage.FromString(data)
+            arrivals.append((message.WhichOneof("kind"), time.perf_counter()))
+            yield from cloud.handle(message)
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=4))
+    method = grpc.stream_stream_rpc_method_handler(
+        decode, request_deserializer=None, response_serializer=coveil_pb2.CloudMessage.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(CLOUD_SERVICE, {"Decode": method}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield port, arrivals
+    server.stop(0)
+
+
+def test_the_cloud_cannot_time_the_slm_s_prefill_from_when_the_stream_began(timed_server) -> None:
+    """Finding: the SDK started the gRPC ``Decode`` stream (``connect()``) before the SLM prefilled the private
+    prompt, and sent the open after it.  The server sees a stream begin when its headers arrive, so the time from
+    the stream's start to the open was the prefill's: 16 ms for a 5-character private context, 420 ms for a
+    200-character one here, and the adapter logs it as ``open_ms`` for every session.  "Prefilled before the
+    session opens" must hold for the stream too: the stream may begin only once the prefill is done (server and
+    edge share one process here, so one clock says which came first, however busy the machine)."""
+    port, arrivals = timed_server
+    for length in (5, 200):
+        arrivals.clear()
+        slm = SlowPrefillSLM()
+        with EdgeClient(f"127.0.0.1:{port}", slm=slm, credentials=Credentials(plaintext=True)) as client:
+            client.generate("q", "x" * length, mode="edge", policy=make_policy("coveil"), max_new_tokens=2)
+        kinds = [kind for kind, _ in arrivals]
+        assert kinds[:2] == ["stream", "open"], kinds
+        assert arrivals[0][1] >= slm.prefilled_at, (length, 1e3 * (slm.prefilled_at - arrivals[0][1]))
+
+
+def opens_after_previous_session(port: int, arrivals: list[tuple[str, float]], second_context: str,
+                                 **settings: float) -> tuple[float, bool]:
+    """Two back-to-back generations on one client: ms from the first session's last message to the second's open,
+    and whether the second's prefill ran past its budget."""
+    arrivals.clear()
+    with EdgeClient(f"127.0.0.1:{port}", slm=SlowPrefillSLM(), credentials=Credentials(plaintext=True)) as client:
+        client.generate("q", "first", mode="edge", policy=make_policy("coveil"), max_new_tokens=2, **settings)
+        second = client.generate("q", second_context, mode="edge", policy=make_policy("coveil"), max_new_tokens=2,
+                                 **settings)
+    return gap_before_second_open(arrivals), second.ledger.prefill_overrun
+
+
+def gap_before_second_open(arrivals: list[tuple[str, float]]) -> float:
+    """ms from the first session's last message to the second session's open, as the server saw them."""
+    opens = [i for i, (kind, _) in enumerate(arrivals) if kind == "open"]
+    assert len(opens) == 2
+    last_of_first = max(at for i, (kind, at) in enumerate(arrivals[: opens[1]]) if kind != "stream")
+    return 1e3 * (arrivals[opens[1]][1] - last_of_first)
+
+
+@pytest.mark.slow
+def test_the_cloud_cannot_time_the_next_prefill_from_the_gap_between_two_sessions(timed_server) -> None:
+    """Finding: the endpoint runs queued generations one after another on one client (one gRPC channel, one
+    bearer token, so the cloud links the sessions).  Session N+1 opened once its SLM prefill was done, which starts
+    when session N ends: the gap between N's last message and N+1's open was N+1's prefill, which grows with its
+    private context (and is ~0 for a private prompt served from the SLM's cache).  Here: a 5- vs 400-character
+    second context (prefills of ~10 ms and ~800 ms).  With ``prefill_budget_ms`` the open leaves on a grid that
+    starts when the generation began, so the gap is one budget either way (without it: 20 vs 820 ms)."""
+    port, arrivals = timed_server
+    gaps = {length: opens_after_previous_session(port, arrivals, "x" * length, prefill_budget_ms=1000)
+            for length in (5, 400)}
+    assert not gaps[5][1] and not gaps[400][1]
+    assert abs(gaps[400][0] - gaps[5][0]) < 400, gaps
+    assert all(900 < gap < 1400 for gap, _ in gaps.values()), gaps  # one budget, less what the first's end took
+
+
+def test_a_prefill_past_its_budget_opens_a_budget_later_and_says_so(timed_server) -> None:
+    """A prefill longer than the budget (~800 ms against 300 ms) opens at a later point of the grid (here the
+    third, ~900 ms after the generation began), and the ledger says the budget was overrun; the default has no
+    budget and opens as soon as the SLM has prefilled."""
+    port, arrivals = timed_server
+    gap, overrun = opens_after_previous_session(port, arrivals, "x" * 400, prefill_budget_ms=300)
+    assert overrun and 850 < gap < 1300, gap
+    gap, overrun = opens_after_previous_session(port, arrivals, "x" * 5)
+    assert not overrun and gap < 250, gap
+
+
+#: the SLM's tokenizer takes this long per character it reads
+TOKENIZE_S_PER_CHARACTER = 0.001
+
+
+class SlowTokenizerSLM(PeakSLM):
+    """Tokenising costs ``TOKENIZE_S_PER_CHARACTER`` per character (a long private context takes a while)."""
+
+    def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
+        time.sleep(TOKENIZE_S_PER_CHARACTER * len(text))
+        return super().tokenize(text, add_bos=add_bos)
+
+
+def endpoint_opens_after_previous_request(port: int, arrivals: list[tuple[str, float]], second_context: str,
+                                          budget_ms: float) -> float:
+    """Two requests to the endpoint's engine, the second sent as soon as the first is answered (an app asking
+    one question after another): ms from the first session's last message to the second's open."""
+    arrivals.clear()
+    client = EdgeClient(f"127.0.0.1:{port}", slm=SlowTokenizerSLM(), credentials=Credentials(plaintext=True))
+    serving = EdgeServing(client, None, ServerSettings(cloud=f"127.0.0.1:{port}"), n_ctx=4096)
+
+    async def ask(context: str) -> None:
+        request = CompletionRequest(model="coveil", prompt="q", max_tokens=2, coveil={
+            "private_context": context, "mode": "edge", "policy": "coveil", "prefill_budget_ms": budget_ms})
+        job = serving.submit(await asyncio.to_thread(serving.prepare_completion, request))  # as the route does
+        while not isinstance(event := await job.next(), Done):
+            assert not isinstance(event, Failed), event
+
+    async def one_after_another() -> None:
+        await ask("first")
+        await ask(second_context)
+
+    try:
+        asyncio.run(one_after_another())
+    finally:
+        serving.close()
+        client.close()
+    return gap_before_second_open(arrivals)
+
+
+@pytest.mark.slow
+def test_on_the_endpoint_the_gap_between_two_sessions_says_nothing_of_tokenising_the_next_context(
+        timed_server) -> None:
+    """Finding: the endpoint's grid began when its worker took the request, after the request was checked and
+    its prompts tokenised (``prepare_*``, whose time grows with the private context).  An app that asks its next
+    question once the last is answered found the worker idle, so the gap between the two sessions was one budget
+    plus the tokenising: 2.52 s vs 3.31 s for a 5- vs 400-character context here (2.5 s budget, tokenising at 1 ms a
+    character).  The grid starts when checking the request began, before its private text is read."""
+    port, arrivals = timed_server
+    gaps = {length: endpoint_opens_after_previous_request(port, arrivals, "x" * length, budget_ms=2500)
+            for length in (5, 400)}
+    assert abs(gaps[400] - gaps[5]) < 250, gaps
+
+
+@pytest.mark.slow
+def test_a_decoder_built_then_run_opens_one_budget_after_the_previous_session_whatever_its_tokenising(
+        timed_server) -> None:
+    """Finding: ``EdgeClient.run`` (build a decoder to check a request first, then run it) started the grid when
+    it was called, after ``decoder()`` had tokenised the private text, so the gap since the previous session was
+    one budget plus the tokenising (1.52 s vs 2.31 s for a 5- vs 400-character context here, 1.5 s budget).  The
+    grid starts when ``decoder()`` began."""
+    port, arrivals = timed_server
+    gaps = {}
+    for length in (5, 400):
+        arrivals.clear()
+        with EdgeClient(f"127.0.0.1:{port}", slm=SlowTokenizerSLM(), credentials=Credentials(plaintext=True)) as client:
+            client.generate("q", "first", mode="edge", policy="coveil", max_new_tokens=2)
+            decoder = client.decoder("q", "x" * length, mode="edge", policy="coveil", max_new_tokens=2,
+                                     prefill_budget_ms=1500)
+            list(client.run(decoder))
+        gaps[length] = gap_before_second_open(arrivals)
+    assert abs(gaps[400] - gaps[5]) < 250, gaps
+    assert all(1400 < gap < 1900 for gap in gaps.values()), gaps  # one budget, less what the first's end took
+
+
+@pytest.mark.slow
+def test_a_decoder_built_while_the_previous_generation_ran_opens_one_budget_after_that_generation_ended(
+        timed_server) -> None:
+    """A decoder built before the previous generation ended (a request queued while another runs) starts its grid
+    when that generation ended, which the cloud saw.  Started at the decoder's build (the fix above, without this
+    floor), the open came at the grid's first point after the prefill, so the gap since the previous session
+    showed whether the prefill crossed a point of a grid the cloud can place (690 ms for a 10 ms prefill, 1,690 ms
+    for an 800 ms one here)."""
+    port, arrivals = timed_server
+    gaps = {}
+    for length in (5, 400):
+        arrivals.clear()
+        with EdgeClient(f"127.0.0.1:{port}", slm=SlowPrefillSLM(), credentials=Credentials(plaintext=True)) as client:
+            queued = client.decoder("q", "x" * length, mode="edge", policy="coveil", max_new_tokens=2,
+                                    prefill_budget_ms=1000)
+            client.generate("q", "x" * 150, mode="edge", policy="coveil", max_new_tokens=2)  # ~300 ms of prefill
+            list(client.run(queued))
+        gaps[length] = gap_before_second_open(arrivals)
+    assert abs(gaps[400] - gaps[5]) < 400, gaps
+    assert all(900 < gap < 1400 for gap in gaps.values()), gaps
+
+
+#: the SLM reads one token's text (its vocabulary has no table) in this long
+PIECE_S = 0.002
+
+
+class SlowVocabularySLM(PeakSLM):
+    """No vocabulary table: each token's text is read by detokenising it, ``PIECE_S`` per token (``never_upload``'s
+    folded vocabulary then takes ``PIECE_S * vocab_size`` to build)."""
+
+    def detokenize(self, ids: list[int]) -> str:
+        time.sleep(PIECE_S * len(ids))
+        return super().detokenize(ids)
+
+
+@pytest.mark.slow
+def test_the_first_masked_generation_on_a_client_opens_when_an_unmasked_one_would(timed_server) -> None:
+    """Finding: whether a generation masks spans must not change when its session opens.  The client folded the
+    whole vocabulary at its first ``never_upload`` (here 512 tokens at 2 ms: ~1 s; Gemma-3's 262,144 pieces take
+    0.5-1.5 s and ~65-87 MB), after the grid began: with a 600 ms budget the masked generation opened at the grid's
+    third point (1.81 s after the previous session), the unmasked one at its first (0.61 s).  The client now folds
+    it once in the background from its creation, and every generation waits for it, masked or not."""
+    port, arrivals = timed_server
+    gaps = {}
+    for spans in ((), ("Maria",)):
+        arrivals.clear()
+        with EdgeClient(f"127.0.0.1:{port}", slm=SlowVocabularySLM(), credentials=Credentials(plaintext=True)) as client:
+            client.generate("q", "first", mode="edge", policy="coveil", max_new_tokens=2)
+            client.generate("q", "Maria came", mode="edge", policy="coveil", max_new_tokens=2, never_upload=spans,
+                            prefill_budget_ms=600)
+        gaps[bool(spans)] = gap_before_second_open(arrivals)
+    assert abs(gaps[True] - gaps[False]) < 300, gaps
