@@ -17,7 +17,7 @@ Two implementations of one rule: on the CPU each row goes through the edge's own
 (:func:`edge_sdk.fusion.softmax`, :func:`~edge_sdk.fusion.top_k_ids`: the bytes the adapter always sent); on a GPU
 the batch is reduced on the device, ``p = exp(z - log sum_j exp z(j))`` and an exact top-n by 64-bit keys (value bits, then
 the complement of the id), and one copy brings ``B * (3n + 1)`` numbers to the host instead of ``B * V``.
-``tests/test_backend_rows.py`` holds the device rule to the numpy one, ties and signed zeros included.
+``tests/cloud_adapter/test_slot_engine.py`` holds the device rule to the numpy one, ties and signed zeros included.
 """
 
 from __future__ import annotations
