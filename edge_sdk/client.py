@@ -33,7 +33,8 @@ from edge_sdk.policies import Policy, make_policy
 from edge_sdk.prompts import CONTEXT_SEPARATOR, Prompts, plain_prompts
 from edge_sdk.decoding import CollaborativeDecoder, StepEvent, run_with_resume
 from edge_sdk.steps import StoppingRule
-from edge_sdk.transport import CloudConnection, CloudSessionHandler, GrpcChannel, InProcessChannel
+from edge_sdk.transport import (CloudConnection, CloudSessionHandler, GrpcChannel, InProcessChannel,
+                                MessageChannel)
 from edge_sdk.wire import MAX_LOOKAHEAD
 
 __all__ = ["CONTEXT_SEPARATOR", "Credentials", "EdgeClient", "GenerationResult", "GenerationStream", "StreamStep"]
@@ -304,14 +305,15 @@ class EdgeClient:
         lookahead = self.lookahead if lookahead is None else lookahead
         if lookahead < 0:
             raise ValueError(f"lookahead must be non-negative (0 = lockstep), got {lookahead}")
+        return CloudConnection(self._carrier(), lookahead=lookahead)
+
+    def _carrier(self) -> MessageChannel:
+        """The channel one session's messages travel: in process to a callable cloud, else over gRPC."""
         if callable(self._cloud):
-            return CloudConnection(InProcessChannel(self._cloud()), lookahead=lookahead)
+            return InProcessChannel(self._cloud())
         if self._grpc_channel is None:
             self._grpc_channel = self._open_grpc_channel(self._cloud)
-        return CloudConnection(
-            GrpcChannel(self._grpc_channel, metadata=self.credentials.metadata, timeout_s=self.timeout_s),
-            lookahead=lookahead,
-        )
+        return GrpcChannel(self._grpc_channel, metadata=self.credentials.metadata, timeout_s=self.timeout_s)
 
     def _open_grpc_channel(self, target: str) -> Any:
         import grpc
