@@ -28,7 +28,7 @@ import numpy as np
 from edge_sdk import wire
 from edge_sdk.accountant import PrivacyAccountant
 from edge_sdk.backends.base import SLMBackend
-from edge_sdk.decode_settings import DecodeSettings
+from edge_sdk.decode_settings import AUTO, DecodeSettings
 from edge_sdk.fusion import fuse
 from edge_sdk.grammar import JsonConstraint, mask_row
 from edge_sdk.leakage import LeakageMeter
@@ -116,6 +116,9 @@ class CollaborativeDecoder:
         self.processors = tuple(processors)
         self.view = SLMView(slm, policy.space, masked_ids)
         self.budget = ExposureBudget(settings.exposure_budget, self.accountant)
+        if AUTO in (settings.pace_ms, settings.auto_pace_ms):
+            raise ValueError("pace_ms='auto' is measured by the client (EdgeClient.decoder resolves it): give the "
+                             "decoder a pace in ms (edge_sdk.pace_calibration.calibrated_pace_ms)")
         self.pacer = Pacer(settings.pace_ms, settings.prefill_budget_ms, settings.auto_pace_ms)
         self.stop = StopControl(slm, stopping)
         self.tokens: list[int] = []
