@@ -47,17 +47,36 @@ def test_the_grid_by_hand() -> None:
         5.0, 5.0, 10.0, 50.0, 50.0, 100.0, 10000.0, 15000.0]
 
 
-def test_the_auto_pace_is_measured_on_public_text_whatever_the_private_context() -> None:
-    """At the window the step is 4 + 4.4e-3 x 2,039 = ~13.0 ms: twice that, 25.9, is paced at 50 ms (a loaded host
-    may add up to 12 ms a step before it is 100).  Measured on the private context the pace would be 10 ms after a
-    short one (2 x ~4.0)."""
+class ClockedSLM(TableSLM):
+    """The SLM whose step takes ``BASE_S + PER_TOKEN_S * length`` on a clock of its own (no sleep: a loaded host
+    cannot stretch it), which the calibration reads."""
+
+    def __init__(self) -> None:
+        super().__init__(VOCAB_PIECES, default=peaked())
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def append(self, token_id: int) -> np.ndarray:
+        self.now += BASE_S + PER_TOKEN_S * (len(self.sequence) + 1)
+        return super().append(token_id)
+
+
+def test_the_auto_pace_is_measured_on_public_text_whatever_the_private_context(monkeypatch) -> None:
+    """At the window the step is 4 + 4.4e-3 x ~2,040 = ~13.0 ms: twice that, 25.9, is paced at 50 ms.  Measured on
+    the private context the pace would be 10 ms after a short one (2 x ~4.0)."""
+    import edge_sdk.pace_calibration as calibration
+
     for private in (SHORT, LONG):
-        with client() as edge:
+        slm = ClockedSLM()
+        monkeypatch.setattr(calibration, "time", slm)
+        cloud = ScriptedCloud(len(VOCAB_PIECES), default=peaked(), max_new_tokens=STEPS)
+        with EdgeClient(cloud.session, slm=slm) as edge:
             decoder = edge.decoder("q", private, policy="coveil", pace_ms="auto", auto_pace_ms="auto")
             assert (decoder.settings.pace_ms, decoder.settings.auto_pace_ms) == (50.0, 50.0), private
-    with client() as edge:  # measured before any private text exists, and kept
-        assert edge.calibrated_pace_ms() == 50.0
-        assert edge.decoder("q", LONG, policy="coveil", pace_ms="auto").settings.pace_ms == 50.0
+            assert edge.calibrated_pace_ms() == 50.0  # measured once, kept
+            assert edge.decoder("q", LONG, policy="coveil", pace_ms="auto").settings.pace_ms == 50.0
 
 
 def test_a_decoder_built_without_a_client_refuses_an_auto_pace() -> None:
