@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_resume
-from edge_sdk.leakage import LeakageMeter
+from edge_sdk.privacy.meter import LeakageMeter
 from edge_sdk.pace_calibration import calibrated_pace_ms
 from edge_sdk.policies import make_policy
 from edge_sdk.testing import LinkChannel, ScriptedChannel, ScriptedCloud, TableSLM

@@ -26,10 +26,11 @@ from edge_sdk.activity import ActivityLog
 from edge_sdk.backends.base import SLMBackend
 from edge_sdk.decode_settings import AUTO, DecodeSettings
 from edge_sdk.grammar import JsonConstraint, check_public_schema
-from edge_sdk.leakage import LeakageMeter, content_token_ids, piece_reader
-from edge_sdk.ledger import LedgerEntry, PrivacyLedger
+from edge_sdk.backends.pieces import piece_reader
+from edge_sdk.privacy.meter import LeakageMeter, content_token_ids
+from edge_sdk.privacy.ledger import LedgerEntry, PrivacyLedger
 from edge_sdk.logprobs import TokenLogprobs
-from edge_sdk.masking import folded_vocabulary, never_upload_ids
+from edge_sdk.privacy.masking import folded_vocabulary, never_upload_ids
 from edge_sdk.pace_calibration import calibrated_pace_ms
 from edge_sdk.policies import Policy, make_policy
 from edge_sdk.prompts import CONTEXT_SEPARATOR, Prompts, plain_prompts
@@ -300,7 +301,7 @@ class EdgeClient:
         self.activity_log = activity_log if activity_log is not None else ActivityLog()
 
     def _read_vocabulary(self) -> tuple[Callable[[int], str], dict[str, tuple[int, ...]]]:
-        """Each id's piece, and every id by its folded piece (:func:`~edge_sdk.masking.folded_vocabulary`)."""
+        """Each id's piece, and every id by its folded piece (:func:`~edge_sdk.privacy.masking.folded_vocabulary`)."""
         piece = piece_reader(self.slm)
         return piece, folded_vocabulary(piece, self.slm.vocab_size)
 

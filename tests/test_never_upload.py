@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_sdk.masking import fold, folded_vocabulary, never_upload_ids
+from edge_sdk.privacy.masking import fold, folded_vocabulary, never_upload_ids
 from edge_sdk.testing import TableSLM
 
 PIECES = [" ", ".", "Seen", " with", " and", " Maria", "Maria", " María", "María", " MARIA", " maria", " Mar", "ía",
@@ -105,7 +105,7 @@ def test_a_chinese_or_japanese_name_is_masked_in_the_romanised_forms_the_vocabul
 
 
 def test_text_without_chinese_or_japanese_characters_imports_no_romaniser() -> None:
-    code = ("import sys\nfrom edge_sdk.masking import never_upload_ids\n"
+    code = ("import sys\nfrom edge_sdk.privacy.masking import never_upload_ids\n"
             "never_upload_ids(['Maria'], 'Seen with Maria.', lambda t: [ord(c) for c in t], chr)\n"
             "print(sorted(m for m in ('pykakasi', 'pypinyin') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

@@ -25,7 +25,7 @@ ITEMS = [DecodeLeakItem(f"item-{i}", "Which organ is affected?", {"A": "heart", 
 
 @pytest.fixture(scope="module")
 def tiny_runner():
-    from edge_sdk.leakage import piece_reader
+    from edge_sdk.backends.pieces import piece_reader
     from eval_harness.decoding_protocol import DecodingProtocol
     from eval_harness.metrics import Vocabulary
     from eval_harness.runners.reference import ReferenceRunner

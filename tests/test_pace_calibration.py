@@ -13,7 +13,7 @@ import pytest
 from edge_sdk.client import EdgeClient
 from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.decoding import CollaborativeDecoder
-from edge_sdk.leakage import LeakageMeter
+from edge_sdk.privacy.meter import LeakageMeter
 from edge_sdk.pace_calibration import on_pace_grid
 from edge_sdk.policies import make_policy
 from edge_sdk.testing import LinkChannel, ScriptedCloud, TableSLM

@@ -448,7 +448,7 @@ def _spec(args: argparse.Namespace):  # noqa: ANN202
 
 def _attacker(args: argparse.Namespace, runner):  # noqa: ANN001, ANN202
     """The inversion attacker the options ask for (``None`` for ``--inversion none``)."""
-    from edge_sdk.leakage import piece_reader
+    from edge_sdk.backends.pieces import piece_reader
     from eval_harness.attacks.inversion import EndpointInversion, TransformersInversion
 
     if args.inversion == "none":

@@ -26,7 +26,7 @@ import numpy as np
 
 from edge_sdk.client import GenerationResult
 from edge_sdk.decode_settings import DecodeSettings
-from edge_sdk.leakage import ExposureTrace
+from edge_sdk.privacy.meter import ExposureTrace
 from edge_sdk.policies import Policy, make_policy, policy_class
 from eval_harness.attacks.inversion import CloudObservation, InversionAttack, inversion_cell
 from eval_harness.attacks.observer import observer_scores
@@ -57,7 +57,7 @@ def reference_vocabulary(tokenizer: Any) -> Vocabulary:
     """The vocabulary the metrics read for a transformers tokenizer: its ids without BOS, and its pieces.
 
     The sweep and ``decodeleak recompute`` both build it here, so a recomputed row reads the same vocabulary."""
-    from edge_sdk.leakage import piece_reader
+    from edge_sdk.backends.pieces import piece_reader
 
     return Vocabulary(lambda text: list(tokenizer(text, add_special_tokens=False).input_ids), piece_reader(tokenizer))
 
