@@ -1,4 +1,4 @@
-"""The epsilon a generation spends under each DP baseline at the paper's grid points (edge_sdk.accountant).
+"""The epsilon a generation spends under each DP baseline at the paper's grid points (edge_sdk.privacy.accountant).
 
 Every step of a DP baseline's generation releases once (an upload, a drawn token), so a generation of
 ``T`` steps spends the accountant's epsilon after ``T`` releases, at the policy's own delta, for any two
@@ -18,7 +18,7 @@ import json
 import math
 from pathlib import Path
 
-from edge_sdk.accountant import PrivacyAccountant
+from edge_sdk.privacy.accountant import PrivacyAccountant
 from edge_sdk.policies import make_policy
 
 GRIDS = Path(__file__).resolve().parents[1] / "eval_harness" / "configs" / "paper_grids.json"

@@ -29,7 +29,7 @@ import torch
 from cloud_adapter.llm import TransformersLLM
 from edge_sdk.cli_flags import add_dtype_flag
 from edge_sdk.decode_settings import DecodeSettings
-from edge_sdk.leakage import piece_reader
+from edge_sdk.backends.pieces import piece_reader
 from edge_sdk.policies import Undefended
 from eval_harness.attacks.inversion import CloudObservation, TransformersInversion, exposure_lines
 from eval_harness.datasets import load_task

@@ -7,23 +7,28 @@ frame header and TLS's 17 bytes, which every message pays either way).
 
 Time: the simulated link of ``edge_sdk.testing.LinkChannel`` (``--rtt-ms``, the cloud's ``--forward-ms`` per
 row) and an SLM step of ``--slm-ms``, CoVeil in both modes, lockstep and run-ahead, with the default public
-clock (``auto_pace_ms``) and without it (``auto_pace_ms=None``): ms per token and the ratio.
+clock (``auto_pace_ms``) and without it (``auto_pace_ms=None``): ms per token and the ratio; and with the pace
+``"auto"`` measures on that SLM (:func:`edge_sdk.pace_calibration.calibrated_pace_ms`).
 
-Last lines: ``pad_bytes_per_token_<mode>`` (CoVeil: what padding adds, both directions) and
-``auto_pace_cost_<mode>_<lockstep|run_ahead>`` (paced over unpaced ms/token).
+Last lines: ``pad_bytes_per_token_<mode>`` (CoVeil: what padding adds, both directions),
+``auto_pace_cost_<mode>_<lockstep|run_ahead>`` (paced over unpaced ms/token) and
+``calibrated_pace_cost_<mode>_<lockstep|run_ahead>`` (the same at the calibrated pace, ``calibrated_pace_ms``).
 
 Usage: python benchmarks/observer_cost.py [--tokens 32] [--rtt-ms 40] [--forward-ms 20] [--slm-ms 20]
+(``--slm-ms 5``: a device far faster than the 50 ms default pace)
 """
 
 from __future__ import annotations
 
 import argparse
+import string
 import time
 
 import numpy as np
 
 from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_resume
-from edge_sdk.leakage import LeakageMeter
+from edge_sdk.privacy.meter import LeakageMeter
+from edge_sdk.pace_calibration import calibrated_pace_ms
 from edge_sdk.policies import make_policy
 from edge_sdk.testing import LinkChannel, ScriptedChannel, ScriptedCloud, TableSLM
 from edge_sdk.transport import CloudConnection
@@ -52,11 +57,17 @@ def bytes_per_token(policy: str, mode: str, padded: bool, tokens: int, **params:
     return up, down
 
 
+def timed_slm(args: argparse.Namespace) -> tuple[TableSLM, np.ndarray]:
+    """An SLM over letters whose every step takes ``--slm-ms``, and its row (one peak: every draft holds)."""
+    pieces = [" ", "\n", ".", ",", *string.ascii_letters]
+    row = np.full(len(pieces), -4.0, np.float32)
+    row[5] = 4.0
+    return TableSLM(pieces, default=row, delay_s=args.slm_ms / 1e3), row
+
+
 def ms_per_token(mode: str, lookahead: int, tokens: int, args: argparse.Namespace, **settings: float | None) -> float:
-    vocab = 16
-    row = np.full(vocab, -4.0, np.float32)
-    row[3] = 4.0
-    slm = TableSLM([chr(97 + i) for i in range(vocab)], default=row, delay_s=args.slm_ms / 1e3)
+    slm, row = timed_slm(args)
+    vocab = slm.vocab_size
     cloud = ScriptedCloud(vocab, default=row, max_new_tokens=tokens)
     decoder = CollaborativeDecoder(slm, make_policy("coveil"),
                                    DecodeSettings(mode=mode, max_new_tokens=tokens, top_m=4, exposure_k=4, **settings),
@@ -89,13 +100,19 @@ def main() -> None:
 
     print(f"\nms per token over a simulated {args.rtt_ms:g} ms link, cloud forward {args.forward_ms:g} ms, "
           f"SLM step {args.slm_ms:g} ms, CoVeil, {args.tokens} tokens; auto_pace_ms {DecodeSettings.auto_pace_ms:g}")
+    calibrated = calibrated_pace_ms(timed_slm(args)[0])
+    print(f"pace_ms='auto' on this SLM: {calibrated:g} ms")
     costs: dict[str, float] = {}
+    calibrated_costs: dict[str, float] = {}
     for mode in ("edge", "cloud"):
         for lookahead, name in ((0, "lockstep"), (8, "run_ahead")):
             paced = ms_per_token(mode, lookahead, args.tokens, args)
             unpaced = ms_per_token(mode, lookahead, args.tokens, args, auto_pace_ms=None)
+            at_calibrated = ms_per_token(mode, lookahead, args.tokens, args, auto_pace_ms=calibrated)
             costs[f"{mode}_{name}"] = paced / unpaced
-            print(f"{mode:<7}{name:<11} unpaced {unpaced:7.1f}  paced {paced:7.1f}  ratio {paced / unpaced:.3f}")
+            calibrated_costs[f"{mode}_{name}"] = at_calibrated / unpaced
+            print(f"{mode:<7}{name:<11} unpaced {unpaced:7.1f}  paced {paced:7.1f}  ratio {paced / unpaced:.3f}  "
+                  f"calibrated {at_calibrated:7.1f}  ratio {at_calibrated / unpaced:.3f}")
         time.sleep(0.1)
 
     print()
@@ -103,6 +120,9 @@ def main() -> None:
         print(f"pad_bytes_per_token_{mode}={added[mode]:.1f}")
     for key, value in costs.items():
         print(f"auto_pace_cost_{key}={value:.3f}")
+    print(f"calibrated_pace_ms={calibrated:g}")
+    for key, value in calibrated_costs.items():
+        print(f"calibrated_pace_cost_{key}={value:.3f}")
 
 
 if __name__ == "__main__":

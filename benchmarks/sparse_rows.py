@@ -87,7 +87,7 @@ class ComparingPolicy:
                rng: np.random.Generator | None = None) -> Any:
         from edge_sdk import wire
         from edge_sdk.fusion import softmax
-        from edge_sdk.masking import FULL_UPLOAD_LIMIT
+        from edge_sdk.privacy.masking import FULL_UPLOAD_LIMIT
         from edge_sdk.policies import CloudUpload
 
         space, step = self.inner.space, self.steps[0]

@@ -26,7 +26,7 @@ _EXPORTS = {
     "Policy": "edge_sdk.policies",
     "make_policy": "edge_sdk.policies",
     "available_policies": "edge_sdk.policies",
-    "PrivacyLedger": "edge_sdk.ledger",
+    "PrivacyLedger": "edge_sdk.privacy.ledger",
     "CloudError": "edge_sdk.status",
 }
 
@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # the lazy exports, re-exported (``X as X``) for type checker
     from edge_sdk.client import Credentials as Credentials
     from edge_sdk.client import EdgeClient as EdgeClient
     from edge_sdk.client import GenerationResult as GenerationResult
-    from edge_sdk.ledger import PrivacyLedger as PrivacyLedger
+    from edge_sdk.privacy.ledger import PrivacyLedger as PrivacyLedger
     from edge_sdk.policies import CoVeil as CoVeil
     from edge_sdk.policies import Policy as Policy
     from edge_sdk.policies import Undefended as Undefended

@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from edge_sdk.ledger import PrivacyLedger
+from edge_sdk.privacy.ledger import PrivacyLedger
 from edge_sdk.private_files import open_private
 
 #: records kept by default (the newest)

@@ -42,6 +42,11 @@ def positive_float(text: str) -> float:
     return value
 
 
+def positive_float_or_auto(text: str) -> float | str:
+    """A real number above 0, or ``auto``."""
+    return text if text == "auto" else positive_float(text)
+
+
 def flag_name(field_name: str) -> str:
     """``max_new_tokens`` → ``--max-new-tokens``."""
     return "--" + field_name.replace("_", "-")

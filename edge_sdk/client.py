@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,17 +24,20 @@ import numpy as np
 
 from edge_sdk.activity import ActivityLog
 from edge_sdk.backends.base import SLMBackend
-from edge_sdk.decode_settings import DecodeSettings
+from edge_sdk.decode_settings import AUTO, DecodeSettings
 from edge_sdk.grammar import JsonConstraint, check_public_schema
-from edge_sdk.leakage import LeakageMeter, content_token_ids, piece_reader
-from edge_sdk.ledger import LedgerEntry, PrivacyLedger
+from edge_sdk.backends.pieces import piece_reader
+from edge_sdk.privacy.meter import LeakageMeter, content_token_ids
+from edge_sdk.privacy.ledger import LedgerEntry, PrivacyLedger
 from edge_sdk.logprobs import TokenLogprobs
-from edge_sdk.masking import folded_vocabulary, never_upload_ids
+from edge_sdk.privacy.masking import folded_vocabulary, never_upload_ids
+from edge_sdk.pace_calibration import calibrated_pace_ms
 from edge_sdk.policies import Policy, make_policy
 from edge_sdk.prompts import CONTEXT_SEPARATOR, Prompts, plain_prompts
 from edge_sdk.decoding import CollaborativeDecoder, StepEvent, run_with_resume
 from edge_sdk.steps import StoppingRule
-from edge_sdk.transport import CloudConnection, CloudSessionHandler, GrpcChannel, InProcessChannel
+from edge_sdk.transport import (CloudConnection, CloudSessionHandler, GrpcChannel, InProcessChannel,
+                                MessageChannel)
 from edge_sdk.wire import MAX_LOOKAHEAD
 
 __all__ = ["CONTEXT_SEPARATOR", "Credentials", "EdgeClient", "GenerationResult", "GenerationStream", "StreamStep"]
@@ -292,26 +296,45 @@ class EdgeClient:
         self._vocabulary = building.submit(self._read_vocabulary)
         building.shutdown(wait=False)
         self._idle_since = -math.inf  # when this client's last generation ended (perf_counter clock)
+        self._pace_lock = threading.Lock()
+        self._calibrated_pace_ms: float | None = None
         self.activity_log = activity_log if activity_log is not None else ActivityLog()
 
     def _read_vocabulary(self) -> tuple[Callable[[int], str], dict[str, tuple[int, ...]]]:
-        """Each id's piece, and every id by its folded piece (:func:`~edge_sdk.masking.folded_vocabulary`)."""
+        """Each id's piece, and every id by its folded piece (:func:`~edge_sdk.privacy.masking.folded_vocabulary`)."""
         piece = piece_reader(self.slm)
         return piece, folded_vocabulary(piece, self.slm.vocab_size)
+
+    def calibrated_pace_ms(self) -> float:
+        """The pace ``pace_ms="auto"`` (or ``auto_pace_ms="auto"``) stands for on this client: measured on a public
+        prompt at the first call (:func:`~edge_sdk.pace_calibration.calibrated_pace_ms`; call it when the client
+        starts to take that time then), the same for every generation after it."""
+        with self._pace_lock:
+            if self._calibrated_pace_ms is None:
+                self._vocabulary.result()  # the SLM to itself: its pieces are read in the background till then
+                self._calibrated_pace_ms = calibrated_pace_ms(self.slm)
+            return self._calibrated_pace_ms
+
+    def _paced(self, settings: DecodeSettings) -> DecodeSettings:
+        """``settings`` with an ``"auto"`` pace replaced by :meth:`calibrated_pace_ms`."""
+        auto = {name: self.calibrated_pace_ms() for name in ("pace_ms", "auto_pace_ms")
+                if getattr(settings, name) == AUTO}
+        return settings.overridden(**auto) if auto else settings
 
     # -- connections -------------------------------------------------------------------------------
     def _connect(self, lookahead: int | None = None) -> CloudConnection:
         lookahead = self.lookahead if lookahead is None else lookahead
         if lookahead < 0:
             raise ValueError(f"lookahead must be non-negative (0 = lockstep), got {lookahead}")
+        return CloudConnection(self._carrier(), lookahead=lookahead)
+
+    def _carrier(self) -> MessageChannel:
+        """The channel one session's messages travel: in process to a callable cloud, else over gRPC."""
         if callable(self._cloud):
-            return CloudConnection(InProcessChannel(self._cloud()), lookahead=lookahead)
+            return InProcessChannel(self._cloud())
         if self._grpc_channel is None:
             self._grpc_channel = self._open_grpc_channel(self._cloud)
-        return CloudConnection(
-            GrpcChannel(self._grpc_channel, metadata=self.credentials.metadata, timeout_s=self.timeout_s),
-            lookahead=lookahead,
-        )
+        return GrpcChannel(self._grpc_channel, metadata=self.credentials.metadata, timeout_s=self.timeout_s)
 
     def _open_grpc_channel(self, target: str) -> Any:
         import grpc
@@ -426,9 +449,10 @@ class EdgeClient:
         (:mod:`edge_sdk.logprobs`): edge-side computed on the device (nothing sent changes), cloud-side sent by
         the cloud with each token it picks (the session asks for them).
         """
+        # an "auto" pace is measured on public text before any private work begins
+        settings = self._paced((settings or DecodeSettings()).overridden(**overrides))
         began_at = time.perf_counter()  # before the private text is read: the prefill budget's grid starts here
         piece, vocabulary = self._vocabulary.result()  # before the SLM is used here (the build reads it)
-        settings = (settings or DecodeSettings()).overridden(**overrides)
         if isinstance(policy, str):
             policy = make_policy(policy, backend=self.slm)  # a policy that needs the model builds from it
         slm = self.slm

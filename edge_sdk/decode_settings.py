@@ -14,11 +14,14 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from edge_sdk.cli_flags import positive_float, positive_int
+from edge_sdk.cli_flags import positive_float, positive_float_or_auto, positive_int
 from edge_sdk.logprobs import MAX_TOP_LOGPROBS
 
 if TYPE_CHECKING:
     from edge_sdk.policies.base import FusionMode
+
+#: ``pace_ms`` / ``auto_pace_ms``: the client measures the pace on public work (:mod:`edge_sdk.pace_calibration`)
+AUTO = "auto"
 
 
 def _setting(default: Any, help: str, **flag: Any) -> Any:
@@ -61,9 +64,12 @@ class DecodeSettings:
     #: previous signal's slot, or when the cloud's answer to the open arrived; cloud-side, when a pick the edge waited
     #: for arrived, if later) at or after it is ready, so its send time depends on the public schedule and the
     #: cloud's own timing, not on how long the SLM took (which grows with the private context).  ``None``: each
-    #: signal leaves as soon as it is decided, but where ``auto_pace_ms`` applies.
-    pace_ms: float | None = _setting(None, "send each step's signal on a fixed grid of this many ms",
-                                    type=positive_float, metavar="MS")
+    #: signal leaves as soon as it is decided, but where ``auto_pace_ms`` applies.  ``"auto"``: the pace
+    #: :func:`~edge_sdk.pace_calibration.calibrated_pace_ms` measures once per client on a public prompt
+    #: (:meth:`EdgeClient.calibrated_pace_ms <edge_sdk.client.EdgeClient.calibrated_pace_ms>`).
+    pace_ms: float | str | None = _setting(None, "send each step's signal on a fixed grid of this many ms ('auto': "
+                                           "measured once on a public prompt)", type=positive_float_or_auto,
+                                           metavar="MS")
     #: the session opens at the first point of ``B + n * prefill_budget_ms`` (n >= 1; ``B`` when the generation
     #: began on the device, before its private text was tokenised) at or after the SLM's prefill is done, so when
     #: it opens (after the previous session on the same client, say) does not show how long the private context
@@ -76,10 +82,11 @@ class DecodeSettings:
     #: The gap between two signals is then the pace whenever the step fits in it, a whole number of paces otherwise
     #: (``pace_overrun``); the SLM's step grows with the private context.  Edge-side lockstep is not paced by it
     #: (its SLM step runs while the cloud's row is on its way: hidden behind a round trip and a forward, not
-    #: shorter ones).  ``None``: off.
-    auto_pace_ms: float | None = _setting(50.0, "with no pace_ms, send each run-ahead or cloud-side signal on a "
-                                          "grid of this many ms (default: {default})", type=positive_float,
-                                          metavar="MS")
+    #: shorter ones).  ``None``: off; ``"auto"``: as for ``pace_ms``.
+    auto_pace_ms: float | str | None = _setting(50.0, "with no pace_ms, send each run-ahead or cloud-side signal "
+                                                "on a grid of this many ms (default: {default}; 'auto': measured "
+                                                "once on a public prompt)", type=positive_float_or_auto,
+                                                metavar="MS")
     prefill_budget_ms: float | None = _setting(None, "open each session on a grid of this many ms from when the "
                                                "generation began, whatever the prefill took", type=positive_float,
                                                metavar="MS")
@@ -89,10 +96,10 @@ class DecodeSettings:
                                     "(0-20) under the fused row it was chosen from", type=int, metavar="N")
 
     def __post_init__(self) -> None:
-        if self.pace_ms is not None and not self.pace_ms > 0:
-            raise ValueError(f"pace_ms must be positive (or None for no pacing), got {self.pace_ms}")
-        if self.auto_pace_ms is not None and not self.auto_pace_ms > 0:
-            raise ValueError(f"auto_pace_ms must be positive (or None for none), got {self.auto_pace_ms}")
+        for name, what in (("pace_ms", "no pacing"), ("auto_pace_ms", "none")):
+            value = getattr(self, name)
+            if value is not None and value != AUTO and not (isinstance(value, (int, float)) and value > 0):
+                raise ValueError(f"{name} must be positive, 'auto' (or None for {what}), got {value!r}")
         if self.prefill_budget_ms is not None and not self.prefill_budget_ms > 0:
             raise ValueError(f"prefill_budget_ms must be positive (or None for none), got {self.prefill_budget_ms}")
         if self.exposure_budget is not None and not 0.0 <= self.exposure_budget <= 1.0:

@@ -3,8 +3,8 @@
 Per step ``t`` the edge has ``p_slm`` (private context + public query + the
 shared prefix) and receives the cloud's ``p_llm`` (public query + prefix).
 Its policy turns them into the one signal that leaves the device; the loop
-records that in the :class:`~edge_sdk.ledger.PrivacyLedger` and the
-:class:`~edge_sdk.leakage.LeakageMeter`.
+records that in the :class:`~edge_sdk.privacy.ledger.PrivacyLedger` and the
+:class:`~edge_sdk.privacy.meter.LeakageMeter`.
 
 A step is four named parts (:meth:`CollaborativeDecoder.steps`): receive the
 cloud's row, decide the signal, send it, record and advance.  Each concern is
@@ -26,19 +26,19 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from edge_sdk import wire
-from edge_sdk.accountant import PrivacyAccountant
 from edge_sdk.backends.base import SLMBackend
-from edge_sdk.decode_settings import DecodeSettings
+from edge_sdk.decode_settings import AUTO, DecodeSettings
 from edge_sdk.fusion import fuse
 from edge_sdk.grammar import JsonConstraint, mask_row
-from edge_sdk.leakage import LeakageMeter
-from edge_sdk.ledger import LedgerEntry, PrivacyLedger
 from edge_sdk.logprobs import TokenLogprobs, token_logprobs
-from edge_sdk.masking import FULL_UPLOAD_LIMIT
 from edge_sdk.policies.base import CloudUpload, Policy, SyncedToken
+from edge_sdk.privacy.accountant import PrivacyAccountant
+from edge_sdk.privacy.budget import ExposureBudget
+from edge_sdk.privacy.ledger import LedgerEntry, PrivacyLedger
+from edge_sdk.privacy.masking import FULL_UPLOAD_LIMIT
+from edge_sdk.privacy.meter import LeakageMeter
 from edge_sdk.steps import (
     ChoiceProcessor,
-    ExposureBudget,
     Pacer,
     PendingSignal,
     SLMView,
@@ -116,6 +116,9 @@ class CollaborativeDecoder:
         self.processors = tuple(processors)
         self.view = SLMView(slm, policy.space, masked_ids)
         self.budget = ExposureBudget(settings.exposure_budget, self.accountant)
+        if AUTO in (settings.pace_ms, settings.auto_pace_ms):
+            raise ValueError("pace_ms='auto' is measured by the client (EdgeClient.decoder resolves it): give the "
+                             "decoder a pace in ms (edge_sdk.pace_calibration.calibrated_pace_ms)")
         self.pacer = Pacer(settings.pace_ms, settings.prefill_budget_ms, settings.auto_pace_ms)
         self.stop = StopControl(slm, stopping)
         self.tokens: list[int] = []

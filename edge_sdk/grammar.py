@@ -60,7 +60,7 @@ MIN_SHARED_WORDS = 3
 
 def _folded_words(text: str) -> list[str]:
     """``text``'s words up to case, accents and punctuation around them (as the mask compares words)."""
-    from edge_sdk.masking import fold
+    from edge_sdk.privacy.masking import fold
 
     return [word for word in (fold(part).strip(_PUNCTUATION) for part in text.split()) if word]
 
@@ -75,7 +75,7 @@ def _occurs(words: list[str], within: str) -> bool:
 
 def _names(text: str) -> set[str]:
     """The folded words ``text`` capitalises mid-sentence (not first, nor after ``.``, ``?`` or ``!``)."""
-    from edge_sdk.masking import fold
+    from edge_sdk.privacy.masking import fold
 
     names, sentence_start = set(), True
     for part in text.split():
@@ -89,7 +89,7 @@ def _names(text: str) -> set[str]:
 def _word_parts(text: str) -> set[str]:
     """Every word of ``text`` and every part punctuation joins inside one, folded (``Okonkwo-Fitzgerald``:
     ``okonkwo-fitzgerald``, ``okonkwo``, ``fitzgerald``), as ``never_upload``'s mask reads a span."""
-    from edge_sdk.masking import fold, spoken_words
+    from edge_sdk.privacy.masking import fold, spoken_words
 
     return {folded for word in spoken_words(text) if (folded := fold(word).strip(_PUNCTUATION))}
 

@@ -1,17 +1,16 @@
-"""The parts of one decoding step, one object per concern (the loop in :mod:`edge_sdk.decoding` strings them).
+"""The parts of one decoding step, one object per concern (the loop in :mod:`edge_sdk.decoding` strings them;
+the exposure and epsilon budgets are :mod:`edge_sdk.privacy.budget`).
 
 * :class:`SLMView`: the SLM's next-token row as the policy may read it (``never_upload`` ids removed);
 * :class:`ChoiceProcessor`: a hook at the decide step restricting the ids the edge may choose (the JSON
   grammar, :class:`edge_sdk.grammar.JsonConstraint`), as transformers hands ``LogitsProcessor`` objects to its
   sampling loop;
 * :class:`StepDecision`: what the decide step settled (the signal, and ``E_t^K`` the cloud can read off it);
-* :class:`ExposureBudget`: whether a step may send only a cloud-only signal (the share of steered steps,
-  with the epsilon accountant beside it), and the count of steered steps;
 * :class:`PendingSignal`: a step's signal from its first attempt until the cloud acknowledges it, re-sent
   byte for byte after a broken stream;
 * :class:`Pacer`: the public schedule signals leave on (``pace_ms``);
 * :class:`StopControl`: the text so far, whether the generation may end, whether it is done, the end ids;
-* :class:`StepMeter`: one step's timings and bytes, and the :class:`~edge_sdk.ledger.LedgerEntry` they end in.
+* :class:`StepMeter`: one step's timings and bytes, and the :class:`~edge_sdk.privacy.ledger.LedgerEntry` they end in.
 """
 
 from __future__ import annotations
@@ -26,15 +25,13 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from edge_sdk.fusion import FusionSpace, check_finite, softmax
-from edge_sdk.ledger import LedgerEntry
+from edge_sdk.privacy.ledger import LedgerEntry
 from edge_sdk.policies.base import CloudUpload, SyncedToken
 
 if TYPE_CHECKING:
-    from edge_sdk.accountant import PrivacyAccountant
     from edge_sdk.backends.base import SLMBackend
     from edge_sdk.logprobs import TokenLogprobs
     from edge_sdk.transport import ByteCounter
-    from edge_sdk.wire import CloudDistribution
 
 
 class SLMView:
@@ -115,52 +112,6 @@ class StepDecision:
     signal: CloudUpload | SyncedToken
     exposure: np.ndarray
     logprobs: Callable[[], TokenLogprobs] | None = None
-
-
-def is_steered(signal: CloudUpload | SyncedToken, dist: CloudDistribution) -> bool:
-    """Whether the private context steered this step's signal, as the cloud itself can tell.
-
-    Cloud-side: anything was uploaded.  Edge-side: the token is not the
-    cloud's own top token.  The exposure budget counts only these steps, so
-    when it switches depends on nothing the cloud has not already seen
-    (counting private words instead made the switch an oracle: a cloud
-    pushing a probe word learned whether it was one of them).
-    """
-    if isinstance(signal, CloudUpload):
-        return len(signal) > 0
-    return signal.token_id != dist.top_id()
-
-
-class ExposureBudget:
-    """When a step may send only a signal the cloud could produce alone.
-
-    ``share`` (``DecodeSettings.exposure_budget``): at most
-    ``floor(share * max_steps)`` steps may be steered by the private context;
-    beside it the accountant's epsilon budget (``max_epsilon``).  Both read
-    public numbers and counts the cloud can keep itself, never the private
-    context.
-    """
-
-    def __init__(self, share: float | None, accountant: PrivacyAccountant) -> None:
-        self.share = share
-        self.accountant = accountant
-        self.steered_steps = 0
-
-    def withholds(self, step: int, max_steps: int) -> bool:
-        # one more steered step must keep the share within the budget: at most floor(share * max_steps)
-        over_share = self.share is not None and self.steered_steps + 1 > self.share * max_steps
-        return self.accountant.withholds(step) or over_share  # public numbers and the release count only
-
-    def record_release(self, step: int, signal: CloudUpload | SyncedToken, dist: CloudDistribution) -> None:
-        """A signal decided from the private context: the accountant's event (recorded when decided, since a send
-        that broke may still have reached the cloud)."""
-        self.accountant.record(step, steered=is_steered(signal, dist))
-
-    def count_steered(self, signal: CloudUpload | SyncedToken, dist: CloudDistribution) -> bool:
-        """Count an acknowledged step if the cloud can tell the private context steered it; whether it did."""
-        steered = is_steered(signal, dist)
-        self.steered_steps += steered
-        return steered
 
 
 @dataclass(eq=False)
@@ -359,7 +310,7 @@ class StepMeter:
         self, pending: PendingSignal, token_id: int, *, policy: str, steered: bool, leak_share: float,
         pace_overrun: bool,
     ) -> LedgerEntry:
-        """The step's :class:`~edge_sdk.ledger.LedgerEntry`: every attempt's bytes and sends, this one's timings."""
+        """The step's :class:`~edge_sdk.privacy.ledger.LedgerEntry`: every attempt's bytes and sends, this one's timings."""
         assert pending.decision is not None, "a step is recorded once its signal was sent"
         signal = pending.decision.signal
         return LedgerEntry(

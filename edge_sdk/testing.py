@@ -11,7 +11,7 @@
 A generation over the real loop, in milliseconds::
 
     import numpy as np
-    from edge_sdk.leakage import LeakageMeter
+    from edge_sdk.privacy.meter import LeakageMeter
     from edge_sdk.policies import CoVeil
     from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_resume
     from edge_sdk.testing import ScriptedCloud, TableSLM

@@ -22,7 +22,7 @@ import numpy as np
 from cloud_adapter.local import local_cloud, split_cores
 from edge_sdk.backends.llama_cpp import LlamaCppSLM
 from edge_sdk.client import Credentials, EdgeClient, GenerationResult
-from edge_sdk.leakage import piece_reader
+from edge_sdk.backends.pieces import piece_reader
 from edge_sdk.policies import CoVeil, Policy, Undefended
 from eval_harness.datasets import DecodeLeakItem, load_task
 from eval_harness.metrics import Vocabulary, evidence_recall

@@ -28,7 +28,7 @@ from typing import Any
 from cloud_adapter.local import cloud_or_local, split_cores
 from edge_sdk.backends.llama_cpp import LlamaCppSLM
 from edge_sdk.client import Credentials, EdgeClient
-from edge_sdk.ledger import PrivacyLedger
+from edge_sdk.privacy.ledger import PrivacyLedger
 from edge_sdk.policies import CoVeil
 
 PRIVATE_NOTE = (

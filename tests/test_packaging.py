@@ -24,8 +24,8 @@ def imported_after(statement: str) -> set[str]:
 
 def test_import_edge_sdk_is_light() -> None:
     modules = imported_after(
-        "import edge_sdk, edge_sdk.fusion, edge_sdk.policies, edge_sdk.models, edge_sdk.leakage, edge_sdk.decoding, "
-        "edge_sdk.steps, edge_sdk.ledger, edge_sdk.status, edge_sdk.wire, edge_sdk.transport, edge_sdk.testing"
+        "import edge_sdk, edge_sdk.fusion, edge_sdk.policies, edge_sdk.models, edge_sdk.privacy.meter, edge_sdk.decoding, "
+        "edge_sdk.steps, edge_sdk.privacy.ledger, edge_sdk.status, edge_sdk.wire, edge_sdk.transport, edge_sdk.testing"
     )
     loaded = sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in HEAVY))
     assert loaded == [], f"import edge_sdk pulled in {loaded}"
@@ -33,7 +33,7 @@ def test_import_edge_sdk_is_light() -> None:
 
 @pytest.mark.slow
 def test_dp_accounting_loads_only_when_a_dp_policy_is_accounted() -> None:
-    account = ("import edge_sdk, edge_sdk.accountant as a, edge_sdk.policies as p; "
+    account = ("import edge_sdk, edge_sdk.privacy.accountant as a, edge_sdk.policies as p; "
                "x = a.PrivacyAccountant(p.{}.release_event('edge')); x.record(0, steered=True); x.summary()")
     heuristic = imported_after(account.format("CoVeil()"))
     assert not [m for m in heuristic if m.split(".")[0] in ("dp_accounting", "scipy")]
@@ -42,17 +42,40 @@ def test_dp_accounting_loads_only_when_a_dp_policy_is_accounted() -> None:
     assert not [m for m in dp if any(m == h or m.startswith(h + ".") for h in HEAVY)]
 
 
+def imported_modules(path: Path) -> list[str]:
+    """The modules a file imports, wherever the import statement is (absolute imports: the project writes no
+    relative ones)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        found += names
+    return found
+
+
 def test_edge_sdk_never_imports_the_cloud_or_the_harness() -> None:
-    offenders = []
-    for path in (ROOT / "edge_sdk").rglob("*.py"):
-        if path.name.endswith("_pb2.py") or path.name.endswith("_pb2_grpc.py"):
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
-            if isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module]
-            offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] in ("cloud_adapter", "eval_harness")]
+    offenders = [f"{path.name}: {name}" for path in (ROOT / "edge_sdk").rglob("*.py")
+                 if not path.name.endswith(("_pb2.py", "_pb2_grpc.py"))
+                 for name in imported_modules(path) if name.split(".")[0] in ("cloud_adapter", "eval_harness")]
     assert offenders == []
+
+
+#: what edge_sdk.privacy may import of the SDK: itself, the settings, and the signal types and wire rows it
+#: accounts for (never the loop, the transport, the client, the server or the defences themselves)
+PRIVACY_MAY_IMPORT = ("edge_sdk.privacy", "edge_sdk.decode_settings", "edge_sdk.policies.base", "edge_sdk.wire",
+                      "edge_sdk.backends")
+
+
+def test_the_privacy_package_imports_neither_the_loop_nor_the_defences() -> None:
+    """``edge_sdk.privacy`` (what the cloud may learn and what it cost) stands under the loop and the policies:
+    they import it, never the other way round; and the other modules import its parts, not a package facade."""
+    package = ROOT / "edge_sdk" / "privacy"
+    offenders = [f"{path.name}: {name}" for path in package.glob("*.py") for name in imported_modules(path)
+                 if name.split(".")[0] == "edge_sdk"
+                 and not any(name == m or name.startswith(m + ".") for m in PRIVACY_MAY_IMPORT)]
+    assert offenders == []
+    assert imported_modules(package / "__init__.py") == []  # no facade: each module loads only when used
 
 
 def test_wire_code_is_generated_from_the_proto() -> None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
-from edge_sdk.accountant import ReleaseEvent
+from edge_sdk.privacy.accountant import ReleaseEvent
 from edge_sdk.fusion import FusionSpace, certify_fused_top_k, fuse_upload, top_k_ids
 
 if TYPE_CHECKING:
@@ -132,7 +132,7 @@ class Policy(ABC):
         return cls(**params)
 
     def release_event(self, mode: FusionMode) -> ReleaseEvent:
-        """What one step's signal costs in privacy (the event :class:`~edge_sdk.accountant.PrivacyAccountant`
+        """What one step's signal costs in privacy (the event :class:`~edge_sdk.privacy.accountant.PrivacyAccountant`
         records per releasing step).  The default: none of it is DP (``eps = inf``)."""
         return ReleaseEvent.non_private(
             f"{self.name} is a heuristic with no DP guarantee: DecodeLeak measures its protection empirically"

@@ -16,7 +16,7 @@ import numpy as np
 
 from edge_sdk.fusion import top_k_ids
 from edge_sdk.policies.base import CloudUpload, FusionMode, Policy
-from edge_sdk.privacy_accounting import EpsilonUnit, check_positive_int
+from edge_sdk.privacy.analysis import EpsilonUnit, check_positive_int
 
 
 def cogenesis_upload_ids(p_slm: np.ndarray, b: int) -> np.ndarray:

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
-from edge_sdk.accountant import ReleaseEvent
+from edge_sdk.privacy.accountant import ReleaseEvent
 from edge_sdk.fusion import check_alpha, fuse, sample_from, top_k_ids
 from edge_sdk.policies.base import FusionMode, Policy, SyncedToken, require_rng
-from edge_sdk.privacy_accounting import EpsilonUnit, check_epsilon, check_positive_int
+from edge_sdk.privacy.analysis import EpsilonUnit, check_epsilon, check_positive_int
 
 if TYPE_CHECKING:
     from edge_sdk.backends.base import SLMBackend

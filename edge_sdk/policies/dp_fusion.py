@@ -3,7 +3,7 @@
 The mixing weight of one step is the largest ``lambda`` whose mixture stays
 within ``b`` of the public distribution at the Renyi orders that bound any two
 private contexts (:func:`dp_fusion_lambda`); the accounting that maps
-``epsilon`` to ``b`` is in :mod:`edge_sdk.privacy_accounting`.
+``epsilon`` to ``b`` is in :mod:`edge_sdk.privacy.analysis`.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from typing import ClassVar
 
 import numpy as np
 
-from edge_sdk.accountant import ReleaseEvent
+from edge_sdk.privacy.accountant import ReleaseEvent
 from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.fusion import check_alpha, top_k_ids
 from edge_sdk.policies.base import CloudUpload, FusionMode, Policy, SyncedToken, require_rng
 from edge_sdk.policies.ldp_sampler import sample_index
-from edge_sdk.privacy_accounting import (
+from edge_sdk.privacy.analysis import (
     RENYI_PROBABILITY_FLOOR,
     EpsilonUnit,
     check_delta,
@@ -125,7 +125,7 @@ def dp_fusion_lambda(p_private: np.ndarray, p_public: np.ndarray, bound: float, 
                = max{l in [0, 1] : D_2a(m_l||q~) <= b  and  D_(2a-1)(q~||m_l) <= b},   m_l = l*p~ + (1-l)*q~
 
     on the rows of :func:`dp_fusion_rows`.  Through the weak triangle inequality
-    (:func:`~edge_sdk.privacy_accounting.dp_fusion_pair_rdp`) the mixtures of any two contexts are then
+    (:func:`~edge_sdk.privacy.analysis.dp_fusion_pair_rdp`) the mixtures of any two contexts are then
     within ``D_a <= (4a-3)/(2a-2) * b`` of each other, and each within ``D_a <= b`` of the public row (the
     source's relation; the source bounds only that, the symmetric ``D_a`` against the public row).  Both sums
     are convex in ``l`` (``m_l`` is affine and positive on the support)::

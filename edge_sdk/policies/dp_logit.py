@@ -14,10 +14,10 @@ from typing import ClassVar
 
 import numpy as np
 
-from edge_sdk.accountant import ReleaseEvent
+from edge_sdk.privacy.accountant import ReleaseEvent
 from edge_sdk.fusion import top_k_ids
 from edge_sdk.policies.base import CloudUpload, FusionMode, Policy, require_rng
-from edge_sdk.privacy_accounting import (
+from edge_sdk.privacy.analysis import (
     EpsilonUnit,
     analytic_gaussian_sigma,
     check_delta,
@@ -108,7 +108,7 @@ class DPLogit(Policy):
     into [0, 1].  Every grid point of the paper (eps from 0.01 to 64) is a
     distinct sigma.  Over ``T`` tokens the uploads compose exactly to one
     Gaussian mechanism of noise multiplier ``sigma / (sqrt 2 * sqrt T)``
-    (:func:`~edge_sdk.privacy_accounting.gaussian_composition_epsilon`).
+    (:func:`~edge_sdk.privacy.analysis.gaussian_composition_epsilon`).
 
     The noise comes from :func:`standard_normal_float32` (tail cut at
     7.54 sigma; the ideal mechanism's outputs beyond it have probability below

@@ -1,7 +1,7 @@
 """InvisibleInk (Vinod, Pillutla & Thakurta, NeurIPS 2025), edge-side: clipped logit differences, one sampled token.
 
 The calibration from ``epsilon`` to the clip bound ``C`` is
-:func:`edge_sdk.privacy_accounting.invisible_ink_clip`.
+:func:`edge_sdk.privacy.analysis.invisible_ink_clip`.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from typing import ClassVar
 
 import numpy as np
 
-from edge_sdk.accountant import ReleaseEvent
+from edge_sdk.privacy.accountant import ReleaseEvent
 from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.fusion import top_k_ids
 from edge_sdk.policies.base import FusionMode, Policy, SyncedToken, require_rng
 from edge_sdk.policies.ldp_sampler import sample_index
-from edge_sdk.privacy_accounting import EpsilonUnit, check_epsilon, check_positive_int, invisible_ink_clip
+from edge_sdk.privacy.analysis import EpsilonUnit, check_epsilon, check_positive_int, invisible_ink_clip
 
 #: InvisibleInk's sampling temperature in its original code (1.2 for some of its datasets)
 DEFAULT_TEMPERATURE = 1.1
@@ -122,7 +122,7 @@ class InvisibleInk(Policy):
 
     (between two contexts each clipped logit moves by up to 2C: rho_token = 2 (C / tau)^2)
 
-    (:func:`~edge_sdk.privacy_accounting.invisible_ink_clip`); every grid point
+    (:func:`~edge_sdk.privacy.analysis.invisible_ink_clip`); every grid point
     of the paper (1 to 128) is a distinct positive ``C``.  As in the original
     code the temperature is 1.1 and the top-k+ set is the whole vocabulary
     (``top_k=None``; the top-k+ expansion costs no privacy, so a positive

@@ -10,7 +10,7 @@ import numpy as np
 
 from edge_sdk.fusion import FusionSpace, check_space, fuse, pick_token, softmax
 from edge_sdk.policies.base import CloudUpload, FusionMode, Policy, SyncedToken
-from edge_sdk.privacy_accounting import EpsilonUnit
+from edge_sdk.privacy.analysis import EpsilonUnit
 
 
 @dataclass

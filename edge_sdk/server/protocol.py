@@ -388,7 +388,7 @@ class SourceRelation(BaseModel):
 
 
 class EpsilonLedger(BaseModel):
-    """What the generation spent (:meth:`edge_sdk.ledger.PrivacyLedger.privacy`): ``epsilon_spent`` at ``delta``
+    """What the generation spent (:meth:`edge_sdk.privacy.ledger.PrivacyLedger.privacy`): ``epsilon_spent`` at ``delta``
     for ``relation`` over ``events`` releases, null with ``guarantee`` "non-private" for a policy with no DP
     guarantee; ``in_words`` what that means to the person (the odds, or a heuristic's counts)."""
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from edge_sdk.client import EdgeClient, GenerationStream
 from edge_sdk.grammar import GrammarError
-from edge_sdk.ledger import LedgerEntry, PrivacyLedger
+from edge_sdk.privacy.ledger import LedgerEntry, PrivacyLedger
 from edge_sdk.logprobs import TokenLogprobs
 from edge_sdk.policies import available_policies, make_policy
 from edge_sdk.prompts import ChatRenderer, Prompts, chat_prompts, plain_prompts

@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from edge_sdk.leakage import ExposureTrace
+from edge_sdk.privacy.meter import ExposureTrace
 
 #: the paper's top-K for the exposure sequence the attacker reads (its DecodeLeak table is at K = 100)
 DEFAULT_K = 100
@@ -172,7 +172,7 @@ class EndpointInversion:
 
     Args:
         client: an :class:`eval_harness.llm.client.ChatClient`.
-        piece: token id -> its text in the shared vocabulary (``edge_sdk.leakage.piece_reader``).
+        piece: token id -> its text in the shared vocabulary (``edge_sdk.backends.pieces.piece_reader``).
         k: how many of each step's ids the attacker is shown.
         max_new_tokens: the reply's ``max_tokens``.
         parallel: requests in flight at once in :meth:`reconstruct_each`.

@@ -16,17 +16,22 @@ Token-ER (:data:`eval_harness.report.tables.OBSERVER_METRICS`).
 
 :class:`RecordingChannel` produces both views from any message channel the decoder talks through; it says it
 crosses a network, so the decoder behaves as it does deployed (its public clock included), in process too.
+:class:`RecordingClient` puts one under each session of an :class:`~edge_sdk.client.EdgeClient` while asked to;
+``decodeleak sweep --observer`` records each item against a second private context through it and fills the
+rows' ``observer`` field (:func:`eval_harness.sweep.execute.observer_field`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from edge_sdk.client import EdgeClient
 from edge_sdk.transport import MessageChannel
 
 
@@ -85,6 +90,38 @@ class RecordingChannel:
 
     def cloud_clock(self) -> CloudClock:
         return CloudClock(tuple(self.signal_arrivals))
+
+    def record(self) -> dict[str, Any]:
+        """Both views as a result row keeps them (JSON; times in ms from the first message, rounded to 1 us):
+        ``messages`` ``[[direction, size, ms], ...]`` and ``signals`` ``[ms, ...]``."""
+        start = self.messages[0][2] if self.messages else 0.0
+        return {"messages": [[direction, size, round(1e3 * (at - start), 3)] for direction, size, at in self.messages],
+                "signals": [round(1e3 * (at - start), 3) for at in self.signal_arrivals]}
+
+
+class RecordingClient(EdgeClient):
+    """An :class:`~edge_sdk.client.EdgeClient` whose sessions record both observer views while
+    :meth:`recording` is on (one :class:`RecordingChannel` per session, resumed sessions included); otherwise
+    an :class:`EdgeClient` exactly (its sessions then keep the carrier's own ``crosses_network``)."""
+
+    _sink: list[RecordingChannel] | None = None
+
+    @contextmanager
+    def recording(self, sink: list[RecordingChannel]) -> Iterator[None]:
+        """Record the sessions opened inside the block into ``sink``."""
+        self._sink = sink
+        try:
+            yield
+        finally:
+            self._sink = None
+
+    def _carrier(self) -> MessageChannel:
+        carrier = super()._carrier()
+        if self._sink is None:
+            return carrier
+        recorder = RecordingChannel(carrier)  # the carrier the client chose, seen through the recorder
+        self._sink.append(recorder)
+        return recorder
 
 
 def sizes_told_apart(first: Sequence[PathView], second: Sequence[PathView]) -> bool:

@@ -193,6 +193,13 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="accelerate device map for both models, e.g. 'auto' to spread a large model over every "
                              "visible GPU (layers split across them, one copy)")
     parser.add_argument("-v", "--verbose", action="store_true", help="show the full traceback of an error")
+    parser.add_argument("--observer", action="store_true",
+                        help="DecodeLeak's observer attacks: decode each item a second time with the next item's "
+                             "private context (same question and setting), record both generations' message sizes "
+                             "and times as an on-path observer under TLS and the cloud see them (sessions paced as "
+                             "deployed over a network, so slower), and score into the row's 'observer' field "
+                             "whether sizes tell the two contexts apart and the timing AUCs (decodeleak report "
+                             "shows them beside Token-ER)")
     _deployed_flags(parser)
     _inversion_options(parser)
 
@@ -266,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
 
             outcome = run_sweep(settings, items, runner, store, protocol=protocol, vocab=vocab, metadata=metadata,
                                 seed=args.seed, shard_of=shard_of, on_row=finished,
-                                inversion=_attacker(args, runner))
+                                inversion=_attacker(args, runner), observer=args.observer)
             progress.update(bar, total=outcome.pending, completed=outcome.written)
     print(_summary(args, settings, items, outcome.written, outcome.skipped))
     if audits:
@@ -291,7 +298,8 @@ def _summary(args: argparse.Namespace, settings, items, written: int, skipped: i
     """The closing line: rows written now and already there, of how many settings and items."""
     return (f"{written} rows written to {args.out}; {skipped} already there; "
             f"{len(settings)} settings x {', '.join(f'{len(v)} {k}' for k, v in items.items())} items "
-            f"(shard {args.shard})" + ("" if args.inversion == "none" else f"; inversion by {args.inversion}"))
+            f"(shard {args.shard})" + ("" if args.inversion == "none" else f"; inversion by {args.inversion}")
+            + ("; observer attacks" if args.observer else ""))
 
 
 def _settings(args: argparse.Namespace) -> list:
@@ -323,6 +331,9 @@ def _check_options(args: argparse.Namespace) -> None:
         raise ValueError("--inversion local asks the cloud model in this process: use --runner reference, or give "
                          "an OpenAI-compatible endpoint URL serving the attacker")
     backend = _backend(args)
+    if args.observer and backend != "local":
+        raise ValueError(f"--observer sets each item against another item's private context, which a {backend} "
+                         "task may not hold: run it in a plain sweep (or --shard i/N by hand)")
     if backend == "slurm":
         if args.runner != "reference" or args.inversion != "none":
             raise ValueError("--backend slurm runs the reference runner without the inversion attack on its tasks; "
@@ -437,7 +448,7 @@ def _spec(args: argparse.Namespace):  # noqa: ANN202
 
 def _attacker(args: argparse.Namespace, runner):  # noqa: ANN001, ANN202
     """The inversion attacker the options ask for (``None`` for ``--inversion none``)."""
-    from edge_sdk.leakage import piece_reader
+    from edge_sdk.backends.pieces import piece_reader
     from eval_harness.attacks.inversion import EndpointInversion, TransformersInversion
 
     if args.inversion == "none":

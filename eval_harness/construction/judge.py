@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from edge_sdk.leakage import fold, words
+from edge_sdk.privacy.meter import fold, words
 from eval_harness.construction.prompts import PromptTemplate
 from eval_harness.construction.sources import SplitItem
 from eval_harness.metrics.paper import occurs_in

@@ -5,7 +5,7 @@
 the two rule sets (``compat="paper"``, the default, and ``compat="release"``).
 """
 
-from edge_sdk.leakage import ExposureTrace
+from edge_sdk.privacy.meter import ExposureTrace
 from eval_harness.metrics.rules import Evidence
 from eval_harness.metrics.leakage import (
     METRIC_LABELS,

@@ -23,7 +23,7 @@ import functools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Literal
 
-from edge_sdk.leakage import ExposureTrace
+from edge_sdk.privacy.meter import ExposureTrace
 from edge_sdk.registry import Registry
 from eval_harness.metrics import paper, release
 from eval_harness.metrics.rules import Evidence, Rules

@@ -3,7 +3,7 @@
 Evidence.  ``E_priv`` holds the spans that are absent from the public query
 (the paper's definition of a private-evidence span); a span whose words occur,
 in order, in the public query is left out of every metric.  ``T(.)`` is
-:func:`edge_sdk.leakage.content_token_ids`, the function the edge's leakage
+:func:`edge_sdk.privacy.meter.content_token_ids`, the function the edge's leakage
 meter uses; ``W(.)`` the content words, compared in lower case.
 
 Exposure.  ``E^k`` is the union of every step's first ``k`` ids, so an id's
@@ -13,7 +13,7 @@ Words read off the exposure.  A word split into several tokens is never one
 exposed id, so ``W(E^k)`` decodes across steps: it holds every word written,
 between real word boundaries, by some run of consecutive steps that takes one
 id from each step's first ``k``.  A word boundary is whitespace inside the
-run's text (edge punctuation stripped, as :func:`edge_sdk.leakage.words`
+run's text (edge punctuation stripped, as :func:`edge_sdk.privacy.meter.words`
 reads text), or the start or end of the whole trace; a step boundary is not
 one, so " A 70-year-old man" (``▁A ▁ 7 0 - year - old ▁man``) reads
 "70-year-old" and "man", never "year" or "old".  At ``k = 1`` this reads the
@@ -29,7 +29,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from edge_sdk.leakage import ExposureTrace, content_token_ids, fold, is_content_word, words
+from edge_sdk.privacy.meter import ExposureTrace, content_token_ids, fold, is_content_word, words
 from eval_harness.metrics.rules import Evidence, first_ranks
 from eval_harness.metrics.vocabulary import Vocabulary
 
@@ -68,7 +68,7 @@ def token_ranks(trace: ExposureTrace, vocab: Vocabulary) -> dict[int, int]:
 
 # -- reading words across steps ------------------------------------------------------------------
 #
-# A word is read as :func:`edge_sdk.leakage.words` reads text: a whitespace-separated chunk with its edge
+# A word is read as :func:`edge_sdk.privacy.meter.words` reads text: a whitespace-separated chunk with its edge
 # punctuation stripped.  Reading one chunk of the text a run of steps spells is a small automaton:
 #
 #   BOUNDARY   after whitespace (or at the trace's start), edge punctuation only so far: a word may begin

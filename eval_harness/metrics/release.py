@@ -33,7 +33,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from edge_sdk.leakage import ExposureTrace
+from edge_sdk.privacy.meter import ExposureTrace
 from eval_harness.metrics.rules import Evidence, first_ranks
 from eval_harness.metrics.vocabulary import Vocabulary
 

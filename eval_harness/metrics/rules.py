@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from edge_sdk.leakage import ExposureTrace
+from edge_sdk.privacy.meter import ExposureTrace
 from eval_harness.metrics.vocabulary import Vocabulary
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from edge_sdk.leakage import PieceFamily, piece_reader
+from edge_sdk.backends.pieces import PieceFamily, piece_reader
 
 
 @dataclass(frozen=True)
@@ -14,7 +14,7 @@ class Vocabulary:
 
     Args:
         tokenize: text → ids, without BOS.
-        piece: id → the token's text (a :class:`~edge_sdk.leakage.PieceDecoder`, never the raw
+        piece: id → the token's text (a :class:`~edge_sdk.backends.pieces.PieceDecoder`, never the raw
             vocabulary string: ``"Ġthe"`` must read as ``" the"``).
         special_ids: ids a sequence decode with ``skip_special`` leaves out; ``None`` takes the
             piece reader's own (``piece.special_ids``) when it has them.

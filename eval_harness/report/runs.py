@@ -29,10 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eval_harness.report.tables import OBSERVER_METRICS
 from eval_harness.sweep.store import RUN_FIELDS
 
 #: the fields of a row's ``inversion`` that say who attacked and how (its scores aside)
 ATTACKER_FIELDS = ("attacker", "k", "max_new_tokens", "prompt")
+#: the observer attacks' scores a summary row keeps (the row's ``observer`` field less its recordings)
+OBSERVER_SCORES = tuple(metric.removeprefix("observer_") for metric in OBSERVER_METRICS)
 #: the fields every result row has and every table reads
 ROW_FIELDS = ("task", "mode", "policy", "correct", "metrics")
 #: what of a row's privacy ledger the tables and figures read
@@ -147,9 +150,11 @@ class _Compactor:
 def summary_row(row: Mapping[str, Any], compactor: _Compactor) -> dict[str, Any]:
     """What the tables and figures read of ``row``: its key, item, setting, correctness, metrics (compact),
     the privacy ledger's ``PRIVACY_FIELDS``, the inversion's attacker and scores (not its reconstruction), the
-    mechanism statistics, dtype and batching.  The exposure trace, text, token ids and ledger are dropped."""
+    observer attacks' scores (not their recordings), the mechanism statistics, dtype and batching.  The exposure
+    trace, text, token ids and ledger are dropped."""
     privacy = row.get("privacy")
     inversion = row.get("inversion")
+    observer = row.get("observer")
     return {
         "key": str(row["key"]),
         "item": row.get("item"),
@@ -164,6 +169,8 @@ def summary_row(row: Mapping[str, Any], compactor: _Compactor) -> dict[str, Any]
                     if isinstance(privacy, Mapping) else privacy),
         "inversion": (compactor.interned({name: inversion.get(name) for name in (*ATTACKER_FIELDS, "recall", "f1")})
                       if isinstance(inversion, Mapping) else inversion),
+        "observer": ({name: observer.get(name) for name in OBSERVER_SCORES}
+                     if isinstance(observer, Mapping) else observer),
         "mechanism": compactor.interned(row.get("mechanism")),
         "dtype": compactor.shared(row.get("dtype")),
         "batching": compactor.shared(row.get("batching")),

@@ -2,7 +2,7 @@
 
 When a session opens, the cloud adapter hands the edge the session's id
 (``SessionInfo.session_id``); the edge keeps it in its ledger
-(:attr:`edge_sdk.ledger.PrivacyLedger.session_ids`, one id per session, so a
+(:attr:`edge_sdk.privacy.ledger.PrivacyLedger.session_ids`, one id per session, so a
 resumed generation has several).  An adapter run with ``--transcript-dir DIR``
 writes each finished session's observation transcript to
 ``DIR/<session_id>.json``.  The audit reads those files, stitches the
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_sdk.client import GenerationResult
-from edge_sdk.leakage import ExposureTrace
+from edge_sdk.privacy.meter import ExposureTrace
 
 #: what the exposure sequence of a row was read from (the row's ``audit.exposure_source``)
 FROM_TRANSCRIPT = "cloud transcript"

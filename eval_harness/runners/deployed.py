@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from edge_sdk.backends.llama_cpp import LlamaCppSLM
 from edge_sdk.client import Credentials, EdgeClient, GenerationResult
 from edge_sdk.models import ModelSource, resolve_model
+from eval_harness.attacks.observer import RecordingClient
 from eval_harness.decoding_protocol import DecodingProtocol
 from eval_harness.metrics import Vocabulary
 from eval_harness.provenance import model_digest
@@ -141,7 +142,7 @@ class DeployedRunner(ItemRunner):
         self.concurrency = concurrency
         threads = max(1, (edge_threads or min(8, os.cpu_count() or 1)) // concurrency)
         self._slms = [LlamaCppSLM(edge_model, n_ctx=n_ctx, n_threads=threads) for _ in range(concurrency)]
-        self._all_clients = [EdgeClient(self.address, slm=slm, credentials=credentials or Credentials())
+        self._all_clients = [RecordingClient(self.address, slm=slm, credentials=credentials or Credentials())
                              for slm in self._slms]
         self._clients: queue.SimpleQueue[EdgeClient] = queue.SimpleQueue()  # those not decoding an item now
         for client in self._all_clients:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from edge_sdk.backends.llama_cpp import LlamaCppSLM
 from edge_sdk.client import EdgeClient
+from eval_harness.attacks.observer import RecordingClient
 from eval_harness.runners.reference import ItemRunner, ReferenceRunner
 
 
@@ -44,7 +45,7 @@ class LlamaCppEdgeRunner(ItemRunner):
         self._slms = [LlamaCppSLM(gguf_path, n_ctx=n_ctx, n_threads=threads) for _ in range(concurrency)]
         self._idle: queue.Queue[tuple[EdgeClient, LlamaCppSLM]] = queue.Queue()
         for slm in self._slms:
-            self._idle.put((EdgeClient(lambda: self.engine.session("llama-cpp-edge"), slm=slm), slm))
+            self._idle.put((RecordingClient(lambda: self.engine.session("llama-cpp-edge"), slm=slm), slm))
 
     @property
     def policy_backend(self) -> LlamaCppSLM:

@@ -43,6 +43,7 @@ from edge_sdk.client import EdgeClient, GenerationResult
 from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.prompts import Prompts, plain_prompts
 from edge_sdk.policies import Policy
+from eval_harness.attacks.observer import RecordingChannel, RecordingClient
 from eval_harness.datasets import DecodeLeakItem
 from eval_harness.decoding_protocol import DecodingProtocol
 from eval_harness.runners import mechanism
@@ -93,6 +94,9 @@ class ItemRun:
 
     ``public_prompt`` is the item's public text (its question), which the SLM reads right after the private
     context; ``public_preamble`` is public text both models read before them (the protocol's worked example).
+    ``wire``: where to record the generation's messages as the observer attacks see them (one
+    :class:`~eval_harness.attacks.observer.RecordingChannel` per session; ``None``: not recorded), through a
+    :class:`~eval_harness.attacks.observer.RecordingClient`.
     """
 
     item_id: str
@@ -102,13 +106,17 @@ class ItemRun:
     rng: np.random.Generator | None = None
     stopping: Any = None
     public_preamble: str = ""
+    wire: list[RecordingChannel] | None = None
 
     @classmethod
     def of(cls, protocol: DecodingProtocol, item: DecodeLeakItem, policy: Policy, *,
-           rng: np.random.Generator | None = None) -> ItemRun:
-        """``item`` under ``protocol``: its question prompt, the protocol's preamble and stopping rule."""
-        return cls(item.item_id, protocol.question_prompt(item), item.private_context, policy, rng=rng,
-                   stopping=protocol.stopping(item), public_preamble=protocol.preamble)
+           rng: np.random.Generator | None = None, private_context: str | None = None,
+           wire: list[RecordingChannel] | None = None) -> ItemRun:
+        """``item`` under ``protocol``: its question prompt, the protocol's preamble and stopping rule, and its
+        own private context unless ``private_context`` is given (the observer attacks' second context)."""
+        context = item.private_context if private_context is None else private_context
+        return cls(item.item_id, protocol.question_prompt(item), context, policy, rng=rng,
+                   stopping=protocol.stopping(item), public_preamble=protocol.preamble, wire=wire)
 
     def prompts(self, slm: SLMBackend) -> Prompts:
         """Both prompts (:func:`edge_sdk.prompts.plain_prompts`): the private context right before the question."""
@@ -116,10 +124,20 @@ class ItemRun:
 
     def generate(self, client: EdgeClient, *, mode: str, alpha: float, max_new_tokens: int,
                  exposure_k: int) -> GenerationResult:
-        """This item through ``client``'s decoding loop, with its own policy, generator and stopping rule."""
-        return client.generate(self.prompts(client.slm), mode=mode, policy=self.policy, alpha=alpha,
-                               max_new_tokens=max_new_tokens, rng=self.rng, stopping=self.stopping,
-                               exposure_k=exposure_k)
+        """This item through ``client``'s decoding loop, with its own policy, generator and stopping rule (its
+        sessions recorded into :attr:`wire` if set: ``client`` is then a :class:`RecordingClient`)."""
+        def generate() -> GenerationResult:
+            return client.generate(self.prompts(client.slm), mode=mode, policy=self.policy, alpha=alpha,
+                                   max_new_tokens=max_new_tokens, rng=self.rng, stopping=self.stopping,
+                                   exposure_k=exposure_k)
+
+        if self.wire is None:
+            return generate()
+        if not isinstance(client, RecordingClient):
+            raise TypeError(f"item {self.item_id} is to be recorded (wire), but its runner's client is a "
+                            f"{type(client).__name__}, not a RecordingClient")
+        with client.recording(self.wire):
+            return generate()
 
 
 class ItemRunner(ABC):
@@ -256,7 +274,7 @@ class ReferenceRunner(ItemRunner):
             client, slm = self._idle_clients.get_nowait()
         except queue.Empty:
             slm = BatchedSLM(self.slm_model, self._slm_lane, self._tokenizer_lock)
-            client = EdgeClient(lambda: self.engine.session("reference"), slm=slm)
+            client = RecordingClient(lambda: self.engine.session("reference"), slm=slm)
         with self.participant():
             try:
                 yield client

@@ -26,9 +26,10 @@ import numpy as np
 
 from edge_sdk.client import GenerationResult
 from edge_sdk.decode_settings import DecodeSettings
-from edge_sdk.leakage import ExposureTrace
+from edge_sdk.privacy.meter import ExposureTrace
 from edge_sdk.policies import Policy, make_policy, policy_class
 from eval_harness.attacks.inversion import CloudObservation, InversionAttack, inversion_cell
+from eval_harness.attacks.observer import observer_scores
 from eval_harness.datasets import DecodeLeakItem
 from eval_harness.metrics import Vocabulary, evidence_counts, evidence_recall
 from eval_harness.provenance import item_digest, items_digest, model_digest, tokenizer_fingerprint
@@ -56,7 +57,7 @@ def reference_vocabulary(tokenizer: Any) -> Vocabulary:
     """The vocabulary the metrics read for a transformers tokenizer: its ids without BOS, and its pieces.
 
     The sweep and ``decodeleak recompute`` both build it here, so a recomputed row reads the same vocabulary."""
-    from edge_sdk.leakage import piece_reader
+    from edge_sdk.backends.pieces import piece_reader
 
     return Vocabulary(lambda text: list(tokenizer(text, add_special_tokens=False).input_ids), piece_reader(tokenizer))
 
@@ -78,11 +79,13 @@ def result_row(
     inversion: Mapping[str, Any] | None = None,
     policy: Policy | None = None,
     dataset_sha256: str | None = None,
+    observer: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One JSONL row: the setting, the item, accuracy, DecodeLeak metrics in both rule sets at every
     :data:`METRIC_KS` cutoff the trace recorded, the per-step ``mechanism`` statistics
     (:meth:`ReferenceRunner.mechanism`; ``None`` when not measured), the inversion attack's result (``None``
-    when it was not run), and the metadata.  With them what ``decodeleak recompute`` re-scores the metrics
+    when it was not run), the observer attacks' scores and recordings (:func:`observer_field`; ``None`` when not
+    run), and the metadata.  With them what ``decodeleak recompute`` re-scores the metrics
     from: ``exposure`` (the trace the metrics read, :func:`~eval_harness.sweep.exposure_codec.encode_trace`),
     ``dataset`` (``dataset_sha256``: :func:`items_digest` of the task's items; ``item_sha256``), and
     ``policy_params`` (``policy``'s :func:`policy_parameters`).
@@ -130,6 +133,7 @@ def result_row(
         **extra,
         "mechanism": dict(mechanism) if mechanism is not None else None,
         "inversion": None if inversion is None else dict(inversion),
+        "observer": None if observer is None else dict(observer),
         **metadata,
     }
 
@@ -263,6 +267,54 @@ def cloud_observation(run: ItemRun, result: GenerationResult, k: int) -> CloudOb
     return CloudObservation(run.public_prompt, trace.truncated(min(k, trace.k)))
 
 
+def contrast_item(task_items: Sequence[DecodeLeakItem], item_id: str) -> DecodeLeakItem | None:
+    """The item whose private context the observer attacks set against ``item_id``'s: the next item of the task
+    (the first after the last), ``None`` in a task of one item.  Its context goes with ``item_id``'s public
+    question, so the two generations differ in their private context only."""
+    ids = [item.item_id for item in task_items]
+    if len(ids) < 2:
+        return None
+    return task_items[(ids.index(item_id) + 1) % len(ids)]
+
+
+def observer_field(own: ItemRun, contrast: ItemRun, contrast_id: str) -> dict[str, Any]:
+    """A row's ``observer`` field: the observer attacks' scores of the item's generation against the same
+    question with ``contrast_id``'s private context (:func:`~eval_harness.attacks.observer.observer_scores`;
+    an AUC without gaps to compare is ``None``), and both generations' recordings
+    (:meth:`~eval_harness.attacks.observer.RecordingChannel.record`, one per session), so the scores can be
+    computed again from the row."""
+    assert own.wire is not None and contrast.wire is not None, "both generations are recorded"
+    scores = observer_scores(own.wire, contrast.wire)
+    return {**{name: None if np.isnan(value) else value for name, value in scores.items()},
+            "contrast": contrast_id, "wire": [channel.record() for channel in own.wire],
+            "contrast_wire": [channel.record() for channel in contrast.wire]}
+
+
+def _with_contrasts(contrasts: Mapping[str, ItemRun],
+                    on_own: Callable[[ItemRun, GenerationResult], None]) -> Callable[[ItemRun, GenerationResult], None]:
+    """An ``on_result`` for items and their contrast generations: ``on_own(run, result)`` for each item's own
+    generation once its contrast (if it has one) has finished too; a contrast's result is not kept."""
+    lock = threading.Lock()
+    first_done: dict[str, tuple[ItemRun, GenerationResult] | None] = {}
+
+    def on_result(run: ItemRun, result: GenerationResult) -> None:
+        contrast = contrasts.get(run.item_id)
+        if contrast is None:
+            on_own(run, result)
+            return
+        finished = None if run is contrast else (run, result)
+        with lock:
+            if run.item_id not in first_done:
+                first_done[run.item_id] = finished
+                return
+            earlier = first_done.pop(run.item_id)
+        own = finished if finished is not None else earlier
+        assert own is not None, "an item's own generation and its contrast finish once each"
+        on_own(*own)
+
+    return on_result
+
+
 def run_sweep(
     settings: Sequence[Setting],
     items: Mapping[str, Sequence[DecodeLeakItem]],
@@ -278,6 +330,7 @@ def run_sweep(
     on_row: Callable[[dict[str, Any]], None] | None = None,
     inversion: InversionAttack | None = None,
     dataset_sha256: Mapping[str, str] | None = None,
+    observer: bool = False,
 ) -> SweepOutcome:
     """Every (setting, item) of this shard not yet in ``store``, setting by setting, items of a setting at once.
 
@@ -290,6 +343,13 @@ def run_sweep(
     With an ``inversion`` attacker, a setting's items are decoded in waves of ``4 x max(concurrency,
     attacker batch)``; once a wave is decoded the attacker reconstructs its items (in its batches) and each
     row is written as soon as it is scored.  An interrupted wave leaves its unwritten items to the re-run.
+
+    With ``observer``, each item is decoded a second time with another item's private context
+    (:func:`contrast_item`) under the same setting and question, both generations recorded as an on-path
+    observer under TLS and the cloud see them (message sizes and times: the runner's clients are
+    :class:`~eval_harness.attacks.observer.RecordingClient`), and the row's ``observer`` field holds the
+    observer attacks' scores (:func:`observer_field`).  The recording sessions behave as deployed over a network
+    (their public clock on), so decoding takes longer; the row's other fields are as without it.
     """
     by_id = {task: {item.item_id: item for item in task_items} for task, task_items in items.items()}
     if dataset_sha256 is None:
@@ -311,32 +371,47 @@ def run_sweep(
 
     exposure_k = max(max(METRIC_KS), inversion.k if inversion is not None else 0)
     for setting, item_ids in grouped.values():
-        runs = []
+        runs: list[ItemRun] = []  # each item's run, followed by its contrast run where the observer is on
+        contrasts: dict[str, ItemRun] = {}
+        contrast_ids: dict[str, str] = {}
         # stateless: shared; calibrated for the protocol's length as the decoder will (DP-Fusion's and
         # InvisibleInk's max_new_tokens), so each row's policy_params are the parameters the run used
         policy = make_policy(setting.policy, backend=runner.policy_backend,
                              **setting.params).for_generation(protocol.max_new_tokens)
         for item_id in item_ids:
             item = by_id[setting.task][item_id]
-            runs.append(ItemRun.of(protocol, item, policy, rng=item_rng(seed, setting, item_id)))
+            other = contrast_item(items[setting.task], item_id) if observer else None
+            runs.append(ItemRun.of(protocol, item, policy, rng=item_rng(seed, setting, item_id),
+                                   wire=None if other is None else []))
+            if other is not None:
+                contrasts[item_id] = ItemRun.of(protocol, item, policy, private_context=other.private_context,
+                                                rng=item_rng(seed, setting, f"{item_id}/contrast"), wire=[])
+                contrast_ids[item_id] = other.item_id
+                runs.append(contrasts[item_id])
 
         def row_of(run: ItemRun, result: GenerationResult, setting: Setting = setting,
-                   scored: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                   scored: Mapping[str, Any] | None = None, contrasts: Mapping[str, ItemRun] = contrasts,
+                   contrast_ids: Mapping[str, str] = contrast_ids) -> dict[str, Any]:
             mechanism = runner.mechanism(run, result, mode=setting.mode, alpha=setting.alpha)
+            contrast = contrasts.get(run.item_id)
+            observed = None if contrast is None else observer_field(run, contrast, contrast_ids[run.item_id])
             return result_row(setting, by_id[setting.task][run.item_id], result, protocol=protocol, vocab=vocab,
                               metadata=metadata, mechanism=mechanism, inversion=scored, policy=run.policy,
-                              dataset_sha256=dataset_sha256[setting.task])
+                              dataset_sha256=dataset_sha256[setting.task], observer=observed)
 
         decode = dict(mode=setting.mode, alpha=setting.alpha, max_new_tokens=protocol.max_new_tokens,
                       exposure_k=exposure_k)
         if inversion is None:
-            runner.run(runs, on_result=lambda run, result: write(row_of(run, result)), **decode)
+            runner.run(runs, on_result=_with_contrasts(contrasts, lambda run, result: write(row_of(run, result))),
+                       **decode)
             continue
-        wave = 4 * max(runner.concurrency, getattr(inversion, "batch_size", 1))
+        # a wave holds whole items (an item's contrast right after it)
+        wave = 4 * max(runner.concurrency, getattr(inversion, "batch_size", 1)) * (2 if contrasts else 1)
         for start in range(0, len(runs), wave):
             decoded: list[tuple[ItemRun, GenerationResult]] = []
             runner.run(runs[start:start + wave],  # run() returns before the next wave: the closure is used at once
-                       on_result=lambda run, result: decoded.append((run, result)), **decode)  # noqa: B023
+                       on_result=_with_contrasts(contrasts, lambda run, result: decoded.append((run, result))),  # noqa: B023
+                       **decode)
             observations = [cloud_observation(run, result, inversion.k) for run, result in decoded]
             for index, reconstruction in inversion.reconstruct_each(observations):
                 run, result = decoded[index]

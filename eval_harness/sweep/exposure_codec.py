@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk.leakage import ExposureTrace
+from edge_sdk.privacy.meter import ExposureTrace
 
 #: the encoding's name, written into every encoded trace (a reader refuses any other)
 CODEC = "int32le-xz-base64"

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from edge_sdk.accountant import PrivacyAccountant, ReleaseEvent, randomized_response_noise
-from edge_sdk.leakage import LeakageMeter
+from edge_sdk.privacy.accountant import PrivacyAccountant, ReleaseEvent, randomized_response_noise
+from edge_sdk.privacy.meter import LeakageMeter
 from edge_sdk.policies import CoGenesis, CoVeil, DPFusion, DPLogit, InvisibleInk, LDPSampler, Undefended
 from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings
 
@@ -94,7 +94,7 @@ def test_ldp_sampler_composes_as_randomised_response_exactly() -> None:
 
 
 def test_invisible_ink_spends_its_budget_over_the_generation_it_was_calibrated_for() -> None:
-    from edge_sdk.privacy_accounting import zcdp_epsilon
+    from edge_sdk.privacy.analysis import zcdp_epsilon
 
     policy = InvisibleInk(epsilon=10.0, delta=1e-6, max_new_tokens=24)
     full = spent(policy, "edge", 24).epsilon()

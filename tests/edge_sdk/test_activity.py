@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_sdk.accountant import PrivacyAccountant, odds_factor
+from edge_sdk.privacy.accountant import PrivacyAccountant, odds_factor
 from edge_sdk.activity import ActivityLog
 from edge_sdk.client import EdgeClient
-from edge_sdk.ledger import LedgerEntry, PrivacyLedger
+from edge_sdk.privacy.ledger import LedgerEntry, PrivacyLedger
 from edge_sdk.policies import CoVeil, DPFusion, DPLogit
 from edge_sdk.testing import ScriptedCloud, TableSLM
 

@@ -46,7 +46,7 @@ from edge_sdk.policies.ldp_sampler import (
     ldp_sampler_ratio_bounds,
     sample_index,
 )
-from edge_sdk.privacy_accounting import EPSILON_UNITS, RENYI_PROBABILITY_FLOOR
+from edge_sdk.privacy.analysis import EPSILON_UNITS, RENYI_PROBABILITY_FLOOR
 
 SETTINGS = settings(max_examples=60, deadline=None)
 BASELINES = ("cogenesis", "dp_logit", "dp_fusion", "custext", "ldp_sampler", "invisible_ink")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from edge_sdk.grammar import JsonConstraint
-from edge_sdk.leakage import LeakageMeter
+from edge_sdk.privacy.meter import LeakageMeter
 from edge_sdk.policies import CoVeil, Undefended
 from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_resume
 from edge_sdk.testing import ScriptedCloud, TableSLM

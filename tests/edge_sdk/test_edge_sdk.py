@@ -79,7 +79,7 @@ def test_sparse_cloud_distribution_gives_the_same_decisions_as_full(client, slm)
 
 
 def test_ledger_exposure_equals_the_cloud_transcript(client, engine) -> None:
-    from edge_sdk.leakage import ExposureTrace
+    from edge_sdk.privacy.meter import ExposureTrace
 
     # top_m = 16 < K = 100: edge-side the edge still records K ids per step (it asks for at least K values)
     for mode, top_m in (("cloud", 256), ("edge", 256), ("edge", 16)):

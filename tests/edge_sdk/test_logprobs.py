@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from edge_sdk import wire
-from edge_sdk.leakage import LeakageMeter
+from edge_sdk.privacy.meter import LeakageMeter
 from edge_sdk.logprobs import log_distribution, token_logprobs
 from edge_sdk.policies import Undefended
 from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, StepEvent, run_with_resume

@@ -18,7 +18,7 @@ from hypothesis.extra import numpy as hnp
 
 from edge_sdk import wire
 from edge_sdk.fusion import softmax
-from edge_sdk.leakage import LeakageMeter
+from edge_sdk.privacy.meter import LeakageMeter
 from edge_sdk.policies import CoGenesis, CoVeil, DPLogit, Policy, Undefended
 from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_resume
 from edge_sdk.testing import ScriptedCloud, TableSLM

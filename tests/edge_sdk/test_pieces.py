@@ -12,15 +12,12 @@ import sys
 
 import pytest
 
-from edge_sdk.leakage import (
+from edge_sdk.backends.pieces import PieceDecoder, byte_level_alphabet, detect_piece_family, piece_reader
+from edge_sdk.privacy.meter import (
     ExposureTrace,
     LeakageMeter,
-    PieceDecoder,
-    byte_level_alphabet,
     content_token_ids,
-    detect_piece_family,
     piece_is_content,
-    piece_reader,
     word_token_ids,
     words,
 )
@@ -245,7 +242,7 @@ def test_exposure_trace_from_a_cloud_transcript() -> None:
 def test_stop_words_load_lazily() -> None:
     import subprocess
 
-    code = "import sys, edge_sdk.leakage; print('stop_words' in sys.modules)"
+    code = "import sys, edge_sdk.privacy.meter; print('stop_words' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     assert out.stdout.strip() == "False"
 

@@ -1,4 +1,4 @@
-"""Unit and property tests of edge_sdk.privacy_accounting."""
+"""Unit and property tests of edge_sdk.privacy.analysis."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import optimize, stats
 
-from edge_sdk.privacy_accounting import (
+from edge_sdk.privacy.analysis import (
     EPSILON_UNITS,
     analytic_gaussian_sigma,
     check_positive_int,

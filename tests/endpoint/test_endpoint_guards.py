@@ -426,7 +426,7 @@ class HeldStream:
     """A generation that waits for ``release``, then decides one token."""
 
     def __init__(self, release) -> None:
-        from edge_sdk.ledger import PrivacyLedger
+        from edge_sdk.privacy.ledger import PrivacyLedger
 
         self.release = release
         self.ledger = PrivacyLedger(mode="cloud", policy="coveil")
@@ -449,7 +449,7 @@ class HeldStream:
 
 
 def ledger_entry(step: int, values: int = 3):
-    from edge_sdk.ledger import LedgerEntry
+    from edge_sdk.privacy.ledger import LedgerEntry
 
     return LedgerEntry(step=step, token_id=7, policy="coveil", signal="upload", values_uploaded=values,
                        full_requested=False, withheld=False, steered=False, bytes_up=10, bytes_down=20,

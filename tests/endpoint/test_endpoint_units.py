@@ -20,7 +20,7 @@ from edge_sdk.prompts import Prompts
 from edge_sdk.server.errors import EndpointError, from_cloud_error
 from edge_sdk.server.protocol import ChatCompletionRequest, CompletionRequest
 from edge_sdk.server.serving import EdgeServing, Generation, StopText, cloud_saw, step_report
-from edge_sdk.ledger import LedgerEntry, PrivacyLedger
+from edge_sdk.privacy.ledger import LedgerEntry, PrivacyLedger
 from edge_sdk.server.settings import ServerSettings
 from edge_sdk.decoding import StepEvent
 from edge_sdk.status import CloudError
@@ -464,7 +464,7 @@ def test_the_ledger_summary_carries_the_epsilon_the_generation_spent() -> None:
     """Every response's and the last chunk's ``coveil`` field: epsilon spent, delta, accountant, events (hand: 3
     DP-Fusion tokens at eps = 1 per token, order 2, delta 1e-5 spend 3 + log(1e5) - 2 log 2, for any two private
     contexts, with the odds in words); a heuristic's is non-private, told in counts."""
-    from edge_sdk.accountant import PrivacyAccountant
+    from edge_sdk.privacy.accountant import PrivacyAccountant
     from edge_sdk.policies import CoVeil, DPFusion
     from edge_sdk.server.serving import ledger_summary
 

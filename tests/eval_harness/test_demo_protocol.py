@@ -12,7 +12,7 @@ import numpy as np
 
 from edge_sdk import wire
 from edge_sdk.client import EdgeClient
-from edge_sdk.leakage import piece_reader
+from edge_sdk.backends.pieces import piece_reader
 from edge_sdk.policies import Undefended
 from edge_sdk.testing import ScriptedCloud, TableSLM
 from eval_harness.datasets import DecodeLeakItem

@@ -21,8 +21,8 @@ from cloud_adapter.runners import StepBatcher
 from cloud_adapter.inprocess import serving
 from cloud_adapter.server import TlsConfig
 from edge_sdk.client import GenerationResult
-from edge_sdk.leakage import ExposureTrace
-from edge_sdk.ledger import LedgerEntry, PrivacyLedger
+from edge_sdk.privacy.meter import ExposureTrace
+from edge_sdk.privacy.ledger import LedgerEntry, PrivacyLedger
 from edge_sdk.models import embedded_gguf_path
 from edge_sdk.policies import CoVeil
 from eval_harness.cli.decodeleak import main

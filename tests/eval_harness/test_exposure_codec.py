@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge_sdk.leakage import ExposureTrace
+from edge_sdk.privacy.meter import ExposureTrace
 from eval_harness.sweep.exposure_codec import CODEC, decode_trace, encode_trace
 
 

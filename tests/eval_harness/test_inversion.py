@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge_sdk.leakage import ExposureTrace
+from edge_sdk.privacy.meter import ExposureTrace
 from eval_harness.attacks.inversion import (
     CloudObservation,
     EndpointInversion,
@@ -127,7 +127,7 @@ def test_batches_hold_similar_lengths_within_both_limits() -> None:
 def tiny_attacker() -> TransformersInversion:
     """A random 2-layer model in float64 (no near-ties for padding to flip) over the tiny byte-level vocabulary."""
     from cloud_adapter.llm import TransformersLLM
-    from edge_sdk.leakage import piece_reader
+    from edge_sdk.backends.pieces import piece_reader
 
     from tests.support.tiny_models import bpe_tokenizer, random_qwen
 
@@ -210,7 +210,7 @@ def llama_server():
 def test_inversion_through_a_real_openai_compatible_server(slm, gemma_llm, llama_server, tmp_path: Path) -> None:
     from cloud_adapter.engine import CloudEngine
     from edge_sdk.client import EdgeClient
-    from edge_sdk.leakage import piece_reader
+    from edge_sdk.backends.pieces import piece_reader
     from edge_sdk.policies import Undefended
 
     base, _ = llama_server
@@ -236,7 +236,7 @@ def test_inversion_through_a_real_openai_compatible_server(slm, gemma_llm, llama
 
 @pytest.mark.model
 def test_the_local_attacker_batched_writes_what_it_writes_one_at_a_time(slm, gemma_llm) -> None:
-    from edge_sdk.leakage import piece_reader
+    from edge_sdk.backends.pieces import piece_reader
 
     observations = [CloudObservation(PUBLIC_PROMPT, ExposureTrace(3, ((100, 200, 300), (400, 500, 600)))),
                     CloudObservation("Which drug was stopped?", ExposureTrace(2, ((7000, 9000), (1200, 800), (5,))))]
@@ -304,7 +304,7 @@ def reachable(root: object) -> list[object]:
 def tiny_reference():
     """A tiny edge/cloud pair in the reference runner, the metrics' vocabulary, and a short protocol."""
     from cloud_adapter.llm import TransformersLLM
-    from edge_sdk.leakage import piece_reader
+    from edge_sdk.backends.pieces import piece_reader
     from eval_harness.metrics import Vocabulary
     from eval_harness.decoding_protocol import DecodingProtocol
     from eval_harness.runners.reference import ReferenceRunner

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from cloud_adapter.llm import TransformersLLM, TransformersSLM
 from edge_sdk.client import GenerationResult
-from edge_sdk.ledger import LedgerEntry, PrivacyLedger
+from edge_sdk.privacy.ledger import LedgerEntry, PrivacyLedger
 from edge_sdk.policies import CoVeil, Undefended
 from eval_harness.datasets import DecodeLeakItem
 from eval_harness.metrics import Vocabulary

@@ -15,7 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge_sdk.leakage import ExposureTrace, PieceDecoder, words
+from edge_sdk.backends.pieces import PieceDecoder
+from edge_sdk.privacy.meter import ExposureTrace, words
 from edge_sdk.registry import UnknownNameError
 from eval_harness.datasets import item_from_row
 from eval_harness.metrics import paper
@@ -262,7 +263,7 @@ PLAIN_PIECES = [" ", "x", "q", "xq", "-", "(", ")", " x", "q ", "x-q", ".", " xq
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.sampled_from(PLAIN_PIECES), max_size=10))
 def test_at_k1_the_words_read_are_the_words_of_the_decoded_text(pieces: list[str]) -> None:
-    """At k = 1 the one run is the decoded text: the words read are exactly its words (edge_sdk.leakage.words)."""
+    """At k = 1 the one run is the decoded text: the words read are exactly its words (edge_sdk.privacy.meter.words)."""
     vocab, at = _plain(PLAIN_PIECES)
     text = "".join(pieces)
     candidates = frozenset({"x", "q", "xq", "qx", "x-q", "xqx", "qq", "xx"})

@@ -11,7 +11,8 @@ import functools
 
 import pytest
 
-from edge_sdk.leakage import ExposureTrace, PieceDecoder
+from edge_sdk.backends.pieces import PieceDecoder
+from edge_sdk.privacy.meter import ExposureTrace
 from eval_harness.metrics import Vocabulary, evidence, evidence_recall, token_er_at_k
 from eval_harness.metrics.release import RELEASE_STOP_WORDS, is_filtered, normalised_phrase
 from tests.eval_harness.test_metrics import QUERY, SPANS, bpe, ids, trace

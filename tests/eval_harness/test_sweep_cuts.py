@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_sdk.leakage import ExposureTrace
+from edge_sdk.privacy.meter import ExposureTrace
 from eval_harness.cli.decodeleak import main
 from eval_harness.sweep.exposure_codec import decode_trace, encode_trace
 from eval_harness.sweep.store import read_rows

@@ -206,3 +206,10 @@ def test_a_resumed_runs_progress_total_is_the_pairs_left(tmp_path: Path, capsys,
     out.write_text(json.dumps({"key": row_key(done, items[0].item_id)}) + "\n")  # 1 of the 4 pairs written
     assert main([*RUN[:-1], "4", "--param", "lam=1", "--out", str(out)]) == 0
     assert totals == [3]
+
+
+@pytest.mark.parametrize("backend", ["ray", "slurm"])
+def test_the_observer_attacks_run_in_a_plain_sweep_only(tmp_path: Path, capsys, backend: str) -> None:
+    line = one_line_error(capsys, ["sweep", "--modes", "cloud", "--policies", "coveil", "--limit", "2", "--observer",
+                                   "--backend", backend, "--out", str(tmp_path / "r.jsonl")])
+    assert f"--observer sets each item against another item's private context, which a {backend} task" in line

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from edge_sdk import wire
-from edge_sdk.leakage import LeakageMeter
-from edge_sdk.masking import folded_vocabulary, never_upload_ids
+from edge_sdk.privacy.meter import LeakageMeter
+from edge_sdk.privacy.masking import folded_vocabulary, never_upload_ids
 from edge_sdk.policies import Policy, make_policy
 from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_resume
 from edge_sdk.status import CloudError

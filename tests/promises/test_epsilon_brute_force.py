@@ -5,7 +5,7 @@ from a seeded Dirichlet, some with exact zeros); the cloud's row is a function o
 sequence of ``T`` tokens over a vocabulary of ``V`` has its exact probability under each context (the product of
 the policy's per-step distributions), and the exact epsilon at ``delta`` is the smallest ``eps`` whose
 hockey-stick divergence ``sum (P - e^eps Q)_+`` is at most ``delta`` in both directions.  It never exceeds
-what the ledger (:class:`~edge_sdk.accountant.PrivacyAccountant`) says ``T`` releases spent.  The source's
+what the ledger (:class:`~edge_sdk.privacy.accountant.PrivacyAccountant`) says ``T`` releases spent.  The source's
 weaker relation (a context against none) does not hold between two contexts: for InvisibleInk the source's
 figure is exceeded by a concrete pair, the reason the ledger charges the 2C sensitivity.
 """
@@ -19,7 +19,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from edge_sdk.accountant import PrivacyAccountant
+from edge_sdk.privacy.accountant import PrivacyAccountant
 from edge_sdk.policies import DPFusion, InvisibleInk, LDPSampler
 from edge_sdk.policies.dp_fusion import dp_fusion_mixture, dp_fusion_rows
 from edge_sdk.policies.invisible_ink import invisible_ink_distribution

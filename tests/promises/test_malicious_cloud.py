@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from edge_sdk import wire
-from edge_sdk.leakage import LeakageMeter
+from edge_sdk.privacy.meter import LeakageMeter
 from edge_sdk.policies import CusText, EmbeddingNeighbours, Policy, available_policies, make_policy, policy_class
 from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_resume
 from edge_sdk.status import CloudError

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import string
+import subprocess
+import sys
 import unicodedata
+from pathlib import Path
 
 import pytest
 
-from edge_sdk.masking import fold, folded_vocabulary, never_upload_ids
+from edge_sdk.privacy.masking import fold, folded_vocabulary, never_upload_ids
 from edge_sdk.testing import TableSLM
 
 PIECES = [" ", ".", "Seen", " with", " and", " Maria", "Maria", " María", "María", " MARIA", " maria", " Mar", "ía",
@@ -71,15 +74,40 @@ def test_the_span_s_composed_compatibility_and_accent_free_spellings_are_tokenis
 
 
 CJK_PIECES = [" ", "。", "患者", "山田太郎", "山田", "太郎", "山", "田", " 田", "太", "郎", " 郎", "田中", " Yamada",
-              "Yamada", " Taro", "は", "さん", "(", ")", *string.ascii_letters]
+              "Yamada", " YAMADA", " Yam", " Taro", " Tarō", "taro", " Tanaka", " Suzuki", "は", "さん", "(", ")",
+              *string.ascii_letters]
 
 
 def test_a_name_in_a_script_without_spaces_is_masked_character_by_character() -> None:
     """``山田太郎`` as one token, or ``山田`` + ``太郎``, was masked; `` 田`` alone (2.1% of the SLM's mass in the
     attack review) was not: each character of an unspaced script is a word of its own now, with and without a
-    leading space.  A token holding other characters too (``田中``, another name) and the romanised forms the
-    vocabulary holds (`` Yamada``) stay: list those as spans of their own."""
+    leading space.  A token holding other characters too (``田中``, another name) stays."""
     got = masked_pieces(CJK_PIECES, ["山田太郎"], "患者は山田太郎さん。")
     assert {"山田太郎", "山田", "太郎", "山", "田", " 田", "太", "郎", " 郎"} <= got
-    assert not got & {"田中", " Yamada", "Yamada", " Taro", "患者", "は", "さん", "。"}
-    assert {" Yamada", "Yamada"} <= masked_pieces(CJK_PIECES, ["山田太郎", "Yamada"], "患者は山田太郎 (Yamada) さん。")
+    assert not got & {"田中", "患者", "は", "さん", "。"}
+
+
+def test_a_chinese_or_japanese_name_is_masked_in_the_romanised_forms_the_vocabulary_holds() -> None:
+    """`` Yamada`` kept 1.8% of the SLM's mass with ``山田太郎`` masked (the attack review): its readings
+    (Hepburn ``yamada``, ``tarou``, and ``taro``, as written without the long vowel) are masked now, whole and
+    from their first three letters, in every case and accent (`` Tarō``); other names' tokens and single
+    letters are not."""
+    got = masked_pieces(CJK_PIECES, ["山田太郎"], "患者は山田太郎さん。")
+    assert {" Yamada", "Yamada", " YAMADA", " Yam", " Taro", " Tarō", "taro"} <= got
+    assert not got & {" Tanaka", " Suzuki", *string.ascii_letters}
+    pieces = [" ", "。", "王", "小", "明", "王小明", " Wang", "Wang", " Xiao", " Xiaoming", "ming", " Ming", " Hsiao",
+              " Zhang", " Li", *string.ascii_letters]
+    got = masked_pieces(pieces, ["王小明"], "病人王小明。")
+    # pinyin wang, xiao, ming and the given name joined; Wade-Giles hsiao
+    assert {" Wang", "Wang", " Xiao", " Xiaoming", "ming", " Ming", " Hsiao"} <= got
+    assert not got & {" Zhang", " Li"}
+    assert masked_pieces(CJK_PIECES, ["Yamada"], "患者は山田太郎 (Yamada) さん。") >= {" Yamada", "Yamada"}
+
+
+def test_text_without_chinese_or_japanese_characters_imports_no_romaniser() -> None:
+    code = ("import sys\nfrom edge_sdk.privacy.masking import never_upload_ids\n"
+            "never_upload_ids(['Maria'], 'Seen with Maria.', lambda t: [ord(c) for c in t], chr)\n"
+            "print(sorted(m for m in ('pykakasi', 'pypinyin') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.stdout.strip() == "[]"

@@ -11,7 +11,7 @@ import pytest
 from eval_harness.attacks.observer import RecordingChannel, observer_scores, timing_auc
 from eval_harness.report.tables import OBSERVER_METRICS, metrics_recorded, table
 from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings
-from edge_sdk.leakage import LeakageMeter
+from edge_sdk.privacy.meter import LeakageMeter
 from edge_sdk.policies import make_policy
 from edge_sdk.testing import LinkChannel, ScriptedCloud, TableSLM
 from edge_sdk.transport import CloudConnection

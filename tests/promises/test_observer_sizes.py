@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from edge_sdk import wire
 from edge_sdk.client import Credentials, EdgeClient
 from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_resume
-from edge_sdk.leakage import LeakageMeter
+from edge_sdk.privacy.meter import LeakageMeter
 from edge_sdk.policies import make_policy
 from edge_sdk.policies.base import CloudUpload
 from edge_sdk.testing import ScriptedChannel, ScriptedCloud, TableSLM

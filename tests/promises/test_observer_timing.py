@@ -16,7 +16,7 @@ import pytest
 from scipy.stats import mannwhitneyu
 
 from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings
-from edge_sdk.leakage import LeakageMeter
+from edge_sdk.privacy.meter import LeakageMeter
 from edge_sdk.policies import make_policy
 from edge_sdk.testing import LinkChannel, ScriptedCloud, TableSLM
 from edge_sdk.transport import CloudConnection

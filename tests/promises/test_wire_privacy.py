@@ -49,8 +49,8 @@ def test_the_cloud_sampling_seed_is_sent_only_in_cloud_side_fusion(client) -> No
 
 
 def masked_ids(slm, spans: list[str], context: str) -> frozenset[int]:
-    from edge_sdk.leakage import piece_reader
-    from edge_sdk.masking import never_upload_ids
+    from edge_sdk.backends.pieces import piece_reader
+    from edge_sdk.privacy.masking import never_upload_ids
 
     return never_upload_ids(spans, context, lambda t: slm.tokenize(t, add_bos=False), piece_reader(slm))
 
@@ -76,7 +76,7 @@ def test_never_upload_masks_every_spelling_of_any_span(slm) -> None:
 
 
 def test_a_masked_id_is_never_uploaded_nor_missing_from_a_predictable_set(client, engine, slm) -> None:
-    from edge_sdk.masking import FULL_UPLOAD_LIMIT
+    from edge_sdk.privacy.masking import FULL_UPLOAD_LIMIT
     from edge_sdk.policies import Undefended
 
     spans = ["jaundice", "bilirubin"]

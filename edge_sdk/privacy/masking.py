@@ -25,7 +25,10 @@ word with a token its tokenisation never uses (`` Maria`` + ``ngela`` where
 spells the word's first :data:`MIN_PREFIX_LETTERS` or more letters, up to case
 and accents, is masked as well (for ``Mariangela``: `` Mar``, `` Mari``,
 `` Maria``, `` Marian``, ...; common tokens such as `` Mar`` among them, which
-is what the mask costs).  Only tokens that spell
+is what the mask costs).  A span in Chinese or Japanese characters is also
+masked in the romanised forms the vocabulary holds (:func:`romanised_words`:
+`` Yamada``, `` Taro`` for ``山田太郎``; `` Wang``, `` Xiaoming`` for ``王小明``):
+each reading, whole or from its first :data:`MIN_PREFIX_LETTERS` letters.  Only tokens that spell
 nothing but punctuation or whitespace are left out (masking "." would say
 nothing about the span and break every sentence).  A span none of whose
 tokens can be masked is an error, never a silent no-op.
@@ -33,9 +36,12 @@ tokens can be masked is an error, never a silent no-op.
 
 from __future__ import annotations
 
+import functools
+import re
 import unicodedata
 from collections.abc import Callable, Iterable
 from itertools import groupby
+from typing import Any
 
 #: a full-vocabulary upload keeps only its this-many largest values: with every id listed, the masked ids would
 #: stand out.  In probability space always (cutting only while a mask is active would say that one is); in logit
@@ -47,6 +53,10 @@ FULL_UPLOAD_LIMIT = 1000
 #: masked with it: the model may start the word with a token the span's own tokenisation never uses (`` Maria`` for
 #: ``Mariangela``), and that token alone gives the word's start away
 MIN_PREFIX_LETTERS = 3
+
+
+#: a romanised reading of Chinese or Japanese characters shorter than this is not masked (:func:`romanised_words`)
+MIN_READING_LETTERS = 2
 
 
 def fold(text: str) -> str:
@@ -73,6 +83,80 @@ def unspaced(ch: str) -> bool:
 
 _UNSPACED_SCRIPTS = ("CJK UNIFIED IDEOGRAPH", "CJK COMPATIBILITY IDEOGRAPH", "HIRAGANA", "KATAKANA", "THAI", "LAO",
                      "KHMER", "MYANMAR")
+
+
+def _romanisable(ch: str) -> str | None:
+    """``"han"`` for a Chinese character (read in Chinese and in Japanese), ``"kana"`` for hiragana or katakana,
+    else ``None``."""
+    name = unicodedata.name(ch, "")
+    if name.startswith(("CJK UNIFIED IDEOGRAPH", "CJK COMPATIBILITY IDEOGRAPH")):
+        return "han"
+    return "kana" if name.startswith(("HIRAGANA", "KATAKANA")) and unicodedata.category(ch) == "Lo" else None
+
+
+@functools.cache
+def _kakasi() -> Any:
+    """pykakasi's converter, imported on first use (a span in Chinese or Japanese characters)."""
+    try:
+        import pykakasi
+    except ImportError as exc:  # never a silent no-op: the romanised forms would stay unmasked
+        raise ImportError("never_upload on Japanese text masks its romanised forms through pykakasi: install "
+                          "coveil[edge] (or pip install pykakasi)") from exc
+    return pykakasi.kakasi()
+
+
+def _pinyin(run: str, *, heteronym: bool, joined: bool) -> list[list[str]]:
+    """pypinyin's readings of ``run`` (imported on first use): per character in pinyin and Wade-Giles without
+    tones, every reading of each with ``heteronym``; ``joined``: the phrase's likeliest reading as one list."""
+    try:
+        from pypinyin import Style, lazy_pinyin, pinyin
+    except ImportError as exc:
+        raise ImportError("never_upload on Chinese text masks its romanised forms through pypinyin: install "
+                          "coveil[edge] (or pip install pypinyin)") from exc
+    styles = (Style.NORMAL, Style.WADEGILES)
+    if joined:
+        return [lazy_pinyin(run, style=style) for style in styles]
+    return [reading for style in styles for reading in pinyin(run, style=style, heteronym=heteronym)]
+
+
+def _long_vowel_forms(reading: str) -> set[str]:
+    """A Japanese reading as names are written in Latin letters: as given (``tarou``), without the long vowel
+    (``taro``, as Hepburn with its macron dropped: ``Tarō``), and with ``oh`` (``satoh``)."""
+    return {reading, re.sub(r"([aiueo])\1|ou", lambda m: m.group(0)[0], reading), reading.replace("ou", "oh")}
+
+
+def _joined_runs(units: list[str]) -> set[str]:
+    """Every run of consecutive ``units`` written as one word (``yamada``, ``tarou``, ``yamadatarou``)."""
+    return {"".join(units[start:end]) for start in range(len(units)) for end in range(start + 1, len(units) + 1)}
+
+
+def romanised_words(text: str) -> set[str]:
+    """The romanised readings of ``text``'s Chinese and Japanese characters, folded (:func:`fold`), that a model
+    may write for them: Japanese through pykakasi (Hepburn, Kunrei and passport readings of each word it finds,
+    with and without long vowels, and every run of consecutive words joined: ``山田太郎`` gives ``yamada``,
+    ``tarou``, ``taro``, ``yamadatarou``, ...), Chinese characters also through pypinyin (every reading of each
+    character in pinyin and Wade-Giles, and every run of consecutive characters' likeliest readings joined:
+    ``王小明`` gives ``wang``, ``xiao``, ``ming``, ``xiaoming``, ``hsiao``, ...); readings of one letter left
+    out (:data:`MIN_READING_LETTERS`).  Empty, importing neither library, for text without such characters.
+    Han characters are read both ways (the text's language is not known), which masks more than either alone.
+    What stays: readings neither dictionary gives (a name's unusual reading), other systems (Yale, Korean)."""
+    runs = ["".join(chars) for kind, chars in groupby(text, key=lambda ch: _romanisable(ch) is not None) if kind]
+    words: set[str] = set()
+    for run in runs:
+        segments = _kakasi().convert(run)
+        readings = [{f for key in ("hepburn", "kunrei", "passport") for f in _long_vowel_forms(segment[key])}
+                    for segment in segments]
+        words |= {form for forms in readings for form in forms}
+        for key in ("hepburn", "kunrei", "passport"):
+            words |= {form for joined in _joined_runs([segment[key] for segment in segments])
+                      for form in _long_vowel_forms(joined)}
+        if any(_romanisable(ch) == "han" for ch in run):
+            words |= {reading for readings_of_char in _pinyin(run, heteronym=True, joined=False)
+                      for reading in readings_of_char}
+            for likeliest in _pinyin(run, heteronym=False, joined=True):
+                words |= _joined_runs(likeliest)
+    # a one-letter reading (``o`` of 王 read in Japanese) would mask a letter and say next to nothing
+    return {key for word in words if len(key := fold(re.sub(r"[^A-Za-z]", "", word))) >= MIN_READING_LETTERS}
 
 
 def spoken_words(text: str) -> list[str]:
@@ -144,7 +228,7 @@ def never_upload_ids(
             raise ValueError("a never_upload span must not be empty")
         if span not in private_context and fold(span) not in fold(" ".join(private_context.split())):
             raise ValueError(f"never_upload span {span!r} does not occur in the private context")
-        words = {fold(word) for word in spoken_words(span)} - {""}
+        words = ({fold(word) for word in spoken_words(span)} | romanised_words(span)) - {""}
         variants = [bare for word in context_words if fold(bare := _bare(word)) in words]  # "María" for "Maria"
         forms = spellings(span) + [form for variant in variants for form in spellings(variant)]
         ids = {i for form in forms for i in tokenize(form) if not _is_punctuation_or_space(piece(i))}

@@ -1,6 +1,6 @@
 """What a generation spent: a stateful privacy accountant over the pure calibrations.
 
-:mod:`edge_sdk.privacy_accounting` holds the math (calibrations and
+:mod:`edge_sdk.privacy.analysis` holds the math (calibrations and
 conversions, no state); this module keeps the account of one generation, as
 Opacus's accountants sit over its ``analysis/`` and Google's ``dp-accounting``
 composes ``DpEvent``\\ s.  A policy states what one releasing step costs
@@ -11,14 +11,14 @@ step withheld by a budget, or a heuristic's step that sent only what the cloud
 could produce alone).  :meth:`PrivacyAccountant.epsilon` composes the events:
 
 * ``gaussian`` (DP-Logit): the exact composition of Gaussian mechanisms
-  (:func:`~edge_sdk.privacy_accounting.gaussian_composition_epsilon`);
+  (:func:`~edge_sdk.privacy.analysis.gaussian_composition_epsilon`);
 * ``zcdp`` (InvisibleInk): dp-accounting's RDP accountant;
 * ``pure_dp`` (LDP-Sampler): dp-accounting's PLD accountant over binary
   randomised response, which dominates every pure ``eps``-DP mechanism
   (at ``delta = 0``: ``n * eps``, exact);
 * ``renyi`` (DP-Fusion, edge-side): a bound known at one Renyi order only,
   which no dp-accounting event expresses: composed here by hand, converted by
-  the improved conversion (:func:`~edge_sdk.privacy_accounting.rdp_epsilon`);
+  the improved conversion (:func:`~edge_sdk.privacy.analysis.rdp_epsilon`);
 * ``non_private`` (the heuristics): ``eps = inf`` from the first release.
 
 ``dp-accounting`` is imported only when a ``zcdp`` or a ``pure_dp`` event is
@@ -41,12 +41,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from edge_sdk.privacy_accounting import (
+from edge_sdk.privacy.analysis import (
     check_delta,
-    check_epsilon,
     check_order,
     gaussian_composition_epsilon,
-    rdp_epsilon,
+    randomized_response_noise,
+    renyi_composition_epsilon,
     zcdp_optimal_order,
 )
 
@@ -159,19 +159,6 @@ class ReleaseEvent:
         return cls("non_private", note=note)
 
 
-def randomized_response_noise(epsilon: float) -> float:
-    """dp-accounting's noise parameter ``p`` of binary randomised response whose loss is ``epsilon``.
-
-    Binary randomised response reports the true bit with probability
-    ``1 - p/2`` and the other with ``p/2``; its privacy loss is
-    ``log((1 - p/2) / (p/2)) = epsilon`` for ``p = 2 / (1 + e^epsilon)``.  It
-    dominates every pure ``epsilon``-DP mechanism, and so does its ``n``-fold
-    composition dominate ``n`` of them (Kairouz, Oh & Viswanath 2015, Thm. 3.3),
-    so its PLD composes an ``epsilon``-LDP sampler tightly.
-    """
-    return 2.0 / (1.0 + math.exp(check_epsilon(epsilon)))
-
-
 class _ComposedEpsilons:
     """``eps(n)`` at ``delta`` after ``n`` releases, composed by a dp-accounting accountant one event at a time.
 
@@ -212,25 +199,6 @@ class _ComposedEpsilons:
             self._accountant.compose(self._event)
             self._epsilons.append(float(self._accountant.get_epsilon(self.delta)))
         return self._epsilons[releases]
-
-
-def renyi_composition_epsilon(releases: int, step_rdp: float, order: float, delta: float) -> float:
-    """``(eps, delta)`` of ``n`` releases each ``(a, e)``-Renyi-DP at the one order ``a``::
-
-        eps(n) = n * e + log(1 - 1/a) - (log(delta) + log(a)) / (a - 1)      (n >= 1; eps(0) = 0)
-
-    Renyi-DP at a fixed order composes by adding (Mironov 2017, Prop. 1):
-    ``n`` releases are ``(a, n * e)``-RDP, converted by the improved conversion
-    (:func:`~edge_sdk.privacy_accounting.rdp_epsilon`; DP-Fusion's source uses
-    Mironov's plain one, 1.386 looser at order 2).
-    Nothing released (``n = 0``, or ``e = 0``: every release is the public
-    distribution itself) is 0.  dp-accounting's RDP accountant cannot do
-    this: its events bound every order of its grid, DP-Fusion's bound holds
-    at ``a`` alone.
-    """
-    if releases == 0 or step_rdp == 0.0:
-        return 0.0
-    return rdp_epsilon(releases * step_rdp, order, delta)
 
 
 def _epsilon_curve(event: ReleaseEvent, delta: float) -> Callable[[int], float]:

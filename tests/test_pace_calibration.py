@@ -1,0 +1,108 @@
+"""``pace_ms="auto"`` (issue 30): the pace is measured on a public prompt as long as the SLM's window, rounded up
+onto a coarse public grid, once per client; it does not depend on the private context, and the gaps the cloud
+sees under it do not show the private context's length.  The link is simulated on the real clock (no model), as
+in ``test_observer_timing.py``; the SLM's step grows with its sequence."""
+
+from __future__ import annotations
+
+import string
+
+import numpy as np
+import pytest
+
+from edge_sdk.client import EdgeClient
+from edge_sdk.decode_settings import DecodeSettings
+from edge_sdk.decoding import CollaborativeDecoder
+from edge_sdk.privacy.meter import LeakageMeter
+from edge_sdk.pace_calibration import on_pace_grid
+from edge_sdk.policies import make_policy
+from edge_sdk.testing import LinkChannel, ScriptedCloud, TableSLM
+from edge_sdk.transport import CloudConnection
+
+from tests.test_observer_timing import auc
+
+VOCAB_PIECES = [" ", "\n", *string.ascii_letters, ".", ","]
+STEPS = 21
+#: a step of 4 ms + 4.4 us per token of the sequence: ~4 ms after a short private context, ~12 ms after 1,800
+#: tokens, ~13 ms at the 2,048-token window the calibration fills (the fakes state no window: the default, 2,048)
+BASE_S, PER_TOKEN_S = 0.004, 4.4e-6
+SHORT, LONG = "a b", " ".join(["zq"] * 600)  # 3 and 1,799 tokens of private context
+
+
+def peaked() -> np.ndarray:
+    row = np.full(len(VOCAB_PIECES), -4.0, np.float32)
+    row[3] = 4.0
+    return row
+
+
+def client() -> EdgeClient:
+    slm = TableSLM(VOCAB_PIECES, default=peaked(), delay_s=lambda length: BASE_S + PER_TOKEN_S * length)
+    cloud = ScriptedCloud(len(VOCAB_PIECES), default=peaked(), max_new_tokens=STEPS)
+    return EdgeClient(cloud.session, slm=slm)
+
+
+def test_the_grid_by_hand() -> None:
+    # twice the step, rounded up onto 5, 10, 20, 50, ... 5000 ms; past it, multiples of 5000
+    assert [on_pace_grid(ms) for ms in (1.0, 2.5, 2.6, 20.4, 24.9, 25.1, 2600.0, 7000.0)] == [
+        5.0, 5.0, 10.0, 50.0, 50.0, 100.0, 10000.0, 15000.0]
+
+
+class ClockedSLM(TableSLM):
+    """The SLM whose step takes ``BASE_S + PER_TOKEN_S * length`` on a clock of its own (no sleep: a loaded host
+    cannot stretch it), which the calibration reads."""
+
+    def __init__(self) -> None:
+        super().__init__(VOCAB_PIECES, default=peaked())
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def append(self, token_id: int) -> np.ndarray:
+        self.now += BASE_S + PER_TOKEN_S * (len(self.sequence) + 1)
+        return super().append(token_id)
+
+
+def test_the_auto_pace_is_measured_on_public_text_whatever_the_private_context(monkeypatch) -> None:
+    """At the window the step is 4 + 4.4e-3 x ~2,040 = ~13.0 ms: twice that, 25.9, is paced at 50 ms.  Measured on
+    the private context the pace would be 10 ms after a short one (2 x ~4.0)."""
+    import edge_sdk.pace_calibration as calibration
+
+    for private in (SHORT, LONG):
+        slm = ClockedSLM()
+        monkeypatch.setattr(calibration, "time", slm)
+        cloud = ScriptedCloud(len(VOCAB_PIECES), default=peaked(), max_new_tokens=STEPS)
+        with EdgeClient(cloud.session, slm=slm) as edge:
+            decoder = edge.decoder("q", private, policy="coveil", pace_ms="auto", auto_pace_ms="auto")
+            assert (decoder.settings.pace_ms, decoder.settings.auto_pace_ms) == (50.0, 50.0), private
+            assert edge.calibrated_pace_ms() == 50.0  # measured once, kept
+            assert edge.decoder("q", LONG, policy="coveil", pace_ms="auto").settings.pace_ms == 50.0
+
+
+def test_a_decoder_built_without_a_client_refuses_an_auto_pace() -> None:
+    slm = TableSLM(VOCAB_PIECES, default=peaked())
+    with pytest.raises(ValueError, match="pace_ms='auto' is measured by the client"):
+        CollaborativeDecoder(slm, make_policy("coveil"), DecodeSettings(pace_ms="auto"), slm_prompt=[1],
+                             cloud_prompt=[1], meter=LeakageMeter(frozenset()))
+    with pytest.raises(ValueError, match="pace_ms must be positive, 'auto'"):
+        DecodeSettings(pace_ms="fast")
+
+
+def gaps_seen_by_the_cloud(private: str, mode: str, lookahead: int) -> np.ndarray:
+    with client() as edge:
+        decoder = edge.decoder("q", private, policy="coveil", mode=mode, max_new_tokens=STEPS, top_m=4, exposure_k=4,
+                               pace_ms="auto")
+        cloud = ScriptedCloud(len(VOCAB_PIECES), default=peaked(), max_new_tokens=STEPS)
+        channel = LinkChannel(cloud.session(), rtt_s=0.080, forward_s=0.004)
+        list(decoder.steps(CloudConnection(channel, lookahead=lookahead)))
+    return 1e3 * np.diff(channel.arrivals)
+
+
+@pytest.mark.parametrize("mode", ["edge", "cloud"])
+def test_under_the_auto_pace_the_gaps_do_not_show_the_private_context_s_length(mode: str) -> None:
+    """The timing promise of ``test_observer_timing.py`` under ``pace_ms="auto"``: lockstep and run-ahead, a short
+    and a long private context give gaps told apart no better than chance (AUC within 0.2-0.8), each one pace."""
+    for lookahead in (0, 8):
+        short, long = (gaps_seen_by_the_cloud(private, mode, lookahead) for private in (SHORT, LONG))
+        assert 0.2 <= auc(short, long) <= 0.8, (lookahead, short, long)
+        assert abs(np.median(long) - np.median(short)) < 5, (lookahead, short, long)
