@@ -19,7 +19,7 @@ from edge_sdk.policies import make_policy
 from edge_sdk.testing import LinkChannel, ScriptedCloud, TableSLM
 from edge_sdk.transport import CloudConnection
 
-from tests.test_observer_timing import auc
+from tests.promises.test_observer_timing import auc
 
 VOCAB_PIECES = [" ", "\n", *string.ascii_letters, ".", ","]
 STEPS = 21

@@ -30,7 +30,7 @@ def tiny_runner():
     from eval_harness.metrics import Vocabulary
     from eval_harness.runners.reference import ReferenceRunner
 
-    from tests.tiny_models import tiny_pair
+    from tests.support.tiny_models import tiny_pair
 
     slm, llm = tiny_pair()
     vocab = Vocabulary(lambda text: slm.tokenize(text, add_bos=False), piece_reader(slm.tokenizer))
