@@ -199,7 +199,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
                              "and times as an on-path observer under TLS and the cloud see them (sessions paced as "
                              "deployed over a network, so slower), and score into the row's 'observer' field "
                              "whether sizes tell the two contexts apart and the timing AUCs (decodeleak report "
-                             "shows them beside Token-ER)")
+                             "shows them beside Token-ER); the timing is a deployment's with --runner deployed only "
+                             "(the reference runner steps its items in lockstep batches, whose waits fill the gaps)")
     _deployed_flags(parser)
     _inversion_options(parser)
 

@@ -349,7 +349,10 @@ def run_sweep(
     observer under TLS and the cloud see them (message sizes and times: the runner's clients are
     :class:`~eval_harness.attacks.observer.RecordingClient`), and the row's ``observer`` field holds the
     observer attacks' scores (:func:`observer_field`).  The recording sessions behave as deployed over a network
-    (their public clock on), so decoding takes longer; the row's other fields are as without it.
+    (their public clock on), so decoding takes longer; the row's other fields are as without it.  Sizes are the
+    wire's with any runner; times are a deployment's with the deployed runner only (the reference runner's
+    lockstep batches make each item wait for the others, up to seconds a step, and the two generations of an item
+    in one batch then step alike).
     """
     by_id = {task: {item.item_id: item for item in task_items} for task, task_items in items.items()}
     if dataset_sha256 is None:
