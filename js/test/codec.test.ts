@@ -34,6 +34,9 @@ describe("the codec writes the bytes Python's edge_sdk.wire writes", () => {
     const sizes = new SignalSizes(1536, 1536);
     expect(hex(padded(encodeToken(5, 7), sizes))).toBe("1204080518077a0400000000");
     expect(hex(padded(encodeToken(300, 262143), sizes))).toBe("120708ac0218ffff0f7a020000");
+    // step 0 is left out of its template (proto3's default): a size cached for it must not serve step 1
+    expect(padded(encodeToken(0, 7), sizes).length).toBe(10);
+    expect(padded(encodeToken(1, 7), sizes).length).toBe(12);
   });
 
   it("pads an upload to the policy's largest, sparse or dense", () => {

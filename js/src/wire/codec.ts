@@ -238,7 +238,8 @@ export function uploadTemplateValues(maxValues: number, vocabSize: number): [num
   return [maxValues, false];
 }
 
-/** The public sizes of one session's step signals (cached by the length of the step's varint). */
+/** The public sizes of one session's step signals (cached by the length of the step's varint, 0 for step 0,
+ * which proto3 leaves out). */
 export class SignalSizes {
   private readonly cache = new Map<string, number>();
 
@@ -246,7 +247,7 @@ export class SignalSizes {
 
   /** The padded size of step `step`'s signal: that of the largest the step may send, and the slack. */
   size(kind: "upload" | "token", step: number): number {
-    const key = `${kind}:${varintSize(step)}`;
+    const key = `${kind}:${step === 0 ? 0 : varintSize(step)}`;
     let size = this.cache.get(key);
     if (size === undefined) {
       size = toBinary(EdgeMessageSchema, this.template(kind, step)).length + PAD_SLACK;
