@@ -297,32 +297,26 @@ export class StepMeter {
   }
 
   /** Time blocked on the cloud. */
-  async waiting<T>(work: () => Promise<T>): Promise<T> {
-    const started = now();
-    try {
-      return await work();
-    } finally {
-      this.waitMs += now() - started;
-    }
+  waiting<T>(work: () => Promise<T>): Promise<T> {
+    return this.timed(work, (ms) => (this.waitMs += ms));
   }
 
   /** The edge's own time. */
-  async onEdge<T>(work: () => Promise<T>): Promise<T> {
-    const started = now();
-    try {
-      return await work();
-    } finally {
-      this.edgeMs += now() - started;
-    }
+  onEdge<T>(work: () => Promise<T>): Promise<T> {
+    return this.timed(work, (ms) => (this.edgeMs += ms));
   }
 
   /** A wait for a pacing slot inside {@link onEdge}: not the edge's own time. */
-  async pacing<T>(work: () => Promise<T>): Promise<T> {
+  pacing<T>(work: () => Promise<T>): Promise<T> {
+    return this.timed(work, (ms) => (this.edgeMs -= ms));
+  }
+
+  private async timed<T>(work: () => Promise<T>, add: (ms: number) => void): Promise<T> {
     const started = now();
     try {
       return await work();
     } finally {
-      this.edgeMs -= now() - started;
+      add(now() - started);
     }
   }
 
