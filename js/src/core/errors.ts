@@ -35,3 +35,54 @@ export class CloudReplyRejected extends CloudError {
     this.name = "CloudReplyRejected";
   }
 }
+
+/**
+ * Bad input to the SDK (Python raises `ValueError`): a parameter out of range, a malformed row, a mode a policy
+ * does not define.  `code` is the status a session reports for it, `INVALID_ARGUMENT`; the message names the
+ * parameter, never private data.
+ */
+export class InvalidArgumentError extends Error {
+  readonly code: string = "INVALID_ARGUMENT";
+
+  constructor(message: string) {
+    super(message);
+    this.name = "InvalidArgumentError";
+  }
+}
+
+/** A distribution or logits row holds NaN or an infinity (Python: `NonFiniteError`). */
+export class NonFiniteError extends InvalidArgumentError {
+  constructor(message: string) {
+    super(message);
+    this.name = "NonFiniteError";
+  }
+}
+
+/** A policy was asked to act in a fusion mode it does not define (Python: `UnsupportedModeError`). */
+export class UnsupportedModeError extends InvalidArgumentError {
+  constructor(message: string) {
+    super(message);
+    this.name = "UnsupportedModeError";
+  }
+}
+
+/** A name that is not registered (Python: `UnknownNameError`), with the nearest registered names. */
+export class UnknownNameError extends InvalidArgumentError {
+  constructor(message: string) {
+    super(message);
+    this.name = "UnknownNameError";
+  }
+}
+
+/**
+ * A policy or setting the Python SDK defines and this TypeScript SDK does not implement (`UNIMPLEMENTED`): raised
+ * when it is constructed, never replaced by something else that would decide or send differently.
+ */
+export class NotImplementedInTypeScriptError extends Error {
+  readonly code: string = "UNIMPLEMENTED";
+
+  constructor(message: string) {
+    super(message);
+    this.name = "NotImplementedInTypeScriptError";
+  }
+}
