@@ -1,7 +1,7 @@
 import { create, toBinary } from "@bufbuild/protobuf";
 import { describe, expect, it } from "vitest";
+import { CloudUpload } from "../src/policies/base.js";
 import {
-  CloudDistribution,
   DistributionSchema,
   EdgeMessageSchema,
   SignalSizes,
@@ -12,19 +12,12 @@ import {
   padBytes,
   padEdgeMessage,
   paddingEntries,
-  pairwiseSum,
-  topKIds,
   valuesToBytes,
   idsToBytes,
-  type CloudUpload,
 } from "../src/wire/index.js";
 
 const hex = (bytes: Uint8Array) => Buffer.from(bytes).toString("hex");
-const upload = (ids: number[], values: number[]): CloudUpload => ({
-  kind: "upload",
-  ids: Int32Array.from(ids),
-  values: Float32Array.from(values),
-});
+const upload = (ids: number[], values: number[]) => new CloudUpload(ids, values);
 const padded = (message: ReturnType<typeof encodeToken>, sizes: SignalSizes) =>
   padEdgeMessage(message, toBinary(EdgeMessageSchema, message), sizes);
 
@@ -121,20 +114,5 @@ describe("distributions", () => {
     expect(() => decodeDistribution(create(DistributionSchema, { dense: valuesToBytes([1]) }), 4)).toThrow("1 entries");
   });
 
-  it("TopK is by decreasing value, ties to the lower id", () => {
-    expect(Array.from(topKIds([0.1, 0.3, 0.3, 0.05, 0.3], 3))).toEqual([1, 2, 4]);
-    expect(Array.from(topKIds([5, 1, 5, 7], 2))).toEqual([3, 0]);
-    const dense = new CloudDistribution(0, undefined, undefined, 0, 0, Float32Array.from([0.2, 0.4, 0.4]));
-    expect(dense.topId()).toBe(1);
-  });
 
-  it("sums as numpy's pairwise summation does (it differs from a running sum)", () => {
-    // numpy: a = np.ones(201); a[0] = 1e16; a.sum() -> 1.0000000000000188e+16 (a running sum keeps 1e16)
-    const a = new Float64Array(201).fill(1);
-    a[0] = 1e16;
-    expect(pairwiseSum(a, 0, a.length)).toBe(1.0000000000000188e16);
-    // numpy: np.exp(np.linspace(-3, 2, 1000)).sum() -> 1470.1084349786688 (Python's sum(): ...693)
-    const b = Float64Array.from({ length: 1000 }, (_, i) => Math.exp(-3 + (5 * i) / 999));
-    expect(pairwiseSum(b, 0, b.length)).toBe(1470.1084349786688);
-  });
 });

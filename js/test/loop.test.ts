@@ -1,9 +1,9 @@
 import { create } from "@bufbuild/protobuf";
 import { describe, expect, it } from "vitest";
-import { CloudError } from "../src/core/errors.js";
+import { CloudError, NotImplementedInTypeScriptError } from "../src/core/errors.js";
 import { CloudConnection } from "../src/loop/connection.js";
 import { CollaborativeDecoder, runWithResume, type StepEvent } from "../src/loop/decoder.js";
-import { Undefended } from "../src/loop/policy.js";
+import { Undefended } from "../src/policies/undefended.js";
 import { decodeSettings } from "../src/loop/settings.js";
 import { CloudMessageSchema, idsFromBytes, valuesToBytes, type CloudMessage } from "../src/wire/index.js";
 import { ScriptedCloud, TableSLM } from "./scripted.js";
@@ -42,7 +42,7 @@ describe("the loop of named steps", () => {
     expect(d.ledger.entries.map((e) => [e.step, e.signal, e.sends, e.steered])).toEqual([
       [0, "token", 1, true], [1, "token", 1, true], [2, "token", 1, true],
     ]);
-    expect(d.ledger.entries.map((e) => e.bytesUp)).toEqual(sizes);
+    expect(d.ledger.entries.map((e) => e.bytes_up)).toEqual(sizes);
     expect(d.ledger.entries[0].exposure).toEqual([2, 1]); // edge-side E_t^K: the cloud's own top 2
   });
 
@@ -63,7 +63,7 @@ describe("the loop of named steps", () => {
     const d = decoder("cloud");
     const events = await collect(d.steps(new CloudConnection(cloud.channel())));
     expect(events.map((e) => e.tokenId)).toEqual([1, 3, 0]);
-    expect(d.ledger.entries[0].valuesUploaded).toBe(4);
+    expect(d.ledger.entries[0].values_uploaded).toBe(4);
     expect(d.ledger.entries[0].exposure).toEqual([1, 2]); // TopK of the upload [0, .6, .3, .1]
   });
 
@@ -78,7 +78,7 @@ describe("the loop of named steps", () => {
     expect(resumed.case === "open" && Array.from(idsFromBytes(resumed.value.resumePrefix!.ids))).toEqual([1]);
     expect(cloud.sentBytes[1][1]).toBe(cloud.sentBytes[0][2]); // step 1's signal, the same bytes again
     expect(d.ledger.entries[1].sends).toBe(2);
-    expect(d.ledger.entries[1].bytesUp).toBe(2 * (cloud.sentBytes[0][2].length / 2));
+    expect(d.ledger.entries[1].bytes_up).toBe(2 * (cloud.sentBytes[0][2].length / 2));
   });
 
   it("run-ahead: drafted rows that assumed another token are dropped; the tokens are lockstep's", async () => {
@@ -142,9 +142,9 @@ describe("the loop of named steps", () => {
   it("settings and policies the TypeScript SDK does not implement are refused at construction", () => {
     expect(() => decodeSettings({ alphaa: 1 } as never)).toThrow(/unknown decode setting alphaa/);
     expect(() => decodeSettings({ exposureBudget: 2 })).toThrow(/exposure_budget must lie in \[0, 1\]/);
-    expect(() => decoder("edge", { logprobs: 3 })).toThrow(/not implemented/);
-    expect(() => new CollaborativeDecoder(new TableSLM(SLM_ROWS), new Undefended("logit"), { mode: "edge" },
+    expect(() => decoder("edge", { logprobs: 3 })).toThrow(NotImplementedInTypeScriptError);
+    expect(() => new CollaborativeDecoder(new TableSLM(SLM_ROWS), new Undefended({ space: "logit" }), { mode: "edge" },
       { slmPrompt: [1], cloudPrompt: [1] })).toThrow(/probabilities only/);
-    expect(() => decoder("edge", { maxEpsilon: 1 })).toThrow(/accountant/);
+    expect(() => decoder("edge", { alpha: 2 })).toThrow(/alpha/); // the core's check, at construction
   });
 });

@@ -20,9 +20,7 @@ import {
   encodeToken,
   encodeUpload,
   padEdgeMessage,
-  type CloudDistribution,
   type CloudMessage,
-  type CloudUpload,
   type Distribution,
   type EdgeMessage,
   type Finished,
@@ -30,8 +28,10 @@ import {
   type SessionOpened,
   type SessionRequest,
   type TokenChosen,
+  type ReceivedDistribution,
   type TokenLogprobs,
 } from "../wire/index.js";
+import type { CloudUpload } from "../policies/base.js";
 import { certifiedFusedArgmax } from "./certify.js";
 
 /** Serialised protobuf bytes each direction (what a network carries, before framing). */
@@ -65,7 +65,7 @@ export class CloudConnection {
   private readonly held: CloudMessage[] = [];
   private follows: [number, number] | null = null;
   private readonly unreadPicks: [number, number, boolean][] = [];
-  private current: CloudDistribution | null = null;
+  private current: ReceivedDistribution | null = null;
 
   /**
    * @param lookahead the deepest run-ahead this edge accepts (sent when the session opens); 0 = lockstep
@@ -186,7 +186,7 @@ export class CloudConnection {
   }
 
   /** The cloud's row for the next step (run-ahead: the first that follows the token last confirmed). */
-  async distribution(): Promise<CloudDistribution> {
+  async distribution(): Promise<ReceivedDistribution> {
     for (;;) {
       const dist = this.decodeDistribution(await this.receive("distribution"));
       if (this.follows === null || (dist.step === this.follows[0] && dist.assumesToken === this.follows[1])) {
@@ -200,10 +200,10 @@ export class CloudConnection {
     }
   }
 
-  private decodeDistribution(message: Distribution): CloudDistribution {
+  private decodeDistribution(message: Distribution): ReceivedDistribution {
     const info = this.requireInfo();
     const request = this.request!;
-    let dist: CloudDistribution;
+    let dist: ReceivedDistribution;
     try {
       dist = decodeDistribution(message, info.vocabSize);
     } catch (error) {
@@ -230,7 +230,7 @@ export class CloudConnection {
   }
 
   /** Ask for the full distribution of `step` (the cloud learns that we asked). */
-  async requestFull(step: number): Promise<CloudDistribution> {
+  async requestFull(step: number): Promise<ReceivedDistribution> {
     this.requireInfo();
     await this.send(encodeRequestFull(step));
     const full = this.decodeDistribution(await this.receiveForStep(step));

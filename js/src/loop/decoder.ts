@@ -6,34 +6,16 @@
  */
 
 import type { SLMBackend } from "../backends/base.js";
-import { CloudError } from "../core/errors.js";
-import {
-  FULL_UPLOAD_LIMIT,
-  topKIds,
-  type CloudDistribution,
-  type CloudUpload,
-  type SessionRequest,
-  type Signal,
-  type TokenLogprobs,
-} from "../wire/index.js";
+import { StepDecider, type StepDecision } from "../core/decide.js";
+import { CloudError, NotImplementedInTypeScriptError } from "../core/errors.js";
+import { checkFinite, osDraws, type Draws } from "../core/fusion.js";
+import { CloudUpload, type Policy } from "../policies/base.js";
+import { LeakageMeter, type LedgerEntry, type PrivacyLedger } from "../privacy/ledger.js";
+import { FULL_UPLOAD_LIMIT, maskProbabilities } from "../privacy/masking.js";
+import type { ReceivedDistribution, SessionRequest, TokenLogprobs } from "../wire/index.js";
 import type { CloudConnection } from "./connection.js";
-import { argmax, type Policy, type Rng } from "./policy.js";
 import { decodeSettings, type DecodeSettings } from "./settings.js";
-import {
-  ExposureBudget,
-  HeuristicAccountant,
-  LeakageMeter,
-  Pacer,
-  PendingSignal,
-  PrivacyLedger,
-  SLMView,
-  StepMeter,
-  StopControl,
-  type Accountant,
-  type LedgerEntry,
-  type StepDecision,
-  type StoppingRule,
-} from "./steps.js";
+import { Pacer, PendingSignal, StepMeter, StopControl, type StoppingRule } from "./steps.js";
 
 /** One decided token as the loop yields it. */
 export interface StepEvent {
@@ -51,73 +33,59 @@ export interface DecoderOptions {
   privateContentIds?: ReadonlySet<number>;
   /** ids of `never_upload` spans: the SLM's values for them are removed before the policy runs */
   maskedIds?: Iterable<number>;
-  /** the draws randomised policies consume (default: `Math.random`, never seeded from the wire) */
-  rng?: Rng;
+  /** the draws randomised policies consume (default: the OS's entropy, never anything on the wire) */
+  draws?: Draws;
   stopping?: StoppingRule | null;
-  /** the epsilon account (a DP policy's, with its budget); default: a heuristic's, which never withholds */
-  accountant?: Accountant;
-}
-
-/** `upload`, or only its `limit` largest values (ids ascending) when it holds more. */
-function largest(upload: CloudUpload, limit: number): CloudUpload {
-  if (upload.ids.length <= limit) return upload;
-  const keep = Array.from(topKIds(upload.values, limit)).sort((a, b) => upload.ids[a] - upload.ids[b]);
-  return { kind: "upload", ids: Int32Array.from(keep, (j) => upload.ids[j]), values: Float32Array.from(keep, (j) => upload.values[j]) };
-}
-
-/** DecodeLeak's `E_t^K` of one step: `TopK` of the uploaded values, or edge-side the cloud's own `TopK`. */
-export function stepExposure(signal: Signal, dist: CloudDistribution, k: number): Int32Array {
-  if (signal.kind === "upload") {
-    if (!signal.ids.length) return new Int32Array(0);
-    return Int32Array.from(topKIds(signal.values, Math.min(k, signal.ids.length)), (j) => signal.ids[j]);
-  }
-  return dist.topIds(k);
 }
 
 /** Runs one generation: holds the shared prefix and can resume on a new connection. */
 export class CollaborativeDecoder {
   readonly policy: Policy;
   readonly settings: DecodeSettings;
-  readonly view: SLMView;
-  readonly budget: ExposureBudget;
+  /** the decide step: the SLM's view, the policy, the budgets and the ledger (the core's) */
+  readonly decider: StepDecider;
   readonly pacer: Pacer;
   readonly stop: StopControl;
-  readonly ledger: PrivacyLedger;
   readonly meter: LeakageMeter;
   readonly tokens: number[] = [];
   finishReason: string | null = null;
+  /** the SLM's row for the next step as the policy reads it */
+  private row: Float32Array | null = null;
   private readonly slmPrompt: number[];
   private readonly cloudPrompt: number[];
-  private readonly rng: Rng;
-  private readonly llmBuffer: Float32Array;
   private pending: PendingSignal | null = null;
   private unacknowledged: PendingSignal[] = [];
 
-  constructor(readonly slm: SLMBackend, policy: Policy, settings: Partial<DecodeSettings> | DecodeSettings, options: DecoderOptions) {
+  constructor(readonly slm: SLMBackend, policy: Policy, settings: Partial<DecodeSettings>, options: DecoderOptions) {
     const s = decodeSettings(settings);
-    if (!policy.modes.has(s.mode)) throw new RangeError(`policy '${policy.name}' does not support ${s.mode}-side fusion`);
     if (policy.space === "logit" && slm.rowKind !== "logits") {
-      throw new RangeError(`policy '${policy.name}' fuses raw logits; the SLM backend '${slm.name}' gives probabilities only`);
+      throw new NotImplementedInTypeScriptError(`policy '${policy.name}' fuses raw logits; the SLM backend ` +
+        `'${slm.name}' gives probabilities only`);
     }
     if (s.mode === "edge" && s.logprobs !== null) {
-      throw new RangeError("logprobs edge-side (read off the fused row on the device) is not implemented in the TypeScript SDK");
+      throw new NotImplementedInTypeScriptError("logprobs edge-side (read off the fused row on the device) is not " +
+        "implemented in the TypeScript SDK");
     }
-    if (s.maxEpsilon !== null && options.accountant === undefined) {
-      throw new RangeError("max_epsilon needs the policy's accountant (pass accountant=)");
-    }
-    this.policy = policy.forGeneration(s.maxNewTokens);
+    this.decider = new StepDecider(policy, s, slm.vocabSize, options.maskedIds ?? [], options.draws ?? osDraws);
+    this.policy = this.decider.policy;
     this.settings = s;
     this.slmPrompt = [...options.slmPrompt];
     this.cloudPrompt = [...options.cloudPrompt];
-    this.rng = options.rng ?? Math.random;
-    this.view = new SLMView(slm, this.policy.space, options.maskedIds ?? []);
-    const accountant = options.accountant ?? new HeuristicAccountant();
-    this.budget = new ExposureBudget(s.exposureBudget, accountant);
     this.pacer = new Pacer(s.paceMs, s.prefillBudgetMs, s.autoPaceMs);
     this.stop = new StopControl(slm, options.stopping ?? null);
     this.meter = new LeakageMeter(options.privateContentIds ?? new Set());
-    this.ledger = new PrivacyLedger(s.mode, this.policy.describe(), s.exposureK, accountant);
-    this.llmBuffer = new Float32Array(slm.vocabSize);
+  }
+
+  get ledger(): PrivacyLedger {
+    return this.decider.ledger;
+  }
+
+  /** The SLM's row as the policy reads it (`never_upload` ids removed): probabilities from a backend that gives
+   * them are masked as they are (the softmax of their logs would only round them again). */
+  private view(row: Float32Array): Float32Array {
+    if (this.slm.rowKind === "logits") return this.decider.view(row);
+    const p = checkFinite(row.subarray(0, this.slm.vocabSize).slice(), "the SLM's probabilities");
+    return maskProbabilities(p, this.decider.masked); // probability space: a logit policy is refused without logits
   }
 
   /** How many cloud values to ask for per sparse step (edge-side at least K: the exposure set is the cloud's top K). */
@@ -166,10 +134,10 @@ export class CollaborativeDecoder {
 
   /** Open (or resume) the session on `connection` and decode until the end. */
   async *steps(connection: CloudConnection): AsyncGenerator<StepEvent> {
-    if (this.view.row === null) {
+    if (this.row === null) {
       this.pacer.begin(performance.now());
       // a defence: the SLM prefills the private prompt before the session opens
-      await this.view.prefill([...this.slmPrompt, ...this.tokens]);
+      this.row = this.view(await this.slm.prefill([...this.slmPrompt, ...this.tokens]));
       this.ledger.prefillOverrun = await this.pacer.waitForOpen();
     }
     const maxSteps = await this.open(connection);
@@ -212,7 +180,7 @@ export class CollaborativeDecoder {
         this.unacknowledged.push(pending);
         this.forgetAcknowledged(connection);
       }
-      const logprobs = pending.decision!.signal.kind === "upload" ? connection.chosenLogprobs : null;
+      const logprobs = pending.decision!.signal instanceof CloudUpload ? connection.chosenLogprobs : null;
       const steered = this.record(pending, dist, token);
       finished = await this.advance(token, finished, meter);
       const entry = meter.entry(pending, token, { policy: this.policy.name, steered, leakShare: this.meter.share,
@@ -244,7 +212,7 @@ export class CollaborativeDecoder {
     return Math.min(this.settings.maxNewTokens, info.maxNewTokens);
   }
 
-  private async receive(connection: CloudConnection, step: number, meter: StepMeter): Promise<CloudDistribution> {
+  private async receive(connection: CloudConnection, step: number, meter: StepMeter): Promise<ReceivedDistribution> {
     const dist = await meter.waiting(() => connection.distribution());
     if (dist.step !== step) throw new CloudError("INTERNAL", `the cloud sent step ${dist.step}, expected ${step}`);
     meter.cloudForwardNs = dist.forwardNs;
@@ -254,7 +222,7 @@ export class CollaborativeDecoder {
   /** `step`'s signal as begun on an earlier connection (re-sent byte for byte), or a new one the budget may withhold. */
   private pendingSignal(step: number, maxSteps: number, noStop: boolean): PendingSignal {
     if (this.pending === null || this.pending.step !== step) {
-      this.pending = new PendingSignal(step, this.budget.withholds(step, maxSteps), noStop);
+      this.pending = new PendingSignal(step, this.decider.withholds(step, maxSteps), noStop);
     }
     return this.pending;
   }
@@ -283,8 +251,8 @@ export class CollaborativeDecoder {
 
   private recordResend(pending: PendingSignal, meter: StepMeter): void {
     const entry = this.ledger.entries[pending.step];
-    this.ledger.entries[pending.step] = { ...entry, sends: pending.sends, bytesUp: entry.bytesUp + meter.bytesUp,
-      bytesDown: entry.bytesDown + meter.bytesDown };
+    this.ledger.entries[pending.step] = { ...entry, sends: pending.sends, bytes_up: entry.bytes_up + meter.bytesUp,
+      bytes_down: entry.bytes_down + meter.bytesDown };
   }
 
   private forgetAcknowledged(connection: CloudConnection): void {
@@ -293,8 +261,8 @@ export class CollaborativeDecoder {
 
   /** Decide `pending`'s signal unless it was already (a resend); the row it was decided on, and whether a paced
    * full-row request missed its first slot.  A policy that reads full rows asks at every step. */
-  private async decide(connection: CloudConnection, pending: PendingSignal, dist: CloudDistribution, noStop: boolean,
-    meter: StepMeter): Promise<[CloudDistribution, boolean]> {
+  private async decide(connection: CloudConnection, pending: PendingSignal, dist: ReceivedDistribution, noStop: boolean,
+    meter: StepMeter): Promise<[ReceivedDistribution, boolean]> {
     if (pending.decision !== null) return [dist, false];
     let decision = this.decision(dist, pending.withheld, noStop);
     let overrun = false;
@@ -308,7 +276,7 @@ export class CollaborativeDecoder {
       }
     }
     pending.decision = decision;
-    if (!pending.withheld) this.budget.recordRelease(pending.step, decision.signal, dist);
+    if (!pending.withheld) this.decider.recordRelease(pending.step, decision.signal, dist);
     return [dist, overrun];
   }
 
@@ -318,7 +286,7 @@ export class CollaborativeDecoder {
     const signal = pending.decision!.signal;
     const step = pending.step;
     pending.sends++;
-    if (signal.kind === "upload") {
+    if (signal instanceof CloudUpload) {
       const certified = connection.picksCertified;
       const picked = await meter.waiting(() => connection.upload(step, signal, noStop));
       if (connection.picksCertified === certified) this.pacer.restart(performance.now());
@@ -328,11 +296,11 @@ export class CollaborativeDecoder {
     return [signal.tokenId, this.stop.ids.has(signal.tokenId) || step + 1 >= maxSteps];
   }
 
-  private record(pending: PendingSignal, dist: CloudDistribution, token: number): boolean {
+  private record(pending: PendingSignal, dist: ReceivedDistribution, token: number): boolean {
     const decision = pending.decision!;
     this.meter.observe(decision.exposure);
-    if (decision.signal.kind === "token") this.meter.observe([token]);
-    return this.budget.countSteered(decision.signal, dist);
+    if (!(decision.signal instanceof CloudUpload)) this.meter.observe([token]);
+    return this.decider.countSteered(decision.signal, dist);
   }
 
   /** Append `token`; whether the generation has ended (the SLM's next step runs after the send). */
@@ -342,7 +310,7 @@ export class CollaborativeDecoder {
       finished = true;
       this.finishReason = "stop_rule";
     }
-    if (!finished) await meter.onEdge(() => this.view.advance(token));
+    if (!finished) await meter.onEdge(async () => void (this.row = this.view(await this.slm.append(token))));
     return finished;
   }
 
@@ -362,47 +330,12 @@ export class CollaborativeDecoder {
 
   // -- the decide step ----------------------------------------------------------------------------------------
 
-  /** The step's decision, or `null` when the policy reads the full row and `dist` is sparse. */
-  private decision(dist: CloudDistribution, withheld: boolean, noStop: boolean): StepDecision | null {
-    const stops = noStop && this.settings.mode === "edge" ? this.stop.idArray() : null;
-    let signal: Signal;
-    if (withheld) signal = this.cloudOnlySignal(dist, stops);
-    else if (!dist.isFull && this.policy.needsFullRow(this.settings.mode)) return null;
-    else signal = this.policySignal(dist, stops);
-    return { signal, exposure: stepExposure(signal, dist, this.settings.exposureK) };
-  }
-
-  /** `row` with the stop ids at the space's lowest value (a copy when any). */
-  private restrict(row: Float32Array, stops: Int32Array | null): Float32Array {
-    if (stops === null) return row;
-    const out = row.slice();
-    for (const id of stops) out[id] = this.view.lowest;
-    return out;
-  }
-
-  /** The budget is spent: what the cloud could have produced alone (nothing uploaded, or its own best token). */
-  private cloudOnlySignal(dist: CloudDistribution, stops: Int32Array | null): Signal {
-    if (this.settings.mode === "cloud") return { kind: "upload", ids: new Int32Array(0), values: new Float32Array(0) };
-    let token = dist.topId();
-    if (stops !== null && this.stop.ids.has(token)) {
-      const row = dist.lowerDense(this.slm.vocabSize, this.llmBuffer, this.view.lowest);
-      token = argmax(this.restrict(row, stops));
-    }
-    return { kind: "token", tokenId: token };
-  }
-
-  /** The policy's signal from the SLM's view and the cloud's row (omitted ids at the public fill). */
-  private policySignal(dist: CloudDistribution, stops: Int32Array | null): Signal {
-    const row = this.view.row;
-    if (row === null) throw new Error("the SLM prefills before the first step");
-    const pSlm = this.restrict(row, stops);
-    const pLlm = this.restrict(dist.filled(this.slm.vocabSize, this.policy.space, this.llmBuffer), stops);
-    let signal = this.policy.decide(this.settings.mode, pSlm, pLlm, { alpha: this.settings.alpha, rng: this.rng });
-    if (signal.kind === "upload" && signal.ids.length >= this.slm.vocabSize &&
-      (this.policy.space === "prob" || this.view.maskedCount)) {
-      signal = largest(signal, FULL_UPLOAD_LIMIT); // every id listed: masked ones (at the floor) would stand out
-    }
-    return signal;
+  /** The step's decision (the core's decide step), or `null` when the policy reads the full row and `dist` is
+   * sparse.  `noStop` edge-side: end ids are out of the choice this step (cloud-side the cloud is told). */
+  private decision(dist: ReceivedDistribution, withheld: boolean, noStop: boolean): StepDecision | null {
+    if (this.row === null) throw new Error("the SLM prefills before the first step");
+    const stops = noStop && this.settings.mode === "edge" ? [...this.stop.idArray()] : null;
+    return this.decider.decide(this.row, dist, withheld, stops);
   }
 }
 

@@ -3,7 +3,7 @@
  * and the same defaults); a call overrides a copy, and a name that is not a setting is refused.
  */
 
-import type { FusionMode } from "../wire/index.js";
+import type { FusionMode } from "../policies/base.js";
 
 export interface DecodeSettings {
   /** fusion mode: "cloud" (the cloud fuses and picks) or "edge" */

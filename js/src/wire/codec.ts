@@ -5,7 +5,10 @@
 
 import { create, toBinary } from "@bufbuild/protobuf";
 import { idsFromBytes, idsToBytes, valuesFromBytes, valuesToBytes } from "./bytes.js";
-import { CloudDistribution } from "./distribution.js";
+import { checkFinite } from "../core/fusion.js";
+import type { CloudUpload } from "../policies/base.js";
+import { FULL_UPLOAD_LIMIT } from "../privacy/masking.js";
+import { ReceivedDistribution } from "./distribution.js";
 import {
   EdgeMessageSchema,
   FusionMode as PbFusionMode,
@@ -15,16 +18,10 @@ import {
   type SessionOpened,
   type TokenChosen,
 } from "./gen/coveil_pb.js";
-import { PROTOCOL_VERSION, type CloudUpload, type SessionInfo, type SessionRequest } from "./session.js";
+import { PROTOCOL_VERSION, type SessionInfo, type SessionRequest } from "./session.js";
 
 /** The most alternatives a token's log-probabilities list (Python: `edge_sdk.logprobs.MAX_TOP_LOGPROBS`). */
 export const MAX_TOP_LOGPROBS = 20;
-/**
- * The most values a probability-space upload of the whole vocabulary keeps when it must be cut (Python:
- * `edge_sdk.masking.FULL_UPLOAD_LIMIT`).
- */
-export const FULL_UPLOAD_LIMIT = 1000;
-
 /** A token's log-probability under the row it was picked from, and the row's best ids with theirs. */
 export interface TokenLogprobs {
   tokenId: number;
@@ -76,25 +73,8 @@ export function decodeOpened(msg: SessionOpened): SessionInfo {
   };
 }
 
-/** `values` (what `what` names) if every one is finite, else a `RangeError` naming the first culprit. */
-export function checkFinite<T extends ArrayLike<number>>(values: T, what: string): T {
-  let bad = 0;
-  let first = -1;
-  for (let i = 0; i < values.length; i++) {
-    if (!Number.isFinite(values[i])) {
-      bad++;
-      if (first < 0) first = i;
-    }
-  }
-  if (bad) {
-    throw new RangeError(`${what} holds ${bad} non-finite value(s) (first at id ${first}: ${values[first]}); ` +
-      "refusing to rank or fuse it");
-  }
-  return values;
-}
-
 /** A `Distribution` checked and parsed; `RangeError` naming what is malformed. */
-export function decodeDistribution(msg: Distribution, vocabSize: number): CloudDistribution {
+export function decodeDistribution(msg: Distribution, vocabSize: number): ReceivedDistribution {
   const assumes = msg.assumesToken ?? null;
   const step = Number(msg.step);
   const forwardNs = Number(msg.forwardNs);
@@ -104,7 +84,7 @@ export function decodeDistribution(msg: Distribution, vocabSize: number): CloudD
       throw new RangeError(`full distribution has ${dense.length} entries, vocabulary has ${vocabSize}`);
     }
     checkFinite(dense, "the cloud's full distribution");
-    return new CloudDistribution(step, undefined, undefined, 0, 0, dense, forwardNs, assumes);
+    return new ReceivedDistribution(step, new Int32Array(0), new Float32Array(0), 0, 0, dense, forwardNs, assumes);
   }
   const ids = idsFromBytes(msg.ids);
   const values = valuesFromBytes(msg.values);
@@ -125,7 +105,7 @@ export function decodeDistribution(msg: Distribution, vocabSize: number): CloudD
     throw new RangeError("the cloud's tail bound exceeds a value it sent");
   }
   if (new Set(ids).size !== ids.length) throw new RangeError("the cloud's sparse distribution lists an id twice");
-  return new CloudDistribution(step, ids, values, msg.tailBound, msg.tailMass, null, forwardNs, assumes);
+  return new ReceivedDistribution(step, Int32Array.from(ids), values, msg.tailBound, msg.tailMass, null, forwardNs, assumes);
 }
 
 /**

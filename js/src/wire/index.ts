@@ -1,6 +1,6 @@
 /** The wire: the types generated at build from `proto/coveil.proto` by protobuf-es (`npm run generate`), and the
- * edge's codec over them.  `FusionMode`, `FusionSpace` and `TokenLogprobs` name the codec's types here (the
- * generated enums and message are `PbFusionMode`, `PbFusionSpace`, `PbTokenLogprobs`). */
+ * edge's codec over them.  `TokenLogprobs` names the codec's type here (the generated message is
+ * `PbTokenLogprobs`; the generated enums are also `PbFusionMode`, `PbFusionSpace`). */
 export * from "./gen/coveil_pb.js";
 export {
   FusionMode as PbFusionMode,
@@ -12,4 +12,3 @@ export * from "./codec.js";
 export type { TokenLogprobs } from "./codec.js";
 export * from "./distribution.js";
 export * from "./session.js";
-export type { FusionMode, FusionSpace } from "./session.js";

@@ -1,29 +1,13 @@
 /**
- * What the two ends say when a session opens (Python: `edge_sdk.wire.SessionRequest`, `SessionInfo`), and the
- * signals the edge sends (Python: `edge_sdk.policies.base.CloudUpload`, `SyncedToken`).
+ * What the two ends say when a session opens (Python: `edge_sdk.wire.SessionRequest`, `SessionInfo`).
  */
 
-export type FusionMode = "cloud" | "edge";
-export type FusionSpace = "prob" | "logit";
+import type { FusionSpace } from "../core/fusion.js";
+import type { FusionMode } from "../policies/base.js";
 
 export const PROTOCOL_VERSION = 1;
 /** The deepest run-ahead an edge accepts unless told otherwise; the cloud's own cap too. */
 export const MAX_LOOKAHEAD = 8;
-
-/** Cloud-side fusion: the SLM values the cloud observes, exactly `(ids, values)` (ids unique, ascending). */
-export interface CloudUpload {
-  readonly kind: "upload";
-  readonly ids: Int32Array;
-  readonly values: Float32Array;
-}
-
-/** Edge-side fusion: the one token id appended to the shared prefix. */
-export interface SyncedToken {
-  readonly kind: "token";
-  readonly tokenId: number;
-}
-
-export type Signal = CloudUpload | SyncedToken;
 
 /** Everything the edge tells the cloud when it opens a session (all of it public). */
 export interface SessionRequest {
