@@ -14,6 +14,8 @@ import {
   paddingEntries,
   valuesToBytes,
   idsToBytes,
+  idsFromBytes,
+  valuesFromBytes,
 } from "../src/wire/index.js";
 
 const hex = (bytes: Uint8Array) => Buffer.from(bytes).toString("hex");
@@ -58,6 +60,14 @@ describe("the codec writes the bytes Python's edge_sdk.wire writes", () => {
     const body = every.kind.case === "signal" && every.kind.value.signal.case === "upload" ? every.kind.value.signal.value : null;
     expect(body?.dense).toBe(true);
     expect(body?.ids.length).toBe(0);
+  });
+});
+
+describe("arrays", () => {
+  it("reads ids and values out of a Node Buffer that is a view into a larger pool", () => {
+    const pool = Buffer.from("ffffffff0100000002000000", "hex").subarray(4); // Buffer.slice would not copy either
+    expect(Array.from(idsFromBytes(pool))).toEqual([1, 2]);
+    expect(Array.from(valuesFromBytes(Buffer.from("ffff0000803f", "hex").subarray(2)))).toEqual([1]);
   });
 });
 

@@ -23,17 +23,24 @@ function checkWords(data: Uint8Array, what: string): void {
   if (data.length % 4) throw new RangeError(`${what} bytes must be a multiple of 4 long, got ${data.length}`);
 }
 
+/** `data`'s bytes in a fresh, aligned buffer of their own (a Node `Buffer`'s `slice` is a view of its pool). */
+function copied(data: Uint8Array): Uint8Array {
+  const copy = new Uint8Array(data.length);
+  copy.set(data);
+  return copy;
+}
+
 /** Little-endian `uint32` bytes as ids (a copy, aligned); `RangeError` when not a whole number of words. */
 export function idsFromBytes(data: Uint8Array): Uint32Array {
   checkWords(data, "id");
-  const copy = data.slice();
+  const copy = copied(data);
   return new Uint32Array(LITTLE_ENDIAN ? copy.buffer : swapped(copy).buffer, 0, data.length / 4);
 }
 
 /** Little-endian `float32` bytes as values (a copy, aligned); `RangeError` when not a whole number of words. */
 export function valuesFromBytes(data: Uint8Array): Float32Array {
   checkWords(data, "value");
-  const copy = data.slice();
+  const copy = copied(data);
   return new Float32Array(LITTLE_ENDIAN ? copy.buffer : swapped(copy).buffer, 0, data.length / 4);
 }
 
