@@ -1,7 +1,8 @@
 import { describe, expect, it } from "vitest";
 import { Inbox } from "../src/carriers/channel.js";
 import { WebSocketChannel, bearerSubprotocol, closeError, type WebSocketFactory, type WebSocketLike } from "../src/carriers/websocket.js";
-import { isLoopback, channelCredentials } from "../src/carriers/grpc.js";
+import * as grpc from "@grpc/grpc-js";
+import { GrpcChannel, isLoopback, channelCredentials } from "../src/carriers/grpc.js";
 import { CloudError } from "../src/core/errors.js";
 
 /** A socket the test drives by hand. */
@@ -123,5 +124,57 @@ describe("the inbox and the gRPC carrier's checks", () => {
     expect(["10.0.0.1:1", "cloud.example:443", "ipv4:127.0.0.1:1,10.0.0.2:1"].some(isLoopback)).toBe(false);
     expect(() => channelCredentials("cloud.example:443", { plaintext: true })).toThrow(/not a loopback address/);
     expect(() => channelCredentials("localhost:1", { plaintext: true, token: " " })).toThrow(/empty bearer token/);
+  });
+});
+
+describe("the gRPC carrier keeps the carrier contract", () => {
+  /** A grpc.Client stand-in: counts the streams begun, holds each write's callback until the test releases it. */
+  function fakeClient() {
+    const begun: string[] = [];
+    const callbacks: Array<() => void> = [];
+    const listeners = new Map<string, (value: unknown) => void>();
+    const call = {
+      on(event: string, listener: (value: unknown) => void) {
+        listeners.set(event, listener);
+        return call;
+      },
+      write(_message: Uint8Array, callback: () => void) {
+        callbacks.push(callback);
+        return true;
+      },
+      end() {},
+      cancel() {},
+    };
+    const client = {
+      makeBidiStreamRequest(method: string) {
+        begun.push(method);
+        return call;
+      },
+    };
+    return { client: client as unknown as grpc.Client, begun, callbacks, listeners };
+  }
+
+  it("begins the Decode stream at the first send, and send resolves only once gRPC has written the message", async () => {
+    const { client, begun, callbacks } = fakeClient();
+    const channel = new GrpcChannel(client, new grpc.Metadata(), null);
+    expect(begun).toEqual([]);
+    let resolved = false;
+    const sending = channel.send(new Uint8Array([1])).then(() => (resolved = true));
+    expect(begun).toEqual(["/coveil.v1.CollaborativeDecoding/Decode"]);
+    await new Promise((r) => setTimeout(r, 5));
+    expect(resolved).toBe(false);
+    callbacks[0]();
+    await sending;
+    expect(resolved).toBe(true);
+  });
+
+  it("the status a stream ends with is the CloudError the edge receives, after the messages before it", async () => {
+    const { client, listeners } = fakeClient();
+    const channel = new GrpcChannel(client, new grpc.Metadata(), null);
+    void channel.send(new Uint8Array([1]));
+    listeners.get("data")!(new Uint8Array([5]));
+    listeners.get("status")!({ code: grpc.status.RESOURCE_EXHAUSTED, details: "too many sessions", metadata: new grpc.Metadata() });
+    expect(Array.from(await channel.receive())).toEqual([5]);
+    await expect(channel.receive()).rejects.toMatchObject({ code: "RESOURCE_EXHAUSTED", detail: "too many sessions", retryable: false });
   });
 });
