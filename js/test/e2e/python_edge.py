@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import grpc
 
+from edge_sdk._wire.coveil_pb2 import CloudMessage, EdgeMessage
 from edge_sdk.backends.llama_cpp import LlamaCppSLM
 from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.decoding import CollaborativeDecoder
@@ -26,16 +28,16 @@ MEDPRIV = Path("/work/shared/data/decodeleak/MEDPRIV.jsonl")
 class RecordingChannel(GrpcChannel):
     """A gRPC channel that keeps every message's bytes, each direction."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.sent: list[str] = []
         self.received: list[str] = []
 
-    def send(self, message) -> None:
+    def send(self, message: EdgeMessage) -> None:
         self.sent.append(message.SerializeToString().hex())
         super().send(message)
 
-    def receive(self):
+    def receive(self) -> CloudMessage:
         message = super().receive()
         self.received.append(message.SerializeToString().hex())
         return message
