@@ -74,24 +74,8 @@ export class NodeLlamaCppSLM implements SLMBackend {
     return this.model.detokenize(ids as Token[], false);
   }
 
-  /** sha256 over the token strings in id order, each UTF-8 and length-prefixed, U+2581 read as a space, then
-   * their count (Python:
-   * `edge_sdk.models.vocab_fingerprint`). */
   async vocabFingerprint(): Promise<Uint8Array> {
-    if (this.fingerprint === null) {
-      const digest = createHash("sha256");
-      const length = Buffer.alloc(4);
-      for (const token of this.tokenStrings) {
-        const data = Buffer.from(token.replaceAll("\u2581", " "), "utf8");
-        length.writeUInt32LE(data.length);
-        digest.update(length);
-        digest.update(data);
-      }
-      const count = Buffer.alloc(8);
-      count.writeBigUInt64LE(BigInt(this.tokenStrings.length));
-      digest.update(count);
-      this.fingerprint = new Uint8Array(digest.digest());
-    }
+    this.fingerprint ??= vocabFingerprint(this.tokenStrings);
     return this.fingerprint;
   }
 
@@ -129,6 +113,23 @@ export class NodeLlamaCppSLM implements SLMBackend {
     await this.context.dispose();
     await this.model.dispose();
   }
+}
+
+/** sha256 over the token strings in id order, each UTF-8 and length-prefixed, U+2581 read as a space, then their
+ * count (Python: `edge_sdk.models.vocab_fingerprint`): what the cloud checks the edge's vocabulary by. */
+export function vocabFingerprint(tokens: readonly string[]): Uint8Array {
+  const digest = createHash("sha256");
+  const length = Buffer.alloc(4);
+  for (const token of tokens) {
+    const data = Buffer.from(token.replaceAll("\u2581", " "), "utf8");
+    length.writeUInt32LE(data.length);
+    digest.update(length);
+    digest.update(data);
+  }
+  const count = Buffer.alloc(8);
+  count.writeBigUInt64LE(BigInt(tokens.length));
+  digest.update(count);
+  return new Uint8Array(digest.digest());
 }
 
 /** Every tokenizer entry's string in id order, as the GGUF lists them (`tokenizer.ggml.tokens`). */
