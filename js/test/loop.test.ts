@@ -147,4 +147,45 @@ describe("the loop of named steps", () => {
       { slmPrompt: [1], cloudPrompt: [1] })).toThrow(/probabilities only/);
     expect(() => decoder("edge", { alpha: 2 })).toThrow(/alpha/); // the core's check, at construction
   });
+
+  it("a stopping rule: no end while it disallows one (edge-side the end ids leave the choice), and it ends the generation", async () => {
+    const cloud = new ScriptedCloud({ rows: CLOUD_ROWS });
+    // the table SLM detokenizes to "1,3,...": no end before 3 tokens; done at 4
+    const rule = { allowsEnd: (text: string) => text.split(",").length >= 3, isDone: (text: string) => text.split(",").length >= 4 };
+    const d = new CollaborativeDecoder(new TableSLM(SLM_ROWS), new Undefended(), { mode: "edge", maxNewTokens: 8, topM: 2, exposureK: 2, autoPaceMs: null },
+      { slmPrompt: [1, 2, 3], cloudPrompt: [2, 3], stopping: rule });
+    const events = await collect(d.steps(new CloudConnection(cloud.channel())));
+    // step 2 fused: id0 .66 (an end id, out of the choice), id1 .07 + .24 = .31 -> 1; step 3 (row 2 again): 0 is allowed
+    expect(events.map((e) => e.tokenId)).toEqual([1, 3, 1, 0]);
+    expect(d.finishReason).toBe("eos");
+    const d2 = new CollaborativeDecoder(new TableSLM(SLM_ROWS), new Undefended(), { mode: "edge", maxNewTokens: 8, topM: 2, exposureK: 2, autoPaceMs: null },
+      { slmPrompt: [1, 2, 3], cloudPrompt: [2, 3], stopping: { allowsEnd: () => false, isDone: (text: string) => text.split(",").length >= 3 } });
+    expect((await collect(d2.steps(new CloudConnection(new ScriptedCloud({ rows: CLOUD_ROWS }).channel())))).length).toBe(3);
+    expect(d2.finishReason).toBe("stop_rule");
+  });
+
+  it("paced: each signal leaves on the public grid, pace_ms apart at least, whatever the SLM took", async () => {
+    const cloud = new ScriptedCloud({ rows: CLOUD_ROWS });
+    const sentAt: number[] = [];
+    const channel = cloud.channel();
+    const send = channel.send.bind(channel);
+    channel.send = (bytes: Uint8Array) => {
+      sentAt.push(performance.now());
+      return send(bytes);
+    };
+    const d = decoder("edge", { paceMs: 40 });
+    await collect(d.steps(new CloudConnection(channel)));
+    // signal k leaves at the grid's k-th point or later: the grid starts when the open's answer came (after the open
+    // left), so k * 40 ms after the open at least (a timer fires up to 1 ms early)
+    expect(sentAt.length).toBe(4);
+    sentAt.slice(1).forEach((t, k) => expect(t - sentAt[0]).toBeGreaterThanOrEqual(40 * (k + 1) - 1));
+    // unpaced, the same decode sends at once
+    const quick: number[] = [];
+    const other = new ScriptedCloud({ rows: CLOUD_ROWS }).channel();
+    const sendOther = other.send.bind(other);
+    other.send = (bytes: Uint8Array) => (quick.push(performance.now()), sendOther(bytes));
+    await collect(decoder("edge").steps(new CloudConnection(other)));
+    expect(quick[3] - quick[0]).toBeLessThan(3 * 40); // paced, the third signal leaves 120 ms after the open at least
+  });
 });
+
