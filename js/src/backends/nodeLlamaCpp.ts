@@ -1,0 +1,141 @@
+/**
+ * The edge SLM on `node-llama-cpp` (Node and Electron): a GGUF model holding one sequence, returning the next
+ * token's probabilities over the whole vocabulary at each step.
+ *
+ * `node-llama-cpp` hands out a step's row only as probabilities (its `controlledEvaluate` with
+ * `generateNext.probabilities`: the softmax of the raw logits under a greedy sampler, in float32), never the raw
+ * logits, so this backend's rows are probabilities (`rowKind`): probability-space policies run on it, a logit-space
+ * policy is refused when the decoder is built.
+ */
+
+import { createHash } from "node:crypto";
+import { availableParallelism } from "node:os";
+import type { Llama, LlamaContext, LlamaContextSequence, LlamaModel, Token } from "node-llama-cpp";
+import type { SLMBackend } from "./base.js";
+
+export interface NodeLlamaCppOptions {
+  /** the model's name in the open (for the cloud's errors and logs; default: the file's name) */
+  name?: string;
+  /** context window in tokens (private context + public query + generation) */
+  contextSize?: number;
+  /** prompt tokens per decode call during prefill (the Python backend's n_batch: the same cut, the same numbers) */
+  batchSize?: number;
+  /** decode threads (default: the CPUs this process may use, at most 8, as the Python backend; node-llama-cpp's own
+   * default can exceed them, and spinning threads on shared cores slowed a step 50-fold here) */
+  threads?: number;
+  /** an existing `getLlama()` instance (default: a CPU one, never building from source) */
+  llama?: Llama;
+}
+
+/** A trailing run of these is the padding of a model's output matrix past its tokenizer. */
+const PADDING_PIECE = /^\[PAD\d+\]$/;
+
+export class NodeLlamaCppSLM implements SLMBackend {
+  readonly rowKind = "probabilities" as const;
+  private fingerprint: Uint8Array | null = null;
+
+  private constructor(
+    readonly name: string,
+    readonly vocabSize: number,
+    readonly eosTokenIds: ReadonlySet<number>,
+    private readonly model: LlamaModel,
+    private readonly context: LlamaContext,
+    private readonly sequence: LlamaContextSequence,
+    private readonly tokenStrings: readonly string[],
+  ) {}
+
+  /** Load `modelPath` (a GGUF file). */
+  static async load(modelPath: string, options: NodeLlamaCppOptions = {}): Promise<NodeLlamaCppSLM> {
+    const { getLlama } = await import("node-llama-cpp");
+    const llama = options.llama ?? (await getLlama({ gpu: false, build: "never", logLevel: "error" as never }));
+    const model = await llama.loadModel({ modelPath });
+    const context = await model.createContext({
+      contextSize: options.contextSize ?? 2048,
+      batchSize: options.batchSize ?? 256,
+      threads: options.threads ?? Math.max(1, Math.min(8, availableParallelism())),
+    });
+    const tokens = tokenStrings(model);
+    let vocabSize = tokens.length;
+    while (vocabSize && PADDING_PIECE.test(tokens[vocabSize - 1])) vocabSize--;
+    const eos = new Set<number>();
+    for (let id = 0; id < vocabSize; id++) if (model.isEogToken(id as Token)) eos.add(id);
+    if (!eos.size && model.tokens.eos !== null) eos.add(model.tokens.eos);
+    const name = options.name ?? modelPath.split(/[\\/]/).pop() ?? modelPath;
+    return new NodeLlamaCppSLM(name, vocabSize, eos, model, context, context.getSequence(), tokens.slice(0, vocabSize));
+  }
+
+  async tokenize(text: string, { addBos }: { addBos: boolean }): Promise<number[]> {
+    const ids: number[] = this.model.tokenize(text, false);
+    const bos = this.model.tokens.bos;
+    return addBos && bos !== null && this.model.tokens.shouldPrependBosToken ? [bos, ...ids] : ids;
+  }
+
+  async detokenize(ids: readonly number[]): Promise<string> {
+    return this.model.detokenize(ids as Token[], false);
+  }
+
+  async vocabFingerprint(): Promise<Uint8Array> {
+    this.fingerprint ??= vocabFingerprint(this.tokenStrings);
+    return this.fingerprint;
+  }
+
+  /** Make the sequence `ids`, evaluated from an empty cache (the result depends on `ids` alone). */
+  async prefill(ids: readonly number[]): Promise<Float32Array> {
+    if (!ids.length) throw new RangeError("prefill needs at least one token");
+    if (ids.length >= this.context.contextSize) {
+      throw new RangeError(`prompt of ${ids.length} tokens does not fit the context window n_ctx=${this.context.contextSize}`);
+    }
+    await this.sequence.clearHistory();
+    return this.evaluate(ids as Token[]);
+  }
+
+  async append(tokenId: number): Promise<Float32Array> {
+    if (!this.sequence.nextTokenIndex) throw new Error("append before prefill: the sequence is empty");
+    if (this.sequence.nextTokenIndex + 1 >= this.context.contextSize) {
+      throw new RangeError(`the context window n_ctx=${this.context.contextSize} is full`);
+    }
+    return this.evaluate([tokenId as Token]);
+  }
+
+  /** Evaluate `ids` onto the sequence; the next token's probabilities by id. */
+  private async evaluate(ids: Token[]): Promise<Float32Array> {
+    const last = ids.length - 1;
+    const input = ids.map((id, i) => (i === last ? ([id, { generateNext: { probabilities: true } }] as const) : id));
+    const output = await this.sequence.controlledEvaluate(input as never);
+    const probabilities = output[last]?.next?.probabilities;
+    if (probabilities === undefined) throw new Error("node-llama-cpp returned no probabilities for the last position");
+    const row = new Float32Array(this.vocabSize);
+    for (const [id, p] of probabilities) if (id < this.vocabSize) row[id] = p;
+    return row;
+  }
+
+  async close(): Promise<void> {
+    await this.context.dispose();
+    await this.model.dispose();
+  }
+}
+
+/** sha256 over the token strings in id order, each UTF-8 and length-prefixed, U+2581 read as a space, then their
+ * count (Python: `edge_sdk.models.vocab_fingerprint`): what the cloud checks the edge's vocabulary by. */
+export function vocabFingerprint(tokens: readonly string[]): Uint8Array {
+  const digest = createHash("sha256");
+  const length = Buffer.alloc(4);
+  for (const token of tokens) {
+    const data = Buffer.from(token.replaceAll("\u2581", " "), "utf8");
+    length.writeUInt32LE(data.length);
+    digest.update(length);
+    digest.update(data);
+  }
+  const count = Buffer.alloc(8);
+  count.writeBigUInt64LE(BigInt(tokens.length));
+  digest.update(count);
+  return new Uint8Array(digest.digest());
+}
+
+/** Every tokenizer entry's string in id order, as the GGUF lists them (`tokenizer.ggml.tokens`). */
+function tokenStrings(model: LlamaModel): readonly string[] {
+  const metadata = model.fileInfo.metadata as { tokenizer?: { ggml?: { tokens?: readonly string[] } } };
+  const tokens = metadata.tokenizer?.ggml?.tokens;
+  if (!Array.isArray(tokens) || !tokens.length) throw new Error("the GGUF lists no tokenizer.ggml.tokens");
+  return tokens;
+}

@@ -1,0 +1,149 @@
+/**
+ * The gRPC carrier for Node and Electron (`@grpc/grpc-js`): one `CollaborativeDecoding.Decode` bidirectional
+ * stream per session (Python: `edge_sdk.transport.GrpcChannel`, the channel options of `EdgeClient`).
+ */
+
+import * as grpc from "@grpc/grpc-js";
+import { CloudError, RETRYABLE_CODES } from "../core/errors.js";
+import { Inbox, streamEnded, type MessageChannel } from "./channel.js";
+
+/** The method every session streams on (`proto/coveil.proto`). */
+export const DECODE_METHOD = "/coveil.v1.CollaborativeDecoding/Decode";
+
+/** How to authenticate to a cloud adapter (Python: `edge_sdk.client.Credentials`). TLS unless `plaintext`, which is
+ * accepted only for a loopback address. */
+export interface Credentials {
+  /** sent as `authorization: Bearer <token>` */
+  token?: string;
+  /** PEM of the CA that signed the server's certificate (default: the system's roots) */
+  rootCert?: Uint8Array;
+  clientCert?: Uint8Array;
+  clientKey?: Uint8Array;
+  plaintext?: boolean;
+}
+
+/** Whether a gRPC target names this machine: `localhost`, `127.0.0.0/8`, `[::1]` or a Unix socket. */
+export function isLoopback(address: string): boolean {
+  if (address.startsWith("unix:")) return true;
+  if (address.startsWith("ipv4:") || address.startsWith("ipv6:")) return address.slice(5).split(",").every(isLoopback);
+  const colons = address.split(":").length - 1;
+  let host = colons === 1 || address.startsWith("[") ? address.slice(0, address.lastIndexOf(":")) : address;
+  host = host.replace(/^\[|\]$/g, "").toLowerCase();
+  return host === "localhost" || /^127\.\d+\.\d+\.\d+$/.test(host) || host === "::1";
+}
+
+/** Checks credentials as Python's `Credentials.__post_init__` does; the channel credentials for `target`. */
+export function channelCredentials(target: string, credentials: Credentials): grpc.ChannelCredentials {
+  if (credentials.token !== undefined && !credentials.token.trim()) {
+    throw new RangeError("an empty bearer token authenticates nobody: pass no token for none");
+  }
+  if ((credentials.clientCert === undefined) !== (credentials.clientKey === undefined)) {
+    throw new RangeError("clientCert and clientKey go together (mutual TLS)");
+  }
+  if (credentials.plaintext) {
+    if (credentials.rootCert !== undefined || credentials.clientCert !== undefined) {
+      throw new RangeError("plaintext cannot use TLS material (rootCert, clientCert)");
+    }
+    if (!isLoopback(target)) {
+      throw new RangeError(`refusing plaintext to ${target}: it is not a loopback address; give the adapter's CA ` +
+        "(rootCert) or rely on the system's trust roots");
+    }
+    return grpc.credentials.createInsecure();
+  }
+  const buffer = (pem?: Uint8Array) => (pem === undefined ? null : Buffer.from(pem));
+  return grpc.credentials.createSsl(buffer(credentials.rootCert), buffer(credentials.clientKey), buffer(credentials.clientCert));
+}
+
+/** A status as the edge receives it. */
+function statusError(status: Partial<grpc.StatusObject>): CloudError {
+  const code = grpc.status[status.code ?? grpc.status.UNKNOWN] ?? "UNKNOWN";
+  return new CloudError(code, status.details ?? "", { retryable: RETRYABLE_CODES.has(code) });
+}
+
+/** One `Decode` stream on a gRPC client, begun by the first {@link send}. */
+export class GrpcChannel implements MessageChannel {
+  readonly crossesNetwork = true;
+  private call: grpc.ClientDuplexStream<Uint8Array, Uint8Array> | null = null;
+  private readonly inbox = new Inbox();
+
+  constructor(
+    private readonly client: grpc.Client,
+    private readonly metadata: grpc.Metadata,
+    private readonly timeoutMs: number | null,
+  ) {}
+
+  private begun(): grpc.ClientDuplexStream<Uint8Array, Uint8Array> {
+    if (this.call === null) {
+      const options: grpc.CallOptions = this.timeoutMs === null ? {} : { deadline: Date.now() + this.timeoutMs };
+      const call = this.client.makeBidiStreamRequest<Uint8Array, Uint8Array>(
+        DECODE_METHOD,
+        (message) => Buffer.from(message.buffer, message.byteOffset, message.byteLength),
+        (data) => new Uint8Array(data.buffer, data.byteOffset, data.byteLength),
+        this.metadata,
+        options,
+      );
+      call.on("data", (message: Uint8Array) => this.inbox.push(message));
+      call.on("error", (error: grpc.ServiceError) => this.inbox.end(statusError(error)));
+      // every call ends with its status (OK: the cloud ended the stream after its last message)
+      call.on("status", (status: grpc.StatusObject) =>
+        this.inbox.end(status.code === grpc.status.OK ? streamEnded() : statusError(status)));
+      this.call = call;
+    }
+    return this.call;
+  }
+
+  /** Resolves once gRPC has written the message to the transport (its write callback), or the stream has ended
+   * (`receive` then reports why). */
+  send(message: Uint8Array): Promise<void> {
+    const call = this.begun();
+    return new Promise((resolve) => {
+      if (this.inbox.isEnded) {
+        resolve();
+        return;
+      }
+      call.write(message, () => resolve());
+    });
+  }
+
+  receive(): Promise<Uint8Array> {
+    this.begun();
+    return this.inbox.next();
+  }
+
+  close(): void {
+    if (this.call !== null) {
+      this.call.end();
+      this.call.cancel();
+    }
+  }
+}
+
+/** Reconnect backoff on the adapter's channel, first and longest (ms), as the Python client sets it. */
+export const RECONNECT_BACKOFF_MS = [500, 2000] as const;
+
+/** A gRPC client to one cloud adapter; {@link channel} begins a session's stream. */
+export class GrpcCarrier {
+  private readonly client: grpc.Client;
+  private readonly metadata = new grpc.Metadata();
+
+  constructor(readonly target: string, credentials: Credentials = {}, readonly timeoutMs: number | null = 900_000) {
+    this.client = new grpc.Client(target, channelCredentials(target, credentials), {
+      "grpc.max_receive_message_length": 64 << 20,
+      "grpc.max_send_message_length": 64 << 20,
+      "grpc.keepalive_time_ms": 20_000,
+      "grpc.keepalive_timeout_ms": 10_000,
+      "grpc.keepalive_permit_without_calls": 1,
+      "grpc.initial_reconnect_backoff_ms": RECONNECT_BACKOFF_MS[0],
+      "grpc.max_reconnect_backoff_ms": RECONNECT_BACKOFF_MS[1],
+    });
+    if (credentials.token !== undefined) this.metadata.set("authorization", `Bearer ${credentials.token}`);
+  }
+
+  channel(): GrpcChannel {
+    return new GrpcChannel(this.client, this.metadata, this.timeoutMs);
+  }
+
+  close(): void {
+    this.client.close();
+  }
+}

@@ -1,0 +1,119 @@
+/**
+ * The Python side of the end-to-end tests: a cloud adapter (`coveil-cloud serve`, the embedded model) started for
+ * the tests, the Python SDK's run of the same item (`python_edge.py`), the embedded GGUF's path.
+ *
+ * `COVEIL_PYTHON` names the Python with the CoVeil packages installed (default `python`); `COVEIL_CLOUD` an adapter
+ * already serving on loopback (then none is started).
+ */
+
+import { execFile, spawn, type ChildProcess } from "node:child_process";
+import { createServer, type AddressInfo } from "node:net";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
+import type { MessageChannel } from "../../src/carriers/channel.js";
+
+export const PYTHON = process.env.COVEIL_PYTHON ?? "python";
+const run = promisify(execFile);
+const here = dirname(fileURLToPath(import.meta.url));
+/** the repository's root: the Python packages import from there */
+export const REPO = join(here, "..", "..", "..");
+/** the checkout the adapter runs from (`COVEIL_ADAPTER_REPO`; default this one) */
+const ADAPTER_REPO = process.env.COVEIL_ADAPTER_REPO ?? REPO;
+
+/** The embedded GGUF's path and the name the Python SDK gives it (what its open says). */
+export async function embeddedGguf(): Promise<{ path: string; name: string }> {
+  const { stdout } = await run(PYTHON, ["-c", "from edge_sdk.models import embedded_model; m = embedded_model(); " +
+    "print(m.gguf_path); print(m.name)"], { cwd: REPO });
+  const [path, name] = stdout.trim().split("\n");
+  return { path, name };
+}
+
+export interface Adapter {
+  /** host:port (gRPC) */
+  target: string;
+  /** ws://host:port of the WebSocket route, when started with one */
+  wsUrl: string | null;
+  stop(): void;
+}
+
+/** A TCP port free on loopback now. */
+function freePort(): Promise<number> {
+  return new Promise((resolve) => {
+    const server = createServer().listen(0, "127.0.0.1", () => {
+      const { port } = server.address() as AddressInfo;
+      server.close(() => resolve(port));
+    });
+  });
+}
+
+/** Start `coveil-cloud serve` on free ports and wait until it serves (its log line names the port). */
+export async function startAdapter(extra: string[] = [], ws = false): Promise<Adapter> {
+  if (process.env.COVEIL_CLOUD) return { target: process.env.COVEIL_CLOUD, wsUrl: process.env.COVEIL_CLOUD_WS ?? null, stop() {} };
+  const args = ["-m", "cloud_adapter.cli", "serve", "--model", "embedded", "--port", "0", "--threads", "1", ...extra];
+  if (ws) args.push("--ws-port", String(await freePort())); // 0 turns the route off
+  const child: ChildProcess = spawn(PYTHON, args, { cwd: ADAPTER_REPO, stdio: ["ignore", "ignore", "pipe"] });
+  let log = "";
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`the adapter did not start within 240 s:\n${log}`)), 240_000);
+    child.on("exit", (code) => reject(new Error(`the adapter exited (${code}):\n${log}`)));
+    child.stderr!.on("data", (chunk: Buffer) => {
+      log += chunk.toString();
+      const port = /serving address=\S+ port=(\d+)/.exec(log);
+      const wsPort = /serving_websocket port=(\d+)/.exec(log);
+      if (port && (!ws || wsPort)) {
+        clearTimeout(timer);
+        resolve({
+          target: `127.0.0.1:${port[1]}`,
+          wsUrl: wsPort ? `ws://127.0.0.1:${wsPort[1]}` : null,
+          stop: () => child.kill("SIGTERM"),
+        });
+      }
+    });
+  });
+}
+
+export interface PythonRun {
+  slm_prompt: number[];
+  cloud_prompt: number[];
+  tokens: number[];
+  finish_reason: string;
+  sent: string[];
+  received: string[];
+}
+
+/** The Python SDK's decode of MedPriv item `item` against `target` (see python_edge.py). */
+export async function pythonEdge(target: string, item: number, options: { mode: string; maxNewTokens: number;
+  canary?: string; lookahead?: number; token?: string }): Promise<PythonRun> {
+  const { stdout } = await run(PYTHON, [join(here, "python_edge.py"), "--cloud", target, "--item", String(item),
+    "--mode", options.mode, "--max-new-tokens", String(options.maxNewTokens), "--canary", options.canary ?? "",
+    "--lookahead", String(options.lookahead ?? 0), "--token", options.token ?? ""], { cwd: REPO, maxBuffer: 1 << 28, env: { ...process.env, PYTHONPATH: REPO } });
+  return JSON.parse(stdout) as PythonRun;
+}
+
+/** A channel that keeps every message's bytes as hex, each direction. */
+export class RecordingChannel implements MessageChannel {
+  readonly sent: string[] = [];
+  readonly received: string[] = [];
+
+  constructor(private readonly inner: MessageChannel) {}
+
+  get crossesNetwork(): boolean {
+    return this.inner.crossesNetwork;
+  }
+
+  send(message: Uint8Array): Promise<void> {
+    this.sent.push(Buffer.from(message).toString("hex"));
+    return this.inner.send(message);
+  }
+
+  async receive(): Promise<Uint8Array> {
+    const message = await this.inner.receive();
+    this.received.push(Buffer.from(message).toString("hex"));
+    return message;
+  }
+
+  close(): void {
+    this.inner.close();
+  }
+}

@@ -1,0 +1,135 @@
+/**
+ * End to end in Node over gRPC: the TypeScript SDK (node-llama-cpp on the embedded GGUF) against the Python adapter
+ * gives the Python SDK's greedy tokens and sends the same bytes, for the same MedPriv items; a canary in the private
+ * context appears in no message.
+ */
+
+import { readFileSync } from "node:fs";
+import { fromBinary } from "@bufbuild/protobuf";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { EdgeMessageSchema, idsFromBytes, valuesFromBytes } from "../../src/wire/index.js";
+import { NodeLlamaCppSLM } from "../../src/backends/nodeLlamaCpp.js";
+import { GrpcCarrier } from "../../src/carriers/grpc.js";
+import { CloudConnection } from "../../src/loop/connection.js";
+import { CollaborativeDecoder } from "../../src/loop/decoder.js";
+import type { Policy } from "../../src/policies/base.js";
+import { makePolicy } from "../../src/policies/index.js";
+import { Undefended } from "../../src/policies/undefended.js";
+import { RecordingChannel, embeddedGguf, pythonEdge, startAdapter, type Adapter } from "./adapter.js";
+
+const MEDPRIV = "/work/shared/data/decodeleak/MEDPRIV.jsonl";
+const items = readFileSync(process.env.COVEIL_MEDPRIV ?? MEDPRIV, "utf8").split("\n").filter(Boolean).map((line) => JSON.parse(line));
+
+
+let adapter: Adapter;
+let slm: NodeLlamaCppSLM;
+let carrier: GrpcCarrier;
+
+beforeAll(async () => {
+  [adapter, slm] = await Promise.all([startAdapter(), embeddedGguf().then(({ path, name }) => NodeLlamaCppSLM.load(path, { name }))]);
+  carrier = new GrpcCarrier(adapter.target, { plaintext: true });
+}, 300_000);
+
+afterAll(async () => {
+  carrier?.close();
+  await slm?.close();
+  adapter?.stop();
+});
+
+/** The TypeScript SDK's decode of item `index`, recording what crossed the wire. */
+async function tsEdge(index: number, policy: Policy,
+  options: { mode: "cloud" | "edge"; maxNewTokens: number; canary?: string; lookahead?: number }) {
+  const item = items[index];
+  const query = `Question: ${item.public_query}\nAnswer:`;
+  const slmPrompt = await slm.tokenize(`${item.private_context}${options.canary ?? ""}\n\n${query}`, { addBos: true });
+  const cloudPrompt = await slm.tokenize(query, { addBos: true });
+  const decoder = new CollaborativeDecoder(slm, policy, { mode: options.mode, maxNewTokens: options.maxNewTokens, autoPaceMs: null },
+    { slmPrompt, cloudPrompt });
+  const channel = new RecordingChannel(carrier.channel());
+  const connection = new CloudConnection(channel, options.lookahead ?? 0);
+  try {
+    for await (const _event of decoder.steps(connection)) { /* decode to the end */ }
+  } finally {
+    await connection.close();
+  }
+  return { slmPrompt, cloudPrompt, decoder, channel, connection };
+}
+
+describe("the TypeScript SDK against the Python adapter over gRPC", () => {
+  for (const index of [0, 1]) {
+    it(`edge-side, MedPriv item ${index}: the Python SDK's greedy tokens and the same bytes up`, async () => {
+      const python = await pythonEdge(adapter.target, index, { mode: "edge", maxNewTokens: 12 });
+      const ts = await tsEdge(index, new Undefended(), { mode: "edge", maxNewTokens: 12 });
+      expect(ts.slmPrompt).toEqual(python.slm_prompt);
+      expect(ts.cloudPrompt).toEqual(python.cloud_prompt);
+      expect(ts.decoder.tokens).toEqual(python.tokens);
+      expect(ts.decoder.finishReason).toBe(python.finish_reason);
+      expect(ts.channel.sent).toEqual(python.sent); // open, each padded token, close: byte for byte
+      // what came back: the same messages but the session id and the cloud's forward times, in padded sizes
+      expect(ts.channel.received.map((m) => m.length)).toEqual(python.received.map((m) => m.length));
+    }, 300_000);
+  }
+
+  it("run-ahead (lookahead 8), edge-side, item 0: lockstep's tokens and, after the open, lockstep's bytes up", async () => {
+    const python = await pythonEdge(adapter.target, 0, { mode: "edge", maxNewTokens: 12 });
+    const ts = await tsEdge(0, new Undefended(), { mode: "edge", maxNewTokens: 12, lookahead: 8 });
+    expect(ts.decoder.tokens).toEqual(python.tokens);
+    expect(ts.channel.sent.slice(1)).toEqual(python.sent.slice(1)); // the open differs only in the depth asked for
+    expect(ts.connection.runAhead).toBe(true);
+  }, 300_000);
+
+  it("cloud-side, MedPriv item 0: the Python SDK's tokens; uploads of the same size, nearly the same ids and values", async () => {
+    // the two runtimes run two builds of llama.cpp (llama-cpp-python's, node-llama-cpp's): their probabilities
+    // differ (by up to 0.03 at the top here), so the uploaded values differ, and the cut of a whole-vocabulary
+    // upload to its 1000 largest values can differ among the smallest of them
+    const python = await pythonEdge(adapter.target, 0, { mode: "cloud", maxNewTokens: 8 });
+    const ts = await tsEdge(0, new Undefended(), { mode: "cloud", maxNewTokens: 8 });
+    expect(ts.decoder.tokens).toEqual(python.tokens);
+    expect(ts.channel.sent.length).toBe(python.sent.length);
+    expect(ts.channel.sent[0]).toBe(python.sent[0]); // the open
+    const overlaps: number[] = [];
+    let worst = 0;
+    for (let i = 1; i < ts.channel.sent.length; i++) {
+      expect(ts.channel.sent[i].length).toBe(python.sent[i].length); // padded: the same size
+      const [mine, theirs] = [ts.channel.sent[i], python.sent[i]].map((hex) => fromBinary(EdgeMessageSchema, Buffer.from(hex, "hex")));
+      expect(mine.kind.case).toBe(theirs.kind.case);
+      if (mine.kind.case !== "signal" || theirs.kind.case !== "signal") continue;
+      const [a, b] = [mine.kind.value.signal, theirs.kind.value.signal];
+      if (a.case !== "upload" || b.case !== "upload") throw new Error("cloud-side signals are uploads");
+      const theirValues = new Map<number, number>();
+      const [bIds, bValues] = [idsFromBytes(b.value.ids), valuesFromBytes(b.value.values)];
+      bIds.forEach((id, j) => theirValues.set(id, bValues[j]));
+      const [aIds, aValues] = [idsFromBytes(a.value.ids), valuesFromBytes(a.value.values)];
+      expect(aIds.length).toBe(bIds.length);
+      let shared = 0;
+      aIds.forEach((id, j) => {
+        const theirs = theirValues.get(id);
+        if (theirs === undefined) return;
+        shared++;
+        worst = Math.max(worst, Math.abs(aValues[j] - theirs));
+      });
+      overlaps.push(shared / aIds.length);
+    }
+    process.stderr.write(`cloud-side uploads: least id overlap ${Math.min(...overlaps)}, largest value gap ${worst}\n`);
+    expect(Math.min(...overlaps)).toBeGreaterThan(0.9);
+    // measured: 0.059 (least id overlap 0.927); the SLM's own rows differ as much between the two builds on one prompt
+    // (prefill: 0.011 at p = 0.11; after 3 appends 0.029 at p = 0.29), with the same top token
+    expect(worst).toBeLessThan(0.1);
+  }, 300_000);
+
+  it("a canary in the private context appears in no message (text or token ids), under CoVeil", async () => {
+    const canary = " Patient code QX7-ZEBRA-4417.";
+    const ts = await tsEdge(2, makePolicy("coveil"), { mode: "edge", maxNewTokens: 12, canary });
+    const canaryIds = await slm.tokenize(canary, { addBos: false });
+    const asText = Buffer.from(canary.trim(), "utf8").toString("hex");
+    const asIds = Buffer.from(new Uint32Array(canaryIds.slice(1, 4)).buffer).toString("hex"); // a run of its ids
+    const messages = [...ts.channel.sent, ...ts.channel.received];
+    expect(messages.length).toBeGreaterThan(10);
+    for (const message of messages) {
+      expect(message.includes(asText)).toBe(false);
+      expect(message.includes(asIds)).toBe(false);
+    }
+    // the check itself finds the canary where it is: the SLM's prompt holds it
+    expect(Buffer.from(new Uint32Array(ts.slmPrompt).buffer).toString("hex").includes(asIds)).toBe(true);
+  }, 300_000);
+});

@@ -1,0 +1,79 @@
+"""The Python SDK's side of the TypeScript end-to-end tests: decode one MedPriv item against a running adapter over
+gRPC and print, as JSON, the tokens and every message as the edge sent and received it (the bytes on the wire).
+
+    python js/test/e2e/python_edge.py --cloud 127.0.0.1:50791 --item 0 --mode edge --max-new-tokens 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from edge_sdk._wire.coveil_pb2 import CloudMessage, EdgeMessage
+from edge_sdk.backends.llama_cpp import LlamaCppSLM
+from edge_sdk.decode_settings import DecodeSettings
+from edge_sdk.decoding import CollaborativeDecoder
+from edge_sdk.leakage import LeakageMeter
+from edge_sdk.policies import make_policy
+from edge_sdk.prompts import plain_prompts
+from edge_sdk.transport import CloudConnection, GrpcChannel
+
+MEDPRIV = Path("/work/shared/data/decodeleak/MEDPRIV.jsonl")
+
+
+class RecordingChannel(GrpcChannel):
+    """A gRPC channel that keeps every message's bytes, each direction."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent: list[str] = []
+        self.received: list[str] = []
+
+    def send(self, message: EdgeMessage) -> None:
+        self.sent.append(message.SerializeToString().hex())
+        super().send(message)
+
+    def receive(self) -> CloudMessage:
+        message = super().receive()
+        self.received.append(message.SerializeToString().hex())
+        return message
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cloud", required=True, help="host:port of the adapter (plaintext, loopback)")
+    parser.add_argument("--item", type=int, default=0, help="MedPriv line")
+    parser.add_argument("--mode", choices=("cloud", "edge"), default="edge")
+    parser.add_argument("--policy", default="undefended")
+    parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--lookahead", type=int, default=0)
+    parser.add_argument("--canary", default="", help="text appended to the private context")
+    parser.add_argument("--token", default="", help="the adapter's bearer token (none: no token)")
+    args = parser.parse_args()
+
+    item = json.loads(MEDPRIV.read_text().splitlines()[args.item])
+    slm = LlamaCppSLM()
+    query = f"Question: {item['public_query']}\nAnswer:"
+    prompts = plain_prompts(slm, query, item["private_context"] + args.canary)
+    settings = DecodeSettings(mode=args.mode, max_new_tokens=args.max_new_tokens, auto_pace_ms=None)
+    decoder = CollaborativeDecoder(slm, make_policy(args.policy, backend=slm), settings, slm_prompt=list(prompts.slm_ids),
+                                   cloud_prompt=list(prompts.cloud_ids), meter=LeakageMeter(frozenset()))
+    metadata = (("authorization", f"Bearer {args.token}"),) if args.token else ()
+    channel = RecordingChannel(grpc.insecure_channel(args.cloud), metadata=metadata)
+    connection = CloudConnection(channel, lookahead=args.lookahead)
+    try:
+        for _event in decoder.steps(connection):
+            pass
+    finally:
+        connection.close()
+    print(json.dumps({"slm_prompt": list(prompts.slm_ids), "cloud_prompt": list(prompts.cloud_ids),
+                      "tokens": decoder.tokens, "finish_reason": decoder.finish_reason,
+                      "sent": channel.sent, "received": channel.received}))
+
+
+if __name__ == "__main__":
+    main()
