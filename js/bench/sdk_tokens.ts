@@ -35,7 +35,7 @@ if (gguf === undefined) throw new Error("--gguf PATH: the embedded model (python
 const itemCount = Number(args.get("items") ?? 2);
 const tokens = Number(args.get("tokens") ?? 24);
 const threads = args.has("threads") ? Number(args.get("threads")) : undefined;
-const medpriv = args.get("medpriv") ?? "/work/shared/data/decodeleak/MEDPRIV.jsonl";
+const medpriv = args.get("medpriv") ?? new URL("../../eval_harness/data/MEDPRIV.jsonl", import.meta.url).pathname;
 const items = readFileSync(medpriv, "utf8").split("\n").filter(Boolean).slice(0, itemCount).map((line) => JSON.parse(line));
 
 /** A cloud that answers every message at once: the open, then per step one fixed sparse row (top 256). */

@@ -15,11 +15,10 @@ import { chromium } from "playwright-core";
 import { build } from "vite";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { vocabFingerprint } from "../../src/backends/nodeLlamaCpp.js";
-import { embeddedGguf, startAdapter, type Adapter } from "../e2e/adapter.js";
+import { MEDPRIV, embeddedGguf, startAdapter, type Adapter } from "../e2e/adapter.js";
 
 const here = fileURLToPath(new URL(".", import.meta.url));
 const example = join(here, "..", "..", "examples", "browser");
-const MEDPRIV = process.env.COVEIL_MEDPRIV ?? "/work/shared/data/decodeleak/MEDPRIV.jsonl";
 const TOKEN = "tok-browser";
 const TYPES: Record<string, string> = { ".html": "text/html", ".js": "text/javascript", ".wasm": "application/wasm" };
 

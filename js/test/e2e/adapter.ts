@@ -18,6 +18,8 @@ const run = promisify(execFile);
 const here = dirname(fileURLToPath(import.meta.url));
 /** the repository's root: the Python packages import from there */
 export const REPO = join(here, "..", "..", "..");
+/** MedPriv as the repository ships it (`COVEIL_MEDPRIV` names another copy) */
+export const MEDPRIV = process.env.COVEIL_MEDPRIV ?? join(REPO, "eval_harness", "data", "MEDPRIV.jsonl");
 /** the checkout the adapter runs from (`COVEIL_ADAPTER_REPO`; default this one) */
 const ADAPTER_REPO = process.env.COVEIL_ADAPTER_REPO ?? REPO;
 

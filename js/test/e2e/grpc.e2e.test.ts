@@ -15,10 +15,9 @@ import { CollaborativeDecoder } from "../../src/loop/decoder.js";
 import type { Policy } from "../../src/policies/base.js";
 import { makePolicy } from "../../src/policies/index.js";
 import { Undefended } from "../../src/policies/undefended.js";
-import { RecordingChannel, embeddedGguf, pythonEdge, startAdapter, type Adapter } from "./adapter.js";
+import { MEDPRIV, RecordingChannel, embeddedGguf, pythonEdge, startAdapter, type Adapter } from "./adapter.js";
 
-const MEDPRIV = "/work/shared/data/decodeleak/MEDPRIV.jsonl";
-const items = readFileSync(process.env.COVEIL_MEDPRIV ?? MEDPRIV, "utf8").split("\n").filter(Boolean).map((line) => JSON.parse(line));
+const items = readFileSync(MEDPRIV, "utf8").split("\n").filter(Boolean).map((line) => JSON.parse(line));
 
 
 let adapter: Adapter;

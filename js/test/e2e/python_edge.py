@@ -17,12 +17,12 @@ from edge_sdk._wire.coveil_pb2 import CloudMessage, EdgeMessage
 from edge_sdk.backends.llama_cpp import LlamaCppSLM
 from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.decoding import CollaborativeDecoder
-from edge_sdk.leakage import LeakageMeter
+from edge_sdk.privacy.meter import LeakageMeter
 from edge_sdk.policies import make_policy
 from edge_sdk.prompts import plain_prompts
 from edge_sdk.transport import CloudConnection, GrpcChannel
 
-MEDPRIV = Path("/work/shared/data/decodeleak/MEDPRIV.jsonl")
+MEDPRIV = Path(__file__).resolve().parents[3] / "eval_harness" / "data" / "MEDPRIV.jsonl"
 
 
 class RecordingChannel(GrpcChannel):

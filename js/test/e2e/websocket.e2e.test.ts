@@ -15,10 +15,9 @@ import { CloudError } from "../../src/core/errors.js";
 import { CloudConnection } from "../../src/loop/connection.js";
 import { CollaborativeDecoder } from "../../src/loop/decoder.js";
 import { Undefended } from "../../src/policies/undefended.js";
-import { RecordingChannel, embeddedGguf, pythonEdge, startAdapter, type Adapter } from "./adapter.js";
+import { MEDPRIV, RecordingChannel, embeddedGguf, pythonEdge, startAdapter, type Adapter } from "./adapter.js";
 
-const MEDPRIV = "/work/shared/data/decodeleak/MEDPRIV.jsonl";
-const items = readFileSync(process.env.COVEIL_MEDPRIV ?? MEDPRIV, "utf8").split("\n").filter(Boolean).map((line) => JSON.parse(line));
+const items = readFileSync(MEDPRIV, "utf8").split("\n").filter(Boolean).map((line) => JSON.parse(line));
 const TOKEN = process.env.COVEIL_TOKEN_E2E ?? "tok-e2e";
 
 /** The browser's way over the `ws` package: no headers, the token as a subprotocol. */
