@@ -308,8 +308,18 @@ class _CompletionFormat(_OpenAIFormat):
     def usage_chunk(self, done: Done) -> BaseModel:
         return Completion(id=self.request_id, created=self.created, model=self.model, choices=[], usage=done.usage)
 
+    def started(self, generation: Generation) -> list[str]:
+        self.echo, self.echo_head = generation.echo, generation.echo_head
+        return super().started(generation)
+
     def complete(self, text: str, done: Done, logprobs: list[TokenLogprob] | None) -> BaseModel:
-        legacy = None if logprobs is None else CompletionLogprobs.of(logprobs)
+        """The reply; echoed, after the prompt, whose scored tokens' log-probabilities come first."""
+        head = None
+        if self.echo is not None:
+            text, head = self.echo + text, self.echo_head
+            if logprobs is not None:
+                logprobs = [*(done.prompt_logprobs or []), *logprobs]
+        legacy = None if logprobs is None else CompletionLogprobs.of(logprobs, unscored_head=head)
         return Completion(id=self.request_id, created=self.created, model=self.model, usage=done.usage,
                           coveil=done.ledger,
                           choices=[CompletionChoice(text=text, finish_reason=done.finish_reason, logprobs=legacy)])

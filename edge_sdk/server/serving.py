@@ -34,7 +34,7 @@ from edge_sdk.grammar import GrammarError
 from edge_sdk.ledger import LedgerEntry, PrivacyLedger
 from edge_sdk.logprobs import TokenLogprobs
 from edge_sdk.policies import available_policies, make_policy
-from edge_sdk.prompts import ChatRenderer, Prompts, chat_prompts, plain_prompts
+from edge_sdk.prompts import CONTEXT_SEPARATOR, ChatRenderer, Prompts, chat_prompts, plain_prompts
 from edge_sdk.server.embeddings import MAX_INPUTS, DeviceEmbedder, Embedded, InputTooLong
 from edge_sdk.server.errors import RETRY_AFTER_S, EndpointError, bad_request, from_cloud_error
 from edge_sdk.server.protocol import (
@@ -188,6 +188,11 @@ class Generation:
     began_at: float = field(default_factory=time.perf_counter)
     #: what the ledger's summary should tell the app about the request (:data:`PUBLIC_SYSTEM_NOTE`)
     notes: tuple[str, ...] = ()
+    #: ``echo``: the prompt's text, returned before the reply; ``echo_head``: the BOS the app's token ids began
+    #: with, echoed with no log-probability (the prompt's other tokens are scored when logprobs are asked for)
+    echo: str | None = None
+    echo_head: str | None = None
+    score_prompt: bool = False  # echo with logprobs: the decoder scores the prompt once the session is over
 
 
 @dataclass(frozen=True)
@@ -209,6 +214,7 @@ class Done:
     ledger: LedgerSummary
     text: str = ""
     stop_string: str | None = None  # the stop string the reply ended at (request's or the prompt format's)
+    prompt_logprobs: list[TokenLogprob] | None = None  # echo with logprobs: each public prompt token's but the BOS
 
 
 @dataclass(frozen=True)
@@ -327,12 +333,31 @@ class EdgeServing:
         began_at = time.perf_counter()
         self._check_supported(request)
         options = request.coveil or CoveilOptions()
-        text = request.prompt_text()
-        if not text:
+        slm, private = self.client.slm, options.private_context
+        bos = slm.tokenize("", add_bos=True)
+        ids, text, head = request.prompt_ids(), request.prompt_text(), None
+        if ids is not None:  # token ids, as lm-eval sends them: the cloud reads them after BOS (once)
+            if not ids or any(not 0 <= i < slm.vocab_size for i in ids):
+                raise bad_request(f"the prompt's token ids must be a non-empty list of ids below {slm.vocab_size}",
+                                  param="prompt")
+            if ids[:len(bos)] == bos:
+                ids, head = ids[len(bos):], slm.detokenize(bos)
+            context = slm.tokenize(private + CONTEXT_SEPARATOR, add_bos=True) if private else bos
+            prompts = Prompts(tuple(context + ids), tuple(bos + ids), private)
+            text = slm.detokenize(ids)
+        elif not text:
             raise bad_request("the prompt is empty", param="prompt")
-        prompts = plain_prompts(self.client.slm, text, options.private_context)
-        return self._generation("cmpl", request, options, prompts, "prompt", request.reply_limit(),
-                                request.logprobs_count(), began_at)
+        else:
+            prompts = plain_prompts(slm, text, private)
+        prefix = None
+        if request.echo_scored():  # the public tokens are scored after BOS, the private context and its separator
+            prefix = slm.tokenize(private + CONTEXT_SEPARATOR, add_bos=True) if private else bos
+        generation = self._generation("cmpl", request, options, prompts, "prompt", request.reply_limit(),
+                                      request.logprobs_count(), began_at, prompt_prefix=prefix)
+        if request.echo:
+            generation.echo, generation.echo_head = (head or "") + text, head
+        generation.score_prompt = prefix is not None
+        return generation
 
     def check_model(self, model: str) -> None:
         """404 unless ``model`` is the served model's name."""
@@ -350,6 +375,7 @@ class EdgeServing:
     def _generation(
         self, prefix: str, request: GenerationRequest, options: CoveilOptions, prompts: Prompts, prompt_param: str,
         reply_limit: int | None, logprobs: int | None, began_at: float, format_stops: tuple[str, ...] = (),
+        prompt_prefix: list[int] | None = None,
     ) -> Generation:
         """The decoder for ``prompts`` under the request's options and the server's defaults; the reply ends at
         the request's stop strings and at the prompt format's own (``format_stops``: the next question of a
@@ -370,6 +396,11 @@ class EdgeServing:
                 param=prompt_param, code="context_length_exceeded",
             )
         mode = options.mode or self.settings.default_mode
+        if prompt_prefix is not None and mode != "edge":
+            raise bad_request("echo with logprobs is served in edge-side fusion only (coveil.mode \"edge\"): "
+                              "cloud-side the fused row is the cloud's, made from the policy's upload, so scoring the "
+                              "prompt would upload the SLM's row at every prompt position, releases the generation "
+                              "itself never makes", param="echo")
         policy_name = options.policy or self.settings.default_policy
         try:
             policy = make_policy(policy_name, backend=self.client.slm, **options.params)
@@ -387,7 +418,8 @@ class EdgeServing:
                                     "exposure_budget": options.exposure_budget, "max_epsilon": options.max_epsilon,
                                     "epsilon_delta": options.epsilon_delta, "pace_ms": options.pace_ms,
                                     "prefill_budget_ms": options.prefill_budget_ms,
-                                    "stopping": StopStrings(stops) if stops else None, "logprobs": logprobs}
+                                    "stopping": StopStrings(stops) if stops else None, "logprobs": logprobs,
+                                    "prompt_prefix": prompt_prefix}
         if options.alpha is not None:
             settings["alpha"] = options.alpha
         schema = request.json_schema()
@@ -528,6 +560,10 @@ class EdgeServing:
                 finish = "stop" if shown.stopped else FINISH_REASONS.get(stream.finish_reason or "", "stop")
                 ledger = stream.ledger
                 completion_tokens = len(stream.token_ids)
+            # echo with logprobs: the SLM scores the public prompt once the session has closed (nothing waits on it)
+            decoder = generation.decoder
+            prompt_logprobs = [self.token_logprob(entry) for entry in decoder.prompt_logprobs(
+                decoder.settings.logprobs or 0)] if generation.score_prompt else None
         except CloudError as exc:
             error = from_cloud_error(exc)
             log.warning("request %s: %s (HTTP %d)", generation.request_id, exc.code, error.status)
@@ -544,7 +580,7 @@ class EdgeServing:
                       total_tokens=prompt_tokens + completion_tokens)
         summary = ledger_summary(ledger, cloud_prompt_tokens=len(generation.prompts.cloud_ids), queue_ms=queue_ms,
                                  notes=generation.notes)
-        job.put(Done(finish, usage, summary, rest, shown.matched))
+        job.put(Done(finish, usage, summary, rest, shown.matched, prompt_logprobs))
         log.info(
             "request %s: %s-side %s, %d+%d tokens (%s), %d values up, %d full requests, %d B up, %d B down, "
             "leakage meter %.1f%%, queued %.0f ms, decoded in %.0f ms", generation.request_id, summary.mode,
