@@ -242,6 +242,11 @@ def test_the_export_button_downloads_the_activity_log_with_the_odds_next_to_epsi
     # hand: 2 tokens at eps = 1, order 2, delta 1e-5: 2 + log(1e5) - 2 log 2 = 12.13, e^12.13 = 184,726: 180,000
     assert line.startswith("ε spent: 12.13 at δ = 0.00001 for any two private contexts"), line
     assert "for one private context against none" in line and "weaker" in line
+    # the summary row names the policy by what one release costs for that relation, as the ledger does, never
+    # by its bare parameter beside the generation's epsilon
+    summary = browser.find_element(By.CSS_SELECTOR, "#ledger tfoot").text
+    assert "edge-side dp_fusion (each of 2 releases: renyi(order=2, epsilon=1) for any two private contexts" in summary
+    assert "epsilon=1.0" not in summary
     assert "In words: whoever sees what left the device is at most 180,000 times more likely to tell your context " \
            "from any other" in line
 

@@ -150,6 +150,7 @@ async def serve_generation(
     """Check and queue the request ``prepare`` builds, wait for its first event, and answer whole or streamed in
     ``dialect``'s shapes."""
     try:
+        serving.check_cloud()  # known down: a 503 at once
         generation = await anyio.to_thread.run_sync(prepare)
         job = serving.submit(generation)
     except EndpointError as error:

@@ -447,6 +447,9 @@ class LedgerSummary(BaseModel):
     summary: str
     privacy: EpsilonLedger | None = None
     notes: list[str] = Field(default_factory=list)  # what the app should know, e.g. a system message sent as public
+    # steps counted above (the cloud saw them) whose tokens a stop string cut from the reply: the reply, its
+    # logprobs, its stream and the page show none of them
+    cut_steps: int = 0
 
 
 class TopLogprob(BaseModel):

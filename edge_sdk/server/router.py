@@ -7,8 +7,9 @@ status.  Streams are server-sent events: one chunk per decided
 token (its ``coveil.step`` says what the cloud saw), a last chunk with the
 finish reason and ``coveil.ledger``, the usage chunk when asked
 (``stream_options.include_usage``), then ``data: [DONE]``.  With ``logprobs`` each token's chunk carries its
-log-probabilities (every decided token's, a token whose text a stop string's look-ahead still holds back
-included), a complete response all of them.  They are taken under the fused distribution the token was chosen
+log-probabilities, sent once the stop strings' look-ahead has released its text (a token whose text a stop
+string cut is not shown, and neither are its log-probabilities nor its step: the ledger counts it as
+``cut_steps``), a complete response all of them.  They are taken under the fused distribution the token was chosen
 from, at the side that chose it (edge-side the edge, cloud-side the cloud, which sends them with the token),
 after that step's masks (stop ids, the JSON schema, ``never_upload``), renormalised, before any temperature:
 ``log(f_i / sum f)``, ``f = alpha * p_llm + (1 - alpha) * p_slm`` (logit space: the log-softmax of the fused
@@ -100,6 +101,7 @@ async def health(request: Request) -> JSONResponse:
     is set (``busy``/``waiting`` tell when this device's user is generating)."""
     serving = serving_of(request)
     cloud = await anyio.to_thread.run_sync(serving.client.cloud_status, CLOUD_CHECK_TIMEOUT_S)
+    serving.cloud_seen(cloud)  # known down: generating requests are answered 503 at once for a while
     status = "stopped" if not serving.alive else "ok" if cloud == "serving" else "cloud_unavailable"
     body = {"status": status, "cloud": cloud, "busy": serving.busy, "waiting": serving.waiting}
     return JSONResponse(body, status_code=200 if status == "ok" else 503)
