@@ -46,7 +46,7 @@ from edge_sdk.server.ollama_protocol import (
     OllamaTags,
     OllamaTopLogprob,
 )
-from edge_sdk.server.protocol import ChatCompletionRequest, LedgerSummary, TokenLogprob
+from edge_sdk.server.protocol import LedgerSummary, TokenLogprob
 from edge_sdk.server.lifecycle import (
     prepare_for,
     read_body,
@@ -54,9 +54,10 @@ from edge_sdk.server.lifecycle import (
     reply_logprobs,
     reply_text,
     serve_generation,
+    serving_of,
     translate,
+    uses_tools,
 )
-from edge_sdk.server.router import serving_of
 from edge_sdk.server.serving import Done, EdgeServing, Event, Failed, Generation, StepOut
 from edge_sdk.server.tools import ToolCall, read_reply
 
@@ -205,7 +206,7 @@ async def ollama_generate(
         openai_request = translate(body, serving.settings.served_model_name)
     except EndpointError as error:
         return ollama_error(error)
-    tools = isinstance(openai_request, ChatCompletionRequest) and bool(openai_request.called_tools())
+    tools = uses_tools(openai_request)
     return await serve_generation(connection, serving, prepare_for(serving, openai_request),
                                   _Lines(body.model, reply_field, started, tools=tools), stream=body.stream)
 

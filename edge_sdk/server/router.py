@@ -55,17 +55,13 @@ from edge_sdk.server.protocol import (
     ReplyToolCall,
     TokenLogprob,
 )
-from edge_sdk.server.lifecycle import reply_logprobs, reply_text, serve_generation
-from edge_sdk.server.serving import Done, EdgeServing, Event, Failed, Generation, StepOut
+from edge_sdk.server.lifecycle import reply_logprobs, reply_text, serve_generation, serving_of, uses_tools
+from edge_sdk.server.serving import Done, Event, Failed, Generation, StepOut
 from edge_sdk.server.tools import ToolCall, read_reply
 
 STATIC_DIR = Path(__file__).parent / "static"
 
 router = APIRouter()
-
-
-def serving_of(request: Request) -> EdgeServing:
-    return request.app.state.serving
 
 
 def error_response(error: EndpointError) -> JSONResponse:
@@ -239,10 +235,7 @@ class _ChatFormat(_OpenAIFormat):
 
     def __init__(self, request: ChatCompletionRequest) -> None:
         super().__init__(request)
-        try:
-            self.tools = bool(request.called_tools())
-        except ValueError:  # a tool_choice naming no tool: refused by name when the request is checked
-            self.tools = False
+        self.tools = uses_tools(request)
         self.held: list[str] = []  # with tools: the reply's text so far
 
     def reply(self, text: str, finish_reason: str) -> tuple[str | None, list[ReplyToolCall] | None, str]:

@@ -40,8 +40,7 @@ from edge_sdk.server.anthropic.protocol import (
     TextDelta,
 )
 from edge_sdk.server.errors import EndpointError, renamed
-from edge_sdk.server.lifecycle import prepare_for, read_body, reply_text, serve_generation, translate
-from edge_sdk.server.router import serving_of
+from edge_sdk.server.lifecycle import reply_text, serve_dialect
 from edge_sdk.server.serving import Done, Event, Failed, Generation, StepOut
 from edge_sdk.server.tools import HeldReply, ToolCall
 
@@ -67,19 +66,7 @@ def event(name: str, payload: BaseModel | dict) -> str:
 
 @anthropic_router.post("/v1/messages")
 async def messages(request: Request) -> Response:
-    serving = serving_of(request)
-    try:
-        body = await read_body(request, MessagesRequest)
-        serving.check_model(body.model)
-        chat = translate(body, serving.settings.served_model_name)
-    except EndpointError as error:
-        return _MessagesFormat(None).error(Failed(error))
-    try:
-        tools = bool(chat.called_tools())
-    except ValueError:  # a tool_choice naming no tool: refused by name when the request is checked
-        tools = False
-    return await serve_generation(request, serving, prepare_for(serving, chat), _MessagesFormat(body, tools=tools),
-                                  stream=body.stream)
+    return await serve_dialect(request, MessagesRequest, _MessagesFormat)
 
 
 class _MessagesFormat:
@@ -87,7 +74,7 @@ class _MessagesFormat:
 
     media_type = "text/event-stream"
 
-    def __init__(self, request: MessagesRequest | None, *, tools: bool = False) -> None:
+    def __init__(self, request: MessagesRequest | None, tools: bool = False) -> None:
         self.model = request.model if request is not None else ""
         self.stop_sequences = tuple(request.stop_sequences or ()) if request is not None else ()
         self.message_id = f"msg_{secrets.token_hex(12)}"

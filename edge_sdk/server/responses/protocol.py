@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from edge_sdk.logprobs import MAX_TOP_LOGPROBS
 from edge_sdk.server.protocol import ChatCompletionRequest, CoveilOptions, LedgerSummary, TokenLogprob
-from edge_sdk.server.tools import call_message, function_tool, named_choice, result_message
+from edge_sdk.server.tools import FunctionSpec, call_message, function_tool, named_choice, result_message
 
 #: the ``include`` entry that asks for each output token's log-probabilities
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -123,16 +123,11 @@ class TextFormat(BaseModel):
         return {"type": "json_schema", "json_schema": inner if self.json_schema is not None else None}
 
 
-class FunctionTool(BaseModel):
-    """``tools[i]``: a function the reply may call (built-in tools are refused by their type)."""
-
-    model_config = ConfigDict(extra="forbid")
+class FunctionTool(FunctionSpec):
+    """``tools[i]``: a function the reply may call, the chat request's function flattened into the tool (built-in
+    tools are refused by their type)."""
 
     type: Literal["function"]
-    name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
 
 
 class NamedFunctionChoice(BaseModel):

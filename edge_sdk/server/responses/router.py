@@ -26,8 +26,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from edge_sdk.server.errors import EndpointError, renamed
-from edge_sdk.server.lifecycle import prepare_for, read_body, reply_logprobs, reply_text, serve_generation, translate
+from edge_sdk.server.errors import renamed
+from edge_sdk.server.lifecycle import reply_logprobs, reply_text, serve_dialect
 from edge_sdk.server.protocol import TokenLogprob
 from edge_sdk.server.responses.protocol import (
     PARAM_NAMES,
@@ -39,7 +39,6 @@ from edge_sdk.server.responses.protocol import (
     ResponsesRequest,
     ResponseUsage,
 )
-from edge_sdk.server.router import serving_of
 from edge_sdk.server.serving import Done, Event, Failed, Generation, StepOut
 from edge_sdk.server.tools import HeldReply, ToolCall
 
@@ -48,19 +47,7 @@ responses_router = APIRouter()
 
 @responses_router.post("/v1/responses")
 async def responses(request: Request) -> Response:
-    serving = serving_of(request)
-    try:
-        body = await read_body(request, ResponsesRequest)
-        serving.check_model(body.model)
-        chat = translate(body, serving.settings.served_model_name)
-    except EndpointError as error:
-        return _ResponsesFormat(None).error(Failed(error))
-    try:
-        tools = bool(chat.called_tools())
-    except ValueError:  # a tool_choice naming no function: refused by name when the request is checked
-        tools = False
-    return await serve_generation(request, serving, prepare_for(serving, chat), _ResponsesFormat(body, tools=tools),
-                                  stream=body.stream)
+    return await serve_dialect(request, ResponsesRequest, _ResponsesFormat)
 
 
 class _ResponsesFormat:
@@ -68,7 +55,7 @@ class _ResponsesFormat:
 
     media_type = "text/event-stream"
 
-    def __init__(self, request: ResponsesRequest | None, *, tools: bool = False) -> None:
+    def __init__(self, request: ResponsesRequest | None, tools: bool = False) -> None:
         self.request = request
         self.held = HeldReply() if tools else None
         self.response_id = f"resp_{secrets.token_hex(12)}"
@@ -127,10 +114,7 @@ class _ResponsesFormat:
     # -- the lifecycle's dialect -------------------------------------------------------------------------
     def error(self, failed: Failed) -> Response:
         error = renamed(failed.error, PARAM_NAMES)
-        body = error.body()
-        if failed.ledger is not None:
-            body["coveil"] = failed.ledger.model_dump()
-        return JSONResponse(body, status_code=error.status, headers=error.headers)
+        return JSONResponse(Failed(error, failed.ledger).body(), status_code=error.status, headers=error.headers)
 
     def started(self, generation: Generation) -> list[str]:
         self.logprobs_asked = generation.decoder.settings.logprobs is not None
