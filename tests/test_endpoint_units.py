@@ -18,7 +18,7 @@ import pytest
 from edge_sdk.client import GenerationStream
 from edge_sdk.prompts import Prompts
 from edge_sdk.server.errors import EndpointError, from_cloud_error
-from edge_sdk.server.protocol import ChatCompletionRequest, CompletionRequest
+from edge_sdk.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 from edge_sdk.server.serving import EdgeServing, Generation, StopText, cloud_saw, step_report
 from edge_sdk.ledger import LedgerEntry, PrivacyLedger
 from edge_sdk.server.settings import ServerSettings

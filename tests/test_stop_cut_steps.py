@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge_sdk.server.protocol import StepReport, TokenLogprob
+from edge_sdk.server.openai.protocol import StepReport, TokenLogprob
 from edge_sdk.server.serving import ShownSteps, StepOut
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edge_sdk.server.protocol import EmbeddingExtension
+from edge_sdk.server.openai.protocol import EmbeddingExtension
 
 #: how each text's token states become one vector (stated in every response)
 POOLING = "mean"

@@ -27,7 +27,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from edge_sdk.server.errors import EndpointError, validation_message
-from edge_sdk.server.protocol import ChatCompletionRequest, CompletionRequest, TokenLogprob
+from edge_sdk.server.openai.protocol import ChatCompletionRequest, CompletionRequest, TokenLogprob
 from edge_sdk.server.serving import Done, EdgeServing, Event, Failed, Generation, Job, StepOut
 
 ModelT = TypeVar("ModelT", bound=BaseModel)

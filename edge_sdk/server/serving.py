@@ -38,7 +38,7 @@ from edge_sdk.policies import available_policies, make_policy
 from edge_sdk.prompts import CONTEXT_SEPARATOR, ChatRenderer, Prompts, chat_prompts, plain_prompts
 from edge_sdk.server.embeddings import MAX_INPUTS, DeviceEmbedder, Embedded, InputTooLong
 from edge_sdk.server.errors import RETRY_AFTER_S, EndpointError, bad_request, from_cloud_error
-from edge_sdk.server.protocol import (
+from edge_sdk.server.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     CoveilOptions,

@@ -1,11 +1,11 @@
 """The Messages API's request and response schemas, as far as the endpoint serves them.
 
 A request is read against an allowlist, as the OpenAI routes' are (an unknown field is a 400 naming it, never
-ignored), and becomes the :class:`~edge_sdk.server.protocol.ChatCompletionRequest` that asks for the same
+ignored), and becomes the :class:`~edge_sdk.server.openai.protocol.ChatCompletionRequest` that asks for the same
 generation: ``system`` the system message, ``max_tokens``, ``stop_sequences`` the stop strings, ``temperature``
 the cloud's sampling temperature in cloud-side fusion.  The private part rides in a top-level ``coveil`` object
 (``extra_body={"coveil": {...}}`` with the ``anthropic`` client; the fields of
-:class:`~edge_sdk.server.protocol.CoveilOptions`), or a text block of ``system`` or of a message marked
+:class:`~edge_sdk.server.openai.protocol.CoveilOptions`), or a text block of ``system`` or of a message marked
 ``"coveil_private": true`` joins the private context.
 
 Tools: ``tools`` (``name``, ``description``, ``input_schema``) and ``tool_choice`` (``auto``, ``any``, ``tool``
@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from edge_sdk.server.protocol import ChatCompletionRequest, CoveilOptions, LedgerSummary, StepReport
+from edge_sdk.server.openai.protocol import ChatCompletionRequest, CoveilOptions, LedgerSummary, StepReport
 from edge_sdk.server.tools import call_message, function_tool, named_choice, result_message
 
 #: the OpenAI request's parameter names as this API names them (in errors)

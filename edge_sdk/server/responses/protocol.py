@@ -1,7 +1,7 @@
 """The Responses API's request and response schemas, as far as the stateless endpoint serves them.
 
 A request is read against an allowlist (an unknown field is a 400 naming it, never ignored) and becomes the
-:class:`~edge_sdk.server.protocol.ChatCompletionRequest` for the same generation: ``instructions`` the system
+:class:`~edge_sdk.server.openai.protocol.ChatCompletionRequest` for the same generation: ``instructions`` the system
 message, ``input`` (a text: the user's message; or message items) the conversation, ``max_output_tokens``,
 ``text.format`` the response format, ``include: ["message.output_text.logprobs"]`` with ``top_logprobs`` the
 log-probabilities.  The private part rides in a top-level ``coveil`` object (``extra_body``), or an input item
@@ -21,7 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from edge_sdk.logprobs import MAX_TOP_LOGPROBS
-from edge_sdk.server.protocol import ChatCompletionRequest, CoveilOptions, LedgerSummary, TokenLogprob
+from edge_sdk.server.openai.protocol import ChatCompletionRequest, CoveilOptions, LedgerSummary, TokenLogprob
 from edge_sdk.server.tools import FunctionSpec, call_message, function_tool, named_choice, result_message
 
 #: the ``include`` entry that asks for each output token's log-probabilities

@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse, Response
 
 from edge_sdk.server.errors import renamed
 from edge_sdk.server.lifecycle import reply_logprobs, reply_text, serve_dialect
-from edge_sdk.server.protocol import TokenLogprob
+from edge_sdk.server.openai.protocol import TokenLogprob
 from edge_sdk.server.responses.protocol import (
     PARAM_NAMES,
     IncompleteDetails,

@@ -30,7 +30,7 @@ from pydantic import BaseModel
 
 from edge_sdk.policies import available_policies
 from edge_sdk.server.errors import EndpointError
-from edge_sdk.server.protocol import (
+from edge_sdk.server.openai.protocol import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
@@ -59,7 +59,7 @@ from edge_sdk.server.lifecycle import reply_logprobs, reply_text, serve_generati
 from edge_sdk.server.serving import Done, Event, Failed, Generation, StepOut
 from edge_sdk.server.tools import ToolCall, read_reply
 
-STATIC_DIR = Path(__file__).parent / "static"
+STATIC_DIR = Path(__file__).parent.parent / "static"  # the live page, beside the dialect folders
 
 router = APIRouter()
 
