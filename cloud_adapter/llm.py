@@ -371,6 +371,16 @@ class TransformersLLM:
         return CloudSequence(ids=ids, cache=slot, next_logits=self._logit_rows(logits)[0])
 
     @torch.inference_mode()
+    def prompt_logits(self, prompt_ids: Sequence[int]) -> np.ndarray:
+        """The logits after each of ``prompt_ids`` but the last, float32 [L - 1, V]: row ``i`` predicts token
+        ``i + 1`` (one forward over the prompt, no cache kept; echo with logprobs scores a public prompt so)."""
+        ids = [int(i) for i in prompt_ids]
+        if len(ids) < 2:
+            return np.empty((0, self.vocab_size), dtype=np.float32)
+        logits = self.model(input_ids=torch.tensor([ids], device=self.device), use_cache=False).logits
+        return logits[0, :-1, : self.vocab_size].float().contiguous().cpu().numpy()
+
+    @torch.inference_mode()
     def open_many(self, prompts: Sequence[Sequence[int]]) -> list[CloudSequence]:
         """Prefill several prompts in one left-padded forward ([B, max L] tokens).
 

@@ -205,6 +205,7 @@ class SessionHandler:
             if kept is not None:
                 self._seq.next_row = summarize_row(kept, self._spec)
 
+        prompt_rows, token_values = self._prompt_rows(request) if request.score_prompt else ((), ())
         info = wire.SessionInfo(
             session_id=session_id,
             cloud_model=llm.name,
@@ -214,10 +215,32 @@ class SessionHandler:
             max_new_tokens=max_new_tokens,
             lookahead=self._lookahead,
             padded=request.padded,  # the edge asked: every distribution, pick and end goes out padded
+            prompt_rows=prompt_rows,
+            prompt_token_values=token_values,
         )
         transcript.lookahead = self._lookahead
         yield self._count_down(wire.encode_opened(info))
         yield self._next_distribution(forward_ns)
+
+    def _prompt_rows(self, request: wire.SessionRequest) -> tuple[tuple[wire.CloudDistribution, ...], tuple[float, ...]]:
+        """Echo with logprobs: the row after each public prompt token but the last (sparse, the session's
+        ``top_m``, in its space) and each row's value at the token that follows, from one forward over the public
+        prompt.  Edge-side only: cloud-side the fused row is the cloud's, and it would need an upload per prompt
+        position."""
+        if request.mode != "edge":
+            raise CloudError("INVALID_ARGUMENT", "score_prompt is served in edge-side fusion only")
+        ids = list(request.prompt_ids)
+        spec = RowSpec(space=request.space, top_n=min(request.top_m, self.engine.llm.vocab_size))
+        vocab_size = self.engine.llm.vocab_size
+        rows, token_values = [], []
+        for position, logits in enumerate(self.engine.llm.prompt_logits(ids)):
+            row = summarize_row(logits, spec)
+            if not row.finite:
+                raise CloudError("INTERNAL", f"the cloud model's logits at prompt position {position} hold "
+                                             "non-finite values")
+            rows.append(wire.CloudDistribution.from_top(position, row.ids, row.values, row.probs, vocab_size))
+            token_values.append(float(row.full_values()[ids[position + 1]]))
+        return tuple(rows), tuple(token_values)
 
     def _compile_schema(self, request: wire.SessionRequest, end_ids: frozenset[int]) -> JsonConstraint:
         """The session's JSON schema compiled over the cloud model's token bytes and the session's end set (the one

@@ -73,6 +73,7 @@ class SessionTranscript:
             "logprobs": req.logprobs,
             "top_logprobs": req.top_logprobs,
             "json_schema": req.json_schema,
+            "score_prompt": req.score_prompt,
             "prompt_ids": list(req.prompt_ids),
             "resume_prefix": list(req.resume_prefix),
             "max_new_tokens": self.max_new_tokens,

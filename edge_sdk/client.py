@@ -404,6 +404,7 @@ class EdgeClient:
         rng: np.random.Generator | None = None,
         stopping: StoppingRule | None = None,
         json_schema: dict[str, Any] | None = None,
+        prompt_prefix: Sequence[int] | None = None,
         **overrides: Any,
     ) -> CollaborativeDecoder:
         """Build the decoder for one generation (what :meth:`stream` runs).
@@ -448,6 +449,9 @@ class EdgeClient:
         the ``logprobs`` best ids', 0 to 20) under the fused row it was chosen from
         (:mod:`edge_sdk.logprobs`): edge-side computed on the device (nothing sent changes), cloud-side sent by
         the cloud with each token it picks (the session asks for them).
+
+        ``prompt_prefix`` (edge-side only): score the public prompt too, after the generation
+        (:meth:`~edge_sdk.decoding.CollaborativeDecoder.prompt_logprobs`), its tokens read after these SLM ids.
         """
         # an "auto" pace is measured on public text before any private work begins
         settings = self._paced((settings or DecodeSettings()).overridden(**overrides))
@@ -481,6 +485,7 @@ class EdgeClient:
             rng=rng if rng is not None else np.random.default_rng(),
             stopping=stopping,
             processors=[JsonConstraint(slm, json_schema)] if json_schema is not None else (),
+            prompt_prefix=prompt_prefix,
         )
         decoder.pacer.begin(began_at)
         return decoder

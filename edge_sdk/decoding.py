@@ -80,6 +80,9 @@ class CollaborativeDecoder:
             :class:`~edge_sdk.grammar.JsonConstraint`.  Edge-side the edge masks where it picks; cloud-side only
             one JSON schema can apply: it is sent with the session, the cloud masks where it picks, and the edge
             checks each token the cloud picks against its own copy of the grammar.
+        prompt_prefix: echo with logprobs (edge-side only): the SLM ids the public prompt's tokens follow when
+            its positions are scored (BOS, the private context and its separator); the session then asks for the
+            cloud's rows at the prompt's positions (:meth:`prompt_logprobs`).  ``None``: the prompt is not scored.
     """
 
     def __init__(
@@ -95,6 +98,7 @@ class CollaborativeDecoder:
         rng: np.random.Generator | None = None,
         stopping: StoppingRule | None = None,
         processors: Sequence[ChoiceProcessor] = (),
+        prompt_prefix: Sequence[int] | None = None,
     ) -> None:
         if settings.mode not in policy.modes:
             raise ValueError(f"policy {policy.name!r} does not support {settings.mode}-side fusion")
@@ -102,6 +106,9 @@ class CollaborativeDecoder:
                                                                       for p in processors)):
             raise ValueError("cloud-side the cloud picks the token: only one JSON schema (sent with the session) "
                              "can constrain it")
+        if prompt_prefix is not None and settings.mode != "edge":
+            raise ValueError("the prompt's log-probabilities are served in edge-side fusion only: cloud-side the fused "
+                             "row is the cloud's, made from an upload the edge would send at every prompt position")
         policy = policy.for_generation(settings.max_new_tokens)  # a budget spread over T tokens: this T
         self.slm = slm
         self.policy = policy
@@ -130,6 +137,9 @@ class CollaborativeDecoder:
         # cloud-side run-ahead: steps yielded (their picks read off certificates) whose picks the cloud has not
         # acknowledged, in order: after a break they are re-sent (_replay_unacknowledged)
         self._unacknowledged: list[PendingSignal] = []
+        self.prompt_prefix = None if prompt_prefix is None else list(prompt_prefix)
+        #: echo with logprobs: the cloud's rows at the prompt's positions and their values at its tokens (the opening's)
+        self._prompt_rows: tuple[tuple[wire.CloudDistribution, ...], tuple[float, ...]] | None = None
 
     @property
     def top_m(self) -> int:
@@ -176,6 +186,7 @@ class CollaborativeDecoder:
             logprobs=s.mode == "cloud" and s.logprobs is not None,
             top_logprobs=(s.logprobs or 0) if s.mode == "cloud" else 0,
             json_schema=self._cloud_schema(),
+            score_prompt=self.prompt_prefix is not None,
         )
 
     def _acknowledged_tokens(self) -> tuple[int, ...]:
@@ -278,6 +289,12 @@ class CollaborativeDecoder:
                 f"model {self.slm.name!r} has {self.slm.vocab_size}",
             )
         self.stop.open(info.eos_token_ids)
+        if self.prompt_prefix is not None and self._prompt_rows is None:
+            if len(info.prompt_rows) != len(self.cloud_prompt) - 1:
+                raise CloudError("FAILED_PRECONDITION", f"the cloud sent {len(info.prompt_rows)} rows for the "
+                                 f"{len(self.cloud_prompt) - 1} prompt positions asked: the adapter predates echo "
+                                 "with logprobs (upgrade it)")
+            self._prompt_rows = (info.prompt_rows, info.prompt_token_values)
         for processor in self.processors:  # the grammar ends where the session agreed, on both sides
             if isinstance(processor, JsonConstraint):
                 processor.agree_end_ids(info.eos_token_ids)
@@ -433,6 +450,32 @@ class CollaborativeDecoder:
             self.finish_reason = connection.finished()
         except CloudError:  # the stream broke after the last token: the generation itself is complete
             self.finish_reason = "eos" if token in self.stop.ids else "max_new_tokens"
+
+    def prompt_logprobs(self, top_n: int) -> list[TokenLogprobs]:
+        """Echo with logprobs: each public prompt token's log-probability after the first (the cloud prompt's
+        BOS), with the ``top_n`` best ids', under the fused row of its position, read as generation's edge-side
+        logprobs are (:mod:`edge_sdk.logprobs`): ``log(f_i / sum f)``, ``f = alpha * p_llm + (1 - alpha) * p_slm``,
+        ``p_llm`` the cloud's row sent with the opening (at its public fill, exact at the prompt's token) and
+        ``p_slm`` the SLM's row after :attr:`prompt_prefix` and the public tokens before it (``never_upload`` ids
+        masked).  Nothing is sent: call it once the session is over (it runs the SLM over the public prompt,
+        a step per token, so no signal of this generation waits on it).
+        """
+        if self._prompt_rows is None or self.prompt_prefix is None:
+            raise ValueError("the prompt is scored once a session opened with prompt_prefix has ended")
+        rows, token_values = self._prompt_rows
+        vocab_size, space, alpha = self.slm.vocab_size, self.policy.space, self.settings.alpha
+        scored = []
+        for position, (row, value) in enumerate(zip(rows, token_values)):
+            token = self.cloud_prompt[position + 1]
+            if position == 0:
+                self.view.prefill(self.prompt_prefix)
+            else:
+                self.view.advance(self.cloud_prompt[position])
+            assert self.view.row is not None
+            p_llm = row.filled(vocab_size, space, out=self._p_llm_buffer)
+            p_llm[token] = value
+            scored.append(token_logprobs(fuse(p_llm, self.view.row, alpha), space, token, top_n))
+        return scored
 
     # -- the decide step -----------------------------------------------------------------------------
     def _decision(self, dist: wire.CloudDistribution, withheld: bool, no_stop: bool) -> StepDecision | None:

@@ -325,7 +325,10 @@ class CloudConnection:
         self._request = request
         self._max_upload = request.vocab_size if max_upload is None else max_upload
         self._send(wire.encode_open(request))
-        info = wire.decode_opened(self._receive("opened"))
+        try:
+            info = wire.decode_opened(self._receive("opened"))
+        except ValueError as exc:  # its prompt rows (echo with logprobs)
+            raise CloudError("DATA_LOSS", f"the cloud sent a malformed opening: {exc}") from None
         self.steps_acknowledged = len(request.resume_prefix)
         if info.lookahead > self.lookahead:
             raise CloudError("INTERNAL", f"the cloud chose run-ahead depth {info.lookahead}, more than the "

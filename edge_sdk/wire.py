@@ -104,6 +104,8 @@ class SessionRequest:
     lookahead: int = 0  # the deepest run-ahead the edge accepts; 0 = lockstep
     #: the edge pads its signals to public sizes and asks the cloud to pad its own (False: what an older SDK sends)
     padded: bool = False
+    #: echo with logprobs (edge-side): the cloud sends its rows at the public prompt's positions with the opening
+    score_prompt: bool = False
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,10 @@ class SessionInfo:
     protocol_version: int = PROTOCOL_VERSION
     lookahead: int = 0  # the run-ahead depth the cloud chose (at most the edge's); 0 = lockstep
     padded: bool = False  # the cloud pads its messages to public sizes (what the edge asked; an older adapter: no)
+    #: ``score_prompt``: the cloud's row after each public prompt token but the last (``prompt_rows[i]`` predicts
+    #: token ``i + 1``) and each row's value at that token (``prompt_token_values[i]``); empty when not asked
+    prompt_rows: tuple[CloudDistribution, ...] = ()
+    prompt_token_values: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -274,6 +280,7 @@ def encode_open(req: SessionRequest) -> EdgeMessage:
         json_schema=req.json_schema,
         lookahead=req.lookahead,
         padded=req.padded,
+        score_prompt=req.score_prompt,
     )
     return m.EdgeMessage(open=open_msg)
 
@@ -312,6 +319,7 @@ def decode_open(msg: OpenSession, tokenize: Callable[[str], Sequence[int]] | Non
         json_schema=msg.json_schema,
         lookahead=int(msg.lookahead),
         padded=bool(msg.padded),
+        score_prompt=bool(msg.score_prompt),
     )
 
 
@@ -328,11 +336,20 @@ def encode_opened(info: SessionInfo) -> CloudMessage:
             max_new_tokens=info.max_new_tokens,
             lookahead=info.lookahead,
             padded=info.padded,
+            prompt_rows=[encode_distribution(row).distribution for row in info.prompt_rows],
+            prompt_token_values=values_to_bytes(np.array(info.prompt_token_values, dtype=np.float32)),
         )
     )
 
 
 def decode_opened(msg: SessionOpened) -> SessionInfo:
+    """``SessionOpened`` → :class:`SessionInfo` (``ValueError`` for malformed prompt rows)."""
+    rows = tuple(decode_distribution(row, int(msg.vocab_size)) for row in msg.prompt_rows)
+    token_values = values_from_bytes(msg.prompt_token_values)
+    if token_values.size != len(rows) or any(row.step != i for i, row in enumerate(rows)):
+        raise ValueError(f"the cloud sent {len(rows)} prompt rows (numbered in order?) and {token_values.size} "
+                         "prompt token values")
+    check_finite(token_values, "the cloud's prompt token values")
     return SessionInfo(
         session_id=msg.session_id,
         cloud_model=msg.cloud_model,
@@ -343,6 +360,8 @@ def decode_opened(msg: SessionOpened) -> SessionInfo:
         protocol_version=int(msg.protocol_version),
         lookahead=int(msg.lookahead),
         padded=bool(msg.padded),
+        prompt_rows=rows,
+        prompt_token_values=tuple(float(v) for v in token_values),
     )
 
 

@@ -27,9 +27,9 @@ from edge_sdk.prompts import ChatRenderer
 from edge_sdk.server.anthropic.router import anthropic_router
 from edge_sdk.server.errors import EndpointError, validation_message
 from edge_sdk.server.guards import RequestGuard
-from edge_sdk.server.ollama_router import ollama_router
+from edge_sdk.server.ollama.router import ollama_router
 from edge_sdk.server.responses.router import responses_router
-from edge_sdk.server.router import STATIC_DIR, router
+from edge_sdk.server.openai.router import STATIC_DIR, router
 from edge_sdk.server.serving import EdgeServing
 from edge_sdk.server.settings import ServerSettings
 

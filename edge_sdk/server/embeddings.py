@@ -26,12 +26,14 @@ from pathlib import Path
 
 import numpy as np
 
-from edge_sdk.server.protocol import EmbeddingExtension
+from edge_sdk.server.openai.protocol import EmbeddingExtension
 
 #: how each text's token states become one vector (stated in every response)
 POOLING = "mean"
 #: the most texts one request may embed (OpenAI's limit)
 MAX_INPUTS = 2048
+#: tokens a tokenizer may add to a text's own (BOS, EOS)
+_ADDED_TOKENS = 2
 
 
 class InputTooLong(ValueError):
@@ -96,13 +98,14 @@ class DeviceEmbedder:
         (else :class:`InputTooLong` names it, before anything is computed)."""
         with self._lock:
             llama = self._model()
-            counts = [len(llama.tokenize(text.encode("utf-8"))) for text in texts]
-            if not truncate:
-                for position, count in enumerate(counts):
-                    if count > self.n_ctx:
+            if not truncate:  # only a text of more bytes than the context could hold more tokens (a token is at
+                # least a byte, beside the BOS and EOS a tokenizer may add): the rest are tokenised once, embedding
+                for position, text in enumerate(texts):
+                    data = text.encode("utf-8")
+                    if len(data) + _ADDED_TOKENS > self.n_ctx and (count := len(llama.tokenize(data))) > self.n_ctx:
                         raise InputTooLong(position, count, self.n_ctx)
-            pooled = np.asarray(llama.embed(texts, normalize=False, truncate=True), dtype=np.float32)
+            pooled, tokens = llama.embed(texts, normalize=False, truncate=True, return_count=True)
+        pooled = np.asarray(pooled, dtype=np.float32)
         norms = np.linalg.norm(pooled, axis=1, keepdims=True)
         vectors = pooled / np.where(norms > 0, norms, np.float32(1))
-        return Embedded(vectors.astype(np.float32), sum(min(count, self.n_ctx) for count in counts),
-                        self.gguf_path.name)
+        return Embedded(vectors.astype(np.float32), int(tokens), self.gguf_path.name)

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from edge_sdk.server.protocol import ErrorDetail, ErrorResponse
+from edge_sdk.server.openai.protocol import ErrorDetail, ErrorResponse
 from edge_sdk.status import CloudError, CloudReplyRejected
 
 
@@ -118,7 +118,7 @@ def from_cloud_error(exc: CloudError) -> EndpointError:
                          retry_after_s=RETRY_AFTER_S if status == 429 else None)
 
 
-#: why a field the endpoint does not know is refused (the allowlist of :mod:`edge_sdk.server.protocol`)
+#: why a field the endpoint does not know is refused (the allowlist of :mod:`edge_sdk.server.openai.protocol`)
 UNKNOWN_FIELD = ("unknown field, refused rather than ignored (an ignored privacy marker would send text to the "
                  "cloud): the private part goes in 'coveil', a private message or text part is marked "
                  "'coveil_private': true")

@@ -27,7 +27,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from edge_sdk.server.errors import EndpointError, validation_message
-from edge_sdk.server.protocol import ChatCompletionRequest, CompletionRequest, TokenLogprob
+from edge_sdk.server.openai.protocol import ChatCompletionRequest, CompletionRequest, TokenLogprob
 from edge_sdk.server.serving import Done, EdgeServing, Event, Failed, Generation, Job, StepOut
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -117,6 +117,35 @@ def translate(body: Translatable, served_model: str) -> ChatCompletionRequest | 
         raise EndpointError(400, message, param=param) from None
 
 
+def serving_of(connection: Request) -> EdgeServing:
+    return connection.app.state.serving
+
+
+def uses_tools(request: ChatCompletionRequest | CompletionRequest) -> bool:
+    """Whether the reply is read as a tools reply (a ``tool_choice`` naming no tool is refused by name when the
+    request is checked: no tools until then)."""
+    try:
+        return isinstance(request, ChatCompletionRequest) and bool(request.called_tools())
+    except ValueError:
+        return False
+
+
+async def serve_dialect(connection: Request, schema: type[ModelT],
+                        dialect: Callable[[ModelT | None, bool], Dialect]) -> Response:
+    """A dialect's route: read its body against ``schema``, translate it to the OpenAI request for the same
+    generation and serve that; ``dialect(body, tools)`` answers (``dialect(None, False)``: a request refused before
+    its body was read whole, in the dialect's error shape)."""
+    serving = serving_of(connection)
+    try:
+        body = await read_body(connection, schema)
+        serving.check_model(body.model)
+        request = translate(body, serving.settings.served_model_name)
+    except EndpointError as error:
+        return dialect(None, False).error(Failed(error))
+    return await serve_generation(connection, serving, prepare_for(serving, request), dialect(body, uses_tools(request)),
+                                  stream=bool(getattr(body, "stream", False)))
+
+
 def prepare_for(serving: EdgeServing, request: ChatCompletionRequest | CompletionRequest) -> Callable[[], Generation]:
     """What checks ``request`` and builds its generation (off the event loop)."""
     if isinstance(request, ChatCompletionRequest):
@@ -150,6 +179,7 @@ async def serve_generation(
     """Check and queue the request ``prepare`` builds, wait for its first event, and answer whole or streamed in
     ``dialect``'s shapes."""
     try:
+        serving.check_cloud()  # known down: a 503 at once
         generation = await anyio.to_thread.run_sync(prepare)
         job = serving.submit(generation)
     except EndpointError as error:

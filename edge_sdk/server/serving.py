@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import queue
 import secrets
 import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from edge_sdk.client import EdgeClient, GenerationStream
@@ -34,10 +35,10 @@ from edge_sdk.grammar import GrammarError
 from edge_sdk.privacy.ledger import LedgerEntry, PrivacyLedger
 from edge_sdk.logprobs import TokenLogprobs
 from edge_sdk.policies import available_policies, make_policy
-from edge_sdk.prompts import ChatRenderer, Prompts, chat_prompts, plain_prompts
+from edge_sdk.prompts import CONTEXT_SEPARATOR, ChatRenderer, Prompts, chat_prompts, plain_prompts
 from edge_sdk.server.embeddings import MAX_INPUTS, DeviceEmbedder, Embedded, InputTooLong
 from edge_sdk.server.errors import RETRY_AFTER_S, EndpointError, bad_request, from_cloud_error
-from edge_sdk.server.protocol import (
+from edge_sdk.server.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     CoveilOptions,
@@ -85,7 +86,7 @@ PUBLIC_SYSTEM_NOTE = ("the system message was sent to the cloud as public text, 
 
 
 def ledger_summary(ledger: PrivacyLedger, *, cloud_prompt_tokens: int, queue_ms: float,
-                   notes: Sequence[str] = ()) -> LedgerSummary:
+                   notes: Sequence[str] = (), cut_steps: int = 0) -> LedgerSummary:
     withheld = sum(entry.withheld for entry in ledger.entries)
     return LedgerSummary(
         mode=ledger.mode, policy=ledger.policy, steps=len(ledger.entries), values_uploaded=ledger.values_uploaded,
@@ -94,7 +95,7 @@ def ledger_summary(ledger: PrivacyLedger, *, cloud_prompt_tokens: int, queue_ms:
         withheld_steps=withheld, exposure_budget_spent=withheld > 0, reconnects=ledger.reconnects,
         prefill_overrun=ledger.prefill_overrun, exposure_k=ledger.exposure_k,
         cloud_prompt_tokens=cloud_prompt_tokens, queue_ms=round(queue_ms, 2),
-        summary=ledger.summary(), privacy=ledger.privacy(), notes=list(notes),
+        summary=ledger.summary(), privacy=ledger.privacy(), notes=list(notes), cut_steps=cut_steps,
     )
 
 
@@ -174,6 +175,45 @@ class StopText:
         return self.text[: self.shown]
 
 
+class ShownSteps:
+    """The steps a reply shows, each with its own token's text: a step is released once all its text may be shown
+    (:class:`StopText` holds back what may still become a stop string), and a step whose text lies wholly past a
+    stop string's cut is never released, so its log-probabilities, its stream chunk and its row on the page never
+    show a token the reply does not.  The ledger still counts it (the cloud saw it): :attr:`cut`.
+    """
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.text = StopText(stops)
+        self.cut = 0  # steps a stop string cut whole
+        self._pending: list[tuple[int, int, StepOut]] = []  # (start, end) of each held step's text
+
+    def feed(self, step: StepOut) -> list[StepOut]:
+        """``step`` (its text: the token's whole text) decided; the steps now released, in order."""
+        start = len(self.text.text)
+        self.text.feed(step.text)
+        self._pending.append((start, start + len(step.text), step))
+        return self._release()
+
+    def flush(self) -> list[StepOut]:
+        """The generation ended: every held step, or (a stop string matched) those before the cut."""
+        self.text.flush()
+        return self._release(ended=True)
+
+    def _release(self, *, ended: bool = False) -> list[StepOut]:
+        shown, stopped = self.text.shown, self.text.stopped
+        released = []
+        while self._pending:
+            start, end, step = self._pending[0]
+            if end > shown and not (stopped or ended):
+                break  # part of its text is still held back
+            self._pending.pop(0)
+            if stopped and start >= shown and (end > start or start > shown):  # wholly past the cut
+                self.cut += 1
+                continue
+            released.append(replace(step, text=self.text.text[start:min(end, shown)]))
+        return released
+
+
 @dataclass
 class Generation:
     """One checked request, ready for the SLM."""
@@ -188,6 +228,11 @@ class Generation:
     began_at: float = field(default_factory=time.perf_counter)
     #: what the ledger's summary should tell the app about the request (:data:`PUBLIC_SYSTEM_NOTE`)
     notes: tuple[str, ...] = ()
+    #: ``echo``: the prompt's text, returned before the reply; ``echo_head``: the BOS the app's token ids began
+    #: with, echoed with no log-probability (the prompt's other tokens are scored when logprobs are asked for)
+    echo: str | None = None
+    echo_head: str | None = None
+    score_prompt: bool = False  # echo with logprobs: the decoder scores the prompt once the session is over
 
 
 @dataclass(frozen=True)
@@ -209,6 +254,7 @@ class Done:
     ledger: LedgerSummary
     text: str = ""
     stop_string: str | None = None  # the stop string the reply ended at (request's or the prompt format's)
+    prompt_logprobs: list[TokenLogprob] | None = None  # echo with logprobs: each public prompt token's but the BOS
 
 
 @dataclass(frozen=True)
@@ -254,6 +300,11 @@ class Job:
             self.withdraw(self)
 
 
+#: how long a cloud adapter known to be down (its health check said so, or a generation could not reach it) has
+#: requests answered 503 at once, before the next one tries it again (and pays the reconnects)
+CLOUD_DOWN_S = 5.0
+
+
 class EdgeServing:
     """The endpoint's engine: one :class:`EdgeClient` (one SLM), its queue and its worker thread.
 
@@ -277,6 +328,7 @@ class EdgeServing:
         self._running: Job | None = None
         self._pieces: list[bytes] | None = None  # each id's bytes, for log-probabilities (built when first asked)
         self._embedder: DeviceEmbedder | None = None  # the SLM's GGUF loaded for embeddings (on the first request)
+        self._cloud_down: tuple[float, str] | None = None  # (when, the adapter's state) while known to be down
         self._worker = threading.Thread(target=self._work, name="coveil-slm", daemon=True)
         self._worker.start()
 
@@ -327,12 +379,31 @@ class EdgeServing:
         began_at = time.perf_counter()
         self._check_supported(request)
         options = request.coveil or CoveilOptions()
-        text = request.prompt_text()
-        if not text:
+        slm, private = self.client.slm, options.private_context
+        bos = slm.tokenize("", add_bos=True)
+        ids, text, head = request.prompt_ids(), request.prompt_text(), None
+        if ids is not None:  # token ids, as lm-eval sends them: the cloud reads them after BOS (once)
+            if not ids or any(not 0 <= i < slm.vocab_size for i in ids):
+                raise bad_request(f"the prompt's token ids must be a non-empty list of ids below {slm.vocab_size}",
+                                  param="prompt")
+            if ids[:len(bos)] == bos:
+                ids, head = ids[len(bos):], slm.detokenize(bos)
+            context = slm.tokenize(private + CONTEXT_SEPARATOR, add_bos=True) if private else bos
+            prompts = Prompts(tuple(context + ids), tuple(bos + ids), private)
+            text = slm.detokenize(ids)
+        elif not text:
             raise bad_request("the prompt is empty", param="prompt")
-        prompts = plain_prompts(self.client.slm, text, options.private_context)
-        return self._generation("cmpl", request, options, prompts, "prompt", request.reply_limit(),
-                                request.logprobs_count(), began_at)
+        else:
+            prompts = plain_prompts(slm, text, private)
+        prefix = None
+        if request.echo_scored():  # the public tokens are scored after BOS, the private context and its separator
+            prefix = slm.tokenize(private + CONTEXT_SEPARATOR, add_bos=True) if private else bos
+        generation = self._generation("cmpl", request, options, prompts, "prompt", request.reply_limit(),
+                                      request.logprobs_count(), began_at, prompt_prefix=prefix)
+        if request.echo:
+            generation.echo, generation.echo_head = (head or "") + text, head
+        generation.score_prompt = prefix is not None
+        return generation
 
     def check_model(self, model: str) -> None:
         """404 unless ``model`` is the served model's name."""
@@ -350,6 +421,7 @@ class EdgeServing:
     def _generation(
         self, prefix: str, request: GenerationRequest, options: CoveilOptions, prompts: Prompts, prompt_param: str,
         reply_limit: int | None, logprobs: int | None, began_at: float, format_stops: tuple[str, ...] = (),
+        prompt_prefix: list[int] | None = None,
     ) -> Generation:
         """The decoder for ``prompts`` under the request's options and the server's defaults; the reply ends at
         the request's stop strings and at the prompt format's own (``format_stops``: the next question of a
@@ -370,6 +442,11 @@ class EdgeServing:
                 param=prompt_param, code="context_length_exceeded",
             )
         mode = options.mode or self.settings.default_mode
+        if prompt_prefix is not None and mode != "edge":
+            raise bad_request("echo with logprobs is served in edge-side fusion only (coveil.mode \"edge\"): "
+                              "cloud-side the fused row is the cloud's, made from the policy's upload, so scoring the "
+                              "prompt would upload the SLM's row at every prompt position, releases the generation "
+                              "itself never makes", param="echo")
         policy_name = options.policy or self.settings.default_policy
         try:
             policy = make_policy(policy_name, backend=self.client.slm, **options.params)
@@ -387,7 +464,8 @@ class EdgeServing:
                                     "exposure_budget": options.exposure_budget, "max_epsilon": options.max_epsilon,
                                     "epsilon_delta": options.epsilon_delta, "pace_ms": options.pace_ms,
                                     "prefill_budget_ms": options.prefill_budget_ms,
-                                    "stopping": StopStrings(stops) if stops else None, "logprobs": logprobs}
+                                    "stopping": StopStrings(stops) if stops else None, "logprobs": logprobs,
+                                    "prompt_prefix": prompt_prefix}
         if options.alpha is not None:
             settings["alpha"] = options.alpha
         schema = request.json_schema()
@@ -459,9 +537,36 @@ class EdgeServing:
                 self._embedder = DeviceEmbedder(path, n_ctx=self.n_ctx, n_threads=self.settings.threads)
             return self._embedder
 
+    # -- the cloud adapter's state ------------------------------------------------------------------
+    def cloud_seen(self, state: str) -> None:
+        """What the adapter's health check said (``serving``, ``not_serving``, ``unreachable``, ``unknown``), or a
+        generation found: ``not_serving`` or ``unreachable`` marks it down for :data:`CLOUD_DOWN_S`."""
+        with self._lock:
+            if state == "serving":
+                self._cloud_down = None
+            elif state in ("not_serving", "unreachable"):  # "unknown" (no health service) says nothing
+                self._cloud_down = (time.monotonic(), state)
+
+    def check_cloud(self) -> None:
+        """A 503 at once, with ``Retry-After``, while the adapter is known to be down (before a request is even
+        checked: building its prompts may take a while)."""
+        with self._lock:
+            if self._cloud_down is None:
+                return
+            since, state = self._cloud_down
+            left = CLOUD_DOWN_S - (time.monotonic() - since)
+            if left <= 0:
+                self._cloud_down = None  # the next request tries it
+                return
+        raise EndpointError(503, f"the cloud adapter is down (its state: {state}, {time.monotonic() - since:.1f} s "
+                            "ago); retry later", type="service_unavailable", code="cloud_unavailable",
+                            retry_after_s=max(1, math.ceil(left)))
+
     # -- the queue -----------------------------------------------------------------------------------
     def submit(self, generation: Generation) -> Job:
-        """Queue ``generation``; its events arrive on the returned job (call from the event loop)."""
+        """Queue ``generation``; its events arrive on the returned job (call from the event loop).  While the cloud
+        adapter is known to be down, a 503 at once instead of a wait for reconnects."""
+        self.check_cloud()
         job = Job(generation, asyncio.get_running_loop(), withdraw=self._withdraw)
         with self._lock:
             if len(self._queued) >= self.settings.max_queue:
@@ -505,31 +610,39 @@ class EdgeServing:
         generation = job.generation
         started = time.perf_counter()
         queue_ms = (started - job.enqueued_at) * 1e3
-        shown = StopText(generation.stops)
+        shown = ShownSteps(generation.stops)
         stream: GenerationStream | None = None
 
         def what_left() -> LedgerSummary | None:
             if stream is None:
                 return None
             return ledger_summary(stream.ledger, cloud_prompt_tokens=len(generation.prompts.cloud_ids),
-                                  queue_ms=queue_ms, notes=generation.notes)
+                                  queue_ms=queue_ms, notes=generation.notes, cut_steps=shown.cut)
 
         try:
             stream = self.client.run(generation.decoder, began_at=generation.began_at)
             with stream:
                 for step in stream.steps():
                     logprobs = None if step.logprobs is None else self.token_logprob(step.logprobs)
-                    job.put(StepOut(shown.feed(step.text), step_report(step.entry), logprobs))
+                    for out in shown.feed(StepOut(step.text, step_report(step.entry), logprobs)):
+                        job.put(out)
                     if job.cancelled.is_set():
                         log.info("request %s: the client went away after %d tokens", generation.request_id,
                                  len(stream.token_ids))
                         return
-                rest = shown.flush()
-                finish = "stop" if shown.stopped else FINISH_REASONS.get(stream.finish_reason or "", "stop")
+                for out in shown.flush():
+                    job.put(out)
+                finish = "stop" if shown.text.stopped else FINISH_REASONS.get(stream.finish_reason or "", "stop")
                 ledger = stream.ledger
                 completion_tokens = len(stream.token_ids)
+            # echo with logprobs: the SLM scores the public prompt once the session has closed (nothing waits on it)
+            decoder = generation.decoder
+            prompt_logprobs = [self.token_logprob(entry) for entry in decoder.prompt_logprobs(
+                decoder.settings.logprobs or 0)] if generation.score_prompt else None
         except CloudError as exc:
             error = from_cloud_error(exc)
+            if error.code == "cloud_unavailable":
+                self.cloud_seen("unreachable")
             log.warning("request %s: %s (HTTP %d)", generation.request_id, exc.code, error.status)
             job.put(Failed(error, what_left()))
             return
@@ -539,12 +652,13 @@ class EdgeServing:
             job.put(Failed(EndpointError(500, f"internal error ({type(exc).__name__})", type="server_error"),
                            what_left()))
             return
+        self.cloud_seen("serving")
         prompt_tokens = len(generation.prompts.slm_ids)
         usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                       total_tokens=prompt_tokens + completion_tokens)
         summary = ledger_summary(ledger, cloud_prompt_tokens=len(generation.prompts.cloud_ids), queue_ms=queue_ms,
-                                 notes=generation.notes)
-        job.put(Done(finish, usage, summary, rest, shown.matched))
+                                 notes=generation.notes, cut_steps=shown.cut)
+        job.put(Done(finish, usage, summary, "", shown.text.matched, prompt_logprobs))
         log.info(
             "request %s: %s-side %s, %d+%d tokens (%s), %d values up, %d full requests, %d B up, %d B down, "
             "leakage meter %.1f%%, queued %.0f ms, decoded in %.0f ms", generation.request_id, summary.mode,

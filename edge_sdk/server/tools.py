@@ -125,3 +125,49 @@ def read_reply(text: str) -> ToolCall | str | None:
 def result_text(name: str | None, content: str) -> str:
     """A tool's result as the user turn that brings it into the conversation."""
     return f"Result of {name or 'the function call'}: {content}"
+
+
+# -- what the Anthropic and Responses dialects send, as the chat request's tools and messages -----------------
+
+
+def function_tool(name: str, description: str | None, parameters: dict[str, Any] | None) -> dict[str, Any]:
+    """A dialect's function as a ``tools[i]`` of the chat request (its schema checked there, by name)."""
+    function: dict[str, Any] = {"name": name}
+    if description is not None:
+        function["description"] = description
+    if parameters is not None:
+        function["parameters"] = parameters
+    return {"type": "function", "function": function}
+
+
+def named_choice(name: str) -> dict[str, Any]:
+    """``tool_choice`` naming one function, as the chat request spells it."""
+    return {"type": "function", "function": {"name": name}}
+
+
+def call_message(call_id: str, name: str, arguments: dict[str, Any] | str) -> dict[str, Any]:
+    """An earlier reply's call as the chat request's assistant message (it joins the conversation as its JSON)."""
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments, separators=(",", ":"))
+    return {"role": "assistant", "content": None,
+            "tool_calls": [{"id": call_id, "type": "function", "function": {"name": name, "arguments": text}}]}
+
+
+def result_message(call_id: str, name: str | None, content: str, *, private: bool) -> dict[str, Any]:
+    """A tool's result as the chat request's ``tool`` message (public unless ``private``)."""
+    return {"role": "tool", "tool_call_id": call_id, "name": name, "content": content, "coveil_private": private}
+
+
+class HeldReply:
+    """A tools reply streamed: its steps' text is held (a call is read whole) and read once the generation ends."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+
+    def hold(self, text: str) -> None:
+        self.parts.append(text)
+
+    def read(self, rest: str) -> ToolCall | str:
+        """The call, or the text (``{"content": ...}``'s, else the raw text of a reply cut short)."""
+        text = "".join(self.parts) + rest
+        read = read_reply(text)
+        return text if read is None else read

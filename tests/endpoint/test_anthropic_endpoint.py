@@ -92,7 +92,12 @@ def test_a_stop_sequence_ends_the_reply_and_is_named(endpoint: Endpoint) -> None
     ({"tools": [{"name": "x", "input_schema": {"type": "object"}}], "tool_choice": {"type": "any"},
       "unknown_tool_field": 1}, "unknown_tool_field"),
     ({"max_tokens": 0}, "max_tokens"),
-], ids=["image", "unknown marker", "too many stops", "top_k", "unknown field", "max_tokens"])
+    ({"tools": [{"name": "f", "input_schema": {"type": "object"}, "strictness": 1}]}, "strictness"),
+    ({"tools": [{"name": "f", "input_schema": {"type": "object"}}], "tool_choice": {"type": "tool", "name": "g"}},
+     "tool_choice"),
+    ({"tools": [{"name": "f", "input_schema": {"$ref": "#/nowhere"}}], "tool_choice": {"type": "any"}}, "tools"),
+], ids=["image", "unknown marker", "too many stops", "top_k", "unknown field", "max_tokens", "unknown tool field",
+        "unknown tool", "schema that cannot compile"])
 def test_bad_requests_are_anthropic_errors_naming_the_field_and_reach_no_cloud(
         endpoint: Endpoint, cloud: Cloud, body: dict, where: str) -> None:
     before = len(cloud.transcripts())
@@ -114,3 +119,67 @@ def test_an_unknown_model_is_a_not_found_error(endpoint: Endpoint) -> None:
         client(endpoint).messages.create(model="claude-opus", max_tokens=2,
                                          messages=[{"role": "user", "content": QUESTION}])
     assert caught.value.body["error"]["type"] == "not_found_error"
+
+
+ORGAN_TOOL = {"name": "organ_info", "description": "Facts about an organ",
+              "input_schema": {"type": "object", "properties": {"organ": {"enum": ["liver", "heart", "lung"]}},
+                               "required": ["organ"], "additionalProperties": False}}
+WEATHER_TOOL = {"name": "get_weather", "description": "The weather in a city",
+                "input_schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+                                 "required": ["city"], "additionalProperties": False}}
+
+
+def tools_shown(tools: list[dict]) -> list:
+    """The tools as the chat request's (the cloud's system message shows them so)."""
+    from edge_sdk.server.tools import Tool
+
+    return [Tool.model_validate({"type": "function", "function": {
+        "name": tool["name"], "description": tool["description"], "parameters": tool["input_schema"]}})
+        for tool in tools]
+
+
+@pytest.mark.parametrize("mode", ["edge", "cloud"])
+def test_tools_are_tool_use_blocks_whole_and_streamed(endpoint: Endpoint, cloud: Cloud, mode: str) -> None:
+    import jsonschema
+
+    from edge_sdk.server.tools import instruction
+
+    messages = [{"role": "user", "content": QUESTION}]
+    reply = client(endpoint).messages.create(model="coveil", max_tokens=40, messages=messages,
+                                             tools=[WEATHER_TOOL, ORGAN_TOOL], tool_choice={"type": "any"},
+                                             extra_body=coveil(mode))
+    assert reply.stop_reason == "tool_use" and [block.type for block in reply.content] == ["tool_use"]
+    call = reply.content[0]
+    assert call.id.startswith("toolu_") and call.name in ("get_weather", "organ_info")
+    jsonschema.validate(call.input, (ORGAN_TOOL if call.name == "organ_info" else WEATHER_TOOL)["input_schema"])
+    seen = cloud.transcripts()[-1]  # the tools are public: the cloud read them as the first system message
+    assert seen["prompt_ids"] == endpoint.template.render(
+        [{"role": "system", "content": instruction(tools_shown([WEATHER_TOOL, ORGAN_TOOL]), False)}, *messages])
+    assert CANARY not in json.dumps(seen)
+
+    with client(endpoint).messages.stream(model="coveil", max_tokens=40, messages=messages,
+                                          tools=[WEATHER_TOOL, ORGAN_TOOL],
+                                          tool_choice={"type": "tool", "name": "organ_info"},
+                                          extra_body=coveil(mode)) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "tool_use" and [block.type for block in final.content] == ["tool_use"]
+    assert final.content[0].name == "organ_info"
+    jsonschema.validate(final.content[0].input, ORGAN_TOOL["input_schema"])
+    assert final.usage.output_tokens > 0
+
+
+def test_tool_use_and_tool_result_blocks_join_the_conversation_public_unless_marked(endpoint: Endpoint,
+                                                                                   cloud: Cloud) -> None:
+    messages = [{"role": "user", "content": QUESTION},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "organ_info",
+                                                   "input": {"organ": "liver"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                              "content": f"{CANARY}'s liver is enlarged", "coveil_private": True},
+                                             {"type": "text", "text": "So which organ?"}]}]
+    client(endpoint).messages.create(model="coveil", max_tokens=2, messages=messages, extra_body=coveil("edge"))
+    seen = cloud.transcripts()[-1]
+    expected = [{"role": "user", "content": QUESTION},
+                {"role": "assistant", "content": '{"name":"organ_info","arguments":{"organ":"liver"}}'},
+                {"role": "user", "content": "So which organ?"}]
+    assert seen["prompt_ids"] == endpoint.template.render(expected) and CANARY not in json.dumps(seen)
+

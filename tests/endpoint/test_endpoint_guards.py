@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from edge_sdk.prompts import Prompts
-from edge_sdk.server.protocol import ChatCompletionRequest, CompletionRequest
+from edge_sdk.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 from edge_sdk.server.serving import EdgeServing
 from edge_sdk.server.settings import ServerSettings
 

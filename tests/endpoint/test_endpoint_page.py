@@ -97,7 +97,12 @@ def test_the_page_colours_each_token_by_what_the_cloud_saw(endpoint: Endpoint, b
     prompts = chat_prompts(endpoint.template, [{"role": "user", "content": QUESTION}], PRIVATE_CONTEXT)
     expected, shown = generate_as_the_endpoint(endpoint, prompts, mode="cloud", policy=CoVeil(lam=1.0),
                                                max_new_tokens=TOKENS)
-    entries = expected.ledger.entries
+    # a token whose text a stop string cut (it starts at or past the end of the text shown) has no row: the
+    # page shows the reply's tokens; the summary still counts every step (the cloud saw them all)
+    every_entry = expected.ledger.entries
+    tokens = expected.token_ids
+    entries = [entry for k, entry in enumerate(every_entry)
+               if len(endpoint.client.slm.detokenize(tokens[:k])) < len(shown)]
 
     spans = browser.find_elements(By.CSS_SELECTOR, "#answer span.tok")
     assert "".join(span.get_attribute("textContent") for span in spans) == shown
@@ -117,15 +122,16 @@ def test_the_page_colours_each_token_by_what_the_cloud_saw(endpoint: Endpoint, b
     assert [exact(row, 3) for row in rows] == [e.values_uploaded for e in entries]
     summary = [cell.text for cell in browser.find_elements(By.CSS_SELECTOR, "#ledger tfoot td")]
     footer = browser.find_element(By.CSS_SELECTOR, "#ledger tfoot tr")
-    assert summary[0] == f"{len(entries)} steps" and summary[1] in ("finish: length", "finish: stop")
+    assert summary[0] == f"{len(every_entry)} steps" and summary[1] in ("finish: length", "finish: stop")
     assert exact(footer, 3) == expected.ledger.values_uploaded
     assert exact(footer, 4) == expected.ledger.bytes_up
     assert summary[3] == f"{expected.ledger.values_uploaded:,}" and summary[4] == readable_bytes(exact(footer, 4))
     # bytes down: each Distribution carries the cloud's forward time as a varint (forward_ns), 3 or 4 bytes for
     # a forward of 16 us to 268 ms, so two runs of the same generation differ by up to a byte a step; the
     # footer is the per-step rows summed
-    assert abs(exact(footer, 5) - expected.ledger.bytes_down) <= len(entries)
-    assert exact(footer, 5) == sum(exact(row, 5) for row in rows)
+    assert abs(exact(footer, 5) - expected.ledger.bytes_down) <= len(every_entry)
+    cut = every_entry[len(rows):]  # their bytes, from the SDK's run of the same generation (a byte a step apart)
+    assert abs(exact(footer, 5) - sum(exact(row, 5) for row in rows) - sum(e.bytes_down for e in cut)) <= len(cut)
     meter = browser.find_element(By.ID, "meter-value").text
     assert meter == summary[6] == f"{100 * expected.ledger.leak_share:.1f}%"
     # the meter says why it rose, at the first step that raised it
@@ -240,6 +246,11 @@ def test_the_export_button_downloads_the_activity_log_with_the_odds_next_to_epsi
     # hand: 2 tokens at eps = 1, order 2, delta 1e-5: 2 + log(1e5) - 2 log 2 = 12.13, e^12.13 = 184,726: 180,000
     assert line.startswith("ε spent: 12.13 at δ = 0.00001 for any two private contexts"), line
     assert "for one private context against none" in line and "weaker" in line
+    # the summary row names the policy by what one release costs for that relation, as the ledger does, never
+    # by its bare parameter beside the generation's epsilon
+    summary = browser.find_element(By.CSS_SELECTOR, "#ledger tfoot").text
+    assert "edge-side dp_fusion (each of 2 releases: renyi(order=2, epsilon=1) for any two private contexts" in summary
+    assert "epsilon=1.0" not in summary
     assert "In words: whoever sees what left the device is at most 180,000 times more likely to tell your context " \
            "from any other" in line
 

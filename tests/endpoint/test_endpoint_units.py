@@ -18,7 +18,7 @@ import pytest
 from edge_sdk.client import GenerationStream
 from edge_sdk.prompts import Prompts
 from edge_sdk.server.errors import EndpointError, from_cloud_error
-from edge_sdk.server.protocol import ChatCompletionRequest, CompletionRequest
+from edge_sdk.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 from edge_sdk.server.serving import EdgeServing, Generation, StopText, cloud_saw, step_report
 from edge_sdk.privacy.ledger import LedgerEntry, PrivacyLedger
 from edge_sdk.server.settings import ServerSettings
@@ -115,7 +115,11 @@ def test_parameters_the_endpoint_cannot_honour_are_named() -> None:
     assert CompletionRequest(model="coveil", prompt="a", logprobs=20).unsupported() is None
     assert CompletionRequest(model="coveil", prompt="a", logprobs=21).unsupported()[0] == "logprobs"
     assert CompletionRequest(model="coveil", prompt=["a", "b"]).unsupported()[0] == "prompt"
-    assert CompletionRequest(model="coveil", prompt="a", echo=True).unsupported()[0] == "echo"
+    assert CompletionRequest(model="coveil", prompt="a", echo=True).unsupported() is None
+    assert CompletionRequest(model="coveil", prompt="a", echo=True, stream=True).unsupported()[0] == "echo"
+    assert CompletionRequest(model="coveil", prompt=[[1, 2]]).prompt_ids() == [1, 2]  # lm-eval's token ids
+    assert CompletionRequest(model="coveil", prompt=[3, 4]).prompt_ids() == [3, 4]
+    assert CompletionRequest(model="coveil", prompt=[[1], [2]]).unsupported()[0] == "prompt"
     # a message's text parts are joined; developer messages are system messages to a chat template
     message = ChatCompletionRequest(model="coveil", messages=[
         {"role": "developer", "content": [{"type": "text", "text": "be "}, {"type": "text", "text": "brief"}]}

@@ -70,7 +70,7 @@ def test_each_ndjson_line_says_what_the_cloud_saw_and_the_last_the_ledger(endpoi
         assert response.headers["content-type"].startswith("application/x-ndjson")
         lines = [json.loads(line) for line in response.iter_lines() if line]
     steps = [line["coveil"]["step"] for line in lines[:-1]]
-    assert len(steps) == lines[-1]["eval_count"] == lines[-1]["coveil"]["steps"]
+    assert len(steps) + lines[-1]["coveil"]["cut_steps"] == lines[-1]["eval_count"] == lines[-1]["coveil"]["steps"]
     assert {step["saw"] for step in steps} <= {"token", "full"} and lines[-1]["coveil"]["mode"] == "edge"
 
 

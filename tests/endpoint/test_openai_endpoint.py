@@ -92,14 +92,15 @@ def test_chat_completions_whole_and_streamed_in_both_fusion_modes(endpoint: Endp
     chunks = list(stream)
     steps = [c.model_extra["coveil"]["step"] for c in chunks if (c.model_extra.get("coveil") or {}).get("step")]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text == shown and len(steps) == len(direct.token_ids)
-    assert [s["token_id"] for s in steps] == direct.token_ids
+    last = [c for c in chunks if c.choices and c.choices[0].finish_reason][-1]
+    cut = last.model_extra["coveil"]["ledger"]["cut_steps"]  # tokens a stop string cut: neither shown nor streamed
+    assert text == shown and len(steps) == len(direct.token_ids) - cut
+    assert [s["token_id"] for s in steps] == direct.token_ids[: len(steps)]
     # edge-side the cloud sees each synchronised token; cloud-side an upload (or nothing), never a token
     allowed = {"token", "full"} if mode == "edge" else {"upload", "nothing", "full"}
     assert {s["saw"] for s in steps} <= allowed
-    last = [c for c in chunks if c.choices and c.choices[0].finish_reason][-1]
-    assert last.model_extra["coveil"]["ledger"]["steps"] == len(steps)
-    assert chunks[-1].usage.completion_tokens == len(steps) and chunks[-1].choices == []
+    assert last.model_extra["coveil"]["ledger"]["steps"] == len(steps) + cut
+    assert chunks[-1].usage.completion_tokens == len(steps) + cut and chunks[-1].choices == []
 
 
 def test_the_embedded_base_model_answers_the_question_instead_of_repeating_it(endpoint: Endpoint) -> None:

@@ -86,7 +86,12 @@ def test_input_items_with_a_private_part_and_logprobs(endpoint: Endpoint, cloud:
     ({"input": [{"role": "user", "content": CANARY, "private": True}]}, "input"),
     ({"include": ["reasoning.encrypted_content"]}, "include"),
     ({"max_output_tokens": 100000}, "input"),  # the conversation and the reply past the context window
-], ids=["previous_response_id", "store", "conversation", "image", "unknown marker", "include", "too long"])
+    ({"tools": [{"type": "function", "name": "f", "parameters": {}, "strictness": 1}]}, "tools"),
+    ({"tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "function", "name": "missing"}},
+     "tool_choice"),
+    ({"tools": [{"type": "web_search"}]}, "tools"),
+], ids=["previous_response_id", "store", "conversation", "image", "unknown marker", "include", "too long",
+        "unknown tool field", "unknown function", "built-in tool"])
 def test_what_a_stateless_endpoint_cannot_honour_is_refused_naming_the_field(
         endpoint: Endpoint, cloud: Cloud, body: dict, param: str) -> None:
     before = len(cloud.transcripts())
@@ -99,3 +104,60 @@ def test_what_a_stateless_endpoint_cannot_honour_is_refused_naming_the_field(
     with pytest.raises(openai.BadRequestError):
         api(endpoint).responses.create(model="coveil", input=request["input"], extra_body=extra)
     assert len(cloud.transcripts()) == before
+
+
+ORGAN_FUNCTION = {"type": "function", "name": "organ_info", "description": "Facts about an organ",
+                  "parameters": {"type": "object", "properties": {"organ": {"enum": ["liver", "heart", "lung"]}},
+                                 "required": ["organ"], "additionalProperties": False}}
+WEATHER_FUNCTION = {"type": "function", "name": "get_weather", "description": "The weather in a city",
+                    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+                                   "required": ["city"], "additionalProperties": False}}
+
+
+@pytest.mark.parametrize("mode", ["edge", "cloud"])
+def test_function_tools_are_function_call_items_whole_and_streamed(endpoint: Endpoint, cloud: Cloud,
+                                                                   mode: str) -> None:
+    import jsonschema
+
+    from edge_sdk.server.tools import Tool, instruction
+
+    functions = [WEATHER_FUNCTION, ORGAN_FUNCTION]
+    reply = api(endpoint).responses.create(model="coveil", input=QUESTION, tools=functions, tool_choice="required",
+                                           max_output_tokens=40, extra_body=coveil(mode))
+    assert [item.type for item in reply.output] == ["function_call"] and reply.status == "completed"
+    call = reply.output[0]
+    schema = (ORGAN_FUNCTION if call.name == "organ_info" else WEATHER_FUNCTION)["parameters"]
+    jsonschema.validate(json.loads(call.arguments), schema)
+    shown = [Tool.model_validate({"type": "function", "function": {
+        key: value for key, value in function.items() if key != "type"}}) for function in functions]
+    seen = cloud.transcripts()[-1]  # the functions are public: the cloud read them as the first system message
+    assert seen["prompt_ids"] == endpoint.template.render(
+        [{"role": "system", "content": instruction(shown, False)}, {"role": "user", "content": QUESTION}])
+
+    events = list(api(endpoint).responses.create(model="coveil", input=QUESTION, tools=functions,
+                                                 tool_choice={"type": "function", "name": "organ_info"},
+                                                 max_output_tokens=40, stream=True, extra_body=coveil(mode)))
+    kinds = [event.type for event in events]
+    assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.function_call_arguments.delta", "response.function_call_arguments.done",
+                     "response.output_item.done", "response.completed"]
+    done = events[4]
+    jsonschema.validate(json.loads(done.arguments), ORGAN_FUNCTION["parameters"])
+    final = events[-1].response
+    assert final.output[0].type == "function_call" and final.output[0].name == "organ_info"
+    assert final.output[0].arguments == done.arguments and final.model_extra["coveil"]["steps"] > 0
+
+
+def test_function_call_items_join_the_conversation_public_unless_marked(endpoint: Endpoint, cloud: Cloud) -> None:
+    items = [{"role": "user", "content": QUESTION},
+             {"type": "function_call", "call_id": "call_1", "name": "organ_info", "arguments": '{"organ":"liver"}'},
+             {"type": "function_call_output", "call_id": "call_1", "output": f"{CANARY}'s liver is enlarged",
+              "coveil_private": True},
+             {"role": "user", "content": "So which organ?"}]
+    api(endpoint).responses.create(model="coveil", input=items, max_output_tokens=2, extra_body=coveil("edge"))
+    seen = cloud.transcripts()[-1]
+    expected = [{"role": "user", "content": QUESTION},
+                {"role": "assistant", "content": '{"name":"organ_info","arguments":{"organ":"liver"}}'},
+                {"role": "user", "content": "So which organ?"}]
+    assert seen["prompt_ids"] == endpoint.template.render(expected) and CANARY not in json.dumps(seen)
+

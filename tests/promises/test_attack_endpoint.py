@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from edge_sdk.server.protocol import ChatCompletionRequest
+from edge_sdk.server.openai.protocol import ChatCompletionRequest
 from edge_sdk.server.serving import EdgeServing
 from edge_sdk.server.settings import ServerSettings
 from tests.endpoint.test_endpoint_guards import RecordingClient, RecordingRenderer

@@ -19,7 +19,7 @@ import pytest
 from edge_sdk._wire import coveil_pb2
 from edge_sdk.client import CLOUD_SERVICE, Credentials, EdgeClient
 from edge_sdk.policies import make_policy
-from edge_sdk.server.protocol import CompletionRequest
+from edge_sdk.server.openai.protocol import CompletionRequest
 from edge_sdk.server.serving import Done, EdgeServing, Failed
 from edge_sdk.server.settings import ServerSettings
 from tests.promises.test_malicious_cloud import LyingCloud, PeakSLM

@@ -1,12 +1,17 @@
 """The Messages API's request and response schemas, as far as the endpoint serves them.
 
 A request is read against an allowlist, as the OpenAI routes' are (an unknown field is a 400 naming it, never
-ignored), and becomes the :class:`~edge_sdk.server.protocol.ChatCompletionRequest` that asks for the same
+ignored), and becomes the :class:`~edge_sdk.server.openai.protocol.ChatCompletionRequest` that asks for the same
 generation: ``system`` the system message, ``max_tokens``, ``stop_sequences`` the stop strings, ``temperature``
 the cloud's sampling temperature in cloud-side fusion.  The private part rides in a top-level ``coveil`` object
 (``extra_body={"coveil": {...}}`` with the ``anthropic`` client; the fields of
-:class:`~edge_sdk.server.protocol.CoveilOptions`), or a text block of ``system`` or of a message marked
+:class:`~edge_sdk.server.openai.protocol.CoveilOptions`), or a text block of ``system`` or of a message marked
 ``"coveil_private": true`` joins the private context.
+
+Tools: ``tools`` (``name``, ``description``, ``input_schema``) and ``tool_choice`` (``auto``, ``any``, ``tool``
+with its ``name``, ``none``) become the chat request's, so the reply is constrained by the same grammar
+(:mod:`edge_sdk.server.tools`); an earlier reply's ``tool_use`` block joins the conversation as the call it made,
+a ``tool_result`` block as the tool's result (public unless it is marked ``"coveil_private": true``).
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from edge_sdk.server.protocol import ChatCompletionRequest, CoveilOptions, LedgerSummary, StepReport
+from edge_sdk.server.openai.protocol import ChatCompletionRequest, CoveilOptions, LedgerSummary, StepReport
+from edge_sdk.server.tools import call_message, function_tool, named_choice, result_message
 
 #: the OpenAI request's parameter names as this API names them (in errors)
 PARAM_NAMES = {"stop": "stop_sequences"}
@@ -37,17 +43,72 @@ class TextBlock(BaseModel):
         return {"type": "text", "text": self.text, "coveil_private": self.coveil_private}
 
 
+class ToolUseBlock(BaseModel):
+    """A call an earlier reply made (an assistant message's block, as the ``anthropic`` client returns it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+    cache_control: dict | None = None
+
+
+class ToolResultBlock(BaseModel):
+    """A tool's result (a user message's block); ``coveil_private`` keeps it on the device."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[TextBlock] = ""
+    is_error: bool | None = None
+    coveil_private: StrictBool = False
+    cache_control: dict | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(block.text for block in self.content)
+
+
 class OtherBlock(BaseModel):
-    """A block of a kind the endpoint does not serve (images, documents, tool calls and results, thinking): read
-    only to be refused by name (:meth:`MessagesRequest.refused`)."""
+    """A block of a kind the endpoint does not serve (images, documents, thinking, server tools): read only to be
+    refused by name (:meth:`MessagesRequest.refused`)."""
 
     model_config = ConfigDict(extra="allow")
 
-    type: Literal["image", "document", "search_result", "thinking", "redacted_thinking", "tool_use",
-                  "tool_result", "server_tool_use", "web_search_tool_result", "container_upload"]
+    type: Literal["image", "document", "search_result", "thinking", "redacted_thinking", "server_tool_use",
+                  "web_search_tool_result", "container_upload"]
 
 
-Block = TextBlock | OtherBlock
+Block = TextBlock | ToolUseBlock | ToolResultBlock | OtherBlock
+
+
+class ToolSpec(BaseModel):
+    """``tools[i]``: a function the reply may call (client tools; server tools are refused as unknown fields)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str | None = None
+    input_schema: dict[str, Any]
+    type: Literal["custom"] | None = None
+    cache_control: dict | None = None
+
+
+class ToolChoice(BaseModel):
+    """``tool_choice``: ``auto`` (a call or text), ``any`` (a call), ``tool`` (a call to ``name``), ``none``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None  # a reply makes one call at most here
+
+    def as_openai(self) -> str | dict[str, Any]:
+        if self.type == "tool":
+            return named_choice(self.name or "")
+        return {"auto": "auto", "any": "required", "none": "none"}[self.type]
 
 
 class InputMessage(BaseModel):
@@ -74,8 +135,8 @@ class MessagesRequest(BaseModel):
     metadata: dict[str, Any] | None = None  # user_id: accepted, not used
     service_tier: str | None = None
     thinking: dict | None = None
-    tools: list[dict] | None = None
-    tool_choice: dict | None = None
+    tools: list[ToolSpec] | None = None
+    tool_choice: ToolChoice | None = None
     container: str | None = None
     mcp_servers: list[dict] | None = None
     coveil: CoveilOptions | None = None
@@ -87,8 +148,8 @@ class MessagesRequest(BaseModel):
             return "top_k", "it would change the fused distribution outside the policy"
         if self.thinking is not None and self.thinking.get("type") != "disabled":
             return "thinking", "the edge model does not think before it answers"
-        if self.tools or self.tool_choice:
-            return "tools", "tool calls are not served"
+        if self.tool_choice is not None and self.tool_choice.type == "tool" and not self.tool_choice.name:
+            return "tool_choice", "a tool choice of type tool names the tool"
         for name in ("container", "mcp_servers"):
             if getattr(self, name):
                 return name, "not served by the edge model"
@@ -106,12 +167,26 @@ class MessagesRequest(BaseModel):
             messages.append({"role": "system", "content": self.system})
         elif isinstance(self.system, list) and self.system:
             messages.append({"role": "system", "content": [block.as_part() for block in self.system]})
+        names: dict[str, str] = {}  # each earlier call's id → its function, to name its result
         for message in self.messages:
-            content = message.content if isinstance(message.content, str) else [
-                block.as_part() for block in message.content if isinstance(block, TextBlock)]
-            messages.append({"role": message.role, "content": content})
+            if isinstance(message.content, str):
+                messages.append({"role": message.role, "content": message.content})
+                continue
+            for block in message.content:
+                if isinstance(block, ToolUseBlock):
+                    names[block.id] = block.name
+                    messages.append(call_message(block.id, block.name, block.input))
+                elif isinstance(block, ToolResultBlock):
+                    messages.append(result_message(block.tool_use_id, names.get(block.tool_use_id), block.text(),
+                                                   private=block.coveil_private))
+            text = [block.as_part() for block in message.content if isinstance(block, TextBlock)]
+            if text or not any(isinstance(block, ToolUseBlock | ToolResultBlock) for block in message.content):
+                messages.append({"role": message.role, "content": text})
         fields = {"temperature": self.temperature, "top_p": self.top_p, "stop": self.stop_sequences,
-                  "coveil": self.coveil}
+                  "coveil": self.coveil,
+                  "tools": None if self.tools is None else [
+                      function_tool(tool.name, tool.description, tool.input_schema) for tool in self.tools],
+                  "tool_choice": None if self.tool_choice is None else self.tool_choice.as_openai()}
         return ChatCompletionRequest(model=served_model, messages=messages, max_tokens=self.max_tokens,
                                      stream=self.stream, **{k: v for k, v in fields.items() if v is not None})
 
@@ -122,6 +197,15 @@ class MessagesRequest(BaseModel):
 class ResponseText(BaseModel):
     type: Literal["text"] = "text"
     text: str
+
+
+class ResponseToolUse(BaseModel):
+    """A call the reply made."""
+
+    type: Literal["tool_use"] = "tool_use"
+    id: str
+    name: str
+    input: dict[str, Any]
 
 
 class MessagesUsage(BaseModel):
@@ -139,7 +223,7 @@ class Message(BaseModel):
     type: Literal["message"] = "message"
     role: Literal["assistant"] = "assistant"
     model: str
-    content: list[ResponseText]
+    content: list[ResponseText | ResponseToolUse]
     stop_reason: StopReason | None = None
     stop_sequence: str | None = None
     usage: MessagesUsage

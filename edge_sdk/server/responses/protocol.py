@@ -1,11 +1,17 @@
 """The Responses API's request and response schemas, as far as the stateless endpoint serves them.
 
 A request is read against an allowlist (an unknown field is a 400 naming it, never ignored) and becomes the
-:class:`~edge_sdk.server.protocol.ChatCompletionRequest` for the same generation: ``instructions`` the system
+:class:`~edge_sdk.server.openai.protocol.ChatCompletionRequest` for the same generation: ``instructions`` the system
 message, ``input`` (a text: the user's message; or message items) the conversation, ``max_output_tokens``,
 ``text.format`` the response format, ``include: ["message.output_text.logprobs"]`` with ``top_logprobs`` the
 log-probabilities.  The private part rides in a top-level ``coveil`` object (``extra_body``), or an input item
 or one of its text parts marked ``"coveil_private": true`` joins the private context.
+
+Function tools: ``tools`` (``{"type": "function", "name", "description", "parameters"}``) and ``tool_choice``
+(``none``, ``auto``, ``required``, ``{"type": "function", "name"}``) become the chat request's, so the reply is
+constrained by the same grammar (:mod:`edge_sdk.server.tools`); a ``function_call`` input item joins the
+conversation as the call it was, a ``function_call_output`` item as its result (public unless it is marked
+``"coveil_private": true``).
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from edge_sdk.logprobs import MAX_TOP_LOGPROBS
-from edge_sdk.server.protocol import ChatCompletionRequest, CoveilOptions, LedgerSummary, TokenLogprob
+from edge_sdk.server.openai.protocol import ChatCompletionRequest, CoveilOptions, LedgerSummary, TokenLogprob
+from edge_sdk.server.tools import FunctionSpec, call_message, function_tool, named_choice, result_message
 
 #: the ``include`` entry that asks for each output token's log-probabilities
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -47,26 +54,49 @@ class OtherPart(BaseModel):
     type: Literal["input_image", "input_file", "input_audio", "refusal"]
 
 
-class MessageItem(BaseModel):
-    """A message of the conversation (``type`` may be left out, as the API allows)."""
+class InputItem(BaseModel):
+    """What an input item sent back from an earlier response may carry besides its own fields (not used)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    id: str | None = None
+    status: str | None = None
+
+
+class MessageItem(InputItem):
+    """A message of the conversation (``type`` may be left out, as the API allows)."""
 
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
     content: str | list[InputText | OtherPart]
     coveil_private: StrictBool = False
-    id: str | None = None
-    status: str | None = None
+
+
+class FunctionCallItem(InputItem):
+    """A call an earlier response made (its ``function_call`` output item, sent back)."""
+
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str  # JSON text
+
+
+class FunctionOutputItem(InputItem):
+    """A call's result; ``coveil_private`` keeps it on the device."""
+
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str
+    coveil_private: StrictBool = False
 
 
 class OtherItem(BaseModel):
-    """An item the endpoint does not serve here (tool calls and their outputs, reasoning, references to stored
-    items): read only to be refused by name."""
+    """An item the endpoint does not serve here (reasoning, references to stored items, built-in tools' calls):
+    read only to be refused by name."""
 
     model_config = ConfigDict(extra="allow")
 
-    type: Literal["function_call", "function_call_output", "reasoning", "item_reference", "file_search_call",
+    type: Literal["reasoning", "item_reference", "file_search_call",
                   "web_search_call", "computer_call", "computer_call_output", "image_generation_call",
                   "code_interpreter_call", "local_shell_call", "local_shell_call_output", "mcp_call",
                   "mcp_list_tools", "mcp_approval_request", "mcp_approval_response", "custom_tool_call",
@@ -93,6 +123,20 @@ class TextFormat(BaseModel):
         return {"type": "json_schema", "json_schema": inner if self.json_schema is not None else None}
 
 
+class FunctionTool(FunctionSpec):
+    """``tools[i]``: a function the reply may call, the chat request's function flattened into the tool (built-in
+    tools are refused by their type)."""
+
+    type: Literal["function"]
+
+
+class NamedFunctionChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    name: str
+
+
 class TextOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -106,7 +150,7 @@ class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str
-    input: str | list[MessageItem | OtherItem]
+    input: str | list[MessageItem | FunctionCallItem | FunctionOutputItem | OtherItem]
     instructions: str | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -119,8 +163,8 @@ class ResponsesRequest(BaseModel):
     text: TextOptions | None = None
     include: list[str] | None = None
     top_logprobs: int | None = Field(default=None, ge=0)
-    tools: list[dict] | None = None
-    tool_choice: str | dict | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedFunctionChoice | None = None
     parallel_tool_calls: bool | None = None
     max_tool_calls: int | None = None
     reasoning: dict | None = None
@@ -149,8 +193,6 @@ class ResponsesRequest(BaseModel):
             return "background", "responses are answered while the request waits (nothing is stored to poll)"
         if self.prompt is not None:
             return "prompt", "stored prompt templates are not served"
-        if self.tools or self.tool_choice not in (None, "none", "auto"):
-            return "tools", "tool calls are not served"
         if self.reasoning and self.reasoning.get("effort") not in (None, "none", "minimal"):
             return "reasoning", "the edge model does not reason before it answers"
         if self.truncation == "auto":
@@ -164,7 +206,7 @@ class ResponsesRequest(BaseModel):
             for position, item in enumerate(self.input):
                 if isinstance(item, OtherItem):
                     return f"input.{position}", f"{item.type} items are not served"
-                if isinstance(item.content, list):
+                if isinstance(item, MessageItem) and isinstance(item.content, list):
                     for index, part in enumerate(item.content):
                         if isinstance(part, OtherPart):
                             return f"input.{position}.content.{index}", f"{part.type} parts are not served: only text"
@@ -181,13 +223,27 @@ class ResponsesRequest(BaseModel):
         if isinstance(self.input, str):
             messages.append({"role": "user", "content": self.input})
         else:
+            names: dict[str, str] = {}  # each earlier call's id → its function, to name its result
             for item in self.input:
+                if isinstance(item, FunctionCallItem):
+                    names[item.call_id] = item.name
+                    messages.append(call_message(item.call_id, item.name, item.arguments))
+                    continue
+                if isinstance(item, FunctionOutputItem):
+                    messages.append(result_message(item.call_id, names.get(item.call_id), item.output,
+                                                   private=item.coveil_private))
+                    continue
                 assert isinstance(item, MessageItem)  # refused() refuses the others
                 content = item.content if isinstance(item.content, str) else [
                     part.as_part() for part in item.content if isinstance(part, InputText)]
                 messages.append({"role": item.role, "content": content, "coveil_private": item.coveil_private})
         fields: dict[str, Any] = {"temperature": self.temperature, "top_p": self.top_p,
                                   "max_tokens": self.max_output_tokens, "coveil": self.coveil}
+        if self.tools is not None:
+            fields["tools"] = [function_tool(tool.name, tool.description, tool.parameters) for tool in self.tools]
+        if self.tool_choice is not None:
+            fields["tool_choice"] = named_choice(self.tool_choice.name) \
+                if isinstance(self.tool_choice, NamedFunctionChoice) else self.tool_choice
         if self.text is not None and self.text.format is not None:
             fields["response_format"] = self.text.format.response_format()
         if self.logprobs_asked():
@@ -204,6 +260,17 @@ class OutputText(BaseModel):
     text: str
     annotations: list[dict] = Field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
+
+
+class OutputFunctionCall(BaseModel):
+    """A call the reply made."""
+
+    type: Literal["function_call"] = "function_call"
+    id: str
+    call_id: str
+    name: str
+    arguments: str  # JSON text
+    status: Literal["in_progress", "completed", "incomplete"] = "completed"
 
 
 class OutputMessage(BaseModel):
@@ -247,14 +314,14 @@ class ResponseObject(BaseModel):
     created_at: int
     status: Literal["in_progress", "completed", "incomplete", "failed"]
     model: str
-    output: list[OutputMessage]
+    output: list[OutputMessage | OutputFunctionCall]
     instructions: str | None = None
     max_output_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
     parallel_tool_calls: bool = False
-    tool_choice: str = "none"
-    tools: list[dict] = Field(default_factory=list)
+    tool_choice: str | dict[str, Any] = "none"
+    tools: list[dict[str, Any]] = Field(default_factory=list)
     text: dict[str, Any] = Field(default_factory=lambda: {"format": {"type": "text"}})
     store: bool = False
     metadata: dict[str, str] = Field(default_factory=dict)

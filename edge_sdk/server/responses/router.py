@@ -9,6 +9,11 @@ saw at its step), ``response.output_text.done``, ``response.content_part.done``,
 then ``response.completed`` (or ``response.incomplete`` at ``max_output_tokens``) whose response carries the
 ledger's summary in ``coveil``.  Errors are OpenAI's (``{"error": {...}}`` with the status), and an ``error`` event
 once a stream has begun.
+
+With function tools the reply is read whole (:class:`edge_sdk.server.tools.HeldReply`): a call is a
+``function_call`` output item, streamed once the generation ends as ``response.output_item.added``, one
+``response.function_call_arguments.delta``, ``response.function_call_arguments.done`` and
+``response.output_item.done``; a text reply as the text events above, in one delta.
 """
 
 from __future__ import annotations
@@ -21,35 +26,28 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from edge_sdk.server.errors import EndpointError, renamed
-from edge_sdk.server.lifecycle import prepare_for, read_body, reply_logprobs, reply_text, serve_generation, translate
-from edge_sdk.server.protocol import TokenLogprob
+from edge_sdk.server.errors import renamed
+from edge_sdk.server.lifecycle import reply_logprobs, reply_text, serve_dialect
+from edge_sdk.server.openai.protocol import TokenLogprob
 from edge_sdk.server.responses.protocol import (
     PARAM_NAMES,
     IncompleteDetails,
+    OutputFunctionCall,
     OutputMessage,
     OutputText,
     ResponseObject,
     ResponsesRequest,
     ResponseUsage,
 )
-from edge_sdk.server.router import serving_of
 from edge_sdk.server.serving import Done, Event, Failed, Generation, StepOut
+from edge_sdk.server.tools import HeldReply, ToolCall
 
 responses_router = APIRouter()
 
 
 @responses_router.post("/v1/responses")
 async def responses(request: Request) -> Response:
-    serving = serving_of(request)
-    try:
-        body = await read_body(request, ResponsesRequest)
-        serving.check_model(body.model)
-        chat = translate(body, serving.settings.served_model_name)
-    except EndpointError as error:
-        return _ResponsesFormat(None).error(Failed(error))
-    return await serve_generation(request, serving, prepare_for(serving, chat), _ResponsesFormat(body),
-                                  stream=body.stream)
+    return await serve_dialect(request, ResponsesRequest, _ResponsesFormat)
 
 
 class _ResponsesFormat:
@@ -57,8 +55,9 @@ class _ResponsesFormat:
 
     media_type = "text/event-stream"
 
-    def __init__(self, request: ResponsesRequest | None) -> None:
+    def __init__(self, request: ResponsesRequest | None, tools: bool = False) -> None:
         self.request = request
+        self.held = HeldReply() if tools else None
         self.response_id = f"resp_{secrets.token_hex(12)}"
         self.item_id = f"msg_{secrets.token_hex(12)}"
         self.created_at = int(time.time())
@@ -66,7 +65,8 @@ class _ResponsesFormat:
         self.text: list[str] = []
         self.logprobs: list[TokenLogprob] = []
 
-    def response(self, status: str, output: list[OutputMessage], done: Done | None = None) -> ResponseObject:
+    def response(self, status: str, output: list[OutputMessage | OutputFunctionCall],
+                 done: Done | None = None) -> ResponseObject:
         request = self.request
         assert request is not None
         usage = incomplete = None
@@ -81,7 +81,24 @@ class _ResponsesFormat:
                               max_output_tokens=request.max_output_tokens, temperature=request.temperature,
                               top_p=request.top_p, text=text, metadata=request.metadata or {},
                               incomplete_details=incomplete, usage=usage,
+                              tools=[tool.model_dump(exclude_none=True) for tool in request.tools or []],
+                              tool_choice=self._tool_choice(),
                               coveil=None if done is None else done.ledger)
+
+    def _tool_choice(self) -> str | dict[str, Any]:
+        assert self.request is not None
+        choice = self.request.tool_choice
+        if choice is None:
+            return "auto" if self.request.tools else "none"
+        return choice if isinstance(choice, str) else choice.model_dump()
+
+    def output(self, status: str, reply: ToolCall | str,
+               logprobs: list[TokenLogprob] | None) -> OutputMessage | OutputFunctionCall:
+        """The reply's output item: its call, or its text."""
+        if isinstance(reply, ToolCall):
+            return OutputFunctionCall(id=f"fc_{secrets.token_hex(12)}", call_id=reply.id, name=reply.name,
+                                      arguments=reply.arguments_json, status=status)
+        return self.message(status, reply, logprobs)
 
     def message(self, status: str, text: str, logprobs: list[TokenLogprob] | None) -> OutputMessage:
         return OutputMessage(id=self.item_id, status=status, content=[OutputText(text=text, logprobs=logprobs)])
@@ -97,23 +114,46 @@ class _ResponsesFormat:
     # -- the lifecycle's dialect -------------------------------------------------------------------------
     def error(self, failed: Failed) -> Response:
         error = renamed(failed.error, PARAM_NAMES)
-        body = error.body()
-        if failed.ledger is not None:
-            body["coveil"] = failed.ledger.model_dump()
-        return JSONResponse(body, status_code=error.status, headers=error.headers)
+        return JSONResponse(Failed(error, failed.ledger).body(), status_code=error.status, headers=error.headers)
 
     def started(self, generation: Generation) -> list[str]:
         self.logprobs_asked = generation.decoder.settings.logprobs is not None
         opening = self.response("in_progress", []).model_dump(mode="json")
+        lines = [self.event("response.created", response=opening),
+                 self.event("response.in_progress", response=opening)]
+        return lines if self.held is not None else [*lines, *self._text_opened()]  # with tools: known at the end
+
+    def _text_opened(self) -> list[str]:
         item = self.message("in_progress", "", None).model_dump(exclude_none=True)
         where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
-        return [self.event("response.created", response=opening),
-                self.event("response.in_progress", response=opening),
-                self.event("response.output_item.added", output_index=0, item=item),
+        return [self.event("response.output_item.added", output_index=0, item=item),
                 self.event("response.content_part.added", **where, part=self._part("", None))]
+
+    def _call_events(self, call: OutputFunctionCall) -> list[str]:
+        where = {"item_id": call.id, "output_index": 0}
+        opened = call.model_copy(update={"arguments": "", "status": "in_progress"})
+        return [self.event("response.output_item.added", output_index=0, item=opened.model_dump()),
+                self.event("response.function_call_arguments.delta", **where, delta=call.arguments),
+                self.event("response.function_call_arguments.done", **where, arguments=call.arguments),
+                self.event("response.output_item.done", output_index=0, item=call.model_dump())]
 
     def streamed(self, step: Event) -> list[str]:
         where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+        if isinstance(step, StepOut) and self.held is not None:  # the reply is read whole at the end
+            self.held.hold(step.text)
+            return []
+        if isinstance(step, Done) and self.held is not None:
+            status = "incomplete" if step.finish_reason == "length" else "completed"
+            reply = self.held.read(step.text)
+            if isinstance(reply, ToolCall):
+                item = self.output(status, reply, None)
+                assert isinstance(item, OutputFunctionCall)
+                final = self.response(status, [item], step)
+                return [*self._call_events(item),
+                        self.event(f"response.{status}", response=final.model_dump(mode="json"))]
+            self.held = None  # a text reply: streamed as one delta
+            return [*self._text_opened(), *self.streamed(Done(step.finish_reason, step.usage, step.ledger, reply,
+                                                              step.stop_string))]
         if isinstance(step, StepOut):
             self.text.append(step.text)
             logprobs = [] if step.logprobs is None else [step.logprobs.model_dump()]
@@ -140,5 +180,7 @@ class _ResponsesFormat:
 
     def whole(self, generation: Generation, steps: list[StepOut], done: Done) -> Response:
         status = "incomplete" if done.finish_reason == "length" else "completed"
-        message = self.message(status, reply_text(steps, done), reply_logprobs(generation, steps))
-        return JSONResponse(self.response(status, [message], done).model_dump(mode="json", exclude_none=False))
+        text = reply_text(steps, done)
+        item = self.output(status, text if self.held is None else self.held.read(text),
+                           reply_logprobs(generation, steps))
+        return JSONResponse(self.response(status, [item], done).model_dump(mode="json", exclude_none=False))

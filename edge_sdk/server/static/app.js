@@ -219,9 +219,18 @@ function addStep(text, step) {
   showMeter(step.leakage_meter);
 }
 
+// the policy as the summary row names it: a DP policy by what one release costs for the ledger's relation, as the
+// ledger states it (its parameters' "epsilon=2.0" beside the epsilon spent would read as the generation's)
+function policyLabel(ledger) {
+  const privacy = ledger.privacy;
+  if (!privacy || privacy.guarantee !== "dp") return ledger.policy;
+  return `${ledger.policy.split("(")[0]} (each of ${privacy.events} releases: ${privacy.event} for ` +
+    `${privacy.relation}; the generation's ε below)`;
+}
+
 function addSummary(ledger, finishReason) {
   const row = tableRow([ledger.steps + " steps", "finish: " + finishReason,
-    `${ledger.mode}-side ${ledger.policy}; ${count(ledger.full_requests)} full requests`,
+    `${ledger.mode}-side ${policyLabel(ledger)}; ${count(ledger.full_requests)} full requests`,
     valuesCell(ledger.values_uploaded), bytesCell(ledger.bytes_up), bytesCell(ledger.bytes_down),
     percent(ledger.leakage_meter)]);
   document.querySelector("#ledger tfoot").replaceChildren(row);

@@ -3,7 +3,7 @@
 ``/api/tags``).
 
 A chat or generate request is translated to the OpenAI request that asks for the same generation
-(:mod:`edge_sdk.server.ollama_protocol`) and served by the one request lifecycle
+(:mod:`edge_sdk.server.ollama.protocol`) and served by the one request lifecycle
 (:mod:`edge_sdk.server.lifecycle`); the answer is Ollama's: one JSON object, or a
 stream of newline-delimited JSON objects (``application/x-ndjson``) whose last has ``"done": true``.  Errors are
 Ollama's, ``{"error": "message"}`` with the HTTP status; an error after the first token ends the stream with such
@@ -12,7 +12,7 @@ a line (the ``ollama`` client raises it).  As on the OpenAI routes, every line c
 client drops that field, a whole reply (and an error after steps were sent) also carries the summary in
 ``X-Coveil-*`` response headers.  ``logprobs`` (with
 ``top_logprobs``) puts each token's log-probability on its line (all of them in one object), under the fused
-distribution the token was chosen from, as on the OpenAI routes (:mod:`edge_sdk.server.router`).
+distribution the token was chosen from, as on the OpenAI routes (:mod:`edge_sdk.server.openai.router`).
 
 The model is listed as ``NAME:latest`` (Ollama's spelling) and answers to ``NAME`` too.
 """
@@ -29,7 +29,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from edge_sdk.server.errors import EndpointError
-from edge_sdk.server.ollama_protocol import (
+from edge_sdk.server.ollama.protocol import (
     OLLAMA_API_VERSION,
     OllamaChatRequest,
     OllamaEmbedRequest,
@@ -46,7 +46,7 @@ from edge_sdk.server.ollama_protocol import (
     OllamaTags,
     OllamaTopLogprob,
 )
-from edge_sdk.server.protocol import ChatCompletionRequest, LedgerSummary, TokenLogprob
+from edge_sdk.server.openai.protocol import LedgerSummary, TokenLogprob
 from edge_sdk.server.lifecycle import (
     prepare_for,
     read_body,
@@ -54,9 +54,10 @@ from edge_sdk.server.lifecycle import (
     reply_logprobs,
     reply_text,
     serve_generation,
+    serving_of,
     translate,
+    uses_tools,
 )
-from edge_sdk.server.router import serving_of
 from edge_sdk.server.serving import Done, EdgeServing, Event, Failed, Generation, StepOut
 from edge_sdk.server.tools import ToolCall, read_reply
 
@@ -205,7 +206,7 @@ async def ollama_generate(
         openai_request = translate(body, serving.settings.served_model_name)
     except EndpointError as error:
         return ollama_error(error)
-    tools = isinstance(openai_request, ChatCompletionRequest) and bool(openai_request.called_tools())
+    tools = uses_tools(openai_request)
     return await serve_generation(connection, serving, prepare_for(serving, openai_request),
                                   _Lines(body.model, reply_field, started, tools=tools), stream=body.stream)
 

@@ -305,17 +305,21 @@ class ChatCompletionRequest(GenerationRequest):
 
 
 class CompletionRequest(GenerationRequest):
-    prompt: str | list[str]
+    """``/v1/completions``: one prompt, as text or token ids (what lm-eval sends); ``echo`` returns the prompt
+    before the reply, and with ``logprobs`` each prompt token's fused log-probability (edge-side only: see
+    :meth:`edge_sdk.decoding.CollaborativeDecoder.prompt_logprobs`)."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
     logprobs: int | None = Field(default=None, ge=0)
 
     def unsupported(self) -> tuple[str, str] | None:
-        if isinstance(self.prompt, list) and len(self.prompt) != 1:
+        if isinstance(self.prompt, list) and len(self.prompt) != 1 and not self.prompt_ids():
             return "prompt", "one prompt per request"
-        if self.echo:
-            return "echo", "the prompt is not echoed"
+        if self.echo and self.stream:
+            return "echo", "an echoed prompt is answered whole: set stream to false"
         if self.suffix:
             return "suffix", "insertion (suffix) is not served"
         if self.best_of not in (None, 1):
@@ -324,8 +328,22 @@ class CompletionRequest(GenerationRequest):
             return "logprobs", f"at most {MAX_TOP_LOGPROBS} alternatives per token"
         return super().unsupported()
 
-    def prompt_text(self) -> str:
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+    def prompt_text(self) -> str | None:
+        """The prompt as text (``None``: sent as token ids)."""
+        prompt = self.prompt if isinstance(self.prompt, str) else self.prompt[0] if self.prompt else ""
+        return prompt if isinstance(prompt, str) else None
+
+    def prompt_ids(self) -> list[int] | None:
+        """The prompt as token ids (``None``: sent as text)."""
+        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], list):
+            return self.prompt[0] if len(self.prompt) == 1 else None
+        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], int):
+            return list(self.prompt)  # type: ignore[arg-type]
+        return None
+
+    def echo_scored(self) -> bool:
+        """Whether the prompt's tokens are scored (echo with logprobs)."""
+        return self.echo and self.logprobs is not None
 
     def reply_limit(self) -> int | None:
         return self.max_tokens
@@ -429,6 +447,9 @@ class LedgerSummary(BaseModel):
     summary: str
     privacy: EpsilonLedger | None = None
     notes: list[str] = Field(default_factory=list)  # what the app should know, e.g. a system message sent as public
+    # steps counted above (the cloud saw them) whose tokens a stop string cut from the reply: the reply, its
+    # logprobs, its stream and the page show none of them
+    cut_steps: int = 0
 
 
 class TopLogprob(BaseModel):
@@ -455,19 +476,23 @@ class CompletionLogprobs(BaseModel):
     """The legacy completions shape: per token its text, log-probability, best alternatives and offset."""
 
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]  # None: an echoed prompt's first token (nothing before it to score it by)
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
     @classmethod
-    def of(cls, entries: list[TokenLogprob], offset: int = 0) -> CompletionLogprobs:
-        """``entries`` as the legacy shape, the first token at character ``offset`` of the reply."""
+    def of(cls, entries: list[TokenLogprob], offset: int = 0, *, unscored_head: str | None = None) -> CompletionLogprobs:
+        """``entries`` as the legacy shape, the first token at character ``offset`` of the reply; ``unscored_head``:
+        a token before them with no log-probability (an echoed prompt's BOS)."""
+        head = [] if unscored_head is None else [unscored_head]
         offsets = []
-        for entry in entries:
+        for token in [*head, *(entry.token for entry in entries)]:
             offsets.append(offset)
-            offset += len(entry.token)
-        return cls(tokens=[e.token for e in entries], token_logprobs=[e.logprob for e in entries],
-                   top_logprobs=[{t.token: t.logprob for t in e.top_logprobs} for e in entries], text_offset=offsets)
+            offset += len(token)
+        return cls(tokens=[*head, *(e.token for e in entries)],
+                   token_logprobs=[*(None for _ in head), *(e.logprob for e in entries)],
+                   top_logprobs=[*(None for _ in head), *({t.token: t.logprob for t in e.top_logprobs} for e in entries)],
+                   text_offset=offsets)
 
 
 class ChunkExtension(BaseModel):

@@ -2,11 +2,11 @@
 schemas, read against an allowlist as the OpenAI routes' are, and their translation to the OpenAI requests the
 endpoint serves.
 
-An Ollama request becomes the :class:`~edge_sdk.server.protocol.ChatCompletionRequest` (or, for ``/api/generate``
-with ``raw``, the :class:`~edge_sdk.server.protocol.CompletionRequest`) that asks for the same generation, so both
+An Ollama request becomes the :class:`~edge_sdk.server.openai.protocol.ChatCompletionRequest` (or, for ``/api/generate``
+with ``raw``, the :class:`~edge_sdk.server.openai.protocol.CompletionRequest`) that asks for the same generation, so both
 APIs share one path to the SLM and one set of refusals.  The private part rides in ``options["coveil"]`` (the
 ``ollama`` client passes ``options`` through untouched) with the fields of the OpenAI routes' ``coveil`` object
-(:class:`~edge_sdk.server.protocol.CoveilOptions`); a chat message may be marked ``"coveil_private": true``.  As
+(:class:`~edge_sdk.server.openai.protocol.CoveilOptions`); a chat message may be marked ``"coveil_private": true``.  As
 there, a field or option that is not known is refused by name, never ignored: an ignored privacy marker would send
 the text it marks to the cloud.
 
@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from edge_sdk.server.protocol import (
+from edge_sdk.server.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     CoveilOptions,

@@ -7,8 +7,9 @@ status.  Streams are server-sent events: one chunk per decided
 token (its ``coveil.step`` says what the cloud saw), a last chunk with the
 finish reason and ``coveil.ledger``, the usage chunk when asked
 (``stream_options.include_usage``), then ``data: [DONE]``.  With ``logprobs`` each token's chunk carries its
-log-probabilities (every decided token's, a token whose text a stop string's look-ahead still holds back
-included), a complete response all of them.  They are taken under the fused distribution the token was chosen
+log-probabilities, sent once the stop strings' look-ahead has released its text (a token whose text a stop
+string cut is not shown, and neither are its log-probabilities nor its step: the ledger counts it as
+``cut_steps``), a complete response all of them.  They are taken under the fused distribution the token was chosen
 from, at the side that chose it (edge-side the edge, cloud-side the cloud, which sends them with the token),
 after that step's masks (stop ids, the JSON schema, ``never_upload``), renormalised, before any temperature:
 ``log(f_i / sum f)``, ``f = alpha * p_llm + (1 - alpha) * p_slm`` (logit space: the log-softmax of the fused
@@ -29,7 +30,7 @@ from pydantic import BaseModel
 
 from edge_sdk.policies import available_policies
 from edge_sdk.server.errors import EndpointError
-from edge_sdk.server.protocol import (
+from edge_sdk.server.openai.protocol import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
@@ -54,17 +55,13 @@ from edge_sdk.server.protocol import (
     ReplyToolCall,
     TokenLogprob,
 )
-from edge_sdk.server.lifecycle import reply_logprobs, reply_text, serve_generation
-from edge_sdk.server.serving import Done, EdgeServing, Event, Failed, Generation, StepOut
+from edge_sdk.server.lifecycle import reply_logprobs, reply_text, serve_generation, serving_of, uses_tools
+from edge_sdk.server.serving import Done, Event, Failed, Generation, StepOut
 from edge_sdk.server.tools import ToolCall, read_reply
 
-STATIC_DIR = Path(__file__).parent / "static"
+STATIC_DIR = Path(__file__).parent.parent / "static"  # the live page, beside the dialect folders
 
 router = APIRouter()
-
-
-def serving_of(request: Request) -> EdgeServing:
-    return request.app.state.serving
 
 
 def error_response(error: EndpointError) -> JSONResponse:
@@ -100,6 +97,7 @@ async def health(request: Request) -> JSONResponse:
     is set (``busy``/``waiting`` tell when this device's user is generating)."""
     serving = serving_of(request)
     cloud = await anyio.to_thread.run_sync(serving.client.cloud_status, CLOUD_CHECK_TIMEOUT_S)
+    serving.cloud_seen(cloud)  # known down: generating requests are answered 503 at once for a while
     status = "stopped" if not serving.alive else "ok" if cloud == "serving" else "cloud_unavailable"
     body = {"status": status, "cloud": cloud, "busy": serving.busy, "waiting": serving.waiting}
     return JSONResponse(body, status_code=200 if status == "ok" else 503)
@@ -237,10 +235,7 @@ class _ChatFormat(_OpenAIFormat):
 
     def __init__(self, request: ChatCompletionRequest) -> None:
         super().__init__(request)
-        try:
-            self.tools = bool(request.called_tools())
-        except ValueError:  # a tool_choice naming no tool: refused by name when the request is checked
-            self.tools = False
+        self.tools = uses_tools(request)
         self.held: list[str] = []  # with tools: the reply's text so far
 
     def reply(self, text: str, finish_reason: str) -> tuple[str | None, list[ReplyToolCall] | None, str]:
@@ -308,8 +303,18 @@ class _CompletionFormat(_OpenAIFormat):
     def usage_chunk(self, done: Done) -> BaseModel:
         return Completion(id=self.request_id, created=self.created, model=self.model, choices=[], usage=done.usage)
 
+    def started(self, generation: Generation) -> list[str]:
+        self.echo, self.echo_head = generation.echo, generation.echo_head
+        return super().started(generation)
+
     def complete(self, text: str, done: Done, logprobs: list[TokenLogprob] | None) -> BaseModel:
-        legacy = None if logprobs is None else CompletionLogprobs.of(logprobs)
+        """The reply; echoed, after the prompt, whose scored tokens' log-probabilities come first."""
+        head = None
+        if self.echo is not None:
+            text, head = self.echo + text, self.echo_head
+            if logprobs is not None:
+                logprobs = [*(done.prompt_logprobs or []), *logprobs]
+        legacy = None if logprobs is None else CompletionLogprobs.of(logprobs, unscored_head=head)
         return Completion(id=self.request_id, created=self.created, model=self.model, usage=done.usage,
                           coveil=done.ledger,
                           choices=[CompletionChoice(text=text, finish_reason=done.finish_reason, logprobs=legacy)])
