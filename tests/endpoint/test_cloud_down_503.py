@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from edge_sdk.server.serving import CLOUD_DOWN_S
-from tests.endpoint_stack import start_endpoint
+from tests.support.endpoint_stack import start_endpoint
 
 pytestmark = pytest.mark.model
 

@@ -16,17 +16,9 @@ import torch
 from edge_sdk import wire
 from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.prompts import CONTEXT_SEPARATOR
-from tests.endpoint_stack import (  # noqa: F401  (fixtures)
-    CANARY,
-    PRIVATE_CONTEXT,
-    Cloud,
-    Endpoint,
-    cloud,
-    server_logs,
-    start_endpoint,
-)
-from tests.test_endpoint_logprobs import next_transcript
-from tests.test_structured_output import transcripts
+from tests.endpoint.test_endpoint_logprobs import next_transcript
+from tests.endpoint.test_structured_output import transcripts
+from tests.support.endpoint_stack import CANARY, PRIVATE_CONTEXT, Cloud, Endpoint, start_endpoint
 
 pytestmark = pytest.mark.model
 
