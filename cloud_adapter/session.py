@@ -41,7 +41,7 @@ from cloud_adapter.transcript import SessionTranscript, StepRecord
 from cloud_adapter.validation import check_open_message, parse_upload, validate_request
 from edge_sdk import wire
 from edge_sdk.decode_settings import DecodeSettings
-from edge_sdk.fusion import pick_token, softmax
+from edge_sdk.fusion import cloud_scores, pick_token
 from edge_sdk.grammar import GrammarError, JsonConstraint, mask_row
 from edge_sdk.logprobs import TokenLogprobs, token_logprobs
 from edge_sdk.policies.base import CloudUpload, SyncedToken
@@ -384,26 +384,13 @@ class SessionHandler:
         yield self._next_distribution(forward_ns, assumes=token, drafted=True)
 
     def _scores(self, upload: CloudUpload, values: np.ndarray, *, no_stop: bool) -> tuple[np.ndarray, bool]:
-        """The row the cloud-side token is picked from, ``alpha * row_llm + (1 - alpha) * m * upload``, and whether
-        it holds raw fused logits (greedy in logit space) rather than probabilities.
-
-        With ``alpha = 0`` and nothing uploaded the fusion holds no information
-        at all; the cloud then picks from its own row rather than from zeros.
-        ``no_stop`` takes the end-of-generation ids out of the choice.
-        """
+        """The row the cloud-side token is picked from, and whether it holds raw fused logits: the cloud's pick rule
+        :func:`edge_sdk.fusion.cloud_scores` with this session's settings (``no_stop``: its end set lowered)."""
         request = self._request
         assert request is not None
-        if request.alpha == 0.0 and not len(upload):
-            scores = values.copy()
-        else:
-            scores = upload.fuse_with(values, request.alpha)
-        if request.space == "logit" and request.temperature > 0:
-            scores = softmax(scores)  # pick_token samples from p**(1/T): softmax(z)**(1/T) ∝ exp(z/T)
-        raw_logits = request.space == "logit" and request.temperature == 0
-        if no_stop:
-            stops = np.fromiter(self._eos, dtype=np.int64)
-            scores[stops[stops < scores.shape[0]]] = np.finfo(np.float32).min if raw_logits else 0.0
-        return scores, raw_logits
+        stop_ids = np.fromiter(self._eos, dtype=np.int64) if no_stop else np.empty(0, np.int64)
+        return cloud_scores(values, upload.ids, upload.values, request.alpha, space=request.space,
+                            temperature=request.temperature, stop_ids=stop_ids)
 
     def _pick(self, upload: CloudUpload, values: np.ndarray, *, no_stop: bool = False) -> int:
         """The greedy cloud-side token of :meth:`_scores` (a draft's: drafts run only where the cloud is greedy and

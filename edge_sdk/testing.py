@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from edge_sdk import wire
-from edge_sdk.fusion import check_finite, softmax
+from edge_sdk.fusion import check_finite, cloud_scores, softmax
 from edge_sdk.logprobs import token_logprobs
 from edge_sdk.policies.base import CloudUpload
 from edge_sdk.status import CloudError
@@ -437,14 +437,11 @@ class ScriptedSession:
         return int(np.argmax(self._fused(upload, values, no_stop=no_stop)))
 
     def _fused(self, upload: Any, values: np.ndarray, *, no_stop: bool) -> np.ndarray:
-        """``alpha * row + (1 - alpha) * upload`` (the row alone at ``alpha = 0`` with nothing uploaded), stop ids at
-        the space's lowest value on ``no_stop``: the row the token is picked from."""
+        """The row the token is picked from: the cloud's pick rule :func:`~edge_sdk.fusion.cloud_scores` (greedy)."""
         assert self.request is not None
-        alpha = self.request.alpha
-        scores = values.copy() if alpha == 0.0 and not len(upload) else upload.fuse_with(values, alpha)
-        if no_stop:
-            stops = np.fromiter((i for i in self.eos if i < scores.shape[0]), dtype=np.int64)
-            scores[stops] = np.finfo(np.float32).min if self.request.space == "logit" else 0.0
+        stop_ids = np.fromiter(self.eos, dtype=np.int64) if no_stop else np.empty(0, np.int64)
+        scores, _ = cloud_scores(values, upload.ids, upload.values, self.request.alpha, space=self.request.space,
+                                 temperature=0.0, stop_ids=stop_ids)
         return scores
 
     def _replies(self, timed: list[tuple[float, Any]]) -> Iterator[Any]:

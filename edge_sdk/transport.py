@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, overload
 import numpy as np
 
 from edge_sdk import wire
-from edge_sdk.fusion import certified_fused_argmax
+from edge_sdk.fusion import certified_cloud_pick
 from edge_sdk.logprobs import TokenLogprobs
 from edge_sdk.policies.base import CloudUpload
 from edge_sdk.status import RETRYABLE_CODES, CloudError
@@ -441,23 +441,20 @@ class CloudConnection:
 
     def _certified_pick(self, step: int, upload: CloudUpload, no_stop: bool) -> int | None:
         """Cloud-side greedy fusion: the token the cloud picks with ``upload``, when this step's row certifies it
-        (:func:`~edge_sdk.fusion.certified_fused_argmax`), else ``None``.  Reads only what the cloud holds (its
+        (:func:`~edge_sdk.fusion.certified_cloud_pick`), else ``None``.  Reads only what the cloud holds (its
         row, the upload and the public settings), so when the edge waits tells the cloud nothing.  With logprobs
         asked for (public) the edge waits for them: they come with the cloud's pick."""
         request, info, dist = self._request, self.info, self._current
         assert request is not None and info is not None
         if request.temperature != 0.0 or request.logprobs or dist is None or dist.step != step:
             return None
-        alpha = request.alpha
-        if alpha == 0.0 and not len(upload):
-            alpha = 1.0  # the cloud then picks from its own row
         if dist.dense is not None:
             known_ids, known_llm, tail_bound = np.arange(info.vocab_size), dist.dense, 0.0
         else:
             known_ids, known_llm, tail_bound = dist.ids, dist.values, dist.tail_bound
-        excluded = np.fromiter(sorted(info.eos_token_ids), np.int64) if no_stop else np.empty(0, np.int64)
-        return certified_fused_argmax(known_ids, known_llm, tail_bound, upload.ids, upload.values, alpha,
-                                      info.vocab_size, excluded)
+        stop_ids = np.fromiter(sorted(info.eos_token_ids), np.int64) if no_stop else np.empty(0, np.int64)
+        return certified_cloud_pick(known_ids, known_llm, tail_bound, upload.ids, upload.values, request.alpha,
+                                    info.vocab_size, stop_ids)
 
     def sync_token(self, step: int, token_id: int) -> None:
         """Edge-side fusion: send the chosen token (the reply is the next distribution)."""
