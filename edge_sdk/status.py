@@ -15,6 +15,17 @@ from __future__ import annotations
 RETRYABLE_CODES = frozenset({"UNAVAILABLE", "ABORTED", "INTERNAL", "UNKNOWN", "DEADLINE_EXCEEDED", "CANCELLED"})
 
 
+#: gRPC's status codes by name, with their numbers (the WebSocket carrier ends a stream with ``4000 + number``)
+STATUS_NUMBERS: dict[str, int] = {name: number for number, name in enumerate((
+    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
+    "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED",
+    "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"))}
+#: a WebSocket close code ``CLOSE_STATUS_BASE + n`` carries gRPC status ``n`` (``4008``: ``RESOURCE_EXHAUSTED``)
+CLOSE_STATUS_BASE = 4000
+#: the most UTF-8 bytes a WebSocket close reason may hold (a control frame's 125 less the 2-byte code)
+CLOSE_REASON_BYTES = 123
+
+
 class CloudError(RuntimeError):
     """A session's error status: ``code`` names a ``grpc.StatusCode`` member, ``message`` says why.
 
@@ -35,3 +46,22 @@ class CloudReplyRejected(CloudError):
 
     def __init__(self, message: str) -> None:
         super().__init__("DATA_LOSS", message)
+
+
+def close_frame(code: str, message: str) -> tuple[int, str]:
+    """The WebSocket close code and reason that end a stream with status ``code``: ``4000 + its number``, and
+    ``message`` cut to :data:`CLOSE_REASON_BYTES` bytes of UTF-8 (never inside a character)."""
+    reason = message.encode()[:CLOSE_REASON_BYTES].decode("utf-8", "ignore")
+    return CLOSE_STATUS_BASE + STATUS_NUMBERS.get(code, STATUS_NUMBERS["UNKNOWN"]), reason
+
+
+def status_of_close(close_code: int | None, reason: str) -> CloudError:
+    """The :class:`CloudError` a WebSocket stream's close means to the edge: ``4000 + n`` is gRPC status ``n``
+    with ``reason`` its message; a normal close (1000) before the awaited message, or a connection lost without
+    a close frame, is ``UNAVAILABLE`` (retryable), as a gRPC stream that ended early."""
+    names = {number: name for name, number in STATUS_NUMBERS.items()}
+    name = names.get((close_code or 0) - CLOSE_STATUS_BASE)
+    if name is None:
+        why = "the cloud ended the stream" if close_code == 1000 else f"the stream closed ({close_code}) {reason}"
+        return CloudError("UNAVAILABLE", why.strip(), retryable=True)
+    return CloudError(name, reason, retryable=name in RETRYABLE_CODES)

@@ -55,7 +55,24 @@ class _StreamingCall(Protocol):
 
 
 class MessageChannel(Protocol):
-    """Moves protobuf messages of one session: ``EdgeMessage`` out, ``CloudMessage`` in.
+    """Moves protobuf messages of one session: ``EdgeMessage`` out, ``CloudMessage`` in.  A new carrier implements
+    these three methods (and is handed to ``EdgeClient(channel=...)`` by a zero-argument factory, one channel per
+    session); :class:`CloudConnection` does the rest.
+
+    The carrier's duties, each a defence (``tests/test_carriers.py`` holds every carrier to them):
+
+    * **Begin the stream at the first** :meth:`send`, not before: the edge connects before its SLM prefills the
+      private prompt, and a stream begun at once lets the cloud time that prefill (it grows with the private
+      context) from the stream's start to the open.
+    * **Return from** :meth:`send` **only once the message is written** to the transport: otherwise the write
+      happens whenever another thread runs, and behind the SLM's next forward on a busy core, so the message
+      leaves on the private context's clock.  A stream that has already ended makes :meth:`send` return at once;
+      :meth:`receive` then raises why.
+    * **Errors are** :class:`~edge_sdk.status.CloudError` with a gRPC status name (the status the cloud ended the
+      stream with, or ``UNAVAILABLE``, retryable, for a stream that broke), so the loop resumes alike over any
+      carrier.
+    * **Bytes cross unchanged and uncompressed**: padding fixes every message's size (a compressed size would
+      depend on its content).
 
     ``crosses_network`` (a class attribute; a channel without one counts as ``True``): whether anyone but this
     process can time the messages.  Only such sessions are paced by default (``DecodeSettings.auto_pace_ms``).
@@ -113,18 +130,11 @@ class InProcessChannel:
 
 
 class GrpcChannel:
-    """One ``Decode`` bidirectional stream on a gRPC channel, begun by the first :meth:`send`.
+    """One ``Decode`` bidirectional stream on a gRPC channel, begun by the first :meth:`send`
+    (:class:`MessageChannel`'s duties: gRPC's headers go out when the call begins).
 
-    The stream is not begun before: the server sees when a stream begins (its headers arrive), and the edge
-    connects before its SLM prefills the private prompt, so a stream begun at once would let the cloud time that
-    prefill (it grows with the private context) from the stream's start to the open.
-
-    :meth:`send` returns once gRPC has written the message to the transport
-    (it asks its request iterator for the next message only after the previous
-    one's send completed).  Without that wait the write would happen on
-    gRPC's sender thread whenever the scheduler runs it, and the edge starts
-    its own model right after sending: on a busy core the message then sits
-    behind the SLM's forward pass instead of reaching the cloud at once.
+    :meth:`send` returns once gRPC has written the message to the transport: gRPC asks the request iterator for
+    the next message only after the previous one's send completed, so a send waits for that ask.
     """
 
     #: how often a blocked :meth:`send` checks whether the call has ended
