@@ -26,7 +26,7 @@ from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_res
 from edge_sdk.leakage import LeakageMeter
 from edge_sdk.policies import make_policy
 from edge_sdk.testing import LinkChannel, ScriptedChannel, ScriptedCloud, TableSLM
-from edge_sdk.transport import CloudConnection
+from edge_sdk.protocol.connection import CloudConnection
 
 VOCAB = 262_144
 PEAK = 7

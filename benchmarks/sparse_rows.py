@@ -85,7 +85,7 @@ class ComparingPolicy:
 
     def decide(self, mode: str, p_slm: np.ndarray, p_llm: np.ndarray, *, alpha: float,
                rng: np.random.Generator | None = None) -> Any:
-        from edge_sdk import wire
+        from edge_sdk.protocol import wire
         from edge_sdk.fusion import softmax
         from edge_sdk.masking import FULL_UPLOAD_LIMIT
         from edge_sdk.policies import CloudUpload

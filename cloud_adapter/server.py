@@ -35,7 +35,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from cloud_adapter.engine import CloudEngine
 from cloud_adapter.stream import BearerTokens, log_event, run_stream
 from edge_sdk._wire import coveil_pb2, coveil_pb2_grpc
-from edge_sdk.status import CloudError
+from edge_sdk.protocol.status import CloudError
 
 log = logging.getLogger(__name__)
 

@@ -39,13 +39,13 @@ from cloud_adapter.backends.rows import RowSpec, StepRow, summarize_row
 from cloud_adapter.llm import CloudSequence
 from cloud_adapter.transcript import SessionTranscript, StepRecord
 from cloud_adapter.validation import check_open_message, parse_upload, validate_request
-from edge_sdk import wire
+from edge_sdk.protocol import wire
 from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.fusion import cloud_scores, pick_token
 from edge_sdk.grammar import GrammarError, JsonConstraint, mask_row
 from edge_sdk.logprobs import TokenLogprobs, token_logprobs
 from edge_sdk.policies.base import CloudUpload, SyncedToken
-from edge_sdk.status import CloudError
+from edge_sdk.protocol.status import CloudError
 
 if TYPE_CHECKING:
     from cloud_adapter.engine import CloudEngine, RowKey

@@ -3,7 +3,7 @@
 A carrier (the gRPC servicer in :mod:`cloud_adapter.server`, the WebSocket route in
 :mod:`cloud_adapter.websocket`) authenticates the caller, hands :func:`run_stream` an iterator of the request
 bytes it reads, sends each ``CloudMessage`` it yields, and ends the stream with the status of the
-:class:`~edge_sdk.status.CloudError` it raises (or normally when it returns).  Nothing here knows the carrier, so
+:class:`~edge_sdk.protocol.status.CloudError` it raises (or normally when it returns).  Nothing here knows the carrier, so
 what to do with each message, when to draft and when to give up is written once::
 
     for reply in run_stream(engine, client_id, requests):   # raises CloudError: end with its status
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from google.protobuf.message import DecodeError
 
 from edge_sdk._wire import coveil_pb2
-from edge_sdk.status import CloudError
+from edge_sdk.protocol.status import CloudError
 
 if TYPE_CHECKING:
     from cloud_adapter.limits import Admission, Limits

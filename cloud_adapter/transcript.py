@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk import wire
+from edge_sdk.protocol import wire
 from edge_sdk.policies.base import CloudUpload
 
 

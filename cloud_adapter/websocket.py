@@ -10,7 +10,7 @@ transcripts and per-client accounting), beside it on ``--ws-port``:
 * every *binary* message is one serialized protobuf, ``EdgeMessage`` up, ``CloudMessage`` down; a text message
   closes the stream with 1003;
 * a normal end is close code 1000 after the cloud's last message; an error is ``4000 + gRPC status code`` with
-  the status message (:func:`edge_sdk.status.close_frame`).
+  the status message (:func:`edge_sdk.protocol.status.close_frame`).
 
 Served by the ``websockets`` library's threaded server: one thread per connection, as gRPC's pool gives each
 stream one.
@@ -32,8 +32,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import Server, ServerConnection, serve
 
 from cloud_adapter.stream import BearerTokens, StreamEngine, log_event, run_stream
-from edge_sdk.status import CloudError, close_frame
-from edge_sdk.websocket_channel import SUBPROTOCOL, load_pem_chain
+from edge_sdk.protocol.status import CloudError, close_frame
+from edge_sdk.protocol.websocket import SUBPROTOCOL, load_pem_chain
 
 if TYPE_CHECKING:
     from websockets.http11 import Request, Response

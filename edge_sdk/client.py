@@ -34,9 +34,9 @@ from edge_sdk.policies import Policy, make_policy
 from edge_sdk.prompts import CONTEXT_SEPARATOR, Prompts, plain_prompts
 from edge_sdk.decoding import CollaborativeDecoder, StepEvent, run_with_resume
 from edge_sdk.steps import StoppingRule
-from edge_sdk.transport import CloudConnection, CloudSessionHandler, GrpcChannel, InProcessChannel, MessageChannel
-from edge_sdk.websocket_channel import WebSocketCarrier
-from edge_sdk.wire import MAX_LOOKAHEAD
+from edge_sdk.protocol.connection import CloudConnection, CloudSessionHandler, GrpcChannel, InProcessChannel, MessageChannel
+from edge_sdk.protocol.websocket import WebSocketCarrier
+from edge_sdk.protocol.wire import MAX_LOOKAHEAD
 
 __all__ = ["CONTEXT_SEPARATOR", "Credentials", "EdgeClient", "GenerationResult", "GenerationStream", "StreamStep"]
 
@@ -255,10 +255,10 @@ class EdgeClient:
             ``"ip:port"`` (or one DNS name with several records, ``"dns:///cloud.example:50051"``):
             sessions are spread over them by gRPC's ``round_robin`` policy and a
             session whose replica dies resumes on another; a ``ws://`` or ``wss://`` URL: the adapter's
-            WebSocket route (``coveil-cloud serve --ws-port``, :mod:`edge_sdk.websocket_channel`); or a
+            WebSocket route (``coveil-cloud serve --ws-port``, :mod:`edge_sdk.protocol.websocket`); or a
             zero-argument callable returning a cloud session handler (in-process use: tests, harness).
         channel: instead of ``cloud``, any carrier: a zero-argument factory returning a fresh
-            :class:`~edge_sdk.transport.MessageChannel` for each session (its duties are written there).
+            :class:`~edge_sdk.protocol.connection.MessageChannel` for each session (its duties are written there).
         slm: the edge model (e.g. :class:`edge_sdk.backends.llama_cpp.LlamaCppSLM`).
         credentials: token and TLS material for a remote adapter.
         timeout_s: per-session deadline on the gRPC stream (``None`` = none); the channel also pings the

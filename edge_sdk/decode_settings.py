@@ -2,7 +2,7 @@
 
 The fusion weight ``alpha``, ``max_new_tokens``, the cloud's ``top_m``, DecodeLeak's ``K``
 (``exposure_k``) and the rest have their default here and nowhere else: the wire's
-:class:`~edge_sdk.wire.SessionRequest`, :meth:`EdgeClient.generate <edge_sdk.client.EdgeClient.generate>`,
+:class:`~edge_sdk.protocol.wire.SessionRequest`, :meth:`EdgeClient.generate <edge_sdk.client.EdgeClient.generate>`,
 the endpoint, the harness's protocol and sweeps, and every CLI read them from this class (as
 transformers' ``GenerationConfig`` is the one home of its generation defaults).  A call overrides a
 copy (:meth:`DecodeSettings.overridden`); a name that is not a setting is refused.

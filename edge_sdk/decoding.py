@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from edge_sdk import wire
+from edge_sdk.protocol import wire
 from edge_sdk.accountant import PrivacyAccountant
 from edge_sdk.backends.base import SLMBackend
 from edge_sdk.decode_settings import DecodeSettings
@@ -47,8 +47,8 @@ from edge_sdk.steps import (
     StopControl,
     StoppingRule,
 )
-from edge_sdk.status import CloudError, CloudReplyRejected
-from edge_sdk.transport import CloudConnection
+from edge_sdk.protocol.status import CloudError, CloudReplyRejected
+from edge_sdk.protocol.connection import CloudConnection
 
 
 @dataclass
@@ -146,7 +146,7 @@ class CollaborativeDecoder:
     def max_upload(self) -> int:
         """The most values a step's upload may hold, from public settings only: the policy's maximum, and in
         probability space a whole-vocabulary upload cut to ``FULL_UPLOAD_LIMIT`` (:meth:`_policy_signal`).  Every
-        padded step signal is the size of the largest (:func:`edge_sdk.wire.pad_edge_message`)."""
+        padded step signal is the size of the largest (:func:`edge_sdk.protocol.wire.pad_edge_message`)."""
         vocab_size = self.slm.vocab_size
         largest = self.policy.max_upload(vocab_size)
         if largest >= vocab_size and self.policy.space == "prob":
@@ -437,7 +437,7 @@ class CollaborativeDecoder:
         ``dist`` is sparse.
 
         A sparse row is read with every omitted id at its public fill
-        (:meth:`~edge_sdk.wire.CloudDistribution.filled`).  ``no_stop``
+        (:meth:`~edge_sdk.protocol.wire.CloudDistribution.filled`).  ``no_stop``
         (edge-side): end-of-generation ids are out of the choice this step;
         cloud-side the cloud is told instead.  The processors' ``allowed()``
         ids mask both rows the policy fuses.

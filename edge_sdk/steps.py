@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from edge_sdk.accountant import PrivacyAccountant
     from edge_sdk.backends.base import SLMBackend
     from edge_sdk.logprobs import TokenLogprobs
-    from edge_sdk.transport import ByteCounter
-    from edge_sdk.wire import CloudDistribution
+    from edge_sdk.protocol.connection import ByteCounter
+    from edge_sdk.protocol.wire import CloudDistribution
 
 
 class SLMView:
@@ -105,7 +105,7 @@ class ChoiceProcessor(Protocol):
 @dataclass(frozen=True, eq=False)
 class StepDecision:
     """What the decide step settled: ``signal`` leaves the device; ``exposure`` is DecodeLeak's ``E_t^K``, the
-    top-``K`` ids the cloud can read off it (:func:`edge_sdk.wire.step_exposure`).
+    top-``K`` ids the cloud can read off it (:func:`edge_sdk.protocol.wire.step_exposure`).
 
     ``logprobs`` (edge-side, when asked for): reads the chosen token's log-probabilities off the row it was
     chosen from; the loop calls it once the signal has left, so its cost (a top-n search whose time varies with

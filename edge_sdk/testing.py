@@ -41,12 +41,12 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk import wire
+from edge_sdk.protocol import wire
 from edge_sdk.fusion import check_finite, cloud_scores, softmax
 from edge_sdk.logprobs import token_logprobs
 from edge_sdk.policies.base import CloudUpload
-from edge_sdk.status import CloudError
-from edge_sdk.transport import CloudConnection
+from edge_sdk.protocol.status import CloudError
+from edge_sdk.protocol.connection import CloudConnection
 
 #: a row of logits, one per vocabulary id
 Row = Sequence[float] | np.ndarray
@@ -185,7 +185,7 @@ class ScriptedCloud:
 
     It speaks the protocol as the cloud adapter does (opened, then per step a distribution; a dense row on a
     full-row request; the chosen token and ``finished`` in cloud-side fusion), and every message crosses as
-    bytes through :mod:`edge_sdk.wire`'s codec.  Cloud-side fusion picks greedily:
+    bytes through :mod:`edge_sdk.protocol.wire`'s codec.  Cloud-side fusion picks greedily:
     ``argmax(alpha * row + (1 - alpha) * upload)`` (the row alone when ``alpha = 0`` and nothing is
     uploaded), with end-of-generation ids out of the choice on ``no_stop``, and sends that row's
     log-probabilities with the token when the session asks (:mod:`edge_sdk.logprobs`).  It holds no tokenizer
@@ -280,7 +280,7 @@ class ScriptedSession:
     """One session of a :class:`ScriptedCloud`: consumes ``EdgeMessage`` protos, returns ``CloudMessage`` ones.
 
     :meth:`handle` applies the message at once (a refusal or a scripted break raises
-    :class:`~edge_sdk.transport.CloudError` from it); the replies it returns wait out their delays as
+    :class:`~edge_sdk.protocol.connection.CloudError` from it); the replies it returns wait out their delays as
     they are read.
     """
 
@@ -459,7 +459,7 @@ class ScriptedSession:
 
 
 class ScriptedChannel:
-    """A :class:`~edge_sdk.transport.MessageChannel` to a :class:`ScriptedSession`.
+    """A :class:`~edge_sdk.protocol.connection.MessageChannel` to a :class:`ScriptedSession`.
 
     Both directions cross as bytes; the replies are read when the edge reads them, so a scripted delay
     shows in the edge's wait for that reply, as a real stream's would.

@@ -29,7 +29,7 @@ import numpy as np
 
 from cloud_adapter.local import cloud_or_local, split_cores
 from edge_sdk.backends.llama_cpp import LlamaCppSLM
-from edge_sdk import wire
+from edge_sdk.protocol import wire
 from edge_sdk.client import Credentials, EdgeClient, GenerationResult
 from edge_sdk.fusion import fuse
 from edge_sdk.leakage import LeakageMeter

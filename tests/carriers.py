@@ -1,7 +1,7 @@
 """Every carrier of the ``Decode`` stream, serving any in-process cloud session (the public fakes, a lying cloud)
 through the real server code: :func:`cloud_adapter.stream.run_stream` behind the gRPC servicer or the WebSocket
 route, on loopback.  ``carrier`` (a fixture, parametrized) gives a :class:`Carrier` whose :meth:`Carrier.channel`
-makes the channel a test hands :class:`~edge_sdk.transport.CloudConnection`:
+makes the channel a test hands :class:`~edge_sdk.protocol.connection.CloudConnection`:
 
     def test_x(carrier):
         connection = CloudConnection(carrier.channel(lambda: LyingCloud(...)))
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from cloud_adapter.limits import Admission, Limits
-from edge_sdk.transport import CloudSessionHandler, InProcessChannel, MessageChannel
+from edge_sdk.protocol.connection import CloudSessionHandler, InProcessChannel, MessageChannel
 
 #: the carriers every suite that takes the ``carrier`` fixture runs over
 CARRIERS = ("in_process", "grpc", "websocket")
@@ -88,12 +88,12 @@ class Carrier:
         if self.name == "grpc":
             import grpc
 
-            from edge_sdk.transport import GrpcChannel
+            from edge_sdk.protocol.connection import GrpcChannel
 
             if self._grpc is None:
                 self._grpc = grpc.insecure_channel(self.address)
             return GrpcChannel(self._grpc, timeout_s=30.0)
-        from edge_sdk.websocket_channel import WebSocketChannel
+        from edge_sdk.protocol.websocket import WebSocketChannel
 
         return WebSocketChannel(self.url, timeout_s=30.0)
 

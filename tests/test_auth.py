@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from edge_sdk.client import Credentials, EdgeClient, is_loopback
-from edge_sdk.status import CloudError
+from edge_sdk.protocol.status import CloudError
 
 from tests.tiny_models import bpe_tokenizer, random_qwen
 from tests.tls_material import pem_pair

@@ -1,4 +1,4 @@
-"""Every carrier of the ``Decode`` stream held to :class:`~edge_sdk.transport.MessageChannel`'s contract, and the
+"""Every carrier of the ``Decode`` stream held to :class:`~edge_sdk.protocol.connection.MessageChannel`'s contract, and the
 WebSocket route's own rules (``/work``'s agreed contract: subprotocol, auth by header or browser subprotocol, TLS,
 ``4000 + status`` closes, text frames refused with 1003).  No model: the cloud is the public fake, served through
 the real server code on loopback."""
@@ -14,14 +14,14 @@ import pytest
 from cloud_adapter.limits import Limits
 from cloud_adapter.server import TlsConfig
 from cloud_adapter.websocket import DECODE_PATH, bearer_subprotocol
-from edge_sdk import wire
+from edge_sdk.protocol import wire
 from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_resume
 from edge_sdk.leakage import LeakageMeter
 from edge_sdk.policies import make_policy
-from edge_sdk.status import RETRYABLE_CODES, CloudError, close_frame, status_of_close
+from edge_sdk.protocol.status import RETRYABLE_CODES, CloudError, close_frame, status_of_close
 from edge_sdk.testing import ScriptedCloud, TableSLM
-from edge_sdk.transport import CloudConnection
-from edge_sdk.websocket_channel import WebSocketCarrier, WebSocketChannel
+from edge_sdk.protocol.connection import CloudConnection
+from edge_sdk.protocol.websocket import WebSocketCarrier, WebSocketChannel
 from tests.carriers import Carrier, FakeEngine, carrier, served  # noqa: F401  (fixture)
 from tests.tls_material import pem_pair
 

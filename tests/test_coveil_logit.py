@@ -22,7 +22,7 @@ from edge_sdk.policies.coveil import (
     coveil_upload_logit,
     coveil_upload_logit_sparse,
 )
-from edge_sdk.wire import CloudDistribution
+from edge_sdk.protocol.wire import CloudDistribution
 
 
 def z(*values: float) -> np.ndarray:

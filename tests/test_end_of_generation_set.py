@@ -16,7 +16,7 @@ import pytest
 
 from edge_sdk.grammar import JsonConstraint
 from edge_sdk.server.errors import from_cloud_error
-from edge_sdk.status import CloudError, CloudReplyRejected
+from edge_sdk.protocol.status import CloudError, CloudReplyRejected
 
 from tests.endpoint_stack import (  # noqa: F401  (fixtures)
     PRIVATE_CONTEXT,

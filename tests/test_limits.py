@@ -23,10 +23,10 @@ from cloud_adapter.inprocess import serving
 from cloud_adapter.server import SERVICE_NAME
 from cloud_adapter.stream import Inbox
 from cloud_adapter.transcript import SessionTranscript, StepRecord, TranscriptStore
-from edge_sdk import wire
+from edge_sdk.protocol import wire
 from edge_sdk._wire import coveil_pb2_grpc
 from edge_sdk.policies.base import CloudUpload
-from edge_sdk.status import CloudError
+from edge_sdk.protocol.status import CloudError
 
 from tests.tiny_models import bpe_tokenizer, random_qwen
 

@@ -18,13 +18,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edge_sdk import wire
+from edge_sdk.protocol import wire
 from edge_sdk.leakage import LeakageMeter
 from edge_sdk.policies import CusText, EmbeddingNeighbours, Policy, available_policies, make_policy, policy_class
 from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_resume
-from edge_sdk.status import CloudError
+from edge_sdk.protocol.status import CloudError
 from edge_sdk.testing import ScriptedChannel, ScriptedCloud, ScriptedSession, TableSLM
-from edge_sdk.transport import CloudConnection, InProcessChannel
+from edge_sdk.protocol.connection import CloudConnection, InProcessChannel
 from tests.carriers import Carrier, carrier  # noqa: F401  (fixture)
 
 VOCAB = 512

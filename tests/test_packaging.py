@@ -25,7 +25,7 @@ def imported_after(statement: str) -> set[str]:
 def test_import_edge_sdk_is_light() -> None:
     modules = imported_after(
         "import edge_sdk, edge_sdk.fusion, edge_sdk.policies, edge_sdk.models, edge_sdk.leakage, edge_sdk.decoding, "
-        "edge_sdk.steps, edge_sdk.ledger, edge_sdk.status, edge_sdk.wire, edge_sdk.transport, edge_sdk.testing"
+        "edge_sdk.steps, edge_sdk.ledger, edge_sdk.protocol.status, edge_sdk.protocol.wire, edge_sdk.protocol.connection, edge_sdk.testing"
     )
     loaded = sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in HEAVY))
     assert loaded == [], f"import edge_sdk pulled in {loaded}"
@@ -55,7 +55,7 @@ def test_edge_sdk_never_imports_the_cloud_or_the_harness() -> None:
 
 
 def test_wire_code_is_generated_from_the_proto() -> None:
-    from edge_sdk import wire
+    from edge_sdk.protocol import wire
 
     pb = wire.pb()
     assert pb.DESCRIPTOR.package == "coveil.v1"

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge_sdk import wire
+from edge_sdk.protocol import wire
 from edge_sdk.fusion import certified_cloud_pick, cloud_scores, top_k_ids
 from edge_sdk.policies.base import CloudUpload
 from edge_sdk.testing import ScriptedCloud

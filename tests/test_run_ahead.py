@@ -19,13 +19,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from edge_sdk import wire
+from edge_sdk.protocol import wire
 from edge_sdk.leakage import LeakageMeter
 from edge_sdk.policies import CoVeil, EmbeddingNeighbours, Policy, Undefended, available_policies, make_policy
 from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_resume
-from edge_sdk.status import CloudError
+from edge_sdk.protocol.status import CloudError
 from edge_sdk.testing import ScriptedChannel, ScriptedCloud, ScriptedSession, TableSLM
-from edge_sdk.transport import CloudConnection, InProcessChannel
+from edge_sdk.protocol.connection import CloudConnection, InProcessChannel
 from tests.carriers import Carrier, FakeEngine, served
 
 EOS = 0

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from edge_sdk import transport
+from edge_sdk.protocol import connection as transport
 from edge_sdk._wire import coveil_pb2_grpc
 
 SEND_DURATION_S = 0.2
@@ -104,8 +104,8 @@ def test_an_in_process_refusal_reaches_the_edge_as_a_served_status_would(code: s
     """The cloud's handler raises the one status error; in process the edge receives what a gRPC stream ending with
     that status gives it: the same type, code and message, retryable by the code alone (what the handler said
     about retrying is its own business: a server sends only the code)."""
-    from edge_sdk import wire
-    from edge_sdk.status import CloudError
+    from edge_sdk.protocol import wire
+    from edge_sdk.protocol.status import CloudError
 
     channel = transport.InProcessChannel(RefusingHandler(CloudError(code, "no", retryable=not retryable)))
     with pytest.raises(CloudError) as caught:
@@ -114,7 +114,7 @@ def test_an_in_process_refusal_reaches_the_edge_as_a_served_status_would(code: s
 
 
 def wire_open_message(**fields: Any) -> Any:
-    from edge_sdk import wire
+    from edge_sdk.protocol import wire
 
     return wire.pb().OpenSession(protocol_version=wire.PROTOCOL_VERSION, **fields)
 

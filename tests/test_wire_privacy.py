@@ -9,7 +9,7 @@ import pytest
 
 from edge_sdk.client import EdgeClient
 from edge_sdk.policies import DPLogit
-from edge_sdk.transport import CloudConnection, InProcessChannel
+from edge_sdk.protocol.connection import CloudConnection, InProcessChannel
 
 from tests.carriers import Carrier, carrier  # noqa: F401  (fixture: the promises hold over every carrier)
 from tests.conftest import PRIVATE_CONTEXT, PUBLIC_PROMPT
@@ -102,7 +102,7 @@ class FavouringCloud:
         self.tops: list[int] = []  # the top id of each row it sent
 
     def handle(self, message):
-        from edge_sdk import wire
+        from edge_sdk.protocol import wire
 
         for reply in self.handler.handle(message):
             if reply.WhichOneof("kind") == "distribution" and reply.distribution.dense:
@@ -147,7 +147,7 @@ class LoseReplyAt:
         self.handler, self.step = handler, step
 
     def handle(self, message):
-        from edge_sdk.status import CloudError
+        from edge_sdk.protocol.status import CloudError
 
         replies = list(self.handler.handle(message))
         if message.WhichOneof("kind") == "signal" and message.signal.step == self.step:
@@ -181,7 +181,7 @@ def test_a_retried_step_sends_exactly_the_bytes_it_sent_before(client, engine, c
     entry = decoder.ledger.entries[1]
     assert entry.sends == 2 and [e.sends for e in decoder.ledger.entries] == [1, 2, 1]
     # the ledger records both sends of step 1: at least twice the bytes of step 1's upload message
-    from edge_sdk import wire
+    from edge_sdk.protocol import wire
     from edge_sdk.policies import CloudUpload
 
     upload = CloudUpload(np.array(seen_first[0][0]), np.array(seen_first[0][1], np.float32))
@@ -259,8 +259,8 @@ def test_the_exposure_budget_is_no_oracle_for_words_the_cloud_pushes(client, eng
 def test_a_cloud_cannot_misstate_its_own_top_token(client, engine, slm, carrier) -> None:
     """The budget and the fallback read the cloud's top token off the order of its sparse row; a row whose ids
     are not listed by decreasing value ends the session instead of being believed."""
-    from edge_sdk import wire
-    from edge_sdk.status import CloudError
+    from edge_sdk.protocol import wire
+    from edge_sdk.protocol.status import CloudError
 
     class Reordering:
         def __init__(self, handler) -> None:

@@ -168,7 +168,7 @@ class Policy(ABC):
 
     def max_upload(self, vocab_size: int) -> int:
         """The most values one cloud-side upload of this policy holds: a public number its rule fixes (every
-        padded signal is the size of the largest, :func:`edge_sdk.wire.pad_edge_message`).  The default, the
+        padded signal is the size of the largest, :func:`edge_sdk.protocol.wire.pad_edge_message`).  The default, the
         whole vocabulary, bounds every policy."""
         return vocab_size
 
@@ -177,7 +177,7 @@ class Policy(ABC):
 
         Otherwise the edge decides from the cloud's top values with every
         omitted id at the public fill
-        (:meth:`edge_sdk.wire.CloudDistribution.filled`) and never asks.
+        (:meth:`edge_sdk.protocol.wire.CloudDistribution.filled`) and never asks.
         Either way whether a row is asked for depends on the policy and the
         mode alone: asking only when :meth:`decide_sparse` could not certify
         a decision told a cloud that shaped its row whether the SLM's top

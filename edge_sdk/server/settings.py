@@ -18,7 +18,7 @@ from edge_sdk.cli_flags import add_dataclass_flags, dataclass_from_args, flag_na
 from edge_sdk.client import Credentials, is_loopback
 from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.policies import FUSION_MODES
-from edge_sdk.wire import MAX_LOOKAHEAD
+from edge_sdk.protocol.wire import MAX_LOOKAHEAD
 
 #: the environment variable an API key may come from instead of ``--api-key-file``
 API_KEY_ENV = "COVEIL_API_KEY"

@@ -3,8 +3,8 @@
 The cloud adapter serves it with ``coveil-cloud serve --ws-port PORT`` at ``/coveil/v1/decode``
 (:mod:`cloud_adapter.websocket`).  Each binary message is one serialized protobuf; the client offers the
 subprotocol ``coveil.v1`` and sends ``Authorization: Bearer <token>``; the stream ends with close code 1000, or
-``4000 + gRPC status`` with the status message (:func:`edge_sdk.status.status_of_close` maps it back to the
-:class:`~edge_sdk.status.CloudError` gRPC would raise).  Compression is off on both sides: a compressed message's
+``4000 + gRPC status`` with the status message (:func:`edge_sdk.protocol.status.status_of_close` maps it back to the
+:class:`~edge_sdk.protocol.status.CloudError` gRPC would raise).  Compression is off on both sides: a compressed message's
 size would depend on its content, which padding exists to hide.
 
     client = EdgeClient("wss://cloud.example:8443/coveil/v1/decode", slm=slm, credentials=Credentials(token="..."))
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from edge_sdk.status import RETRYABLE_CODES, CloudError, status_of_close
+from edge_sdk.protocol.status import RETRYABLE_CODES, CloudError, status_of_close
 
 if TYPE_CHECKING:
     from edge_sdk._wire.coveil_pb2 import CloudMessage, EdgeMessage
@@ -36,7 +36,7 @@ _REFUSED = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DE
 
 class WebSocketChannel:
     """One ``Decode`` stream on a WebSocket connection, opened by the first :meth:`send` (the carrier duties of
-    :class:`~edge_sdk.transport.MessageChannel`); :meth:`send` returns once the message is written to the socket
+    :class:`~edge_sdk.protocol.connection.MessageChannel`); :meth:`send` returns once the message is written to the socket
     (the ``websockets`` library's synchronous send writes before it returns)."""
 
     crosses_network = True

@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Literal, Protocol, overload
 
 import numpy as np
 
-from edge_sdk import wire
+from edge_sdk.protocol import wire
 from edge_sdk.fusion import certified_cloud_pick
 from edge_sdk.logprobs import TokenLogprobs
 from edge_sdk.policies.base import CloudUpload
-from edge_sdk.status import RETRYABLE_CODES, CloudError
+from edge_sdk.protocol.status import RETRYABLE_CODES, CloudError
 
 if TYPE_CHECKING:  # for annotations only: gRPC and the generated code load with the first session
     import grpc
@@ -68,7 +68,7 @@ class MessageChannel(Protocol):
       happens whenever another thread runs, and behind the SLM's next forward on a busy core, so the message
       leaves on the private context's clock.  A stream that has already ended makes :meth:`send` return at once;
       :meth:`receive` then raises why.
-    * **Errors are** :class:`~edge_sdk.status.CloudError` with a gRPC status name (the status the cloud ended the
+    * **Errors are** :class:`~edge_sdk.protocol.status.CloudError` with a gRPC status name (the status the cloud ended the
       stream with, or ``UNAVAILABLE``, retryable, for a stream that broke), so the loop resumes alike over any
       carrier.
     * **Bytes cross unchanged and uncompressed**: padding fixes every message's size (a compressed size would
