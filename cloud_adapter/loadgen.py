@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from edge_sdk.protocol import wire
-from edge_sdk.protocol.connection import CloudConnection, GrpcChannel
+from edge_sdk.protocol.connection import CloudConnection
+from edge_sdk.protocol.channels import GrpcChannel
 
 
 @dataclass

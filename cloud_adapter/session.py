@@ -44,7 +44,7 @@ from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.fusion import cloud_scores, pick_token
 from edge_sdk.grammar import GrammarError, JsonConstraint, mask_row
 from edge_sdk.logprobs import TokenLogprobs, token_logprobs
-from edge_sdk.policies.base import CloudUpload, SyncedToken
+from edge_sdk.protocol.signals import CloudUpload, SyncedToken
 from edge_sdk.protocol.status import CloudError
 
 if TYPE_CHECKING:

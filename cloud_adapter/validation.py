@@ -19,7 +19,7 @@ from edge_sdk.protocol import wire
 from edge_sdk.fusion import FusionSpace
 from edge_sdk.logprobs import MAX_TOP_LOGPROBS
 from edge_sdk.models import VocabularyMismatchError, check_same_vocabulary
-from edge_sdk.policies.base import CloudUpload
+from edge_sdk.protocol.signals import CloudUpload
 from edge_sdk.protocol.status import CloudError
 
 if TYPE_CHECKING:

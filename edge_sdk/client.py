@@ -34,7 +34,8 @@ from edge_sdk.policies import Policy, make_policy
 from edge_sdk.prompts import CONTEXT_SEPARATOR, Prompts, plain_prompts
 from edge_sdk.decoding import CollaborativeDecoder, StepEvent, run_with_resume
 from edge_sdk.steps import StoppingRule
-from edge_sdk.protocol.connection import CloudConnection, CloudSessionHandler, GrpcChannel, InProcessChannel, MessageChannel
+from edge_sdk.protocol.connection import CloudConnection
+from edge_sdk.protocol.channels import CloudSessionHandler, GrpcChannel, InProcessChannel, MessageChannel, is_loopback
 from edge_sdk.protocol.websocket import WebSocketCarrier
 from edge_sdk.protocol.wire import MAX_LOOKAHEAD
 
@@ -73,22 +74,6 @@ def grpc_target(cloud: str | Sequence[str]) -> str:
     if len(families) != 1:
         raise ValueError("list replicas of one address family (all IPv4 or all IPv6)")
     return f"ipv{families.pop()}:" + ",".join(addresses)
-
-
-def is_loopback(address: str) -> bool:
-    """Whether a gRPC target names this machine: ``localhost``, ``127.0.0.0/8``, ``[::1]`` or a Unix socket."""
-    if address.startswith("unix:"):
-        return True
-    if address.startswith(("ipv4:", "ipv6:")):  # several replicas: every one must be local
-        return all(is_loopback(part) for part in address[5:].split(","))
-    host = address.rsplit(":", 1)[0] if address.count(":") == 1 or address.startswith("[") else address
-    host = host.strip("[]").lower()
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True)
@@ -258,7 +243,7 @@ class EdgeClient:
             WebSocket route (``coveil-cloud serve --ws-port``, :mod:`edge_sdk.protocol.websocket`); or a
             zero-argument callable returning a cloud session handler (in-process use: tests, harness).
         channel: instead of ``cloud``, any carrier: a zero-argument factory returning a fresh
-            :class:`~edge_sdk.protocol.connection.MessageChannel` for each session (its duties are written there).
+            :class:`~edge_sdk.protocol.channels.MessageChannel` for each session (its duties are written there).
         slm: the edge model (e.g. :class:`edge_sdk.backends.llama_cpp.LlamaCppSLM`).
         credentials: token and TLS material for a remote adapter.
         timeout_s: per-session deadline on the gRPC stream (``None`` = none); the channel also pings the

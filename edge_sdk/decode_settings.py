@@ -18,7 +18,7 @@ from edge_sdk.cli_flags import positive_float, positive_int
 from edge_sdk.logprobs import MAX_TOP_LOGPROBS
 
 if TYPE_CHECKING:
-    from edge_sdk.policies.base import FusionMode
+    from edge_sdk.protocol.signals import FusionMode
 
 
 def _setting(default: Any, help: str, **flag: Any) -> Any:

@@ -35,7 +35,8 @@ from edge_sdk.leakage import LeakageMeter
 from edge_sdk.ledger import LedgerEntry, PrivacyLedger
 from edge_sdk.logprobs import TokenLogprobs, token_logprobs
 from edge_sdk.masking import FULL_UPLOAD_LIMIT
-from edge_sdk.policies.base import CloudUpload, Policy, SyncedToken
+from edge_sdk.policies.base import Policy
+from edge_sdk.protocol.signals import CloudUpload, SyncedToken
 from edge_sdk.steps import (
     ChoiceProcessor,
     ExposureBudget,

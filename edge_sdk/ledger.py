@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from edge_sdk.accountant import PrivacyAccountant, odds_sentence
 from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.leakage import ExposureTrace
-from edge_sdk.policies.base import FusionMode
+from edge_sdk.protocol.signals import FusionMode
 
 
 @dataclass(frozen=True)

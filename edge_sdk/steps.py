@@ -27,7 +27,7 @@ import numpy as np
 
 from edge_sdk.fusion import FusionSpace, check_finite, softmax
 from edge_sdk.ledger import LedgerEntry
-from edge_sdk.policies.base import CloudUpload, SyncedToken
+from edge_sdk.protocol.signals import CloudUpload, SyncedToken
 
 if TYPE_CHECKING:
     from edge_sdk.accountant import PrivacyAccountant

@@ -44,7 +44,7 @@ import numpy as np
 from edge_sdk.protocol import wire
 from edge_sdk.fusion import check_finite, cloud_scores, softmax
 from edge_sdk.logprobs import token_logprobs
-from edge_sdk.policies.base import CloudUpload
+from edge_sdk.protocol.signals import CloudUpload
 from edge_sdk.protocol.status import CloudError
 from edge_sdk.protocol.connection import CloudConnection
 
@@ -459,7 +459,7 @@ class ScriptedSession:
 
 
 class ScriptedChannel:
-    """A :class:`~edge_sdk.protocol.connection.MessageChannel` to a :class:`ScriptedSession`.
+    """A :class:`~edge_sdk.protocol.channels.MessageChannel` to a :class:`ScriptedSession`.
 
     Both directions cross as bytes; the replies are read when the edge reads them, so a scripted delay
     shows in the edge's wait for that reply, as a real stream's would.

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from cloud_adapter.limits import Admission, Limits
-from edge_sdk.protocol.connection import CloudSessionHandler, InProcessChannel, MessageChannel
+from edge_sdk.protocol.channels import CloudSessionHandler, InProcessChannel, MessageChannel
 
 #: the carriers every suite that takes the ``carrier`` fixture runs over
 CARRIERS = ("in_process", "grpc", "websocket")
@@ -88,7 +88,7 @@ class Carrier:
         if self.name == "grpc":
             import grpc
 
-            from edge_sdk.protocol.connection import GrpcChannel
+            from edge_sdk.protocol.channels import GrpcChannel
 
             if self._grpc is None:
                 self._grpc = grpc.insecure_channel(self.address)

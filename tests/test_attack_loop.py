@@ -18,7 +18,8 @@ from edge_sdk.masking import folded_vocabulary, never_upload_ids
 from edge_sdk.policies import Policy, make_policy
 from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_resume
 from edge_sdk.protocol.status import CloudError
-from edge_sdk.protocol.connection import CloudConnection, InProcessChannel
+from edge_sdk.protocol.connection import CloudConnection
+from edge_sdk.protocol.channels import InProcessChannel
 from tests.test_malicious_cloud import LyingCloud, PeakSLM, SlowSLM, policies
 from tests.test_never_upload import masked_pieces
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from edge_sdk.client import Credentials, EdgeClient, is_loopback
+from edge_sdk.client import Credentials, EdgeClient
+from edge_sdk.protocol.channels import is_loopback
 from edge_sdk.protocol.status import CloudError
 
 from tests.tiny_models import bpe_tokenizer, random_qwen

@@ -1,4 +1,4 @@
-"""Every carrier of the ``Decode`` stream held to :class:`~edge_sdk.protocol.connection.MessageChannel`'s contract, and the
+"""Every carrier of the ``Decode`` stream held to :class:`~edge_sdk.protocol.channels.MessageChannel`'s contract, and the
 WebSocket route's own rules (``/work``'s agreed contract: subprotocol, auth by header or browser subprotocol, TLS,
 ``4000 + status`` closes, text frames refused with 1003).  No model: the cloud is the public fake, served through
 the real server code on loopback."""

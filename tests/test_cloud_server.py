@@ -33,7 +33,7 @@ from cloud_adapter.server import SERVICE_NAME, TlsConfig
 from edge_sdk.protocol import wire
 from edge_sdk._wire import coveil_pb2, coveil_pb2_grpc
 from edge_sdk.fusion import softmax, top_k_ids
-from edge_sdk.policies.base import CloudUpload
+from edge_sdk.protocol.signals import CloudUpload
 
 from tests.tls_material import pem_pair
 

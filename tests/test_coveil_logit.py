@@ -13,7 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge_sdk.policies import CloudUpload, CoVeil, SyncedToken
+from edge_sdk.policies import CoVeil
+
+from edge_sdk.protocol.signals import CloudUpload, SyncedToken
 from edge_sdk.policies.coveil import (
     coveil_select,
     coveil_select_logit,

@@ -7,9 +7,11 @@ import pytest
 
 from edge_sdk.client import EdgeClient
 from edge_sdk.fusion import fuse, softmax
-from edge_sdk.policies import CloudUpload, CoVeil, Undefended, make_policy
+from edge_sdk.policies import CoVeil, Undefended, make_policy
+from edge_sdk.protocol.signals import CloudUpload
 from edge_sdk.protocol.status import CloudError
-from edge_sdk.protocol.connection import CloudConnection, InProcessChannel
+from edge_sdk.protocol.connection import CloudConnection
+from edge_sdk.protocol.channels import InProcessChannel
 
 from tests.conftest import PRIVATE_CONTEXT, PUBLIC_PROMPT
 

@@ -25,7 +25,7 @@ from cloud_adapter.stream import Inbox
 from cloud_adapter.transcript import SessionTranscript, StepRecord, TranscriptStore
 from edge_sdk.protocol import wire
 from edge_sdk._wire import coveil_pb2_grpc
-from edge_sdk.policies.base import CloudUpload
+from edge_sdk.protocol.signals import CloudUpload
 from edge_sdk.protocol.status import CloudError
 
 from tests.tiny_models import bpe_tokenizer, random_qwen

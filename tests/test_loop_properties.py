@@ -387,7 +387,7 @@ def test_the_scripted_cloud_lies_as_told_and_the_edge_refuses_a_malformed_row() 
 
 def test_an_upload_of_the_first_ids_only_travels_sparse_and_reads_back_whole() -> None:
     """Ids 0 and 1 of a 4-id vocabulary: sent as values only, the cloud could not tell which ids they were."""
-    from edge_sdk.policies import CloudUpload
+    from edge_sdk.protocol.signals import CloudUpload
 
     upload = CloudUpload(np.array([0, 1]), np.array([0.25, 0.5], np.float32))
     message = wire.encode_upload(3, upload, vocab_size=4).signal.upload

@@ -24,7 +24,8 @@ from edge_sdk.policies import CusText, EmbeddingNeighbours, Policy, available_po
 from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_resume
 from edge_sdk.protocol.status import CloudError
 from edge_sdk.testing import ScriptedChannel, ScriptedCloud, ScriptedSession, TableSLM
-from edge_sdk.protocol.connection import CloudConnection, InProcessChannel
+from edge_sdk.protocol.connection import CloudConnection
+from edge_sdk.protocol.channels import InProcessChannel
 from tests.carriers import Carrier, carrier  # noqa: F401  (fixture)
 
 VOCAB = 512

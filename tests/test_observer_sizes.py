@@ -23,7 +23,7 @@ from edge_sdk.client import Credentials, EdgeClient
 from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_resume
 from edge_sdk.leakage import LeakageMeter
 from edge_sdk.policies import make_policy
-from edge_sdk.policies.base import CloudUpload
+from edge_sdk.protocol.signals import CloudUpload
 from edge_sdk.testing import ScriptedChannel, ScriptedCloud, TableSLM
 from edge_sdk.protocol.connection import CloudConnection
 from tests.record_proxy import Http2Frames, RecordLengths

@@ -54,6 +54,43 @@ def test_edge_sdk_never_imports_the_cloud_or_the_harness() -> None:
     assert offenders == []
 
 
+def imports_of(package: Path) -> dict[str, set[str]]:
+    """Every module each source file under ``package`` imports (``from x import y`` counts ``x`` and ``x.y``)."""
+    found: dict[str, set[str]] = {}
+    for path in package.rglob("*.py"):
+        if path.name.endswith(("_pb2.py", "_pb2_grpc.py")):
+            continue
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        found[str(path.relative_to(ROOT))] = names
+    return found
+
+
+def test_the_protocol_imports_neither_the_policies_nor_the_loop() -> None:
+    """``edge_sdk.protocol`` is what both ends share: the cloud adapter loads it without the defences or the loop."""
+    loop = ("edge_sdk.policies", "edge_sdk.decoding", "edge_sdk.steps", "edge_sdk.client")
+    offenders = [f"{path}: {name}" for path, names in imports_of(ROOT / "edge_sdk" / "protocol").items()
+                 for name in names if any(name == m or name.startswith(m + ".") for m in loop)]
+    assert offenders == []
+    modules = imported_after("import edge_sdk.protocol.connection, edge_sdk.protocol.channels")
+    assert not [m for m in modules if m.startswith(("edge_sdk.policies", "edge_sdk.decoding", "edge_sdk.steps"))]
+
+
+def test_the_cloud_adapter_takes_only_the_protocol_fusion_grammar_and_settings_from_the_sdk() -> None:
+    """Besides those: the generated wire code, logprobs (a fused row's), and three stateless helpers (flags, the
+    model source, the registry class)."""
+    allowed = ("edge_sdk.protocol", "edge_sdk._wire", "edge_sdk.fusion", "edge_sdk.grammar", "edge_sdk.logprobs",
+               "edge_sdk.decode_settings", "edge_sdk.cli_flags", "edge_sdk.models", "edge_sdk.registry")
+    offenders = [f"{path}: {name}" for path, names in imports_of(ROOT / "cloud_adapter").items() for name in names
+                 if name.split(".")[0] == "edge_sdk" and name != "edge_sdk"
+                 and not any(name == m or name.startswith(m + ".") for m in allowed)]
+    assert offenders == []
+
+
 def test_wire_code_is_generated_from_the_proto() -> None:
     from edge_sdk.protocol import wire
 

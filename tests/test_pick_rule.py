@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from edge_sdk.protocol import wire
 from edge_sdk.fusion import certified_cloud_pick, cloud_scores, top_k_ids
-from edge_sdk.policies.base import CloudUpload
+from edge_sdk.protocol.signals import CloudUpload
 from edge_sdk.testing import ScriptedCloud
 
 NONE = np.empty(0, np.int64)

@@ -25,7 +25,8 @@ from edge_sdk.policies import CoVeil, EmbeddingNeighbours, Policy, Undefended, a
 from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_resume
 from edge_sdk.protocol.status import CloudError
 from edge_sdk.testing import ScriptedChannel, ScriptedCloud, ScriptedSession, TableSLM
-from edge_sdk.protocol.connection import CloudConnection, InProcessChannel
+from edge_sdk.protocol.connection import CloudConnection
+from edge_sdk.protocol.channels import InProcessChannel
 from tests.carriers import Carrier, FakeEngine, served
 
 EOS = 0

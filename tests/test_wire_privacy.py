@@ -9,7 +9,8 @@ import pytest
 
 from edge_sdk.client import EdgeClient
 from edge_sdk.policies import DPLogit
-from edge_sdk.protocol.connection import CloudConnection, InProcessChannel
+from edge_sdk.protocol.connection import CloudConnection
+from edge_sdk.protocol.channels import InProcessChannel
 
 from tests.carriers import Carrier, carrier  # noqa: F401  (fixture: the promises hold over every carrier)
 from tests.conftest import PRIVATE_CONTEXT, PUBLIC_PROMPT
@@ -182,7 +183,7 @@ def test_a_retried_step_sends_exactly_the_bytes_it_sent_before(client, engine, c
     assert entry.sends == 2 and [e.sends for e in decoder.ledger.entries] == [1, 2, 1]
     # the ledger records both sends of step 1: at least twice the bytes of step 1's upload message
     from edge_sdk.protocol import wire
-    from edge_sdk.policies import CloudUpload
+    from edge_sdk.protocol.signals import CloudUpload
 
     upload = CloudUpload(np.array(seen_first[0][0]), np.array(seen_first[0][1], np.float32))
     assert entry.bytes_up >= 2 * wire.encode_upload(1, upload).ByteSize()

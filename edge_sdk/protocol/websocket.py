@@ -16,14 +16,14 @@ import ssl
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
+from edge_sdk.protocol.channels import is_loopback
 from edge_sdk.protocol.status import RETRYABLE_CODES, CloudError, status_of_close
 
 if TYPE_CHECKING:
     from edge_sdk._wire.coveil_pb2 import CloudMessage, EdgeMessage
-    from edge_sdk.client import Credentials
 
 #: the subprotocol of the ``Decode`` stream
 SUBPROTOCOL = "coveil.v1"
@@ -34,9 +34,19 @@ _REFUSED = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DE
             429: "RESOURCE_EXHAUSTED"}
 
 
+class Credentials(Protocol):
+    """The token and TLS material a carrier reads (``edge_sdk.client.Credentials``)."""
+
+    token: str | None
+    root_cert: bytes | None
+    client_cert: bytes | None
+    client_key: bytes | None
+    plaintext: bool
+
+
 class WebSocketChannel:
     """One ``Decode`` stream on a WebSocket connection, opened by the first :meth:`send` (the carrier duties of
-    :class:`~edge_sdk.protocol.connection.MessageChannel`); :meth:`send` returns once the message is written to the socket
+    :class:`~edge_sdk.protocol.channels.MessageChannel`); :meth:`send` returns once the message is written to the socket
     (the ``websockets`` library's synchronous send writes before it returns)."""
 
     crosses_network = True
@@ -117,8 +127,6 @@ class WebSocketCarrier:
     ``wss://`` otherwise; the server is verified against ``root_cert`` or the system's roots)."""
 
     def __init__(self, url: str, credentials: Credentials, *, timeout_s: float | None = None) -> None:
-        from edge_sdk.client import is_loopback
-
         parts = urlsplit(url)
         if parts.scheme not in ("ws", "wss") or not parts.hostname:
             raise ValueError(f"a WebSocket cloud is a ws:// or wss:// URL with a host, got {url!r}")

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk.protocol.connection import MessageChannel
+from edge_sdk.protocol.channels import MessageChannel
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class CloudClock:
 
 @dataclass
 class RecordingChannel:
-    """A :class:`~edge_sdk.protocol.connection.MessageChannel` that records both views of the messages it moves."""
+    """A :class:`~edge_sdk.protocol.channels.MessageChannel` that records both views of the messages it moves."""
 
     inner: MessageChannel
     messages: list[tuple[str, int, float]] = field(default_factory=list)
