@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import enum
 import json
-import math
 import time
 import uuid
 from collections.abc import Iterator
@@ -40,6 +39,7 @@ from cloud_adapter.llm import CloudSequence
 from cloud_adapter.transcript import SessionTranscript, StepRecord
 from cloud_adapter.validation import check_open_message, parse_upload, validate_request
 from edge_sdk.protocol import wire
+from edge_sdk.protocol.drafting import DraftSchedule
 from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.fusion import cloud_scores, pick_token
 from edge_sdk.grammar import GrammarError, JsonConstraint, mask_row
@@ -98,8 +98,7 @@ class SessionHandler:
         self._rows: list[_Row] = []
         self._drafts: list[int] = []  # tokens the cloud appended past the confirmed ones (run-ahead)
         self._lookahead = 0  # the deepest run-ahead agreed for this session (0 = lockstep)
-        self._turnaround_s = 0.0  # average seconds from a row sent on a confirmation to the next signal
-        self._forward_s = 0.0  # average seconds of one forward
+        self._schedule = DraftSchedule(0)  # how deep it drafts now (set when the session opens)
         self.forwards = 0  # decode forwards run for this session (drafts included; the prefill not)
         self.drafts_dropped = 0  # drafted forwards rolled back
         self.draft_agreements = 0  # confirmed tokens that were the cloud's draft token (run-ahead sessions)
@@ -195,6 +194,7 @@ class SessionHandler:
         self._rng = np.random.default_rng(request.seed)
         self._constraint = constraint
         self._lookahead = self._agreed_lookahead(request)
+        self._schedule = DraftSchedule(self._lookahead)
         self._step = len(request.resume_prefix)
         dense = request.top_m >= llm.vocab_size
         self._spec = RowSpec(space=request.space, top_n=max(request.top_m, engine.exposure_k), dense=dense)
@@ -309,7 +309,7 @@ class SessionHandler:
         self._rows.pop(0)
         now = time.monotonic()
         if not row.drafted:  # the edge waited for this row: the link's whole turnaround
-            self._turnaround_s = self._average(self._turnaround_s, now - row.sent_at)
+            self._schedule.observe_turnaround(now - row.sent_at)
 
         step = self._step
         self._step = step + 1
@@ -334,27 +334,15 @@ class SessionHandler:
         yield self._next_distribution(forward_ns, assumes=token if self._lookahead else None)
 
     # -- run-ahead -----------------------------------------------------------------------------------
-    #: weight of the newest sample in the turnaround and forward-time averages
-    SMOOTHING = 0.3
-
-    @classmethod
-    def _average(cls, previous: float, sample: float) -> float:
-        return sample if previous == 0.0 else previous + cls.SMOOTHING * (sample - previous)
-
     def _count_forward(self, forward_ns: int) -> None:
         self.forwards += 1
-        self._forward_s = self._average(self._forward_s, forward_ns / 1e9)
+        self._schedule.observe_forward(forward_ns / 1e9)
 
     @property
     def depth(self) -> int:
-        """How far past the awaited step the cloud drafts now: ``ceil(turnaround / forward) + 1`` within the
-        agreed lookahead (the rows the edge would otherwise wait a round trip for, plus one), 1 before either
-        is measured.  The turnaround is read only on rows the edge waited for (sent on its confirmation)."""
-        if not self._lookahead:
-            return 0
-        if self._turnaround_s == 0.0 or self._forward_s == 0.0:
-            return 1
-        return max(1, min(self._lookahead, math.ceil(self._turnaround_s / self._forward_s) + 1))
+        """How far past the awaited step the cloud drafts now (:class:`~edge_sdk.protocol.drafting.DraftSchedule`;
+        the turnaround is read only on rows the edge waited for, sent on its confirmation)."""
+        return self._schedule.depth
 
     def _draft_token(self, row: _Row) -> int:
         """The token the cloud assumes the edge confirms at ``row``: edge-side its top token, cloud-side its
