@@ -47,7 +47,7 @@ from edge_sdk.logprobs import token_logprobs
 from edge_sdk.protocol.signals import CloudUpload
 from edge_sdk.protocol.status import CloudError
 from edge_sdk.protocol.connection import CloudConnection
-from edge_sdk.protocol.drafting import DraftSchedule
+from edge_sdk.protocol.drafting import DraftSchedule, answer
 
 #: a row of logits, one per vocabulary id
 Row = Sequence[float] | np.ndarray
@@ -483,9 +483,9 @@ class ScriptedChannel:
         self._pending: deque[Iterator[Any]] = deque()
 
     def send(self, message: Any) -> None:
-        self._pending.append(self._session.handle(type(message).FromString(message.SerializeToString())))
-        while self._session.can_draft():  # run-ahead: as deep as the schedule allows before the edge's next message
-            self._pending.append(self._session.draft())
+        # run-ahead: as deep as the schedule allows before the edge's next message; each batch read lazily
+        self._pending.extend(iter(replies) for replies in answer(self._session, type(message).FromString(
+            message.SerializeToString())))
 
     def receive(self) -> Any:
         while self._pending:
@@ -521,9 +521,8 @@ class LinkChannel:
         at_cloud = time.perf_counter() + self.rtt_s / 2
         if message.WhichOneof("kind") == "signal":
             self.arrivals.append(at_cloud)
-        replies = list(self._session.handle(type(message).FromString(message.SerializeToString())))
-        while self._session.can_draft():
-            replies += list(self._session.draft())
+        replies = [reply for batch in answer(self._session, type(message).FromString(message.SerializeToString()))
+                   for reply in batch]
         for reply in replies:
             leaves = max(self._cloud_free, at_cloud)
             if reply.WhichOneof("kind") == "distribution":

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
+from edge_sdk.protocol.drafting import answer
 from edge_sdk.protocol.status import RETRYABLE_CODES, CloudError
 
 if TYPE_CHECKING:  # for annotations only: gRPC and the generated code load with the first session
@@ -90,10 +91,8 @@ class InProcessChannel:
         # round-trip through bytes: the same validation and sizes as on the wire
         edge_message = type(message).FromString(message.SerializeToString())
         try:
-            self._replies.extend(self._handler.handle(edge_message))
-            can_draft = getattr(self._handler, "can_draft", None)
-            while can_draft is not None and can_draft():
-                self._replies.extend(self._handler.draft())  # type: ignore[attr-defined]
+            for replies in answer(self._handler, edge_message):
+                self._replies.extend(replies)
         except CloudError as exc:  # the status a server would end the stream with, as the edge receives it
             raise CloudError(exc.code, exc.message, retryable=exc.code in RETRYABLE_CODES) from exc
 

@@ -1,9 +1,28 @@
-"""How deep the cloud drafts past the awaited step (run-ahead): one rule for the cloud adapter's session and the
-public fake cloud (:class:`~edge_sdk.testing.ScriptedCloud`), so a changed rule changes what the fakes test."""
+"""When and how deep the cloud drafts past the awaited step (run-ahead): one rule for the cloud adapter's session
+and the public fake cloud (:class:`~edge_sdk.testing.ScriptedCloud`), so a changed rule changes what the fakes
+test.
+
+*When*: over a network the cloud drafts while the edge has sent nothing new (``cloud_adapter.stream.drive``);
+in process, where the edge waits for each answer, that is after each message, as deep as the handler drafts
+(:func:`answer`).  *How deep*: :class:`DraftSchedule`.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+
+def answer(handler: Any, message: Any) -> Iterator[Iterable[Any]]:
+    """A cloud session handler's replies to ``message``, then each run-ahead draft's, for as long as it drafts
+    before the edge's next message (a handler without ``can_draft``/``draft`` never drafts).  The adapter's session
+    moves as its replies are produced: consume each batch before asking for the next (the fake's move when a
+    batch is made, so its replies, and their scripted delays, may be read later)."""
+    yield handler.handle(message)
+    can_draft = getattr(handler, "can_draft", None)
+    while can_draft is not None and can_draft():
+        yield handler.draft()
 
 
 class DraftSchedule:
