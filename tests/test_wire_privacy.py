@@ -12,10 +12,17 @@ from edge_sdk.policies import DPLogit
 from edge_sdk.protocol.connection import CloudConnection
 from edge_sdk.protocol.channels import InProcessChannel
 
-from tests.carriers import Carrier, carrier  # noqa: F401  (fixture: the promises hold over every carrier)
+from tests.carriers import Carrier, FakeEngine, served
 from tests.conftest import PRIVATE_CONTEXT, PUBLIC_PROMPT
 
 pytestmark = pytest.mark.model
+
+
+@pytest.fixture(scope="module", params=["grpc", "websocket"])
+def carrier(request: pytest.FixtureRequest) -> Any:
+    """The promises over both network carriers (the model's time dominates: in process they add nothing the
+    malicious-cloud and run-ahead suites do not already run in process)."""
+    yield from served(request.param, FakeEngine())
 
 
 @pytest.fixture(scope="module")
