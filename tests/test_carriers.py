@@ -141,6 +141,21 @@ def test_close_codes_are_4000_plus_the_grpc_status_and_back() -> None:
     assert reason == "é" * 61 and len(reason.encode()) == 122
     assert status_of_close(1000, "").code == "UNAVAILABLE" and status_of_close(1000, "").retryable
     assert status_of_close(None, "").code == "UNAVAILABLE"
+    assert (status_of_close(1009, "").code, status_of_close(1009, "").retryable) == ("RESOURCE_EXHAUSTED", False)
+
+
+def test_a_message_past_the_server_s_limit_is_resource_exhausted_not_retried() -> None:
+    """The server's ``max_message_bytes`` holds over WebSocket too (the library closes with 1009), and the edge
+    reads it as gRPC's limit (``RESOURCE_EXHAUSTED``), not as a broken stream to retry."""
+    engine = FakeEngine(Limits(max_message_bytes=256))
+    for carrier_ in served("websocket", engine):
+        channel = carrier_.channel(ScriptedCloud(VOCAB, ROWS, default=ROWS[(2,)]).session)
+        prompt = tuple(range(1, 200))  # an open of ~400 bytes
+        channel.send(wire.encode_open(wire.SessionRequest(prompt_ids=prompt, mode="edge", vocab_size=VOCAB, top_m=3)))
+        with pytest.raises(CloudError) as caught:
+            channel.receive()
+        assert caught.value.code == "RESOURCE_EXHAUSTED" and not caught.value.retryable
+        channel.close()
 
 
 def raw_connect(url: str, **kwargs: Any) -> Any:

@@ -22,6 +22,8 @@ STATUS_NUMBERS: dict[str, int] = {name: number for number, name in enumerate((
     "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"))}
 #: a WebSocket close code ``CLOSE_STATUS_BASE + n`` carries gRPC status ``n`` (``4008``: ``RESOURCE_EXHAUSTED``)
 CLOSE_STATUS_BASE = 4000
+#: RFC 6455's close code for a message larger than the endpoint accepts (``Limits.max_message_bytes``)
+MESSAGE_TOO_BIG = 1009
 #: the most UTF-8 bytes a WebSocket close reason may hold (a control frame's 125 less the 2-byte code)
 CLOSE_REASON_BYTES = 123
 
@@ -57,10 +59,13 @@ def close_frame(code: str, message: str) -> tuple[int, str]:
 
 def status_of_close(close_code: int | None, reason: str) -> CloudError:
     """The :class:`CloudError` a WebSocket stream's close means to the edge: ``4000 + n`` is gRPC status ``n``
-    with ``reason`` its message; a normal close (1000) before the awaited message, or a connection lost without
-    a close frame, is ``UNAVAILABLE`` (retryable), as a gRPC stream that ended early."""
+    with ``reason`` its message; 1009 (a message too big) is ``RESOURCE_EXHAUSTED``, as gRPC's size limit; a normal
+    close (1000) before the awaited message, or a connection lost without a close frame, is ``UNAVAILABLE``
+    (retryable), as a gRPC stream that ended early."""
     names = {number: name for name, number in STATUS_NUMBERS.items()}
     name = names.get((close_code or 0) - CLOSE_STATUS_BASE)
+    if close_code == MESSAGE_TOO_BIG:  # a message past the peer's limit: gRPC's RESOURCE_EXHAUSTED, not retried
+        return CloudError("RESOURCE_EXHAUSTED", f"a message exceeded the peer's size limit {reason}".strip())
     if name is None:
         why = "the cloud ended the stream" if close_code == 1000 else f"the stream closed ({close_code}) {reason}"
         return CloudError("UNAVAILABLE", why.strip(), retryable=True)
