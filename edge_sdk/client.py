@@ -345,7 +345,8 @@ class EdgeClient:
         """The adapter's state by gRPC health checking (its service :data:`CLOUD_SERVICE`): ``"serving"``,
         ``"not_serving"`` (up, its model not ready or dead), ``"unreachable"`` (no answer within ``timeout_s``),
         or ``"unknown"`` (it does not answer health checks); an in-process cloud is ``"serving"``.  Needs
-        ``grpcio-health-checking`` (the ``server`` extra)."""
+        ``grpcio-health-checking`` (the ``server`` extra).  Another carrier answers through its factory's
+        ``status(timeout_s)`` (the WebSocket route's: whether it accepts a stream), else ``"unknown"``."""
         if self._in_process:
             return "serving"
         if self._target is None:  # another carrier: its factory may say

@@ -196,6 +196,22 @@ def test_the_websocket_route_takes_a_token_by_header_or_browser_subprotocol_and_
         assert caught.value.code == "UNAUTHENTICATED" and not caught.value.retryable
 
 
+def test_an_edge_client_reads_the_websocket_route_s_state() -> None:
+    from edge_sdk.client import Credentials, EdgeClient
+
+    slm = TableSLM(["<eos>"] + [f" w{i}" for i in range(1, VOCAB)], default=ROWS[(1,)])
+    engine = FakeEngine()
+    for carrier_ in served("websocket", engine, token="s3cret"):
+        engine.factory = ScriptedCloud(VOCAB, ROWS, default=ROWS[(2,)]).session
+        good = EdgeClient(carrier_.url, slm=slm, credentials=Credentials(token="s3cret", plaintext=True))
+        assert good.cloud_status() == "serving"
+        bad = EdgeClient(carrier_.url, slm=slm, credentials=Credentials(token="wrong", plaintext=True))
+        assert bad.cloud_status() == "unknown"
+        url = carrier_.url
+    gone = EdgeClient(url, slm=slm, credentials=Credentials(token="s3cret", plaintext=True))
+    assert gone.cloud_status(timeout_s=1.0) == "unreachable"
+
+
 def test_a_text_frame_closes_the_stream_with_1003() -> None:
     from websockets.exceptions import ConnectionClosed
 

@@ -141,6 +141,24 @@ class WebSocketCarrier:
     def __call__(self) -> WebSocketChannel:
         return WebSocketChannel(self.url, token=self._token, ssl_context=self._ssl, timeout_s=self._timeout_s)
 
+    def status(self, timeout_s: float = 1.0) -> str:
+        """The route's state as ``EdgeClient.cloud_status`` reports it: ``"serving"`` (it accepts a stream),
+        ``"not_serving"`` (it refuses with HTTP 5xx), ``"unreachable"`` (no answer within ``timeout_s``), or
+        ``"unknown"`` (another refusal, e.g. a token it does not accept).  The probe opens a stream, sends nothing
+        and closes it."""
+        from websockets.exceptions import InvalidStatus, WebSocketException
+        from websockets.sync.client import connect
+
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
+        try:
+            with connect(self.url, subprotocols=[SUBPROTOCOL], additional_headers=headers, ssl=self._ssl,
+                         compression=None, open_timeout=timeout_s, close_timeout=timeout_s):
+                return "serving"
+        except InvalidStatus as exc:
+            return "not_serving" if exc.response.status_code >= 500 else "unknown"
+        except (OSError, TimeoutError, WebSocketException):
+            return "unreachable"
+
 
 def _client_context(credentials: Credentials) -> ssl.SSLContext:
     """Verifies the server against ``root_cert`` (else the system's roots); presents the client pair for mTLS."""
