@@ -515,6 +515,25 @@ def test_a_stream_broken_while_certified_picks_are_unread_resends_their_uploads_
     assert [entry.bytes_up for entry in decoder.ledger.entries] == [2 * m.ByteSize() for m in first[1:]]
 
 
+def test_a_stream_broken_again_while_it_resends_keeps_every_unacknowledged_step() -> None:
+    """As above, and the second stream breaks too, after re-sending step 0 (certified again, so still unread) and
+    before step 1: the third session resumes with no prefix and sends steps 0, 1 and 2 again, the bytes of the
+    first (the steps the second never re-sent stay unacknowledged, kept by the connection that carried them)."""
+    decoder = certified_decoder()
+    cloud = ScriptedCloud(5, [CERTIFIED_ROW] * 3, eos_ids={EOS})
+    channels = iter([BreakingChannel(cloud.session(), break_at=5), BreakingChannel(cloud.session(), break_at=3),
+                     BreakingChannel(cloud.session())])
+    list(run_with_resume(decoder, lambda: CloudConnection(next(channels), lookahead=2), max_reconnects=2,
+                         backoff_s=0.0))
+    assert decoder.tokens == [1, 1, 1]
+    first, second, third = (edge_messages(session) for session in cloud.sessions)
+    assert [m.signal.step for m in second[1:]] == [0]
+    assert wire.decode_open(third[0].open).resume_prefix == ()
+    assert [m.signal.step for m in third[1:]] == [0, 1, 2]
+    assert [m.SerializeToString() for m in third[1:]] == [m.SerializeToString() for m in first[1:]]
+    assert [entry.sends for entry in decoder.ledger.entries] == [3, 2, 2]
+
+
 def test_a_resumed_cloud_that_picks_another_token_at_a_resent_step_is_caught() -> None:
     """As above, but the second session's cloud has (.2, .7) at ids (1, 2) at step 1: the re-sent upload fuses to
     2 = .21 + .14 = .35 over 1 = .06 + .14 = .2 (any omitted id at most .169), while the user already has 1 at

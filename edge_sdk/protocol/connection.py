@@ -9,8 +9,9 @@ uploads, tokens) and counts the bytes each direction carries; underneath, a
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 
@@ -71,6 +72,9 @@ class CloudConnection:
         #: cloud-side fusion: how many steps the cloud has acknowledged, the resume prefix the session opened with
         #: and then every step whose TokenChosen was read (a pick taken from a certificate is not, until then)
         self.steps_acknowledged = 0
+        # cloud-side fusion: what the caller keeps to send a step again, by step, for each step answered here or
+        # left unacknowledged by the previous session (open's ``unacknowledged``), in step order
+        self._uploaded: dict[int, Any] = {}
         self._current: wire.CloudDistribution | None = None  # the row the edge decides the awaited step from
         self.rows_dropped = 0  # drafted rows that assumed another token than the one confirmed
         self.picks_certified = 0  # cloud-side steps whose pick the edge read off the certificate without waiting
@@ -168,15 +172,20 @@ class CloudConnection:
                 raise CloudError("INTERNAL", f"protocol violation: expected {expected}, the cloud sent {kind}")
             return getattr(message, kind)
 
-    def open(self, request: wire.SessionRequest, *, max_upload: int | None = None) -> wire.SessionInfo:
+    def open(self, request: wire.SessionRequest, *, max_upload: int | None = None,
+             unacknowledged: Sequence[tuple[int, Any]] = ()) -> wire.SessionInfo:
         """Open the session; ``max_upload``: the most values a step's upload may hold, a public number the
-        policy's rule fixes (padded signals are all the size of the largest; default: the whole vocabulary)."""
+        policy's rule fixes (padded signals are all the size of the largest; default: the whole vocabulary).
+        ``unacknowledged``: ``(step, kept)`` of the steps the previous session left unacknowledged (its
+        :meth:`unacknowledged`, the resume prefix ending before the first), which this one sends again: they stay
+        among :meth:`unacknowledged` until its cloud acknowledges them."""
         request = replace(request, lookahead=self.lookahead, padded=self.padded)
         self._request = request
         self._max_upload = request.vocab_size if max_upload is None else max_upload
         self._send(wire.encode_open(request))
         info = wire.decode_opened(self._receive("opened"))
         self.steps_acknowledged = len(request.resume_prefix)
+        self._uploaded = dict(unacknowledged)
         if info.lookahead > self.lookahead:
             raise CloudError("INTERNAL", f"the cloud chose run-ahead depth {info.lookahead}, more than the "
                              f"{self.lookahead} asked for")
@@ -248,12 +257,19 @@ class CloudConnection:
                 raise CloudError("INTERNAL", f"protocol violation: expected distribution, the cloud sent {kind}")
             return message.distribution
 
-    def upload(self, step: int, upload: CloudUpload, *, no_stop: bool = False) -> tuple[int, bool]:
+    def unacknowledged(self) -> list[Any]:
+        """What the caller kept (``upload(..., keep=)``) of each step answered but not acknowledged, in step order:
+        picks taken from certificates whose ``TokenChosen`` has not been read.  After a break they are what the
+        next session must send again, as lockstep re-sends its one unanswered step."""
+        return [kept for step, kept in self._uploaded.items() if step >= self.steps_acknowledged]
+
+    def upload(self, step: int, upload: CloudUpload, *, no_stop: bool = False, keep: Any = None) -> tuple[int, bool]:
         """Cloud-side fusion: send the upload, return ``(token the cloud picked, finished)``.
 
         ``no_stop``: the cloud must not pick an end-of-generation id this step.  Run-ahead: a pick the cloud's row
         and the upload certify is returned at once and checked when the cloud's ``TokenChosen`` is read; until
-        then the step is not acknowledged (:attr:`steps_acknowledged`).
+        then the step is not acknowledged (:attr:`steps_acknowledged`) and ``keep`` is among
+        :meth:`unacknowledged`.
         """
         assert self.info is not None, "open the session first"
         self._send(wire.encode_upload(step, upload, vocab_size=self.info.vocab_size, no_stop=no_stop))
@@ -261,6 +277,7 @@ class CloudConnection:
         finished = certain is not None and (certain in self.info.eos_token_ids or step + 1 >= self.info.max_new_tokens)
         if certain is not None and not finished:  # the pick is pinned down: go on without waiting (checked later)
             self._unread_picks.append((step, certain, finished))
+            self._uploaded[step] = keep
             self._follows = (step + 1, certain)
             self.picks_certified += 1
             return certain, finished
