@@ -31,7 +31,7 @@ from cloud_adapter.inprocess import serving
 from cloud_adapter.limits import Limits
 from cloud_adapter.llm import TransformersLLM
 from cloud_adapter.runners import StepBatcher
-from edge_sdk import wire
+from edge_sdk.protocol import wire
 from edge_sdk.cli_flags import add_dtype_flag
 
 #: prompt lengths of the concurrent sessions (all different)

@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from cloud_adapter.local import local_cloud, split_cores
-from edge_sdk import wire
+from edge_sdk.protocol import wire
 
 WARM_UP_TOKENS = 4
 

@@ -53,7 +53,7 @@ from cloud_adapter.limits import Limits
 from cloud_adapter.llm import TransformersLLM
 from cloud_adapter.loadgen import run_load_in_process
 from cloud_adapter.runners import StepBatcher
-from edge_sdk.status import CloudError
+from edge_sdk.protocol.status import CloudError
 
 #: published configurations (the models' config.json), by name; "tiny" checks the script on a CPU
 SHAPES: dict[str, dict[str, Any]] = {

@@ -31,7 +31,7 @@ from edge_sdk.privacy.meter import LeakageMeter
 from edge_sdk.pace_calibration import calibrated_pace_ms
 from edge_sdk.policies import make_policy
 from edge_sdk.testing import LinkChannel, ScriptedChannel, ScriptedCloud, TableSLM
-from edge_sdk.transport import CloudConnection
+from edge_sdk.protocol.connection import CloudConnection
 
 VOCAB = 262_144
 PEAK = 7

@@ -50,7 +50,7 @@ PACE_FACTOR = 1.25
 
 def same_decision(a: Any, b: Any) -> bool:
     """Whether two signals are the same bytes: a token, or an upload's ids and values."""
-    from edge_sdk.policies import CloudUpload
+    from edge_sdk.protocol.signals import CloudUpload
 
     if isinstance(a, CloudUpload) and isinstance(b, CloudUpload):
         return np.array_equal(a.ids, b.ids) and np.array_equal(a.values, b.values)
@@ -85,10 +85,10 @@ class ComparingPolicy:
 
     def decide(self, mode: str, p_slm: np.ndarray, p_llm: np.ndarray, *, alpha: float,
                rng: np.random.Generator | None = None) -> Any:
-        from edge_sdk import wire
+        from edge_sdk.protocol import wire
         from edge_sdk.fusion import softmax
         from edge_sdk.privacy.masking import FULL_UPLOAD_LIMIT
-        from edge_sdk.policies import CloudUpload
+        from edge_sdk.protocol.signals import CloudUpload
 
         space, step = self.inner.space, self.steps[0]
         self.steps[0] += 1

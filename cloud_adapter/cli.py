@@ -163,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     network.add_argument("--host", default="127.0.0.1",
                          help="interface to listen on (0.0.0.0 or [::] for all: then use a token and TLS)")
     network.add_argument("--port", type=int, default=50051, help="TCP port (0 picks a free one)")
+    network.add_argument("--ws-port", type=int, default=0, metavar="PORT",
+                         help="also serve the Decode stream over WebSocket on this port, at /coveil/v1/decode (what "
+                              "browsers speak; same host, tokens, TLS and limits as gRPC); 0: off")
     network.add_argument("--token-file", type=Path, metavar="FILE",
                          help="bearer tokens, one per line, each one client identity; default: $COVEIL_TOKEN; "
                               "with neither the server accepts every caller (and warns)")
@@ -225,7 +228,8 @@ def run_serve(args: argparse.Namespace, source: ModelSource, tls: TlsConfig | No
         with StepBatcher(model, batch_window_ms=args.batch_window_ms) as batcher:
             engine = CloudEngine(llm, limits, args.transcript_dir, args.exposure_k, runner=batcher)
             serve(engine, address=f"{args.host}:{args.port}", token=tokens, tls=tls,
-                  max_workers=limits.max_sessions + limits.max_unopened_streams + 8, grace_s=args.shutdown_grace)
+                  max_workers=limits.max_sessions + limits.max_unopened_streams + 8, grace_s=args.shutdown_grace,
+                  ws_port=args.ws_port or None)
     finally:
         if args.tp > 1:
             model.stop_followers()
@@ -252,6 +256,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--tls-client-ca needs --tls-cert and --tls-key")
     if args.batch_window_ms < 0:
         parser.error("--batch-window-ms must be non-negative")
+    if not 0 <= args.ws_port <= 65535:
+        parser.error(f"--ws-port must be a TCP port (1-65535), or 0 for no WebSocket route; got {args.ws_port}")
     from cloud_adapter.server import TlsConfig
 
     try:

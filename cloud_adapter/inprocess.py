@@ -26,11 +26,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class InProcessAdapter:
-    """A started adapter: where it listens (``address`` = ``host:port``) and its gRPC server."""
+    """A started adapter: where it listens (``address`` = ``host:port``) and its gRPC server; ``ws_url``: its
+    WebSocket route's URL when it serves one."""
 
     address: str
     port: int
     server: grpc.Server
+    ws_url: str | None = None
 
 
 @contextlib.contextmanager
@@ -43,18 +45,28 @@ def serving(
     tls: TlsConfig | None = None,
     max_workers: int = 32,
     grace_s: float | None = None,
+    ws_port: int | None = None,
 ) -> Iterator[InProcessAdapter]:
     """Serve ``engine`` on ``host:port`` (``0``: a free port) until the block ends, then stop the server and
     wait until it has stopped (streams still open get ``grace_s`` seconds; ``None``: cancelled at once).
 
-    ``token``, ``tls`` and ``max_workers`` are :func:`~cloud_adapter.server.build_server`'s.  The engine (and
-    its runner) belong to the caller: they outlive the server.
+    ``token``, ``tls`` and ``max_workers`` are :func:`~cloud_adapter.server.build_server`'s; ``ws_port``: also the
+    WebSocket route on that port (0: a free one).  The engine (and its runner) belong to the caller: they outlive
+    the server.
     """
     from cloud_adapter.server import build_server
 
     server, bound = build_server(engine, address=f"{host}:{port}", token=token, tls=tls, max_workers=max_workers)
     server.start()
+    websocket, ws_url = None, None
     try:
-        yield InProcessAdapter(f"{host}:{bound}", bound, server)
+        if ws_port is not None:
+            from cloud_adapter.websocket import DECODE_PATH, start_websocket_server
+
+            websocket, ws_bound = start_websocket_server(engine, host=host, port=ws_port, token=token, tls=tls)
+            ws_url = f"{'wss' if tls else 'ws'}://{host}:{ws_bound}{DECODE_PATH}"
+        yield InProcessAdapter(f"{host}:{bound}", bound, server, ws_url)
     finally:
         server.stop(grace_s).wait()
+        if websocket is not None:
+            websocket.shutdown()

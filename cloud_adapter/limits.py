@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from edge_sdk.cli_flags import positive_float, positive_int
-from edge_sdk.status import CloudError
+from edge_sdk.protocol.status import CloudError
 
 _MiB = 1024 * 1024
 

@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk import wire
-from edge_sdk.transport import CloudConnection, GrpcChannel
+from edge_sdk.protocol import wire
+from edge_sdk.protocol.connection import CloudConnection
+from edge_sdk.protocol.channels import GrpcChannel
 
 
 @dataclass

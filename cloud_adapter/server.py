@@ -19,38 +19,28 @@ counts and status codes: never probabilities, token ids or text.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
-import queue
 import signal
 import threading
 import time
-import traceback
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from cloud_adapter.engine import CloudEngine
-from cloud_adapter.session import SessionHandler
+from cloud_adapter.stream import BearerTokens, log_event, run_stream
 from edge_sdk._wire import coveil_pb2, coveil_pb2_grpc
-from edge_sdk.status import CloudError
+from edge_sdk.protocol.status import CloudError
 
 log = logging.getLogger(__name__)
 
 #: the service name under which gRPC health checking reports the decoder
 SERVICE_NAME: str = coveil_pb2.DESCRIPTOR.services_by_name["CollaborativeDecoding"].full_name
-
-
-def log_event(level: int, event: str, **fields: Any) -> None:
-    """Log ``event`` with structured ``fields`` (rendered as JSON or ``key=value`` by the CLI's formatters)."""
-    log.log(level, event, extra={"fields": fields})
 
 
 @dataclass(frozen=True)
@@ -80,74 +70,10 @@ class TlsConfig:
         )
 
 
-def _client_label(token: str) -> str:
-    """A stable identity for a token that does not reveal it."""
-    return "token:" + hashlib.sha256(token.encode()).hexdigest()[:12]
-
-
 def _peer_host(peer: str) -> str:
     """``ipv4:127.0.0.1:5555`` → ``ipv4:127.0.0.1`` (one identity per host, not per connection)."""
     host, sep, port = peer.rpartition(":")
     return host if sep and port.isdigit() else peer
-
-
-class _Inbox:
-    """Reads a stream's requests on a helper thread so that its handler can wait with a timeout.
-
-    :meth:`get` returns the next message, ``None`` once the stream has ended
-    (the edge half-closed, cancelled or disconnected), and raises
-    ``queue.Empty`` when nothing came within ``timeout`` seconds.  At most
-    ``capacity`` messages are read ahead: beyond that the reader waits, and
-    gRPC's flow control holds the edge back.
-    """
-
-    _END = object()
-
-    def __init__(self, requests: Iterator[Any], capacity: int) -> None:
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=capacity)
-        self._closed = threading.Event()
-        threading.Thread(target=self._read, args=(requests,), name="coveil-stream-reader", daemon=True).start()
-
-    def _read(self, requests: Iterator[Any]) -> None:
-        try:
-            for message in requests:
-                while not self._closed.is_set():
-                    try:
-                        self._queue.put(message, timeout=0.5)
-                        break
-                    except queue.Full:
-                        continue
-                if self._closed.is_set():
-                    return
-        except grpc.RpcError:
-            pass  # cancelled or disconnected: the stream simply ends
-        finally:
-            try:
-                self._queue.put_nowait(self._END)
-            except queue.Full:
-                pass  # nobody reads any more: the handler has gone
-
-    def get(self, timeout: float | None) -> Any | None:
-        """``timeout=None``: do not wait (``queue.Empty`` when nothing is there yet)."""
-        item = self._queue.get(block=False) if timeout is None else self._queue.get(timeout=timeout)
-        return None if item is self._END else item
-
-    def close(self) -> None:
-        """The handler is done: a reader blocked on a full queue lets go."""
-        self._closed.set()
-
-
-class _UnopenedPlace:
-    """A stream's place among the unopened streams, given back exactly once (when it opens or ends)."""
-
-    def __init__(self, engine: CloudEngine, client_id: str) -> None:
-        self._engine, self._client_id = engine, client_id
-        self._held = True
-
-    def release(self) -> None:
-        if self._held:
-            self._held = False
-            self._engine.admission.stream_done(self._client_id)
 
 
 class DecodeServicer(coveil_pb2_grpc.CollaborativeDecodingServicer):
@@ -160,105 +86,36 @@ class DecodeServicer(coveil_pb2_grpc.CollaborativeDecodingServicer):
 
     def __init__(self, engine: CloudEngine, tokens: Collection[str] = ()) -> None:
         self._engine = engine
-        self._clients: Mapping[str, str] = {token: _client_label(token) for token in tokens}
+        self._tokens = BearerTokens(tokens)
 
     def Decode(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[Any]:  # noqa: N802
-        """One stream: ``request_iterator`` yields each request's raw bytes (see :func:`add_decode_service`)."""
+        """One stream: ``request_iterator`` yields each request's raw bytes (see :func:`add_decode_service`),
+        driven by :func:`~cloud_adapter.stream.run_stream`; its error ends the stream with that status."""
         client_id = self._authenticate(context)
-        try:
-            self._engine.admission.admit_stream(client_id)
-        except CloudError as exc:
-            log_event(logging.WARNING, "stream_refused", status=exc.code)
-            context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
-        unopened = _UnopenedPlace(self._engine, client_id)
-        handler = self._engine.session(client_id)
-        inbox = _Inbox(request_iterator, self._engine.limits.inbox_messages)
         status: tuple[grpc.StatusCode, str] | None = None
         try:
-            yield from self._drive(handler, inbox, unopened)
+            yield from run_stream(self._engine, client_id, request_iterator)
         except CloudError as exc:
-            handler.abandon("idle" if exc.code == "DEADLINE_EXCEEDED" else "error")
-            log_event(logging.INFO, "session_refused", session_id=handler.session_id, status=exc.code,
-                      steps=handler.steps)
             status = (getattr(grpc.StatusCode, exc.code), exc.message)
-        except Exception as exc:  # noqa: BLE001 - a bug: report it without the data, keep serving the others
-            handler.abandon("error")
-            log_event(logging.ERROR, "internal_error", session_id=handler.session_id, error_type=type(exc).__name__,
-                      traceback="".join(traceback.format_tb(exc.__traceback__)))
-            status = (grpc.StatusCode.INTERNAL, f"internal error in session {handler.session_id}; the server logged it")
-        finally:
-            inbox.close()
-            unopened.release()
-            handler.abandon("cancelled")  # no-op unless the edge went away mid-session
-            if handler.session_id is not None:
-                log_event(logging.INFO, "session_ended", session_id=handler.session_id, reason=handler.finish_reason,
-                          steps=handler.steps, duration_ms=round(1000 * (time.monotonic() - handler.started_at), 1),
-                          bytes_up=handler.bytes_up, bytes_down=handler.bytes_down, forwards=handler.forwards,
-                          forwards_per_token=round(handler.forwards / max(1, handler.confirmed), 3))
         if status is not None:
             context.abort(*status)
 
-    def _drive(self, handler: SessionHandler, inbox: _Inbox, unopened: _UnopenedPlace) -> Iterator[Any]:
-        limits = self._engine.limits
-        while not handler.finished:
-            opening = handler.session_id is None
-            timeout_s = limits.open_timeout_s if opening else limits.idle_timeout_s
-            try:
-                if not opening and handler.can_draft():  # run-ahead: draft while the edge has not spoken
-                    try:
-                        message = inbox.get(timeout=None)
-                    except queue.Empty:
-                        yield from handler.draft()
-                        continue
-                else:
-                    message = inbox.get(timeout=timeout_s)
-            except queue.Empty:
-                what = "stream sent no open" if opening else "session idle"
-                raise CloudError("DEADLINE_EXCEEDED", f"{what} for {timeout_s:g} s") from None
-            if message is None:
-                return
-            message = _parse_edge_message(message)
-            unopened.release()  # it has spoken: from here on the session limits apply
-            for reply in handler.handle(message):
-                if opening and handler.session_id is not None:
-                    opening = False
-                    log_event(logging.INFO, "session_opened", session_id=handler.session_id,
-                              open_ms=round(1000 * (time.monotonic() - handler.started_at), 1))
-                yield reply
-
     def _authenticate(self, context: grpc.ServicerContext) -> str:
         """The caller's identity: its token's label, or its host when no tokens are configured."""
-        if not self._clients:
+        if not self._tokens:
             return _peer_host(context.peer())
-        header = dict(context.invocation_metadata()).get("authorization", "")
-        scheme, _, presented = str(header).partition(" ")
-        if scheme.lower() == "bearer":
-            matches = [label for token, label in self._clients.items()
-                       if hmac.compare_digest(presented.strip().encode(), token.encode())]
-            if matches:
-                return matches[0]
+        client_id = self._tokens.identify(str(dict(context.invocation_metadata()).get("authorization", "")))
+        if client_id is not None:
+            return client_id
         log_event(logging.WARNING, "unauthenticated_call")
         context.abort(grpc.StatusCode.UNAUTHENTICATED,
                       "missing or invalid bearer token: send metadata 'authorization: Bearer <token>'")
         raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises
 
 
-def _parse_edge_message(data: bytes) -> Any:
-    """One request's bytes as an ``EdgeMessage``, or ``INVALID_ARGUMENT``.
-
-    gRPC is handed no deserializer (:func:`add_decode_service`): bytes that are not a protobuf raised inside gRPC's
-    own request iterator leaked the stream's state and, after a few such streams, kept ``server.stop()`` from
-    returning. Parsed here, they end the stream like any other protocol error.
-    """
-    try:
-        return coveil_pb2.EdgeMessage.FromString(data)
-    except DecodeError:
-        raise CloudError("INVALID_ARGUMENT", "a request is not a valid coveil.v1.EdgeMessage") from None
-
-
 def add_decode_service(servicer: DecodeServicer, server: grpc.Server) -> None:
     """Register ``servicer`` as ``coveil.v1.CollaborativeDecoding`` with requests passed as bytes (parsed by the
-    handler, :func:`_parse_edge_message`) and replies serialized by gRPC."""
+    driver, :func:`~cloud_adapter.stream.parse_edge_message`) and replies serialized by gRPC."""
     method = grpc.stream_stream_rpc_method_handler(
         servicer.Decode, request_deserializer=None,
         response_serializer=coveil_pb2.CloudMessage.SerializeToString)
@@ -274,9 +131,7 @@ def _assemble(
     max_workers: int,
 ) -> tuple[grpc.Server, int, health.HealthServicer]:
     tokens = [token] if isinstance(token, str) else list(token or ())
-    if any(not t or not t.strip() for t in tokens):
-        raise ValueError("an empty bearer token would authenticate anyone who sends none: remove it")
-    if not tokens:
+    if not BearerTokens(tokens):
         log.warning("no bearer token configured: any client that reaches %s can open sessions", address)
     streams = engine.limits.max_sessions + engine.limits.max_unopened_streams
     if max_workers <= streams:
@@ -346,12 +201,22 @@ def serve(
     tls: TlsConfig | None = None,
     max_workers: int = 32,
     grace_s: float = 10.0,
+    ws_port: int | None = None,
 ) -> None:
     """Serve until SIGTERM or SIGINT, then stop accepting and give in-flight streams ``grace_s`` to finish.
 
-    Must run in the main thread (it installs the signal handlers).
+    ``ws_port``: also serve the stream over WebSocket on this port of the same host (0 picks one; ``None``: gRPC
+    only), with the same tokens, TLS, limits and transcripts (:mod:`cloud_adapter.websocket`).  Must run in the
+    main thread (it installs the signal handlers).
     """
     server, port, health_servicer = _assemble(engine, address=address, token=token, tls=tls, max_workers=max_workers)
+    websocket = None
+    if ws_port is not None:
+        from cloud_adapter.websocket import start_websocket_server
+
+        websocket, bound = start_websocket_server(engine, host=address.rpartition(":")[0], port=ws_port, token=token,
+                                                  tls=tls)
+        log_event(logging.INFO, "serving_websocket", port=bound, path="/coveil/v1/decode", tls=tls is not None)
     stop = threading.Event()
 
     def request_stop(signum: int, _frame: Any) -> None:
@@ -368,6 +233,8 @@ def serve(
     finally:
         health_servicer.enter_graceful_shutdown()
         server.stop(grace_s).wait()
+        if websocket is not None:  # after gRPC's grace: its streams had as long; the rest close with 1001
+            websocket.shutdown()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         log_event(logging.INFO, "stopped", active_sessions=engine.active_sessions)

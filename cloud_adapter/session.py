@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import enum
 import json
-import math
 import time
 import uuid
 from collections.abc import Iterator
@@ -39,13 +38,14 @@ from cloud_adapter.backends.rows import RowSpec, StepRow, summarize_row
 from cloud_adapter.llm import CloudSequence
 from cloud_adapter.transcript import SessionTranscript, StepRecord
 from cloud_adapter.validation import check_open_message, parse_upload, validate_request
-from edge_sdk import wire
+from edge_sdk.protocol import wire
+from edge_sdk.protocol.drafting import DraftSchedule
 from edge_sdk.decode_settings import DecodeSettings
-from edge_sdk.fusion import pick_token, softmax
+from edge_sdk.fusion import cloud_scores, pick_token
 from edge_sdk.grammar import GrammarError, JsonConstraint, mask_row
 from edge_sdk.logprobs import TokenLogprobs, token_logprobs
-from edge_sdk.policies.base import CloudUpload, SyncedToken
-from edge_sdk.status import CloudError
+from edge_sdk.protocol.signals import CloudUpload, SyncedToken
+from edge_sdk.protocol.status import CloudError
 
 if TYPE_CHECKING:
     from cloud_adapter.engine import CloudEngine, RowKey
@@ -98,8 +98,7 @@ class SessionHandler:
         self._rows: list[_Row] = []
         self._drafts: list[int] = []  # tokens the cloud appended past the confirmed ones (run-ahead)
         self._lookahead = 0  # the deepest run-ahead agreed for this session (0 = lockstep)
-        self._turnaround_s = 0.0  # average seconds from a row sent on a confirmation to the next signal
-        self._forward_s = 0.0  # average seconds of one forward
+        self._schedule = DraftSchedule(0)  # how deep it drafts now (set when the session opens)
         self.forwards = 0  # decode forwards run for this session (drafts included; the prefill not)
         self.drafts_dropped = 0  # drafted forwards rolled back
         self.draft_agreements = 0  # confirmed tokens that were the cloud's draft token (run-ahead sessions)
@@ -195,6 +194,7 @@ class SessionHandler:
         self._rng = np.random.default_rng(request.seed)
         self._constraint = constraint
         self._lookahead = self._agreed_lookahead(request)
+        self._schedule = DraftSchedule(self._lookahead)
         self._step = len(request.resume_prefix)
         dense = request.top_m >= llm.vocab_size
         self._spec = RowSpec(space=request.space, top_n=max(request.top_m, engine.exposure_k), dense=dense)
@@ -332,7 +332,7 @@ class SessionHandler:
         self._rows.pop(0)
         now = time.monotonic()
         if not row.drafted:  # the edge waited for this row: the link's whole turnaround
-            self._turnaround_s = self._average(self._turnaround_s, now - row.sent_at)
+            self._schedule.observe_turnaround(now - row.sent_at)
 
         step = self._step
         self._step = step + 1
@@ -357,27 +357,15 @@ class SessionHandler:
         yield self._next_distribution(forward_ns, assumes=token if self._lookahead else None)
 
     # -- run-ahead -----------------------------------------------------------------------------------
-    #: weight of the newest sample in the turnaround and forward-time averages
-    SMOOTHING = 0.3
-
-    @classmethod
-    def _average(cls, previous: float, sample: float) -> float:
-        return sample if previous == 0.0 else previous + cls.SMOOTHING * (sample - previous)
-
     def _count_forward(self, forward_ns: int) -> None:
         self.forwards += 1
-        self._forward_s = self._average(self._forward_s, forward_ns / 1e9)
+        self._schedule.observe_forward(forward_ns / 1e9)
 
     @property
     def depth(self) -> int:
-        """How far past the awaited step the cloud drafts now: ``ceil(turnaround / forward) + 1`` within the
-        agreed lookahead (the rows the edge would otherwise wait a round trip for, plus one), 1 before either
-        is measured.  The turnaround is read only on rows the edge waited for (sent on its confirmation)."""
-        if not self._lookahead:
-            return 0
-        if self._turnaround_s == 0.0 or self._forward_s == 0.0:
-            return 1
-        return max(1, min(self._lookahead, math.ceil(self._turnaround_s / self._forward_s) + 1))
+        """How far past the awaited step the cloud drafts now (:class:`~edge_sdk.protocol.drafting.DraftSchedule`;
+        the turnaround is read only on rows the edge waited for, sent on its confirmation)."""
+        return self._schedule.depth
 
     def _draft_token(self, row: _Row) -> int:
         """The token the cloud assumes the edge confirms at ``row``: edge-side its top token, cloud-side its
@@ -407,26 +395,13 @@ class SessionHandler:
         yield self._next_distribution(forward_ns, assumes=token, drafted=True)
 
     def _scores(self, upload: CloudUpload, values: np.ndarray, *, no_stop: bool) -> tuple[np.ndarray, bool]:
-        """The row the cloud-side token is picked from, ``alpha * row_llm + (1 - alpha) * m * upload``, and whether
-        it holds raw fused logits (greedy in logit space) rather than probabilities.
-
-        With ``alpha = 0`` and nothing uploaded the fusion holds no information
-        at all; the cloud then picks from its own row rather than from zeros.
-        ``no_stop`` takes the end-of-generation ids out of the choice.
-        """
+        """The row the cloud-side token is picked from, and whether it holds raw fused logits: the cloud's pick rule
+        :func:`edge_sdk.fusion.cloud_scores` with this session's settings (``no_stop``: its end set lowered)."""
         request = self._request
         assert request is not None
-        if request.alpha == 0.0 and not len(upload):
-            scores = values.copy()
-        else:
-            scores = upload.fuse_with(values, request.alpha)
-        if request.space == "logit" and request.temperature > 0:
-            scores = softmax(scores)  # pick_token samples from p**(1/T): softmax(z)**(1/T) ∝ exp(z/T)
-        raw_logits = request.space == "logit" and request.temperature == 0
-        if no_stop:
-            stops = np.fromiter(self._eos, dtype=np.int64)
-            scores[stops[stops < scores.shape[0]]] = np.finfo(np.float32).min if raw_logits else 0.0
-        return scores, raw_logits
+        stop_ids = np.fromiter(self._eos, dtype=np.int64) if no_stop else np.empty(0, np.int64)
+        return cloud_scores(values, upload.ids, upload.values, request.alpha, space=request.space,
+                            temperature=request.temperature, stop_ids=stop_ids)
 
     def _pick(self, upload: CloudUpload, values: np.ndarray, *, no_stop: bool = False) -> int:
         """The greedy cloud-side token of :meth:`_scores` (a draft's: drafts run only where the cloud is greedy and

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk import wire
-from edge_sdk.policies.base import CloudUpload
+from edge_sdk.protocol import wire
+from edge_sdk.protocol.signals import CloudUpload
 
 
 @dataclass(eq=False)

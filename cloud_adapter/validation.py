@@ -1,6 +1,6 @@
 """Input validation for the cloud adapter: pure functions over the edge's messages, testable without a model.
 
-Every check raises :class:`~edge_sdk.status.CloudError` (a gRPC status code name and a
+Every check raises :class:`~edge_sdk.protocol.status.CloudError` (a gRPC status code name and a
 message) before anything of the message is applied.  Cheap checks on the raw
 ``OpenSession`` (:func:`check_open_message`) run before the public prompt is
 tokenised or admitted, so a malformed or oversized request costs the server
@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edge_sdk import wire
+from edge_sdk.protocol import wire
 from edge_sdk.fusion import FusionSpace
 from edge_sdk.logprobs import MAX_TOP_LOGPROBS
 from edge_sdk.models import VocabularyMismatchError, check_same_vocabulary
-from edge_sdk.policies.base import CloudUpload
-from edge_sdk.status import CloudError
+from edge_sdk.protocol.signals import CloudUpload
+from edge_sdk.protocol.status import CloudError
 
 if TYPE_CHECKING:
     from cloud_adapter.limits import Limits

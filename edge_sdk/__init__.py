@@ -27,7 +27,7 @@ _EXPORTS = {
     "make_policy": "edge_sdk.policies",
     "available_policies": "edge_sdk.policies",
     "PrivacyLedger": "edge_sdk.privacy.ledger",
-    "CloudError": "edge_sdk.status",
+    "CloudError": "edge_sdk.protocol.status",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -44,7 +44,7 @@ if TYPE_CHECKING:  # the lazy exports, re-exported (``X as X``) for type checker
     from edge_sdk.policies import Undefended as Undefended
     from edge_sdk.policies import available_policies as available_policies
     from edge_sdk.policies import make_policy as make_policy
-    from edge_sdk.status import CloudError as CloudError
+    from edge_sdk.protocol.status import CloudError as CloudError
 
 
 def __getattr__(name: str) -> Any:

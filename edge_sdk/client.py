@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +37,10 @@ from edge_sdk.policies import Policy, make_policy
 from edge_sdk.prompts import CONTEXT_SEPARATOR, Prompts, plain_prompts
 from edge_sdk.decoding import CollaborativeDecoder, StepEvent, run_with_resume
 from edge_sdk.steps import StoppingRule
-from edge_sdk.transport import (CloudConnection, CloudSessionHandler, GrpcChannel, InProcessChannel,
-                                MessageChannel)
-from edge_sdk.wire import MAX_LOOKAHEAD
+from edge_sdk.protocol.connection import CloudConnection
+from edge_sdk.protocol.channels import CloudSessionHandler, GrpcChannel, InProcessChannel, MessageChannel, is_loopback
+from edge_sdk.protocol.websocket import WebSocketCarrier
+from edge_sdk.protocol.wire import MAX_LOOKAHEAD
 
 __all__ = ["CONTEXT_SEPARATOR", "Credentials", "EdgeClient", "GenerationResult", "GenerationStream", "StreamStep"]
 
@@ -75,22 +77,6 @@ def grpc_target(cloud: str | Sequence[str]) -> str:
     if len(families) != 1:
         raise ValueError("list replicas of one address family (all IPv4 or all IPv6)")
     return f"ipv{families.pop()}:" + ",".join(addresses)
-
-
-def is_loopback(address: str) -> bool:
-    """Whether a gRPC target names this machine: ``localhost``, ``127.0.0.0/8``, ``[::1]`` or a Unix socket."""
-    if address.startswith("unix:"):
-        return True
-    if address.startswith(("ipv4:", "ipv6:")):  # several replicas: every one must be local
-        return all(is_loopback(part) for part in address[5:].split(","))
-    host = address.rsplit(":", 1)[0] if address.count(":") == 1 or address.startswith("[") else address
-    host = host.strip("[]").lower()
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True)
@@ -244,6 +230,11 @@ class GenerationStream:
         self.close()
 
 
+def _in_process_channel(cloud: Callable[[], CloudSessionHandler]) -> MessageChannel:
+    """A channel straight into a fresh session of an in-process cloud."""
+    return InProcessChannel(cloud())
+
+
 class EdgeClient:
     """Collaborative decoding from the device.
 
@@ -251,8 +242,11 @@ class EdgeClient:
         cloud: ``"host:port"`` of a cloud adapter; several replicas as a list of
             ``"ip:port"`` (or one DNS name with several records, ``"dns:///cloud.example:50051"``):
             sessions are spread over them by gRPC's ``round_robin`` policy and a
-            session whose replica dies resumes on another; or a zero-argument
-            callable returning a cloud session handler (in-process use: tests, harness).
+            session whose replica dies resumes on another; a ``ws://`` or ``wss://`` URL: the adapter's
+            WebSocket route (``coveil-cloud serve --ws-port``, :mod:`edge_sdk.protocol.websocket`); or a
+            zero-argument callable returning a cloud session handler (in-process use: tests, harness).
+        channel: instead of ``cloud``, any carrier: a zero-argument factory returning a fresh
+            :class:`~edge_sdk.protocol.channels.MessageChannel` for each session (its duties are written there).
         slm: the edge model (e.g. :class:`edge_sdk.backends.llama_cpp.LlamaCppSLM`).
         credentials: token and TLS material for a remote adapter.
         timeout_s: per-session deadline on the gRPC stream (``None`` = none); the channel also pings the
@@ -269,9 +263,10 @@ class EdgeClient:
 
     def __init__(
         self,
-        cloud: str | Sequence[str] | Callable[[], CloudSessionHandler],
+        cloud: str | Sequence[str] | Callable[[], CloudSessionHandler] | None = None,
         *,
         slm: SLMBackend,
+        channel: Callable[[], MessageChannel] | None = None,
         credentials: Credentials | None = None,
         timeout_s: float | None = DEFAULT_SESSION_TIMEOUT_S,
         max_reconnects: int = 3,
@@ -287,7 +282,17 @@ class EdgeClient:
         self.credentials = credentials or Credentials()
         self.timeout_s = timeout_s
         self.max_reconnects = max_reconnects
-        self._cloud = cloud if callable(cloud) else grpc_target(cloud)
+        if (cloud is None) == (channel is None):
+            raise ValueError("give the cloud (an address, a ws:// URL or a session factory) or a channel factory")
+        self._in_process = callable(cloud)
+        self._target: str | None = None  # the gRPC target, where gRPC carries the sessions (the default)
+        if isinstance(cloud, str) and cloud.startswith(("ws://", "wss://")):
+            channel = WebSocketCarrier(cloud, self.credentials, timeout_s=timeout_s)
+        elif callable(cloud):
+            channel = partial(_in_process_channel, cloud)
+        elif cloud is not None:
+            self._target = grpc_target(cloud)
+        self._channel = channel  # None: gRPC, on one channel shared by the sessions
         self._grpc_channel: Any = None
         # the SLM's pieces and never_upload's folded index of them, built once from now on in the background: every
         # generation waits for both, masked or not, so the first that masks a span opens when an unmasked one
@@ -329,11 +334,11 @@ class EdgeClient:
         return CloudConnection(self._carrier(), lookahead=lookahead)
 
     def _carrier(self) -> MessageChannel:
-        """The channel one session's messages travel: in process to a callable cloud, else over gRPC."""
-        if callable(self._cloud):
-            return InProcessChannel(self._cloud())
+        """The channel one session's messages travel: the ``channel`` factory's, else over gRPC."""
+        if self._channel is not None:
+            return self._channel()
         if self._grpc_channel is None:
-            self._grpc_channel = self._open_grpc_channel(self._cloud)
+            self._grpc_channel = self._open_grpc_channel(self._target)
         return GrpcChannel(self._grpc_channel, metadata=self.credentials.metadata, timeout_s=self.timeout_s)
 
     def _open_grpc_channel(self, target: str) -> Any:
@@ -362,14 +367,18 @@ class EdgeClient:
         """The adapter's state by gRPC health checking (its service :data:`CLOUD_SERVICE`): ``"serving"``,
         ``"not_serving"`` (up, its model not ready or dead), ``"unreachable"`` (no answer within ``timeout_s``),
         or ``"unknown"`` (it does not answer health checks); an in-process cloud is ``"serving"``.  Needs
-        ``grpcio-health-checking`` (the ``server`` extra)."""
-        if callable(self._cloud):
+        ``grpcio-health-checking`` (the ``server`` extra).  Another carrier answers through its factory's
+        ``status(timeout_s)`` (the WebSocket route's: whether it accepts a stream), else ``"unknown"``."""
+        if self._in_process:
             return "serving"
+        if self._target is None:  # another carrier: its factory may say
+            status = getattr(self._channel, "status", None)
+            return str(status(timeout_s)) if status is not None else "unknown"
         import grpc
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
         if self._grpc_channel is None:
-            self._grpc_channel = self._open_grpc_channel(self._cloud)
+            self._grpc_channel = self._open_grpc_channel(self._target)
         stub = health_pb2_grpc.HealthStub(self._grpc_channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=CLOUD_SERVICE), timeout=timeout_s,

@@ -2,7 +2,7 @@
 
 The fusion weight ``alpha``, ``max_new_tokens``, the cloud's ``top_m``, DecodeLeak's ``K``
 (``exposure_k``) and the rest have their default here and nowhere else: the wire's
-:class:`~edge_sdk.wire.SessionRequest`, :meth:`EdgeClient.generate <edge_sdk.client.EdgeClient.generate>`,
+:class:`~edge_sdk.protocol.wire.SessionRequest`, :meth:`EdgeClient.generate <edge_sdk.client.EdgeClient.generate>`,
 the endpoint, the harness's protocol and sweeps, and every CLI read them from this class (as
 transformers' ``GenerationConfig`` is the one home of its generation defaults).  A call overrides a
 copy (:meth:`DecodeSettings.overridden`); a name that is not a setting is refused.
@@ -18,7 +18,7 @@ from edge_sdk.cli_flags import positive_float, positive_float_or_auto, positive_
 from edge_sdk.logprobs import MAX_TOP_LOGPROBS
 
 if TYPE_CHECKING:
-    from edge_sdk.policies.base import FusionMode
+    from edge_sdk.protocol.signals import FusionMode
 
 #: ``pace_ms`` / ``auto_pace_ms``: the client measures the pace on public work (:mod:`edge_sdk.pace_calibration`)
 AUTO = "auto"

@@ -25,17 +25,18 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from edge_sdk import wire
+from edge_sdk.protocol import wire
+from edge_sdk.privacy.accountant import PrivacyAccountant
 from edge_sdk.backends.base import SLMBackend
 from edge_sdk.decode_settings import AUTO, DecodeSettings
 from edge_sdk.fusion import fuse
 from edge_sdk.grammar import JsonConstraint, mask_row
 from edge_sdk.logprobs import TokenLogprobs, token_logprobs
-from edge_sdk.policies.base import CloudUpload, Policy, SyncedToken
-from edge_sdk.privacy.accountant import PrivacyAccountant
+from edge_sdk.privacy.masking import FULL_UPLOAD_LIMIT
+from edge_sdk.policies.base import Policy
+from edge_sdk.protocol.signals import CloudUpload, SyncedToken
 from edge_sdk.privacy.budget import ExposureBudget
 from edge_sdk.privacy.ledger import LedgerEntry, PrivacyLedger
-from edge_sdk.privacy.masking import FULL_UPLOAD_LIMIT
 from edge_sdk.privacy.meter import LeakageMeter
 from edge_sdk.steps import (
     ChoiceProcessor,
@@ -47,8 +48,8 @@ from edge_sdk.steps import (
     StopControl,
     StoppingRule,
 )
-from edge_sdk.status import CloudError, CloudReplyRejected
-from edge_sdk.transport import CloudConnection
+from edge_sdk.protocol.status import CloudError, CloudReplyRejected
+from edge_sdk.protocol.connection import CloudConnection
 
 
 @dataclass
@@ -134,9 +135,9 @@ class CollaborativeDecoder:
         self.finish_reason: str | None = None
         self._p_llm_buffer = np.zeros(slm.vocab_size, dtype=np.float32)  # the sparse cloud view, reused
         self._pending: PendingSignal | None = None  # begun, but the cloud has not acknowledged its signal
-        # cloud-side run-ahead: steps yielded (their picks read off certificates) whose picks the cloud has not
-        # acknowledged, in order: after a break they are re-sent (_replay_unacknowledged)
-        self._unacknowledged: list[PendingSignal] = []
+        # the connection of the last session: what its cloud acknowledged decides where the next one resumes and
+        # which steps it sends again (CloudConnection.unacknowledged: cloud-side picks read off certificates)
+        self._previous: CloudConnection | None = None
         self.prompt_prefix = None if prompt_prefix is None else list(prompt_prefix)
         #: echo with logprobs: the cloud's rows at the prompt's positions and their values at its tokens (the opening's)
         self._prompt_rows: tuple[tuple[wire.CloudDistribution, ...], tuple[float, ...]] | None = None
@@ -159,7 +160,7 @@ class CollaborativeDecoder:
     def max_upload(self) -> int:
         """The most values a step's upload may hold, from public settings only: the policy's maximum, and in
         probability space a whole-vocabulary upload cut to ``FULL_UPLOAD_LIMIT`` (:meth:`_policy_signal`).  Every
-        padded step signal is the size of the largest (:func:`edge_sdk.wire.pad_edge_message`)."""
+        padded step signal is the size of the largest (:func:`edge_sdk.protocol.wire.pad_edge_message`)."""
         vocab_size = self.slm.vocab_size
         largest = self.policy.max_upload(vocab_size)
         if largest >= vocab_size and self.policy.space == "prob":
@@ -192,7 +193,12 @@ class CollaborativeDecoder:
     def _acknowledged_tokens(self) -> tuple[int, ...]:
         """The tokens a resumed session opens with: those the cloud acknowledged, up to the first unacknowledged
         step (cloud-side run-ahead), whose upload is re-sent instead."""
-        return tuple(self.tokens[: self._unacknowledged[0].step if self._unacknowledged else len(self.tokens)])
+        unacknowledged = self._unacknowledged()
+        return tuple(self.tokens[: unacknowledged[0].step if unacknowledged else len(self.tokens)])
+
+    def _unacknowledged(self) -> list[PendingSignal]:
+        """The steps yielded whose picks the last session's cloud did not acknowledge, in order."""
+        return self._previous.unacknowledged() if self._previous is not None else []
 
     def _cloud_schema(self) -> str:
         """Cloud-side, the JSON schema the cloud masks its pick with (public); ``""`` for none."""
@@ -217,7 +223,7 @@ class CollaborativeDecoder:
         run-ahead, steps yielded on picks read off certificates whose
         ``TokenChosen`` never came before a break are unacknowledged too: the
         next connection resumes before the first of them and re-sends them
-        first (:meth:`_replay_unacknowledged`), as lockstep resumed there would.
+        first (:meth:`_replay`), as lockstep resumed there would.
         """
         if self.view.row is None:
             self.pacer.begin(time.perf_counter())  # unless whoever built this decoder said earlier when it began
@@ -228,16 +234,14 @@ class CollaborativeDecoder:
             # a defence: with a prefill budget the open leaves on a grid that starts when the generation began,
             # so the gap since the previous session (on the same client) does not show the prefill's length
             self.ledger.prefill_overrun = self.pacer.wait_for_open()
-        max_steps = self._open(connection)
-        try:
-            self._replay_unacknowledged(connection, max_steps)
-            if self.finish_reason == "stop_rule":  # the rule had ended it: the replay re-sent its last steps
-                self._finish(connection, self.tokens[-1])
-                return
-            yield from self._decode(connection, max_steps)
-        except CloudError:  # the stream broke: only what the cloud acknowledged so far is known to have arrived
-            self._forget_acknowledged(connection)
-            raise
+        replay = self._unacknowledged()
+        max_steps = self._open(connection, replay)
+        self._previous = connection  # from here on, what this session's cloud acknowledged counts
+        self._replay(connection, replay, max_steps)
+        if self.finish_reason == "stop_rule":  # the rule had ended it: the replay re-sent its last steps
+            self._finish(connection, self.tokens[-1])
+            return
+        yield from self._decode(connection, max_steps)
 
     def _decode(self, connection: CloudConnection, max_steps: int) -> Iterator[StepEvent]:
         """The steps from the first one not yet yielded to the end of the generation."""
@@ -257,9 +261,6 @@ class CollaborativeDecoder:
                 pending.keep_bytes(step_meter)
                 raise
             self._pending = None
-            if self.settings.mode == "cloud":  # acknowledged once the cloud's pick is read
-                self._unacknowledged.append(pending)
-                self._forget_acknowledged(connection)
             overrun = overrun or request_overrun
             logprobs = self._logprobs(connection, pending)  # after the send: reading them never delays a signal
             steered = self._record(pending, dist, token)
@@ -274,9 +275,11 @@ class CollaborativeDecoder:
         self.finish_reason = "max_new_tokens"
 
     # -- the loop's steps, in its order --------------------------------------------------------------
-    def _open(self, connection: CloudConnection) -> int:
-        """Open the session; the number of steps it may run (the edge's and the cloud's limit)."""
-        info = connection.open(self.request(), max_upload=self.max_upload)
+    def _open(self, connection: CloudConnection, replay: list[PendingSignal]) -> int:
+        """Open the session (``replay``: the steps it sends again first); the number of steps it may run (the
+        edge's and the cloud's limit)."""
+        info = connection.open(self.request(), max_upload=self.max_upload,
+                               unacknowledged=[(pending.step, pending) for pending in replay])
         # the cloud's reply, after its own prefill (the SLM's came before); a defence: over a network a session that
         # runs ahead, or fuses cloud-side, is paced (auto_pace_ms), else its signals would leave one SLM step apart
         self.pacer.start(auto=connection.crosses_network and (connection.run_ahead or self.settings.mode == "cloud"))
@@ -316,7 +319,7 @@ class CollaborativeDecoder:
             self._pending = PendingSignal(step, withheld=self.budget.withholds(step, max_steps), no_stop=no_stop)
         return self._pending
 
-    def _replay_unacknowledged(self, connection: CloudConnection, max_steps: int) -> None:
+    def _replay(self, connection: CloudConnection, replay: list[PendingSignal], max_steps: int) -> None:
         """Re-send the steps the cloud never acknowledged, each on its row, byte for byte, as lockstep re-sends its
         one unacknowledged step: their picks were read off certificates and the stream broke before the cloud's
         ``TokenChosen`` came, so the cloud may never have received their uploads.
@@ -327,7 +330,7 @@ class CollaborativeDecoder:
         yielded again and the SLM, already past them, is not touched; the
         sends and bytes go on the step's ledger entry.
         """
-        for pending in tuple(self._unacknowledged):
+        for pending in replay:
             step_meter = StepMeter(connection.bytes)
             try:
                 self._receive(connection, pending.step, step_meter)
@@ -348,10 +351,6 @@ class CollaborativeDecoder:
         self.ledger.entries[pending.step] = replace(entry, sends=pending.sends,
                                                     bytes_up=entry.bytes_up + step_meter.bytes_up,
                                                     bytes_down=entry.bytes_down + step_meter.bytes_down)
-
-    def _forget_acknowledged(self, connection: CloudConnection) -> None:
-        """Drop the unacknowledged steps whose picks the cloud has since acknowledged on ``connection``."""
-        self._unacknowledged = [p for p in self._unacknowledged if p.step >= connection.steps_acknowledged]
 
     def _decide(
         self, connection: CloudConnection, pending: PendingSignal, dist: wire.CloudDistribution, no_stop: bool,
@@ -395,7 +394,7 @@ class CollaborativeDecoder:
         if isinstance(signal, CloudUpload):
             certified = connection.picks_certified
             with step_meter.waiting():  # the cloud answers with its pick
-                picked = connection.upload(step, signal, no_stop=no_stop)
+                picked = connection.upload(step, signal, no_stop=no_stop, keep=pending)
             if connection.picks_certified == certified:  # waited for the pick: the next slot counts from its arrival
                 self.pacer.restart(time.perf_counter())
             return picked
@@ -444,7 +443,6 @@ class CollaborativeDecoder:
             # break here resumes, re-sends them and ends); the session is then closed by whoever owns the
             # connection (run_with_resume does)
             connection.confirm_picks()
-            self._forget_acknowledged(connection)
             return
         try:
             self.finish_reason = connection.finished()
@@ -483,7 +481,7 @@ class CollaborativeDecoder:
         ``dist`` is sparse.
 
         A sparse row is read with every omitted id at its public fill
-        (:meth:`~edge_sdk.wire.CloudDistribution.filled`).  ``no_stop``
+        (:meth:`~edge_sdk.protocol.wire.CloudDistribution.filled`).  ``no_stop``
         (edge-side): end-of-generation ids are out of the choice this step;
         cloud-side the cloud is told instead.  The processors' ``allowed()``
         ids mask both rows the policy fuses.

@@ -111,6 +111,56 @@ def fuse_upload(p_llm: np.ndarray, ids: np.ndarray, values: np.ndarray, alpha: f
     return out
 
 
+def cloud_alpha(alpha: float, uploaded: int) -> float:
+    """The weight the cloud fuses with: ``alpha``, or 1 (its own row alone) when ``alpha = 0`` and the upload holds
+    nothing (``uploaded`` = 0): the fusion would then hold no information at all, only zeros to pick from."""
+    return 1.0 if alpha == 0.0 and uploaded == 0 else alpha
+
+
+def lowered_stop(values: np.ndarray, stop_ids: np.ndarray, *, raw_logits: bool) -> np.ndarray:
+    """``values`` with the ``stop_ids`` (end-of-generation ids on a ``no_stop`` step) lowered out of the choice, in
+    place; ids past the row are ignored.  Raw logits: float32's minimum.  Probabilities: the float32 just below
+    ``min(0, min values)``, so no sampler weighs them and no greedy pick ties with them (at exactly 0 a row whose
+    other ids all fused to 0, or below 0 with a noised upload, picked a stop id on a step that forbids one, while
+    the certifier, which leaves them out, picked another)."""
+    stop_ids = np.asarray(stop_ids, np.int64)
+    stop_ids = stop_ids[stop_ids < values.shape[0]]
+    if not stop_ids.size:
+        return values
+    if raw_logits:
+        values[stop_ids] = np.finfo(np.float32).min
+    else:
+        values[stop_ids] = np.nextafter(np.float32(min(0.0, float(values.min()))), np.float32(-np.inf))
+    return values
+
+
+def cloud_scores(
+    row: np.ndarray,
+    upload_ids: np.ndarray,
+    upload_values: np.ndarray,
+    alpha: float,
+    *,
+    space: FusionSpace,
+    temperature: float,
+    stop_ids: np.ndarray,
+) -> tuple[np.ndarray, bool]:
+    """The cloud's pick rule in cloud-side fusion: the scores its token is picked from, and whether they are raw
+    fused logits (greedy in logit space) rather than probabilities.
+
+    ``s(i) = a * row(i) + (1 - a) * m(i) * u(i)`` (:func:`fuse_upload`; ``u`` the uploaded values, ``m`` 1 where
+    uploaded, ``a`` = :func:`cloud_alpha`); in logit space at ``temperature > 0`` ``softmax(s)`` (:func:`pick_token`
+    samples from ``p**(1/T)`` and ``softmax(z)**(1/T)`` is proportional to ``exp(z/T)``); the ``stop_ids`` lowered
+    (:func:`lowered_stop`).  The pick is ``argmax s`` (ties to the lower id) or a draw.  One rule for the cloud
+    adapter's session, the public fake cloud and the edge's run-ahead certifier
+    (:func:`certified_cloud_pick`): a drift between them is a ``DATA_LOSS`` in production.
+    """
+    scores = fuse_upload(row, upload_ids, upload_values, cloud_alpha(alpha, len(upload_ids)))
+    if space == "logit" and temperature > 0:
+        scores = softmax(scores)
+    raw_logits = space == "logit" and temperature == 0
+    return lowered_stop(scores, stop_ids, raw_logits=raw_logits), raw_logits
+
+
 def _sorted_by_value(values: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """``ids`` ordered by decreasing ``values[ids]``, ties by increasing id."""
     return ids[np.lexsort((ids, -values[ids]))]
@@ -209,7 +259,7 @@ def certify_fused_top_k(
     return kth > upper + rounding_margin(terms + abs(alpha * tail_bound) + abs((1.0 - alpha) * slm_omitted))
 
 
-def certified_fused_argmax(
+def certified_cloud_pick(
     known_ids: np.ndarray,
     known_llm: np.ndarray,
     tail_bound: float,
@@ -217,21 +267,23 @@ def certified_fused_argmax(
     upload_values: np.ndarray,
     alpha: float,
     vocab_size: int,
-    excluded: np.ndarray,
+    stop_ids: np.ndarray,
 ) -> int | None:
-    """The cloud's greedy pick ``argmax s`` from a sparse row and an upload when the row pins it down, else ``None``.
+    """The cloud's greedy pick (:func:`cloud_scores`) read off a sparse row and an upload when the row pins it down,
+    else ``None``.
 
-    ``s(i) = alpha * p_llm(i) + (1 - alpha) * m(i) * u(i)`` (:func:`fuse_upload`; ``u`` the uploaded values,
-    ``m`` 1 where uploaded), with the ``excluded`` ids (end-of-generation ids on a ``no_stop`` step) out of the
-    choice.  Known ids have ``s`` exactly; an omitted id ``j`` has ``p_llm(j) <= tail_bound``, so::
+    ``s(i) = a * p_llm(i) + (1 - a) * m(i) * u(i)`` (``a`` = :func:`cloud_alpha`), with the ``stop_ids`` (the end
+    set on a ``no_stop`` step) out of the choice.  Known ids have ``s`` exactly; an omitted id ``j`` has
+    ``p_llm(j) <= tail_bound``, so::
 
-        s(j) <= alpha * tail_bound + (1 - alpha) * max(u(j) over omitted uploaded j, 0 if some omitted j is not)
+        s(j) <= a * tail_bound + (1 - a) * max(u(j) over omitted uploaded j, 0 if some omitted j is not)
 
     The best known id is the pick when its score exceeds that bound and the second known score, each by a
     rounding margin (:func:`rounding_margin`; in doubt: ``None``).  Everything read here is what the cloud holds
     (its own row and the upload it received): whether the pick is certain tells it nothing.
     """
-    allowed = ~np.isin(known_ids, excluded)
+    alpha = cloud_alpha(alpha, len(upload_ids))
+    allowed = ~np.isin(known_ids, np.asarray(stop_ids, np.int64))
     ids, llm = known_ids[allowed], np.asarray(known_llm, np.float32)[allowed]
     if not len(ids):
         return None

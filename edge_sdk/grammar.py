@@ -234,7 +234,7 @@ class JsonConstraint:
 
     ``end_ids``: the ids that end the generation (default: the vocabulary's own ends).  Both sides of a session
     must compile the grammar over one end set, the public one the session agreed when it opened
-    (:attr:`edge_sdk.wire.SessionInfo.eos_token_ids`: the cloud's ends and the edge's), else one side may pick
+    (:attr:`edge_sdk.protocol.wire.SessionInfo.eos_token_ids`: the cloud's ends and the edge's), else one side may pick
     an id the other reads as text, or as an end inside a string (:meth:`agree_end_ids`).
 
     Raises :class:`GrammarError` when the schema cannot be compiled.

@@ -26,12 +26,12 @@ import numpy as np
 
 from edge_sdk.fusion import FusionSpace, check_finite, softmax
 from edge_sdk.privacy.ledger import LedgerEntry
-from edge_sdk.policies.base import CloudUpload, SyncedToken
+from edge_sdk.protocol.signals import CloudUpload, SyncedToken
 
 if TYPE_CHECKING:
     from edge_sdk.backends.base import SLMBackend
     from edge_sdk.logprobs import TokenLogprobs
-    from edge_sdk.transport import ByteCounter
+    from edge_sdk.protocol.connection import ByteCounter
 
 
 class SLMView:
@@ -102,7 +102,7 @@ class ChoiceProcessor(Protocol):
 @dataclass(frozen=True, eq=False)
 class StepDecision:
     """What the decide step settled: ``signal`` leaves the device; ``exposure`` is DecodeLeak's ``E_t^K``, the
-    top-``K`` ids the cloud can read off it (:func:`edge_sdk.wire.step_exposure`).
+    top-``K`` ids the cloud can read off it (:func:`edge_sdk.protocol.wire.step_exposure`).
 
     ``logprobs`` (edge-side, when asked for): reads the chosen token's log-probabilities off the row it was
     chosen from; the loop calls it once the signal has left, so its cost (a top-n search whose time varies with

@@ -41,12 +41,13 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk import wire
-from edge_sdk.fusion import check_finite, softmax
+from edge_sdk.protocol import wire
+from edge_sdk.fusion import check_finite, cloud_scores, softmax
 from edge_sdk.logprobs import token_logprobs
-from edge_sdk.policies.base import CloudUpload
-from edge_sdk.status import CloudError
-from edge_sdk.transport import CloudConnection
+from edge_sdk.protocol.signals import CloudUpload
+from edge_sdk.protocol.status import CloudError
+from edge_sdk.protocol.connection import CloudConnection
+from edge_sdk.protocol.drafting import DraftSchedule, answer
 
 #: a row of logits, one per vocabulary id
 Row = Sequence[float] | np.ndarray
@@ -185,7 +186,7 @@ class ScriptedCloud:
 
     It speaks the protocol as the cloud adapter does (opened, then per step a distribution; a dense row on a
     full-row request; the chosen token and ``finished`` in cloud-side fusion), and every message crosses as
-    bytes through :mod:`edge_sdk.wire`'s codec.  Cloud-side fusion picks greedily:
+    bytes through :mod:`edge_sdk.protocol.wire`'s codec.  Cloud-side fusion picks greedily:
     ``argmax(alpha * row + (1 - alpha) * upload)`` (the row alone when ``alpha = 0`` and nothing is
     uploaded), with end-of-generation ids out of the choice on ``no_stop``, and sends that row's
     log-probabilities with the token when the session asks (:mod:`edge_sdk.logprobs`).  It holds no tokenizer
@@ -208,7 +209,9 @@ class ScriptedCloud:
         break_after_full_request: the same for a step's full-row request.
         name: the model name the cloud reports.
         max_lookahead: the deepest run-ahead the cloud agrees to (0: lockstep only).  When a session runs
-            ahead, the cloud drafts after each message as deep as agreed: edge-side on its row's top token,
+            ahead, the cloud drafts after each message as deep as the cloud adapter's rule allows
+            (:class:`~edge_sdk.protocol.drafting.DraftSchedule`: the agreed depth once the edge's turnaround is
+            measured, a scripted delay being the forward's time): edge-side on its row's top token,
             cloud-side on its pick from the row alone, each drafted row naming the token it assumes.
 
     ``sent`` holds every message the edge sent, as bytes, in order, over all sessions;
@@ -280,7 +283,7 @@ class ScriptedSession:
     """One session of a :class:`ScriptedCloud`: consumes ``EdgeMessage`` protos, returns ``CloudMessage`` ones.
 
     :meth:`handle` applies the message at once (a refusal or a scripted break raises
-    :class:`~edge_sdk.transport.CloudError` from it); the replies it returns wait out their delays as
+    :class:`~edge_sdk.protocol.connection.CloudError` from it); the replies it returns wait out their delays as
     they are read.
     """
 
@@ -294,8 +297,10 @@ class ScriptedSession:
         self.eos: frozenset[int] = frozenset()
         self.max_new_tokens = 0
         self.rows: list[np.ndarray] = []  # the rows sent and not yet confirmed ([0]: the awaited step's)
+        self.sent_at: list[tuple[float, bool]] = []  # per row in ``rows``: when it left, and whether drafted
         self.drafts: list[int] = []  # run-ahead: the tokens assumed past the confirmed ones (in ``sequence``)
         self.lookahead = 0
+        self.schedule = DraftSchedule(0)  # how deep the session drafts now (the cloud adapter's rule)
         self.full_sent = False
         self.finish_reason: str | None = None  # "broken" after a scripted break
 
@@ -350,11 +355,12 @@ class ScriptedSession:
         self.eos = self.cloud.eos_ids | frozenset(request.stop_token_ids)
         self.max_new_tokens = min(request.max_new_tokens or self.cloud.max_new_tokens, self.cloud.max_new_tokens)
         self.lookahead = min(request.lookahead, self.cloud.max_lookahead)
+        self.schedule = DraftSchedule(self.lookahead)
         info = wire.SessionInfo(self.session_id, self.cloud.name, self.cloud.vocab_size, len(request.prompt_ids),
                                 self.eos, self.max_new_tokens, lookahead=self.lookahead, padded=request.padded)
         return [(0.0, wire.encode_opened(info)), self._distribution()]
 
-    def _distribution(self, assumes: int | None = None) -> tuple[float, Any]:
+    def _distribution(self, assumes: int | None = None, drafted: bool = False) -> tuple[float, Any]:
         """The next row's distribution message (the awaited step's, or a drafted one past it), after the scripted
         delay: sparse top ``top_m``, dense if all; ``assumes``: the token before it the message names."""
         assert self.request is not None
@@ -364,6 +370,8 @@ class ScriptedSession:
         values = logits.copy() if self.request.space == "logit" else probabilities
         self.rows.append(values)
         seconds = _seconds(self.cloud.delay_s, step)
+        self.schedule.observe_forward(seconds)
+        self.sent_at.append((time.monotonic() + seconds, drafted))
         forward_ns = int(seconds * 1e9)
         if self.request.top_m >= self.cloud.vocab_size:
             dist = wire.CloudDistribution(step, dense=values, forward_ns=forward_ns)
@@ -387,7 +395,7 @@ class ScriptedSession:
 
     def can_draft(self) -> bool:
         """Whether the session runs ahead and has a row left to draft (within the depth, before an end)."""
-        if self.finish_reason is not None or not self.rows or len(self.drafts) >= self.lookahead:
+        if self.finish_reason is not None or not self.rows or len(self.drafts) >= self.schedule.depth:
             return False
         if self.step + len(self.drafts) + 1 >= self.max_new_tokens:
             return False
@@ -398,7 +406,7 @@ class ScriptedSession:
         token = self._draft_token()
         self.drafts.append(token)
         self.sequence.append(token)
-        return self._replies([self._distribution(assumes=token)])
+        return self._replies([self._distribution(assumes=token, drafted=True)])
 
     def _apply(self, signal: Any) -> list[tuple[float, Any]]:
         assert self.request is not None
@@ -414,6 +422,9 @@ class ScriptedSession:
         else:
             token = int(signal.token_id)
         self.rows.pop(0)
+        sent_at, drafted = self.sent_at.pop(0)
+        if not drafted:  # the edge waited for this row: the link's whole turnaround
+            self.schedule.observe_turnaround(time.monotonic() - sent_at)
         self.full_sent = False
         self.step += 1
         reason = "eos" if token in self.eos else "max_new_tokens" if self.step >= self.max_new_tokens else None
@@ -427,7 +438,7 @@ class ScriptedSession:
             return replies
         if self.drafts:  # a miss: drop every draft
             del self.sequence[len(self.sequence) - len(self.drafts):]
-            self.drafts, self.rows = [], []
+            self.drafts, self.rows, self.sent_at = [], [], []
         self.sequence.append(token)
         replies.append(self._distribution(assumes=token if self.lookahead else None))
         return replies
@@ -437,14 +448,11 @@ class ScriptedSession:
         return int(np.argmax(self._fused(upload, values, no_stop=no_stop)))
 
     def _fused(self, upload: Any, values: np.ndarray, *, no_stop: bool) -> np.ndarray:
-        """``alpha * row + (1 - alpha) * upload`` (the row alone at ``alpha = 0`` with nothing uploaded), stop ids at
-        the space's lowest value on ``no_stop``: the row the token is picked from."""
+        """The row the token is picked from: the cloud's pick rule :func:`~edge_sdk.fusion.cloud_scores` (greedy)."""
         assert self.request is not None
-        alpha = self.request.alpha
-        scores = values.copy() if alpha == 0.0 and not len(upload) else upload.fuse_with(values, alpha)
-        if no_stop:
-            stops = np.fromiter((i for i in self.eos if i < scores.shape[0]), dtype=np.int64)
-            scores[stops] = np.finfo(np.float32).min if self.request.space == "logit" else 0.0
+        stop_ids = np.fromiter(self.eos, dtype=np.int64) if no_stop else np.empty(0, np.int64)
+        scores, _ = cloud_scores(values, upload.ids, upload.values, self.request.alpha, space=self.request.space,
+                                 temperature=0.0, stop_ids=stop_ids)
         return scores
 
     def _replies(self, timed: list[tuple[float, Any]]) -> Iterator[Any]:
@@ -462,7 +470,7 @@ class ScriptedSession:
 
 
 class ScriptedChannel:
-    """A :class:`~edge_sdk.transport.MessageChannel` to a :class:`ScriptedSession`.
+    """A :class:`~edge_sdk.protocol.channels.MessageChannel` to a :class:`ScriptedSession`.
 
     Both directions cross as bytes; the replies are read when the edge reads them, so a scripted delay
     shows in the edge's wait for that reply, as a real stream's would.
@@ -475,9 +483,9 @@ class ScriptedChannel:
         self._pending: deque[Iterator[Any]] = deque()
 
     def send(self, message: Any) -> None:
-        self._pending.append(self._session.handle(type(message).FromString(message.SerializeToString())))
-        while self._session.can_draft():  # run-ahead: as deep as agreed before the edge's next message
-            self._pending.append(self._session.draft())
+        # run-ahead: as deep as the schedule allows before the edge's next message; each batch read lazily
+        self._pending.extend(iter(replies) for replies in answer(self._session, type(message).FromString(
+            message.SerializeToString())))
 
     def receive(self) -> Any:
         while self._pending:
@@ -495,7 +503,7 @@ class LinkChannel:
     """A :class:`ScriptedSession` behind a simulated link, on the real clock (what the cloud can time).
 
     A message reaches the cloud ``rtt_s / 2`` after the edge sent it; the cloud computes one row at a time
-    (``forward_s`` each), drafting as deep as agreed after each message, and each reply reaches the edge
+    (``forward_s`` each), drafting as deep as the schedule allows after each message, and each reply reaches the edge
     ``rtt_s / 2`` after it left, in order.  ``arrivals`` holds when each of the edge's signals reached the cloud
     (``time.perf_counter``): the cloud's view of the edge's clock.
     """
@@ -513,9 +521,8 @@ class LinkChannel:
         at_cloud = time.perf_counter() + self.rtt_s / 2
         if message.WhichOneof("kind") == "signal":
             self.arrivals.append(at_cloud)
-        replies = list(self._session.handle(type(message).FromString(message.SerializeToString())))
-        while self._session.can_draft():
-            replies += list(self._session.draft())
+        replies = [reply for batch in answer(self._session, type(message).FromString(message.SerializeToString()))
+                   for reply in batch]
         for reply in replies:
             leaves = max(self._cloud_free, at_cloud)
             if reply.WhichOneof("kind") == "distribution":

@@ -29,11 +29,12 @@ import numpy as np
 
 from cloud_adapter.local import cloud_or_local, split_cores
 from edge_sdk.backends.llama_cpp import LlamaCppSLM
-from edge_sdk import wire
+from edge_sdk.protocol import wire
 from edge_sdk.client import Credentials, EdgeClient, GenerationResult
 from edge_sdk.fusion import fuse
 from edge_sdk.privacy.meter import LeakageMeter
-from edge_sdk.policies import CloudUpload, CoVeil, FusionMode, Policy, make_policy, register_policy
+from edge_sdk.policies import CoVeil, Policy, make_policy, register_policy
+from edge_sdk.protocol.signals import CloudUpload, FusionMode
 from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_resume
 from edge_sdk.testing import ScriptedCloud, TableSLM
 

@@ -39,7 +39,7 @@ from cloud_adapter.local import local_cloud, split_cores
 from edge_sdk.backends.llama_cpp import LlamaCppSLM
 from edge_sdk.client import Credentials, EdgeClient
 from edge_sdk.policies import CoVeil
-from edge_sdk.status import CloudError
+from edge_sdk.protocol.status import CloudError
 
 PRIVATE_NOTE = (
     "Visit note, 12 March: Daniel Okafor, 58, retired welder. Type 2 diabetes on metformin. Reports numbness "

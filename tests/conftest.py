@@ -10,6 +10,8 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from tests.support.carriers import CARRIERS, Carrier, FakeEngine, served
+
 
 def distributions(min_size: int = 2, max_size: int = 64) -> st.SearchStrategy[np.ndarray]:
     """Probability vectors (float32, non-negative, summing to 1) with frequent ties and zeros."""
@@ -26,6 +28,12 @@ def distribution_pairs(min_size: int = 2, max_size: int = 64) -> st.SearchStrate
     return st.integers(min_size, max_size).flatmap(
         lambda n: st.tuples(distributions(n, n), distributions(n, n))
     )
+
+
+@pytest.fixture(scope="module", params=CARRIERS)
+def carrier(request: pytest.FixtureRequest) -> Iterator[Carrier]:
+    """Each carrier a session's messages travel, serving the fakes (``tests.support.carriers``)."""
+    yield from served(request.param, FakeEngine())
 
 
 #: a small collaborative-decoding case for the integration tests

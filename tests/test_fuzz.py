@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from cloud_adapter.engine import CloudEngine
 from cloud_adapter.llm import TransformersLLM
-from edge_sdk import wire
+from edge_sdk.protocol import wire
 from edge_sdk._wire import coveil_pb2
-from edge_sdk.status import CloudError
+from edge_sdk.protocol.status import CloudError
 
 from tests.support.tiny_models import bpe_tokenizer, random_qwen
 

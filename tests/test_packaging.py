@@ -25,7 +25,7 @@ def imported_after(statement: str) -> set[str]:
 def test_import_edge_sdk_is_light() -> None:
     modules = imported_after(
         "import edge_sdk, edge_sdk.fusion, edge_sdk.policies, edge_sdk.models, edge_sdk.privacy.meter, edge_sdk.decoding, "
-        "edge_sdk.steps, edge_sdk.privacy.ledger, edge_sdk.status, edge_sdk.wire, edge_sdk.transport, edge_sdk.testing"
+        "edge_sdk.steps, edge_sdk.privacy.ledger, edge_sdk.protocol.status, edge_sdk.protocol.wire, edge_sdk.protocol.connection, edge_sdk.testing"
     )
     loaded = sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in HEAVY))
     assert loaded == [], f"import edge_sdk pulled in {loaded}"
@@ -61,9 +61,46 @@ def test_edge_sdk_never_imports_the_cloud_or_the_harness() -> None:
     assert offenders == []
 
 
+def imports_of(package: Path) -> dict[str, set[str]]:
+    """Every module each source file under ``package`` imports (``from x import y`` counts ``x`` and ``x.y``)."""
+    found: dict[str, set[str]] = {}
+    for path in package.rglob("*.py"):
+        if path.name.endswith(("_pb2.py", "_pb2_grpc.py")):
+            continue
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        found[str(path.relative_to(ROOT))] = names
+    return found
+
+
+def test_the_protocol_imports_neither_the_policies_nor_the_loop() -> None:
+    """``edge_sdk.protocol`` is what both ends share: the cloud adapter loads it without the defences or the loop."""
+    loop = ("edge_sdk.policies", "edge_sdk.decoding", "edge_sdk.steps", "edge_sdk.client")
+    offenders = [f"{path}: {name}" for path, names in imports_of(ROOT / "edge_sdk" / "protocol").items()
+                 for name in names if any(name == m or name.startswith(m + ".") for m in loop)]
+    assert offenders == []
+    modules = imported_after("import edge_sdk.protocol.connection, edge_sdk.protocol.channels")
+    assert not [m for m in modules if m.startswith(("edge_sdk.policies", "edge_sdk.decoding", "edge_sdk.steps"))]
+
+
+def test_the_cloud_adapter_takes_only_the_protocol_fusion_grammar_and_settings_from_the_sdk() -> None:
+    """Besides those: the generated wire code, logprobs (a fused row's), and three stateless helpers (flags, the
+    model source, the registry class)."""
+    allowed = ("edge_sdk.protocol", "edge_sdk._wire", "edge_sdk.fusion", "edge_sdk.grammar", "edge_sdk.logprobs",
+               "edge_sdk.decode_settings", "edge_sdk.cli_flags", "edge_sdk.models", "edge_sdk.registry")
+    offenders = [f"{path}: {name}" for path, names in imports_of(ROOT / "cloud_adapter").items() for name in names
+                 if name.split(".")[0] == "edge_sdk" and name != "edge_sdk"
+                 and not any(name == m or name.startswith(m + ".") for m in allowed)]
+    assert offenders == []
+
+
 #: what edge_sdk.privacy may import of the SDK: itself, the settings, and the signal types and wire rows it
 #: accounts for (never the loop, the transport, the client, the server or the defences themselves)
-PRIVACY_MAY_IMPORT = ("edge_sdk.privacy", "edge_sdk.decode_settings", "edge_sdk.policies.base", "edge_sdk.wire",
+PRIVACY_MAY_IMPORT = ("edge_sdk.privacy", "edge_sdk.decode_settings", "edge_sdk.protocol.signals", "edge_sdk.protocol.wire",
                       "edge_sdk.backends")
 
 
@@ -79,7 +116,7 @@ def test_the_privacy_package_imports_neither_the_loop_nor_the_defences() -> None
 
 
 def test_wire_code_is_generated_from_the_proto() -> None:
-    from edge_sdk import wire
+    from edge_sdk.protocol import wire
 
     pb = wire.pb()
     assert pb.DESCRIPTOR.package == "coveil.v1"

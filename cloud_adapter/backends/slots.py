@@ -49,7 +49,7 @@ import torch
 from cloud_adapter.backends.rows import RowSpec, summarize_rows
 from cloud_adapter.llm import CloudSequence, TransformersLLM
 from cloud_adapter.runners import ModelFailure
-from edge_sdk.status import CloudError
+from edge_sdk.protocol.status import CloudError
 
 #: the attention implementation name the slot engine registers with transformers
 ATTENTION_NAME = "coveil_slots"

@@ -17,15 +17,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from edge_sdk.backends.base import SLMBackend
-from edge_sdk.policies.base import (
-    FUSION_MODES,
-    CloudUpload,
-    FusionMode,
-    Observation,
-    Policy,
-    SyncedToken,
-    UnsupportedModeError,
-)
+from edge_sdk.policies.base import Policy, UnsupportedModeError
+from edge_sdk.protocol.signals import FusionMode
 from edge_sdk.policies.cogenesis import CoGenesis
 from edge_sdk.policies.coveil import CoVeil, coveil_select, coveil_upload
 from edge_sdk.policies.custext import CusText, EmbeddingNeighbours, TokenClusters, load_token_embeddings
@@ -114,21 +107,16 @@ for _cls in (Undefended, CoVeil, CoGenesis, DPLogit, DPFusion, CusText, LDPSampl
     register_policy(_cls)
 
 __all__ = [
-    "FUSION_MODES",
-    "CloudUpload",
     "CoGenesis",
     "CoVeil",
     "CusText",
     "DPFusion",
     "DPLogit",
     "EmbeddingNeighbours",
-    "FusionMode",
     "InvisibleInk",
     "POLICIES",
     "LDPSampler",
-    "Observation",
     "Policy",
-    "SyncedToken",
     "TokenClusters",
     "Undefended",
     "UnsupportedModeError",

@@ -18,91 +18,19 @@ from __future__ import annotations
 from abc import ABC
 from dataclasses import dataclass, field
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from edge_sdk.privacy.accountant import ReleaseEvent
-from edge_sdk.fusion import FusionSpace, certify_fused_top_k, fuse_upload, top_k_ids
+from edge_sdk.fusion import FusionSpace, certify_fused_top_k
+from edge_sdk.protocol.signals import FUSION_MODES, CloudUpload, FusionMode, Observation, SyncedToken
 
 if TYPE_CHECKING:
     from edge_sdk.backends.base import SLMBackend
 
-FusionMode = Literal["cloud", "edge"]
-FUSION_MODES: tuple[str, ...] = ("cloud", "edge")
-
-
 class UnsupportedModeError(ValueError):
     """A policy was asked to act in a fusion mode it does not define."""
-
-
-@dataclass(frozen=True, eq=False)
-class CloudUpload:
-    """A sparse upload of SLM values: the cloud observes exactly ``(ids, values)``.
-
-    ``ids`` are unique token ids in ascending order; ``values[j]`` is the value
-    sent for ``ids[j]`` (a probability, a noised probability, or a logit when
-    ``space == "logit"``).  An empty upload is legal: the cloud then fuses with
-    ``p_llm`` alone.
-    """
-
-    ids: np.ndarray
-    values: np.ndarray
-    space: FusionSpace = "prob"
-
-    def __post_init__(self) -> None:
-        ids = np.asarray(self.ids, dtype=np.int64).reshape(-1)
-        values = np.asarray(self.values, dtype=np.float32).reshape(-1)
-        if ids.shape != values.shape:
-            raise ValueError(f"upload has {ids.size} ids but {values.size} values")
-        if ids.size and np.any(np.diff(ids) <= 0):
-            order = np.argsort(ids, kind="stable")
-            ids, values = ids[order], values[order]
-            if np.any(np.diff(ids) == 0):
-                raise ValueError("upload ids must be unique")
-        object.__setattr__(self, "ids", ids)
-        object.__setattr__(self, "values", values)
-
-    @classmethod
-    def of(cls, p: np.ndarray, ids: np.ndarray, space: FusionSpace = "prob") -> CloudUpload:
-        """Upload ``p`` restricted to ``ids``."""
-        ids = np.sort(np.asarray(ids, dtype=np.int64))
-        return cls(ids, np.asarray(p, dtype=np.float32)[ids], space)
-
-    @classmethod
-    def empty(cls, space: FusionSpace = "prob") -> CloudUpload:
-        return cls(np.empty(0, np.int64), np.empty(0, np.float32), space)
-
-    def __len__(self) -> int:
-        return int(self.ids.size)
-
-    def fuse_with(self, p_llm: np.ndarray, alpha: float) -> np.ndarray:
-        """The cloud's masked fusion ``alpha * p_llm + (1 - alpha) * m * p_slm``."""
-        return fuse_upload(p_llm, self.ids, self.values, alpha)
-
-    def largest(self, limit: int) -> CloudUpload:
-        """This upload, or only its ``limit`` largest values when it holds more."""
-        if len(self) <= limit:
-            return self
-        keep = top_k_ids(self.values, limit)
-        return CloudUpload(self.ids[keep], self.values[keep], self.space)
-
-    def exposure(self, k: int) -> np.ndarray:
-        """``TopK`` of the uploaded values (ids by decreasing value): DecodeLeak's ``E_t^K``."""
-        if not len(self):
-            return np.empty(0, np.int64)
-        order = top_k_ids(self.values, min(k, len(self)))
-        return self.ids[order]
-
-
-@dataclass(frozen=True)
-class SyncedToken:
-    """Edge-side fusion: the one token id appended to the shared prefix."""
-
-    token_id: int
-
-
-Observation = CloudUpload | SyncedToken
 
 
 @dataclass
@@ -168,7 +96,7 @@ class Policy(ABC):
 
     def max_upload(self, vocab_size: int) -> int:
         """The most values one cloud-side upload of this policy holds: a public number its rule fixes (every
-        padded signal is the size of the largest, :func:`edge_sdk.wire.pad_edge_message`).  The default, the
+        padded signal is the size of the largest, :func:`edge_sdk.protocol.wire.pad_edge_message`).  The default, the
         whole vocabulary, bounds every policy."""
         return vocab_size
 
@@ -177,7 +105,7 @@ class Policy(ABC):
 
         Otherwise the edge decides from the cloud's top values with every
         omitted id at the public fill
-        (:meth:`edge_sdk.wire.CloudDistribution.filled`) and never asks.
+        (:meth:`edge_sdk.protocol.wire.CloudDistribution.filled`) and never asks.
         Either way whether a row is asked for depends on the policy and the
         mode alone: asking only when :meth:`decide_sparse` could not certify
         a decision told a cloud that shaped its row whether the SLM's top

@@ -15,7 +15,8 @@ from typing import ClassVar
 import numpy as np
 
 from edge_sdk.fusion import top_k_ids
-from edge_sdk.policies.base import CloudUpload, FusionMode, Policy
+from edge_sdk.policies.base import Policy
+from edge_sdk.protocol.signals import CloudUpload, FusionMode
 from edge_sdk.privacy.analysis import EpsilonUnit, check_positive_int
 
 

@@ -24,7 +24,8 @@ from edge_sdk.fusion import (
     rounding_margin,
     top_k_ids,
 )
-from edge_sdk.policies.base import CloudUpload, FusionMode, Policy, SyncedToken
+from edge_sdk.policies.base import Policy
+from edge_sdk.protocol.signals import CloudUpload, FusionMode, SyncedToken
 
 
 def _check(lam: float, k: int) -> None:

@@ -20,7 +20,8 @@ import numpy as np
 
 from edge_sdk.privacy.accountant import ReleaseEvent
 from edge_sdk.fusion import check_alpha, fuse, sample_from, top_k_ids
-from edge_sdk.policies.base import FusionMode, Policy, SyncedToken, require_rng
+from edge_sdk.policies.base import Policy, require_rng
+from edge_sdk.protocol.signals import FusionMode, SyncedToken
 from edge_sdk.privacy.analysis import EpsilonUnit, check_epsilon, check_positive_int
 
 if TYPE_CHECKING:

@@ -19,7 +19,8 @@ import numpy as np
 from edge_sdk.privacy.accountant import ReleaseEvent
 from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.fusion import check_alpha, top_k_ids
-from edge_sdk.policies.base import CloudUpload, FusionMode, Policy, SyncedToken, require_rng
+from edge_sdk.policies.base import Policy, require_rng
+from edge_sdk.protocol.signals import CloudUpload, FusionMode, SyncedToken
 from edge_sdk.policies.ldp_sampler import sample_index
 from edge_sdk.privacy.analysis import (
     RENYI_PROBABILITY_FLOOR,

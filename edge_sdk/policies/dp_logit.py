@@ -16,7 +16,8 @@ import numpy as np
 
 from edge_sdk.privacy.accountant import ReleaseEvent
 from edge_sdk.fusion import top_k_ids
-from edge_sdk.policies.base import CloudUpload, FusionMode, Policy, require_rng
+from edge_sdk.policies.base import Policy, require_rng
+from edge_sdk.protocol.signals import CloudUpload, FusionMode
 from edge_sdk.privacy.analysis import (
     EpsilonUnit,
     analytic_gaussian_sigma,

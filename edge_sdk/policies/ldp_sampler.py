@@ -18,7 +18,8 @@ import numpy as np
 
 from edge_sdk.privacy.accountant import ReleaseEvent
 from edge_sdk.fusion import sample_from
-from edge_sdk.policies.base import FusionMode, Policy, SyncedToken, require_rng
+from edge_sdk.policies.base import Policy, require_rng
+from edge_sdk.protocol.signals import FusionMode, SyncedToken
 from edge_sdk.privacy.analysis import EpsilonUnit, check_epsilon
 
 #: ids per block of :func:`sample_index`'s two-level inverse CDF

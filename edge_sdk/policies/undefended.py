@@ -9,7 +9,8 @@ from typing import ClassVar
 import numpy as np
 
 from edge_sdk.fusion import FusionSpace, check_space, fuse, pick_token, softmax
-from edge_sdk.policies.base import CloudUpload, FusionMode, Policy, SyncedToken
+from edge_sdk.policies.base import Policy
+from edge_sdk.protocol.signals import CloudUpload, FusionMode, SyncedToken
 from edge_sdk.privacy.analysis import EpsilonUnit
 
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from edge_sdk.policies.base import CloudUpload, SyncedToken
+from edge_sdk.protocol.signals import CloudUpload, SyncedToken
 
 if TYPE_CHECKING:
     from edge_sdk.privacy.accountant import PrivacyAccountant
-    from edge_sdk.wire import CloudDistribution
+    from edge_sdk.protocol.wire import CloudDistribution
 
 
 def is_steered(signal: CloudUpload | SyncedToken, dist: CloudDistribution) -> bool:

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from edge_sdk.decode_settings import DecodeSettings
-from edge_sdk.policies.base import FusionMode
-from edge_sdk.privacy.accountant import PrivacyAccountant, odds_sentence
 from edge_sdk.privacy.meter import ExposureTrace
+from edge_sdk.protocol.signals import FusionMode
+from edge_sdk.privacy.accountant import PrivacyAccountant, odds_sentence
 
 
 @dataclass(frozen=True)

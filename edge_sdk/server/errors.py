@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from edge_sdk.server.openai.protocol import ErrorDetail, ErrorResponse
-from edge_sdk.status import CloudError, CloudReplyRejected
+from edge_sdk.protocol.status import CloudError, CloudReplyRejected
 
 
 class EndpointError(Exception):

@@ -37,7 +37,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from http.cookies import SimpleCookie
 from typing import Any
 
-from edge_sdk.client import is_loopback
+from edge_sdk.protocol.channels import is_loopback
 from edge_sdk.server.errors import EndpointError
 
 Scope = MutableMapping[str, Any]

@@ -53,7 +53,7 @@ from edge_sdk.server.settings import ServerSettings
 from edge_sdk.server.tools import chosen_tools
 from edge_sdk.server.tools import instruction as tool_instruction
 from edge_sdk.decoding import CollaborativeDecoder
-from edge_sdk.status import CloudError
+from edge_sdk.protocol.status import CloudError
 
 log = logging.getLogger("coveil.edge.server")
 

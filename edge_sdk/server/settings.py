@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from edge_sdk.cli_flags import add_dataclass_flags, dataclass_from_args, flag_name
-from edge_sdk.client import Credentials, is_loopback
+from edge_sdk.client import Credentials
+from edge_sdk.protocol.channels import is_loopback
 from edge_sdk.decode_settings import DecodeSettings
-from edge_sdk.policies import FUSION_MODES
-from edge_sdk.wire import MAX_LOOKAHEAD
+from edge_sdk.protocol.signals import FUSION_MODES
+from edge_sdk.protocol.wire import MAX_LOOKAHEAD
 
 #: the environment variable an API key may come from instead of ``--api-key-file``
 API_KEY_ENV = "COVEIL_API_KEY"

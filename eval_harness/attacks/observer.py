@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from edge_sdk.protocol.channels import MessageChannel
 from edge_sdk.client import EdgeClient
-from edge_sdk.transport import MessageChannel
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class CloudClock:
 
 @dataclass
 class RecordingChannel:
-    """A :class:`~edge_sdk.transport.MessageChannel` that records both views of the messages it moves."""
+    """A :class:`~edge_sdk.protocol.channels.MessageChannel` that records both views of the messages it moves."""
 
     inner: MessageChannel
     messages: list[tuple[str, int, float]] = field(default_factory=list)

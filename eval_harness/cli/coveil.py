@@ -89,7 +89,7 @@ _STATUS_HINTS = {
 
 def explain(exc: BaseException) -> str | None:
     """One line for an expected failure (and the flag that fixes it), ``None`` for a bug."""
-    from edge_sdk.status import CloudError
+    from edge_sdk.protocol.status import CloudError
 
     if isinstance(exc, CloudError):
         hint = _STATUS_HINTS.get(exc.code, "the cloud adapter ended the session")

@@ -139,9 +139,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"decodeleak {args.command}: {exc}", file=sys.stderr)
         return 1
-    except RuntimeError as exc:  # the cloud adapter refused or broke a session (edge_sdk.transport.CloudError)
+    except RuntimeError as exc:  # the cloud adapter refused or broke a session (edge_sdk.protocol.connection.CloudError)
         from eval_harness.cli.coveil import explain
-        from edge_sdk.status import CloudError
+        from edge_sdk.protocol.status import CloudError
 
         if args.verbose or not isinstance(exc, CloudError):
             raise

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from edge_sdk.policies import FUSION_MODES
+from edge_sdk.protocol.signals import FUSION_MODES
 from eval_harness.cli.shared import add_source_options
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from edge_sdk.cli_flags import add_dataclass_flags, add_dtype_flag, positive_float, positive_int
 from edge_sdk.decode_settings import DecodeSettings
-from edge_sdk.policies import FUSION_MODES
+from edge_sdk.protocol.signals import FUSION_MODES
 from eval_harness.cli.shared import csv_list, progress_bar
 
 #: ``--ray`` without an address: start a new local Ray instance (Ray's own name for it)
@@ -372,7 +372,7 @@ def _check_gpus_per_task(flag: str, gpus: float, args: argparse.Namespace) -> No
 
 def _check_deployed(args: argparse.Namespace) -> None:
     """``--runner deployed``'s options: an edge GGUF, and the flags of a local or a remote adapter."""
-    from edge_sdk.client import is_loopback
+    from edge_sdk.protocol.channels import is_loopback
     from edge_sdk.models import resolve_model
 
     slm_source = resolve_model(args.slm)

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from edge_sdk.fusion import softmax, top_k_ids
-from edge_sdk.policies.base import CloudUpload, FusionMode, Observation, Policy
+from edge_sdk.policies.base import Policy
+from edge_sdk.protocol.signals import CloudUpload, FusionMode, Observation
 
 #: the K of the top-K overlaps reported
 OVERLAP_KS = (10, 100)

@@ -28,7 +28,7 @@ from eval_harness.sweep.grid import Setting, row_key
 from eval_harness.sweep.store import ResultStore, read_rows
 
 if TYPE_CHECKING:
-    from edge_sdk.policies.base import FusionMode
+    from edge_sdk.protocol.signals import FusionMode
     from eval_harness.compare.drift import StepDrift
     from eval_harness.metrics import Vocabulary
     from eval_harness.runners.reference import ItemRunner, ReferenceRunner

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from edge_sdk.backends.base import SLMBackend
-from edge_sdk.policies.base import FusionMode, Policy
+from edge_sdk.policies.base import Policy
+from edge_sdk.protocol.signals import FusionMode
 from edge_sdk.steps import StoppingRule
 from eval_harness.compare.drift import StepDrift, StepReference
 

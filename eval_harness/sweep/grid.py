@@ -19,7 +19,8 @@ from typing import Any
 
 from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.fusion import check_alpha
-from edge_sdk.policies import FUSION_MODES, check_params, policy_class
+from edge_sdk.policies import check_params, policy_class
+from edge_sdk.protocol.signals import FUSION_MODES
 
 #: the shipped config with the paper's grids (appendix "CoVeil Parameter Settings" and the baselines' ranges)
 PAPER_GRIDS = "paper_grids.json"

@@ -70,7 +70,7 @@ describe("the accountant", () => {
   });
 
   it("calibrates InvisibleInk's clip as Python does", () => {
-    // edge_sdk.privacy_accounting.invisible_ink_clip(10.0, max_new_tokens=4, delta=1e-6, temperature=1.1)
+    // edge_sdk.privacy.analysis.invisible_ink_clip(10.0, max_new_tokens=4, delta=1e-6, temperature=1.1)
     expect(Math.abs(invisibleInkClip(10, 4, 1e-6, 1.1) - 0.48251001340370414)).toBeLessThan(1e-12);
   });
 

@@ -23,8 +23,8 @@ const upload = (ids: number[], values: number[]) => new CloudUpload(ids, values)
 const padded = (message: ReturnType<typeof encodeToken>, sizes: SignalSizes) =>
   padEdgeMessage(message, toBinary(EdgeMessageSchema, message), sizes);
 
-// the expected bytes below were written by Python's edge_sdk.wire (pad_edge_message, encode_open) for the same input
-describe("the codec writes the bytes Python's edge_sdk.wire writes", () => {
+// the expected bytes below were written by Python's edge_sdk.protocol.wire (pad_edge_message, encode_open) for the same input
+describe("the codec writes the bytes Python's edge_sdk.protocol.wire writes", () => {
   it("pads a token signal to the template of the longest token id", () => {
     const sizes = new SignalSizes(1536, 1536);
     expect(hex(padded(encodeToken(5, 7), sizes))).toBe("1204080518077a0400000000");

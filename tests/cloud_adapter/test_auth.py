@@ -15,8 +15,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from edge_sdk.client import Credentials, EdgeClient, is_loopback
-from edge_sdk.status import CloudError
+from edge_sdk.client import Credentials, EdgeClient
+from edge_sdk.protocol.channels import is_loopback
+from edge_sdk.protocol.status import CloudError
 
 from tests.support.tiny_models import bpe_tokenizer, random_qwen
 from tests.support.tls_material import pem_pair

@@ -1,7 +1,7 @@
 """The cloud adapter end to end: a real gRPC server on loopback, the embedded model, a bare stub client.
 
 The client below is written against the generated stub and the codec in
-``edge_sdk.wire`` only, so these tests pin the wire behaviour, not an SDK's.
+``edge_sdk.protocol.wire`` only, so these tests pin the wire behaviour, not an SDK's.
 The model runs in float32 so that batched and single-sequence forwards pick
 the same greedy tokens.
 """
@@ -30,10 +30,10 @@ from cloud_adapter.runners import StepBatcher
 from cloud_adapter.llm import CloudSequence, TransformersLLM
 from cloud_adapter.inprocess import serving
 from cloud_adapter.server import SERVICE_NAME, TlsConfig
-from edge_sdk import wire
+from edge_sdk.protocol import wire
 from edge_sdk._wire import coveil_pb2, coveil_pb2_grpc
 from edge_sdk.fusion import softmax, top_k_ids
-from edge_sdk.policies.base import CloudUpload
+from edge_sdk.protocol.signals import CloudUpload
 
 from tests.support.tls_material import pem_pair
 

@@ -20,12 +20,13 @@ from cloud_adapter.limits import Limits
 from cloud_adapter.llm import TransformersLLM
 from cloud_adapter.runners import StepBatcher
 from cloud_adapter.inprocess import serving
-from cloud_adapter.server import SERVICE_NAME, _Inbox
+from cloud_adapter.server import SERVICE_NAME
+from cloud_adapter.stream import Inbox
 from cloud_adapter.transcript import SessionTranscript, StepRecord, TranscriptStore
-from edge_sdk import wire
+from edge_sdk.protocol import wire
 from edge_sdk._wire import coveil_pb2_grpc
-from edge_sdk.policies.base import CloudUpload
-from edge_sdk.status import CloudError
+from edge_sdk.protocol.signals import CloudUpload
+from edge_sdk.protocol.status import CloudError
 
 from tests.support.tiny_models import bpe_tokenizer, random_qwen
 
@@ -121,7 +122,7 @@ def test_the_stream_inbox_reads_ahead_only_a_few_messages() -> None:
             pulled.append(i)
             yield i
 
-    inbox = _Inbox(requests(), capacity=3)
+    inbox = Inbox(requests(), capacity=3)
     time.sleep(0.3)
     assert len(pulled) <= 3 + 1  # three queued and one the reader holds, waiting for room
     assert [inbox.get(timeout=1) for _ in range(5)] == [0, 1, 2, 3, 4]

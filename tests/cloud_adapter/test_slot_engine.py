@@ -26,7 +26,7 @@ from cloud_adapter.backends.slots import SlotLLM, check_weights_placed
 from cloud_adapter.llm import CloudSequence, TransformersLLM
 from cloud_adapter.runners import StepBatcher
 from edge_sdk.fusion import softmax, top_k_ids
-from edge_sdk.status import CloudError
+from edge_sdk.protocol.status import CloudError
 from tests.support.tiny_models import END, bpe_tokenizer
 
 TOLERANCE = 1e-4
@@ -343,7 +343,7 @@ def test_a_session_that_could_outgrow_its_slot_is_refused_when_it_opens() -> Non
     """Prompt plus max_new_tokens past a slot: INVALID_ARGUMENT at open, naming the numbers, before any forward
     (a slot filling mid-batch would fail the whole batch)."""
     from cloud_adapter.engine import CloudEngine
-    from edge_sdk import wire
+    from edge_sdk.protocol import wire
 
     _, served = _tiny("qwen2")
     slots = SlotLLM(served, max_slots=2, max_len=16)

@@ -30,11 +30,12 @@ import numpy as np
 
 from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.decoding import CollaborativeDecoder
-from edge_sdk.leakage import LeakageMeter
-from edge_sdk.masking import never_upload_ids
-from edge_sdk.policies import CloudUpload, EmbeddingNeighbours, make_policy
+from edge_sdk.privacy.meter import LeakageMeter
+from edge_sdk.privacy.masking import never_upload_ids
+from edge_sdk.policies import EmbeddingNeighbours, make_policy
+from edge_sdk.protocol.signals import CloudUpload
 from edge_sdk.testing import TableSLM
-from edge_sdk.wire import CloudDistribution
+from edge_sdk.protocol.wire import CloudDistribution
 
 VECTORS = Path(__file__).with_name("vectors.json")
 FORMAT = "coveil-conformance/1"
@@ -367,7 +368,7 @@ MASKING = [
 
 def masking_vectors() -> list[dict[str, Any]]:
     """``never_upload`` ids over a token table (longest-piece tokenisation), and the spans refused."""
-    from edge_sdk.masking import folded_vocabulary
+    from edge_sdk.privacy.masking import folded_vocabulary
 
     out = []
     for table in MASKING:

@@ -286,7 +286,8 @@ def test_the_epsilon_budget_switch_is_the_same_for_any_private_context(client, e
     """The max_epsilon switch reads public numbers and the count of releases only.  Edge-side DP-Fusion at eps = 1
     per token and delta 1e-5 spends 2 + 10.13 = 12.13 in two releases and 13.13 in three (hand), so with
     max_epsilon 12.5 every generation withholds from step 2, whatever its private context and whatever its draws."""
-    from edge_sdk.transport import CloudConnection, InProcessChannel
+    from edge_sdk.protocol.connection import CloudConnection
+    from edge_sdk.protocol.channels import InProcessChannel
     from tests.conftest import PRIVATE_CONTEXT, PUBLIC_PROMPT
 
     def run(context: str, alpha: float) -> tuple[list[bool], list[bytes], list[int]]:

@@ -13,7 +13,7 @@ from edge_sdk.privacy.meter import LeakageMeter
 from edge_sdk.policies import CoVeil, Undefended
 from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_resume
 from edge_sdk.testing import ScriptedCloud, TableSLM
-from edge_sdk.status import CloudError
+from edge_sdk.protocol.status import CloudError
 
 PIECES = ["<eos>", "{", "}", '"a"', ":", "1", "x", " "]
 EOS, OPEN, CLOSE, KEY, COLON, ONE, X = 0, 1, 2, 3, 4, 5, 6

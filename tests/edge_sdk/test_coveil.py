@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edge_sdk.fusion import fuse, top_k_ids
-from edge_sdk.policies import CloudUpload, CoVeil, SyncedToken, available_policies, make_policy
+from edge_sdk.policies import CoVeil, available_policies, make_policy
+from edge_sdk.protocol.signals import CloudUpload, SyncedToken
 from edge_sdk.policies.coveil import (
     _omitted_upper_bounds,
     coveil_select,

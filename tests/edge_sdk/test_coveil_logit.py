@@ -13,7 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge_sdk.policies import CloudUpload, CoVeil, SyncedToken
+from edge_sdk.policies import CoVeil
+
+from edge_sdk.protocol.signals import CloudUpload, SyncedToken
 from edge_sdk.policies.coveil import (
     coveil_select,
     coveil_select_logit,
@@ -22,7 +24,7 @@ from edge_sdk.policies.coveil import (
     coveil_upload_logit,
     coveil_upload_logit_sparse,
 )
-from edge_sdk.wire import CloudDistribution
+from edge_sdk.protocol.wire import CloudDistribution
 
 
 def z(*values: float) -> np.ndarray:

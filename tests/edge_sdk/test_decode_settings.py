@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from edge_sdk import wire
+from edge_sdk.protocol import wire
 from edge_sdk.client import EdgeClient
 from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.testing import ScriptedCloud, TableSLM

@@ -7,9 +7,11 @@ import pytest
 
 from edge_sdk.client import EdgeClient
 from edge_sdk.fusion import fuse, softmax
-from edge_sdk.policies import CloudUpload, CoVeil, Undefended, make_policy
-from edge_sdk.status import CloudError
-from edge_sdk.transport import CloudConnection, InProcessChannel
+from edge_sdk.policies import CoVeil, Undefended, make_policy
+from edge_sdk.protocol.signals import CloudUpload
+from edge_sdk.protocol.status import CloudError
+from edge_sdk.protocol.connection import CloudConnection
+from edge_sdk.protocol.channels import InProcessChannel
 
 from tests.conftest import PRIVATE_CONTEXT, PUBLIC_PROMPT
 
@@ -177,7 +179,7 @@ def test_every_registered_policy_runs_in_its_modes(client) -> None:
 
 
 def test_a_full_upload_travels_dense_and_the_loop_cuts_it_to_its_largest_values(slm, engine) -> None:
-    from edge_sdk import wire
+    from edge_sdk.protocol import wire
 
     p = np.random.default_rng(0).dirichlet(np.ones(slm.vocab_size)).astype(np.float32)
     full = wire.encode_upload(0, Undefended().cloud_upload(p, p, alpha=0.3), vocab_size=slm.vocab_size)
@@ -277,7 +279,7 @@ def test_budget_fallback_never_picks_a_token_the_cloud_left_out(client, engine) 
 
 
 def test_non_finite_logits_are_refused_on_both_ends(slm, engine) -> None:
-    from edge_sdk import wire
+    from edge_sdk.protocol import wire
     from edge_sdk.fusion import NonFiniteError
 
     class NaNAfterPrefill:

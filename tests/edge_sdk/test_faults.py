@@ -13,7 +13,7 @@ from cloud_adapter.local import free_loopback_port
 from cloud_adapter.inprocess import serving
 from edge_sdk.client import Credentials, EdgeClient
 from edge_sdk.policies import CoVeil
-from edge_sdk.status import CloudError
+from edge_sdk.protocol.status import CloudError
 
 from tests.conftest import PRIVATE_CONTEXT, PUBLIC_PROMPT
 

@@ -8,13 +8,13 @@ import math
 import numpy as np
 import pytest
 
-from edge_sdk import wire
+from edge_sdk.protocol import wire
 from edge_sdk.privacy.meter import LeakageMeter
 from edge_sdk.logprobs import log_distribution, token_logprobs
 from edge_sdk.policies import Undefended
 from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, StepEvent, run_with_resume
 from edge_sdk.testing import ScriptedCloud, TableSLM
-from edge_sdk.status import CloudError
+from edge_sdk.protocol.status import CloudError
 
 PIECES = ["<eos>", " a", " b", " c"]
 P_SLM = [0.1, 0.6, 0.2, 0.1]

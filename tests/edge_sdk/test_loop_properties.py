@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from edge_sdk import wire
+from edge_sdk.protocol import wire
 from edge_sdk.fusion import softmax
 from edge_sdk.privacy.meter import LeakageMeter
 from edge_sdk.policies import CoGenesis, CoVeil, DPLogit, Policy, Undefended
@@ -365,7 +365,7 @@ def test_the_scripted_cloud_lies_as_told_and_the_edge_refuses_a_malformed_row() 
     id 3 .5 * .125 + .5 * .5 = .3125: id 2 (the full row would give id 3, .375: the fill's cost).  A cloud
     claiming a tail bound of 0 fills at 0: id 3 .25, still id 2, and the messages are the same.
     """
-    from edge_sdk.status import CloudError
+    from edge_sdk.protocol.status import CloudError
 
     def claims_an_empty_tail(dist: wire.CloudDistribution) -> wire.CloudDistribution:
         return wire.CloudDistribution(dist.step, dist.ids, dist.values, tail_bound=0.0, tail_mass=dist.tail_mass)
@@ -388,7 +388,7 @@ def test_the_scripted_cloud_lies_as_told_and_the_edge_refuses_a_malformed_row() 
 
 def test_an_upload_of_the_first_ids_only_travels_sparse_and_reads_back_whole() -> None:
     """Ids 0 and 1 of a 4-id vocabulary: sent as values only, the cloud could not tell which ids they were."""
-    from edge_sdk.policies import CloudUpload
+    from edge_sdk.protocol.signals import CloudUpload
 
     upload = CloudUpload(np.array([0, 1]), np.array([0.25, 0.5], np.float32))
     message = wire.encode_upload(3, upload, vocab_size=4).signal.upload

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_sdk import wire
+from edge_sdk.protocol import wire
 from tests.support.tiny_models import tiny_pair
 
 

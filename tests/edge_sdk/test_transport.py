@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from edge_sdk import transport
+from edge_sdk.protocol import channels
 from edge_sdk._wire import coveil_pb2_grpc
 
 SEND_DURATION_S = 0.2
@@ -62,7 +62,7 @@ def fake_grpc(monkeypatch: pytest.MonkeyPatch) -> FakeGrpc:
 
 
 def test_send_returns_only_after_the_message_was_written(fake_grpc: FakeGrpc) -> None:
-    channel = transport.GrpcChannel(object())
+    channel = channels.GrpcChannel(object())
     assert fake_grpc.calls == []  # the stream begins with its first message (the open, after the SLM's prefill)
     for message in ("open", "token"):
         channel.send(message)
@@ -76,7 +76,7 @@ def test_send_returns_only_after_the_message_was_written(fake_grpc: FakeGrpc) ->
 
 def test_send_on_a_broken_stream_returns_instead_of_hanging(fake_grpc: FakeGrpc) -> None:
     fake_grpc.stop_after = 1
-    channel = transport.GrpcChannel(object())
+    channel = channels.GrpcChannel(object())
     channel.send("open")
     started = time.monotonic()
     channel.send("token")  # never written: must come back once the call is over
@@ -104,17 +104,17 @@ def test_an_in_process_refusal_reaches_the_edge_as_a_served_status_would(code: s
     """The cloud's handler raises the one status error; in process the edge receives what a gRPC stream ending with
     that status gives it: the same type, code and message, retryable by the code alone (what the handler said
     about retrying is its own business: a server sends only the code)."""
-    from edge_sdk import wire
-    from edge_sdk.status import CloudError
+    from edge_sdk.protocol import wire
+    from edge_sdk.protocol.status import CloudError
 
-    channel = transport.InProcessChannel(RefusingHandler(CloudError(code, "no", retryable=not retryable)))
+    channel = channels.InProcessChannel(RefusingHandler(CloudError(code, "no", retryable=not retryable)))
     with pytest.raises(CloudError) as caught:
         channel.send(wire.encode_close())
     assert (caught.value.code, caught.value.message, caught.value.retryable) == (code, "no", retryable)
 
 
 def wire_open_message(**fields: Any) -> Any:
-    from edge_sdk import wire
+    from edge_sdk.protocol import wire
 
     return wire.pb().OpenSession(protocol_version=wire.PROTOCOL_VERSION, **fields)
 

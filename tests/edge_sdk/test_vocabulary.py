@@ -9,7 +9,7 @@ from edge_sdk.client import CONTEXT_SEPARATOR, EdgeClient
 from edge_sdk.fusion import fuse, softmax
 from edge_sdk.models import tokenizer_vocab_size, vocab_fingerprint
 from edge_sdk.policies import CoVeil, Undefended
-from edge_sdk.status import CloudError
+from edge_sdk.protocol.status import CloudError
 
 from tests.conftest import PRIVATE_CONTEXT, PUBLIC_PROMPT
 

@@ -16,7 +16,7 @@ import pytest
 
 from edge_sdk.grammar import JsonConstraint
 from edge_sdk.server.errors import from_cloud_error
-from edge_sdk.status import CloudError, CloudReplyRejected
+from edge_sdk.protocol.status import CloudError, CloudReplyRejected
 
 from tests.support.endpoint_stack import PRIVATE_CONTEXT, Cloud, Endpoint, start_endpoint
 

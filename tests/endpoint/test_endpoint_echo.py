@@ -13,7 +13,7 @@ import openai
 import pytest
 import torch
 
-from edge_sdk import wire
+from edge_sdk.protocol import wire
 from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.prompts import CONTEXT_SEPARATOR
 from tests.endpoint.test_endpoint_logprobs import next_transcript
@@ -116,7 +116,7 @@ def test_echo_with_logprobs_cloud_side_is_refused_and_nothing_is_sent(endpoint: 
 def test_an_adapter_that_predates_prompt_rows_is_named() -> None:
     """An older adapter ignores ``score_prompt`` (an unknown field) and opens with no rows: the edge says so."""
     from edge_sdk.client import EdgeClient
-    from edge_sdk.status import CloudError
+    from edge_sdk.protocol.status import CloudError
     from edge_sdk.testing import ScriptedCloud, TableSLM
 
     opened = wire.pb().SessionOpened(session_id="s", vocab_size=4, max_new_tokens=4)

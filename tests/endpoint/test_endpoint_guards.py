@@ -526,7 +526,7 @@ def test_a_generation_that_fails_after_steps_were_sent_returns_the_ledger_of_wha
     had already seen.  Ollama's route answers in its own shape: ``{"error": message, "coveil": ledger}``, as the
     whole body or as the stream's last line."""
     from edge_sdk.server.app import create_app, running
-    from edge_sdk.status import CloudError
+    from edge_sdk.protocol.status import CloudError
 
     class FailingStream(HeldStream):
         def steps(self):

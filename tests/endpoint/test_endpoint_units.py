@@ -23,7 +23,7 @@ from edge_sdk.server.serving import EdgeServing, Generation, StopText, cloud_saw
 from edge_sdk.privacy.ledger import LedgerEntry, PrivacyLedger
 from edge_sdk.server.settings import ServerSettings
 from edge_sdk.decoding import StepEvent
-from edge_sdk.status import CloudError
+from edge_sdk.protocol.status import CloudError
 
 
 def entry(step: int = 0, *, signal: str = "token", values: int = 0, full: bool = False) -> LedgerEntry:

@@ -18,7 +18,8 @@ import pytest
 
 from edge_sdk.policies import CoVeil, Undefended
 from edge_sdk.prompts import chat_prompts, plain_prompts
-from edge_sdk.transport import CloudConnection, GrpcChannel
+from edge_sdk.protocol.connection import CloudConnection
+from edge_sdk.protocol.channels import GrpcChannel
 
 from tests.support.endpoint_stack import (
     CANARY,

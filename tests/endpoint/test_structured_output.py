@@ -105,8 +105,8 @@ def test_the_adapter_refuses_a_schema_it_cannot_compile_or_one_for_edge_side_fus
     64 KiB, or a schema (or logprobs) in an edge-side session, where the edge applies them itself."""
     from dataclasses import replace
 
-    from edge_sdk.status import CloudError
-    from edge_sdk import wire
+    from edge_sdk.protocol.status import CloudError
+    from edge_sdk.protocol import wire
 
     engine = cloud.engine
     base = wire.SessionRequest(prompt_ids=(2, 651), mode="cloud", vocab_fingerprint=engine.fingerprint,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edge_sdk import wire
+from edge_sdk.protocol import wire
 from edge_sdk.client import EdgeClient
 from edge_sdk.backends.pieces import piece_reader
 from edge_sdk.policies import Undefended

@@ -12,13 +12,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edge_sdk import wire
+from edge_sdk.protocol import wire
 from edge_sdk.privacy.meter import LeakageMeter
 from edge_sdk.privacy.masking import folded_vocabulary, never_upload_ids
 from edge_sdk.policies import Policy, make_policy
 from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_resume
-from edge_sdk.status import CloudError
-from edge_sdk.transport import CloudConnection, InProcessChannel
+from edge_sdk.protocol.status import CloudError
+from edge_sdk.protocol.connection import CloudConnection
+from edge_sdk.protocol.channels import InProcessChannel
 from tests.promises.test_malicious_cloud import LyingCloud, PeakSLM, SlowSLM, policies
 from tests.promises.test_never_upload import masked_pieces
 

@@ -109,5 +109,5 @@ def test_text_without_chinese_or_japanese_characters_imports_no_romaniser() -> N
             "never_upload_ids(['Maria'], 'Seen with Maria.', lambda t: [ord(c) for c in t], chr)\n"
             "print(sorted(m for m in ('pykakasi', 'pypinyin') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                          cwd=Path(__file__).resolve().parents[1])
+                          cwd=Path(__file__).resolve().parents[2])
     assert done.stdout.strip() == "[]"

@@ -14,7 +14,7 @@ from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings
 from edge_sdk.privacy.meter import LeakageMeter
 from edge_sdk.policies import make_policy
 from edge_sdk.testing import LinkChannel, ScriptedCloud, TableSLM
-from edge_sdk.transport import CloudConnection
+from edge_sdk.protocol.connection import CloudConnection
 
 VOCAB = 256
 SHORT, LONG = 16, 1200

@@ -18,14 +18,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge_sdk import wire
+from edge_sdk.protocol import wire
 from edge_sdk.client import Credentials, EdgeClient
 from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings, run_with_resume
 from edge_sdk.privacy.meter import LeakageMeter
 from edge_sdk.policies import make_policy
-from edge_sdk.policies.base import CloudUpload
+from edge_sdk.protocol.signals import CloudUpload
 from edge_sdk.testing import ScriptedChannel, ScriptedCloud, TableSLM
-from edge_sdk.transport import CloudConnection
+from edge_sdk.protocol.connection import CloudConnection
 from tests.support.record_proxy import Http2Frames, RecordLengths
 from tests.support.tiny_models import bpe_tokenizer, random_qwen
 from tests.support.tls_material import pem_pair

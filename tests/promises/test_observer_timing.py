@@ -19,7 +19,7 @@ from edge_sdk.decoding import CollaborativeDecoder, DecodeSettings
 from edge_sdk.privacy.meter import LeakageMeter
 from edge_sdk.policies import make_policy
 from edge_sdk.testing import LinkChannel, ScriptedCloud, TableSLM
-from edge_sdk.transport import CloudConnection
+from edge_sdk.protocol.connection import CloudConnection
 
 RTT_S = 0.080
 FORWARD_S = 0.004

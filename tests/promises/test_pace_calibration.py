@@ -17,7 +17,7 @@ from edge_sdk.privacy.meter import LeakageMeter
 from edge_sdk.pace_calibration import on_pace_grid
 from edge_sdk.policies import make_policy
 from edge_sdk.testing import LinkChannel, ScriptedCloud, TableSLM
-from edge_sdk.transport import CloudConnection
+from edge_sdk.protocol.connection import CloudConnection
 
 from tests.promises.test_observer_timing import auc
 

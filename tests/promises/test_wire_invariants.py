@@ -17,12 +17,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edge_sdk import wire
+from edge_sdk.protocol import wire
 from edge_sdk.client import Credentials, EdgeClient
 from edge_sdk.policies import available_policies, make_policy
 from edge_sdk.decoding import run_with_resume
-from edge_sdk.status import CloudError
-from edge_sdk.transport import CloudConnection, GrpcChannel
+from edge_sdk.protocol.status import CloudError
+from edge_sdk.protocol.connection import CloudConnection
+from edge_sdk.protocol.channels import GrpcChannel
 
 from tests.conftest import PRIVATE_CONTEXT, PUBLIC_PROMPT
 

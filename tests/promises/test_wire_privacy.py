@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
 from edge_sdk.client import EdgeClient
 from edge_sdk.policies import DPLogit
-from edge_sdk.transport import CloudConnection, InProcessChannel
+from edge_sdk.protocol.connection import CloudConnection
+from edge_sdk.protocol.channels import InProcessChannel
 
+from tests.support.carriers import Carrier, FakeEngine, served
 from tests.conftest import PRIVATE_CONTEXT, PUBLIC_PROMPT
 
 pytestmark = pytest.mark.model
+
+
+@pytest.fixture(scope="module", params=["grpc", "websocket"])
+def carrier(request: pytest.FixtureRequest) -> Any:
+    """The promises over both network carriers (the model's time dominates: in process they add nothing the
+    malicious-cloud and run-ahead suites do not already run in process)."""
+    yield from served(request.param, FakeEngine())
 
 
 @pytest.fixture(scope="module")
@@ -19,23 +30,23 @@ def client(slm, engine) -> EdgeClient:
     return EdgeClient(lambda: engine.session("tests"), slm=slm)
 
 
-def first_upload(client: EdgeClient, engine, **kwargs) -> list[tuple[int, float]]:
+def first_upload(client: EdgeClient, engine, carrier: Carrier, **kwargs) -> list[tuple[int, float]]:
     decoder = client.decoder(PUBLIC_PROMPT, PRIVATE_CONTEXT, mode="cloud", policy=DPLogit(epsilon=1.0),
                              max_new_tokens=1, **kwargs)
-    connection = CloudConnection(InProcessChannel(engine.session("tests")))
+    connection = CloudConnection(carrier.channel(lambda: engine.session("tests")))
     list(decoder.steps(connection))
     step = engine.transcript(connection.info.session_id)["steps"][0]
     return list(zip(step["upload_ids"], step["upload_values"]))
 
 
-def test_the_edge_noise_is_not_derived_from_anything_the_cloud_sees(client, engine) -> None:
+def test_the_edge_noise_is_not_derived_from_anything_the_cloud_sees(client, engine, carrier) -> None:
     """Two generations with identical public inputs (same seed on the wire) draw different DP-Logit noise:
     the cloud cannot replay it.  With the edge seeded from the wire, both uploads were bit-identical."""
-    a = first_upload(client, engine, seed=7)
-    b = first_upload(client, engine, seed=7)
+    a = first_upload(client, engine, carrier, seed=7)
+    b = first_upload(client, engine, carrier, seed=7)
     assert a != b
     # the comparison can tell: with one explicit generator state, the uploads agree bit for bit
-    same = [first_upload(client, engine, rng=np.random.default_rng(5)) for _ in range(2)]
+    same = [first_upload(client, engine, carrier, rng=np.random.default_rng(5)) for _ in range(2)]
     assert same[0] == same[1]
 
 
@@ -75,7 +86,7 @@ def test_never_upload_masks_every_spelling_of_any_span(slm) -> None:
         masked_ids(slm, ["Dr. Wu"], context)
 
 
-def test_a_masked_id_is_never_uploaded_nor_missing_from_a_predictable_set(client, engine, slm) -> None:
+def test_a_masked_id_is_never_uploaded_nor_missing_from_a_predictable_set(client, engine, slm, carrier) -> None:
     from edge_sdk.privacy.masking import FULL_UPLOAD_LIMIT
     from edge_sdk.policies import Undefended
 
@@ -83,7 +94,7 @@ def test_a_masked_id_is_never_uploaded_nor_missing_from_a_predictable_set(client
     masked = masked_ids(slm, spans, PRIVATE_CONTEXT)
     decoder = client.decoder(PUBLIC_PROMPT, PRIVATE_CONTEXT, mode="cloud", policy=Undefended(), max_new_tokens=3,
                              never_upload=spans)
-    connection = CloudConnection(InProcessChannel(engine.session("tests")))
+    connection = CloudConnection(carrier.channel(lambda: engine.session("tests")))
     list(decoder.steps(connection))
     for entry, step in zip(decoder.ledger.entries, engine.transcript(connection.info.session_id)["steps"]):
         # the full upload became its top values: the masked ids hide among the many ids left out
@@ -99,7 +110,7 @@ class FavouringCloud:
         self.tops: list[int] = []  # the top id of each row it sent
 
     def handle(self, message):
-        from edge_sdk import wire
+        from edge_sdk.protocol import wire
 
         for reply in self.handler.handle(message):
             if reply.WhichOneof("kind") == "distribution" and reply.distribution.dense:
@@ -144,7 +155,7 @@ class LoseReplyAt:
         self.handler, self.step = handler, step
 
     def handle(self, message):
-        from edge_sdk.status import CloudError
+        from edge_sdk.protocol.status import CloudError
 
         replies = list(self.handler.handle(message))
         if message.WhichOneof("kind") == "signal" and message.signal.step == self.step:
@@ -155,15 +166,17 @@ class LoseReplyAt:
         self.handler.abandon(reason)
 
 
-def test_a_retried_step_sends_exactly_the_bytes_it_sent_before(client, engine) -> None:
+def test_a_retried_step_sends_exactly_the_bytes_it_sent_before(client, engine, carrier) -> None:
     from edge_sdk.decoding import run_with_resume
 
     sessions = []
 
+    def session() -> Any:
+        sessions.append(engine.session("tests"))
+        return LoseReplyAt(sessions[-1], 1) if len(sessions) == 1 else sessions[-1]
+
     def connect() -> CloudConnection:
-        handler = engine.session("tests")
-        sessions.append(handler)
-        return CloudConnection(InProcessChannel(LoseReplyAt(handler, 1) if len(sessions) == 1 else handler))
+        return CloudConnection(carrier.channel(session))
 
     # DP-Logit draws fresh noise from OS entropy: a second draw for step 1 would differ
     decoder = client.decoder(PUBLIC_PROMPT, PRIVATE_CONTEXT, mode="cloud", policy=DPLogit(epsilon=1.0),
@@ -176,14 +189,14 @@ def test_a_retried_step_sends_exactly_the_bytes_it_sent_before(client, engine) -
     entry = decoder.ledger.entries[1]
     assert entry.sends == 2 and [e.sends for e in decoder.ledger.entries] == [1, 2, 1]
     # the ledger records both sends of step 1: at least twice the bytes of step 1's upload message
-    from edge_sdk import wire
-    from edge_sdk.policies import CloudUpload
+    from edge_sdk.protocol import wire
+    from edge_sdk.protocol.signals import CloudUpload
 
     upload = CloudUpload(np.array(seen_first[0][0]), np.array(seen_first[0][1], np.float32))
     assert entry.bytes_up >= 2 * wire.encode_upload(1, upload).ByteSize()
 
 
-def test_the_private_prompt_is_prefilled_before_the_session_opens(slm, engine) -> None:
+def test_the_private_prompt_is_prefilled_before_the_session_opens(slm, engine, carrier) -> None:
     """Step 0's timing would otherwise carry the private context's length (and whether it repeats)."""
     events: list[str] = []
 
@@ -210,12 +223,13 @@ def test_the_private_prompt_is_prefilled_before_the_session_opens(slm, engine) -
         def abandon(self, reason: str) -> None:
             self.handler.abandon(reason)
 
-    client = EdgeClient(lambda: RecordingCloud(engine.session("tests")), slm=RecordingSLM(slm))
+    client = EdgeClient(channel=lambda: carrier.channel(lambda: RecordingCloud(engine.session("tests"))),
+                        slm=RecordingSLM(slm))
     client.generate(PUBLIC_PROMPT, PRIVATE_CONTEXT, mode="edge", max_new_tokens=2)
     assert events[:2] == ["prefill", "open"]
 
 
-def test_the_exposure_budget_is_no_oracle_for_words_the_cloud_pushes(client, engine, slm) -> None:
+def test_the_exposure_budget_is_no_oracle_for_words_the_cloud_pushes(client, engine, slm, carrier) -> None:
     """A curious cloud pushes a probe word and watches when withholding starts.  The budget counts only the steps
     the private context steered as the cloud itself sees them (a token other than its own top), so the switch
     comes at the same step whether the probe is a word of the private context or not, and the cloud could
@@ -230,8 +244,14 @@ def test_the_exposure_budget_is_no_oracle_for_words_the_cloud_pushes(client, eng
     def withheld(probe: int, alpha: float, mass: float, policy=CoVeil(lam=1.0)) -> list[bool]:  # noqa: B008
         decoder = client.decoder(PUBLIC_PROMPT, PRIVATE_CONTEXT, mode="edge", policy=policy, alpha=alpha,
                                  max_new_tokens=6, top_m=slm.vocab_size, exposure_budget=0.2)
-        cloud = FavouringCloud(engine.session("tests"), probe, mass)
-        list(decoder.steps(CloudConnection(InProcessChannel(cloud))))
+        clouds: list[FavouringCloud] = []
+
+        def favouring() -> FavouringCloud:
+            clouds.append(FavouringCloud(engine.session("tests"), probe, mass))
+            return clouds[-1]
+
+        list(decoder.steps(CloudConnection(carrier.channel(favouring))))
+        cloud = clouds[0]
         # the cloud's own count: steps whose token was not the top of the row it sent, before each step
         steered = np.cumsum([0] + [token != top for token, top in zip(decoder.tokens, cloud.tops)])[:-1]
         flags = [entry.withheld for entry in decoder.ledger.entries]
@@ -244,11 +264,11 @@ def test_the_exposure_budget_is_no_oracle_for_words_the_cloud_pushes(client, eng
     assert any(withheld(public_probe, 0.1, 0.99, Undefended()))
 
 
-def test_a_cloud_cannot_misstate_its_own_top_token(client, engine, slm) -> None:
+def test_a_cloud_cannot_misstate_its_own_top_token(client, engine, slm, carrier) -> None:
     """The budget and the fallback read the cloud's top token off the order of its sparse row; a row whose ids
     are not listed by decreasing value ends the session instead of being believed."""
-    from edge_sdk import wire
-    from edge_sdk.status import CloudError
+    from edge_sdk.protocol import wire
+    from edge_sdk.protocol.status import CloudError
 
     class Reordering:
         def __init__(self, handler) -> None:
@@ -268,5 +288,5 @@ def test_a_cloud_cannot_misstate_its_own_top_token(client, engine, slm) -> None:
 
     decoder = client.decoder(PUBLIC_PROMPT, PRIVATE_CONTEXT, mode="edge", max_new_tokens=2, exposure_budget=0.5)
     with pytest.raises(CloudError) as caught:
-        list(decoder.steps(CloudConnection(InProcessChannel(Reordering(engine.session("tests"))))))
+        list(decoder.steps(CloudConnection(carrier.channel(lambda: Reordering(engine.session("tests"))))))
     assert caught.value.code == "DATA_LOSS" and "decreasing" in str(caught.value)

@@ -1,7 +1,7 @@
 import { CloudError } from "../core/errors.js";
 
 /**
- * The carrier contract (Python: `edge_sdk.transport.MessageChannel`): moves the serialised protobuf messages of one
+ * The carrier contract (Python: `edge_sdk.protocol.channels.MessageChannel`): moves the serialised protobuf messages of one
  * session, `EdgeMessage` out and `CloudMessage` in.
  *
  * - the connection (the stream) is opened at the first `send`, never before: the cloud sees when a stream begins,

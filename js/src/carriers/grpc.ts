@@ -1,6 +1,6 @@
 /**
  * The gRPC carrier for Node and Electron (`@grpc/grpc-js`): one `CollaborativeDecoding.Decode` bidirectional
- * stream per session (Python: `edge_sdk.transport.GrpcChannel`, the channel options of `EdgeClient`).
+ * stream per session (Python: `edge_sdk.protocol.channels.GrpcChannel`, the channel options of `EdgeClient`).
  */
 
 import * as grpc from "@grpc/grpc-js";

@@ -1,5 +1,5 @@
 /**
- * The cloud's next-token row for one step as the edge reads it (Python: `edge_sdk.wire.CloudDistribution`):
+ * The cloud's next-token row for one step as the edge reads it (Python: `edge_sdk.protocol.wire.CloudDistribution`):
  * sparse (exact `values` at `ids`, by decreasing value; every omitted entry at most `tailBound`, together
  * `tailMass`) or full (`dense`).  The edge decides from a sparse row with every omitted id at the public fill,
  * computed from what the cloud sent alone.

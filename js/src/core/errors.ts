@@ -1,5 +1,5 @@
 /**
- * The error types of a session, at both ends, as in Python's `edge_sdk.status`: a gRPC status code name and a
+ * The error types of a session, at both ends, as in Python's `edge_sdk.protocol.status`: a gRPC status code name and a
  * message that names what is wrong, never private data.
  */
 

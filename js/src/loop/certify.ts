@@ -1,6 +1,6 @@
 /**
  * Cloud-side greedy fusion: the token the cloud will pick, when its row and the upload pin it down (Python:
- * `edge_sdk.fusion.certified_fused_argmax`).
+ * `edge_sdk.fusion.certified_cloud_pick`).
  */
 
 /** Slack for comparing float32-derived values: `1e-6 * |value| + 1e-12`. */

@@ -1,5 +1,5 @@
 /**
- * The edge's view of one cloud session, independent of the carrier (Python: `edge_sdk.transport.CloudConnection`):
+ * The edge's view of one cloud session, independent of the carrier (Python: `edge_sdk.protocol.connection.CloudConnection`):
  * every call maps to one protocol message, in the protocol's order (open, then per step the distribution, maybe a
  * full-row request, then the upload or the token), and the bytes each direction carries are counted.
  */

@@ -1,5 +1,5 @@
 /**
- * What a generation spent, as Python's `edge_sdk.accountant`: a policy states what one releasing step costs (a
+ * What a generation spent, as Python's `edge_sdk.privacy.accountant`: a policy states what one releasing step costs (a
  * {@link ReleaseEvent}); the decide step records one event per step that released something the mechanism
  * protects; {@link PrivacyAccountant.epsilon} composes them for the relation "any two private contexts":
  *

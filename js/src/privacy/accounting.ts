@@ -1,5 +1,5 @@
 /**
- * Calibrations and conversions of the DP policies, as Python's `edge_sdk.privacy_accounting`: pure functions
+ * Calibrations and conversions of the DP policies, as Python's `edge_sdk.privacy.analysis`: pure functions
  * that validate their arguments and raise `InvalidArgumentError` naming the offending value.
  *
  * The transcendental functions come from this runtime (`Math.exp`, `Math.log`) and `erfc` from

@@ -1,5 +1,5 @@
 /**
- * The privacy ledger: what left the device at each step of one generation, and why (Python: `edge_sdk.ledger`).
+ * The privacy ledger: what left the device at each step of one generation, and why (Python: `edge_sdk.privacy.ledger`).
  * The loop writes it; apps read it.
  */
 

@@ -1,6 +1,6 @@
 /**
  * `never_upload`: spans of the private context whose tokens the SLM says nothing about to the cloud (Python:
- * `edge_sdk.masking` and `edge_sdk.steps.SLMView`).
+ * `edge_sdk.privacy.masking` and `edge_sdk.steps.SLMView`).
  *
  * The SLM's values for the masked ids are removed before any policy runs: in probability space they are zeroed
  * and the rest divided by `1 - m` (`m` the masked mass), in logit space lowered to float32's minimum.  The mask

@@ -1,6 +1,6 @@
 /**
  * Arrays on the wire: little-endian raw bytes, `uint32` ids and `float32` values (`proto/coveil.proto`), as
- * Python's `edge_sdk.wire.ids_to_bytes` / `values_from_bytes` write and read them.
+ * Python's `edge_sdk.protocol.wire.ids_to_bytes` / `values_from_bytes` write and read them.
  */
 
 /** Whether this platform stores numbers little-endian (then a typed array's bytes are the wire's bytes). */

@@ -1,5 +1,5 @@
 /**
- * The edge's side of the codec of `proto/coveil.proto` (Python: `edge_sdk.wire`): typed values to the generated
+ * The edge's side of the codec of `proto/coveil.proto` (Python: `edge_sdk.protocol.wire`): typed values to the generated
  * protobuf-es messages and back, and the public sizes every step signal is padded to.
  */
 
@@ -161,7 +161,7 @@ export function decodeTokenLogprobs(msg: TokenChosen, vocabSize: number, topN: n
 // -- public sizes ---------------------------------------------------------------------------------------------
 //
 // A padded step signal is brought to the size of its template: the same message with every field whose length
-// could vary at its longest, built from public settings only (Python: `edge_sdk.wire.pad_edge_message`).
+// could vary at its longest, built from public settings only (Python: `edge_sdk.protocol.wire.pad_edge_message`).
 
 const U32_MAX = 2 ** 32 - 1;
 /** What padding adds beyond the template (one empty entry costs 2 bytes; 1 byte cannot be added). */

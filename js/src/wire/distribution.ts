@@ -1,5 +1,5 @@
 /**
- * A cloud row as it arrived (Python: `edge_sdk.wire.CloudDistribution`'s wire fields): the core's
+ * A cloud row as it arrived (Python: `edge_sdk.protocol.wire.CloudDistribution`'s wire fields): the core's
  * {@link CloudDistribution} with the cloud's forward time and, running ahead, the token it assumed.
  */
 

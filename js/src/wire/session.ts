@@ -1,5 +1,5 @@
 /**
- * What the two ends say when a session opens (Python: `edge_sdk.wire.SessionRequest`, `SessionInfo`).
+ * What the two ends say when a session opens (Python: `edge_sdk.protocol.wire.SessionRequest`, `SessionInfo`).
  */
 
 import type { FusionSpace } from "../core/fusion.js";

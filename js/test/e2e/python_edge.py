@@ -20,7 +20,8 @@ from edge_sdk.decoding import CollaborativeDecoder
 from edge_sdk.privacy.meter import LeakageMeter
 from edge_sdk.policies import make_policy
 from edge_sdk.prompts import plain_prompts
-from edge_sdk.transport import CloudConnection, GrpcChannel
+from edge_sdk.protocol.channels import GrpcChannel
+from edge_sdk.protocol.connection import CloudConnection
 
 MEDPRIV = Path(__file__).resolve().parents[3] / "eval_harness" / "data" / "MEDPRIV.jsonl"
 

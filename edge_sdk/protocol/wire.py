@@ -19,7 +19,7 @@ from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.fusion import FusionSpace, check_finite, top_k_ids
 from edge_sdk.logprobs import MAX_TOP_LOGPROBS, TokenLogprobs
 from edge_sdk.privacy.masking import FULL_UPLOAD_LIMIT
-from edge_sdk.policies.base import CloudUpload, FusionMode, Observation
+from edge_sdk.protocol.signals import CloudUpload, FusionMode, Observation
 
 if TYPE_CHECKING:  # the generated message classes (edge_sdk/_wire/coveil_pb2.pyi), for annotations only
     from edge_sdk._wire.coveil_pb2 import (

@@ -1,39 +1,27 @@
 """How the edge talks to the cloud for one session, independent of the carrier.
 
-:class:`CloudConnection` speaks the protocol of ``proto/coveil.proto`` in
-terms of typed values (distributions, uploads, tokens) and counts the bytes
-each direction carries.  Underneath, a :class:`MessageChannel` moves protobuf
-messages:
-
-* :class:`GrpcChannel` over a real gRPC bidirectional stream;
-* :class:`InProcessChannel` straight into a cloud session handler object in
-  the same process (tests, the harness), through the same encoding, so byte
-  counts and validation are identical.
-
-The decoding loop (:mod:`edge_sdk.decoding`) is written once against
-:class:`CloudConnection`.
+:class:`CloudConnection` speaks the protocol of ``proto/coveil.proto`` in terms of typed values (distributions,
+uploads, tokens) and counts the bytes each direction carries; underneath, a
+:class:`~edge_sdk.protocol.channels.MessageChannel` moves the protobuf messages.  The decoding loop
+(:mod:`edge_sdk.decoding`) is written once against :class:`CloudConnection`.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal, Protocol, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 
-from edge_sdk import wire
-from edge_sdk.fusion import certified_fused_argmax
+from edge_sdk.protocol import wire
+from edge_sdk.fusion import certified_cloud_pick
 from edge_sdk.logprobs import TokenLogprobs
-from edge_sdk.policies.base import CloudUpload
-from edge_sdk.status import RETRYABLE_CODES, CloudError
+from edge_sdk.protocol.signals import CloudUpload
+from edge_sdk.protocol.status import CloudError
 
-if TYPE_CHECKING:  # for annotations only: gRPC and the generated code load with the first session
-    import grpc
-
+if TYPE_CHECKING:  # for annotations only: the generated code loads with the first session
     from edge_sdk._wire.coveil_pb2 import (
         CloudMessage,
         Distribution,
@@ -42,144 +30,7 @@ if TYPE_CHECKING:  # for annotations only: gRPC and the generated code load with
         SessionOpened,
         TokenChosen,
     )
-
-
-class _StreamingCall(Protocol):
-    """gRPC's bidirectional call as the channel uses it: the cloud's messages, and whether the call ended."""
-
-    def __next__(self) -> CloudMessage: ...
-
-    def done(self) -> bool: ...
-
-    def cancel(self) -> bool: ...
-
-
-class MessageChannel(Protocol):
-    """Moves protobuf messages of one session: ``EdgeMessage`` out, ``CloudMessage`` in.
-
-    ``crosses_network`` (a class attribute; a channel without one counts as ``True``): whether anyone but this
-    process can time the messages.  Only such sessions are paced by default (``DecodeSettings.auto_pace_ms``).
-    """
-
-    def send(self, message: EdgeMessage) -> None: ...
-
-    def receive(self) -> CloudMessage: ...
-
-    def close(self) -> None: ...
-
-
-class CloudSessionHandler(Protocol):
-    """The cloud side of one session as an in-process object (``cloud_adapter.engine.SessionHandler``)."""
-
-    def handle(self, message: EdgeMessage) -> Iterable[CloudMessage]: ...
-
-    def abandon(self, reason: str) -> None: ...
-
-
-class InProcessChannel:
-    """Hands each message to a cloud session handler in this process and queues its replies.
-
-    A handler that runs ahead (``can_draft()``/``draft()``, as the cloud adapter's session does) drafts after
-    each message as deep as it will before the edge's next one: the schedule of a cloud infinitely quicker than
-    the edge.
-    """
-
-    crosses_network = False  # the cloud runs in this process: nothing times the messages but this process
-
-    def __init__(self, handler: CloudSessionHandler) -> None:
-        self._handler = handler
-        self._replies: list[CloudMessage] = []
-
-    def send(self, message: EdgeMessage) -> None:
-        # round-trip through bytes: the same validation and sizes as on the wire
-        edge_message = type(message).FromString(message.SerializeToString())
-        try:
-            self._replies.extend(self._handler.handle(edge_message))
-            can_draft = getattr(self._handler, "can_draft", None)
-            while can_draft is not None and can_draft():
-                self._replies.extend(self._handler.draft())  # type: ignore[attr-defined]
-        except CloudError as exc:  # the status a server would end the stream with, as the edge receives it
-            raise CloudError(exc.code, exc.message, retryable=exc.code in RETRYABLE_CODES) from exc
-
-    def receive(self) -> CloudMessage:
-        if not self._replies:
-            raise CloudError("FAILED_PRECONDITION", "the cloud sent nothing for this request")
-        reply = self._replies.pop(0)
-        return type(reply).FromString(reply.SerializeToString())
-
-    def close(self) -> None:
-        self._handler.abandon("closed")
-
-
-
-class GrpcChannel:
-    """One ``Decode`` bidirectional stream on a gRPC channel, begun by the first :meth:`send`.
-
-    The stream is not begun before: the server sees when a stream begins (its headers arrive), and the edge
-    connects before its SLM prefills the private prompt, so a stream begun at once would let the cloud time that
-    prefill (it grows with the private context) from the stream's start to the open.
-
-    :meth:`send` returns once gRPC has written the message to the transport
-    (it asks its request iterator for the next message only after the previous
-    one's send completed).  Without that wait the write would happen on
-    gRPC's sender thread whenever the scheduler runs it, and the edge starts
-    its own model right after sending: on a busy core the message then sits
-    behind the SLM's forward pass instead of reaching the cloud at once.
-    """
-
-    #: how often a blocked :meth:`send` checks whether the call has ended
-    _POLL_S = 0.05
-    crosses_network = True
-
-    def __init__(
-        self, grpc_channel: grpc.Channel, *, metadata: tuple[tuple[str, str], ...] = (), timeout_s: float | None = None
-    ) -> None:
-        import grpc
-
-        from edge_sdk._wire import coveil_pb2_grpc
-
-        self._grpc = grpc
-        self._outbox: queue.SimpleQueue[EdgeMessage | None] = queue.SimpleQueue()  # None: the stream is closed
-        self._written = threading.Semaphore(0)  # one release per message gRPC has finished sending
-        self._stub = coveil_pb2_grpc.CollaborativeDecodingStub(grpc_channel)
-        self._metadata, self._timeout_s = metadata, timeout_s
-        # begun by the first send (a defence: the stream's start would otherwise tell the cloud when the edge
-        # began its prefill, whose length grows with the private context)
-        self._call: _StreamingCall | None = None
-
-    def _begun(self) -> _StreamingCall:
-        if self._call is None:
-            self._call = self._stub.Decode(self._outgoing(), metadata=self._metadata, timeout=self._timeout_s)
-        return self._call
-
-    def _outgoing(self) -> Iterator[EdgeMessage]:
-        while True:
-            message = self._outbox.get()
-            if message is None:
-                return
-            yield message
-            self._written.release()  # gRPC asks for the next message once this one is sent
-
-    def send(self, message: EdgeMessage) -> None:
-        self._outbox.put(message)
-        call = self._begun()
-        while not self._written.acquire(timeout=self._POLL_S):
-            if call.done():  # the stream broke: receive() reports why
-                return
-
-    def receive(self) -> CloudMessage:
-        try:
-            return next(self._begun())
-        except StopIteration:
-            raise CloudError("UNAVAILABLE", "the cloud ended the stream", retryable=True) from None
-        except self._grpc.RpcError as exc:
-            code = exc.code().name if exc.code() is not None else "UNKNOWN"
-            raise CloudError(code, exc.details() or "", retryable=code in RETRYABLE_CODES) from exc
-
-    def close(self) -> None:
-        self._outbox.put(None)
-        if self._call is not None:
-            self._call.cancel()
+    from edge_sdk.protocol.channels import MessageChannel
 
 
 @dataclass
@@ -221,6 +72,9 @@ class CloudConnection:
         #: cloud-side fusion: how many steps the cloud has acknowledged, the resume prefix the session opened with
         #: and then every step whose TokenChosen was read (a pick taken from a certificate is not, until then)
         self.steps_acknowledged = 0
+        # cloud-side fusion: what the caller keeps to send a step again, by step, for each step answered here or
+        # left unacknowledged by the previous session (open's ``unacknowledged``), in step order
+        self._uploaded: dict[int, Any] = {}
         self._current: wire.CloudDistribution | None = None  # the row the edge decides the awaited step from
         self.rows_dropped = 0  # drafted rows that assumed another token than the one confirmed
         self.picks_certified = 0  # cloud-side steps whose pick the edge read off the certificate without waiting
@@ -318,9 +172,13 @@ class CloudConnection:
                 raise CloudError("INTERNAL", f"protocol violation: expected {expected}, the cloud sent {kind}")
             return getattr(message, kind)
 
-    def open(self, request: wire.SessionRequest, *, max_upload: int | None = None) -> wire.SessionInfo:
+    def open(self, request: wire.SessionRequest, *, max_upload: int | None = None,
+             unacknowledged: Sequence[tuple[int, Any]] = ()) -> wire.SessionInfo:
         """Open the session; ``max_upload``: the most values a step's upload may hold, a public number the
-        policy's rule fixes (padded signals are all the size of the largest; default: the whole vocabulary)."""
+        policy's rule fixes (padded signals are all the size of the largest; default: the whole vocabulary).
+        ``unacknowledged``: ``(step, kept)`` of the steps the previous session left unacknowledged (its
+        :meth:`unacknowledged`, the resume prefix ending before the first), which this one sends again: they stay
+        among :meth:`unacknowledged` until its cloud acknowledges them."""
         request = replace(request, lookahead=self.lookahead, padded=self.padded)
         self._request = request
         self._max_upload = request.vocab_size if max_upload is None else max_upload
@@ -330,6 +188,7 @@ class CloudConnection:
         except ValueError as exc:  # its prompt rows (echo with logprobs)
             raise CloudError("DATA_LOSS", f"the cloud sent a malformed opening: {exc}") from None
         self.steps_acknowledged = len(request.resume_prefix)
+        self._uploaded = dict(unacknowledged)
         if info.lookahead > self.lookahead:
             raise CloudError("INTERNAL", f"the cloud chose run-ahead depth {info.lookahead}, more than the "
                              f"{self.lookahead} asked for")
@@ -401,12 +260,19 @@ class CloudConnection:
                 raise CloudError("INTERNAL", f"protocol violation: expected distribution, the cloud sent {kind}")
             return message.distribution
 
-    def upload(self, step: int, upload: CloudUpload, *, no_stop: bool = False) -> tuple[int, bool]:
+    def unacknowledged(self) -> list[Any]:
+        """What the caller kept (``upload(..., keep=)``) of each step answered but not acknowledged, in step order:
+        picks taken from certificates whose ``TokenChosen`` has not been read.  After a break they are what the
+        next session must send again, as lockstep re-sends its one unanswered step."""
+        return [kept for step, kept in self._uploaded.items() if step >= self.steps_acknowledged]
+
+    def upload(self, step: int, upload: CloudUpload, *, no_stop: bool = False, keep: Any = None) -> tuple[int, bool]:
         """Cloud-side fusion: send the upload, return ``(token the cloud picked, finished)``.
 
         ``no_stop``: the cloud must not pick an end-of-generation id this step.  Run-ahead: a pick the cloud's row
         and the upload certify is returned at once and checked when the cloud's ``TokenChosen`` is read; until
-        then the step is not acknowledged (:attr:`steps_acknowledged`).
+        then the step is not acknowledged (:attr:`steps_acknowledged`) and ``keep`` is among
+        :meth:`unacknowledged`.
         """
         assert self.info is not None, "open the session first"
         self._send(wire.encode_upload(step, upload, vocab_size=self.info.vocab_size, no_stop=no_stop))
@@ -414,6 +280,7 @@ class CloudConnection:
         finished = certain is not None and (certain in self.info.eos_token_ids or step + 1 >= self.info.max_new_tokens)
         if certain is not None and not finished:  # the pick is pinned down: go on without waiting (checked later)
             self._unread_picks.append((step, certain, finished))
+            self._uploaded[step] = keep
             self._follows = (step + 1, certain)
             self.picks_certified += 1
             return certain, finished
@@ -444,23 +311,20 @@ class CloudConnection:
 
     def _certified_pick(self, step: int, upload: CloudUpload, no_stop: bool) -> int | None:
         """Cloud-side greedy fusion: the token the cloud picks with ``upload``, when this step's row certifies it
-        (:func:`~edge_sdk.fusion.certified_fused_argmax`), else ``None``.  Reads only what the cloud holds (its
+        (:func:`~edge_sdk.fusion.certified_cloud_pick`), else ``None``.  Reads only what the cloud holds (its
         row, the upload and the public settings), so when the edge waits tells the cloud nothing.  With logprobs
         asked for (public) the edge waits for them: they come with the cloud's pick."""
         request, info, dist = self._request, self.info, self._current
         assert request is not None and info is not None
         if request.temperature != 0.0 or request.logprobs or dist is None or dist.step != step:
             return None
-        alpha = request.alpha
-        if alpha == 0.0 and not len(upload):
-            alpha = 1.0  # the cloud then picks from its own row
         if dist.dense is not None:
             known_ids, known_llm, tail_bound = np.arange(info.vocab_size), dist.dense, 0.0
         else:
             known_ids, known_llm, tail_bound = dist.ids, dist.values, dist.tail_bound
-        excluded = np.fromiter(sorted(info.eos_token_ids), np.int64) if no_stop else np.empty(0, np.int64)
-        return certified_fused_argmax(known_ids, known_llm, tail_bound, upload.ids, upload.values, alpha,
-                                      info.vocab_size, excluded)
+        stop_ids = np.fromiter(sorted(info.eos_token_ids), np.int64) if no_stop else np.empty(0, np.int64)
+        return certified_cloud_pick(known_ids, known_llm, tail_bound, upload.ids, upload.values, request.alpha,
+                                    info.vocab_size, stop_ids)
 
     def sync_token(self, step: int, token_id: int) -> None:
         """Edge-side fusion: send the chosen token (the reply is the next distribution)."""
