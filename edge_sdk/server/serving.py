@@ -381,7 +381,8 @@ class EdgeServing:
         began_at = time.perf_counter()
         self._check_supported(request)
         options = self.options_of(request)
-        slm, private = self.client.slm, options.private_context
+        slm = self.client.slm
+        private = "\n\n".join(part for part in (request.private_text(), options.private_context) if part)
         bos = slm.tokenize("", add_bos=True)
         ids, text, head = request.prompt_ids(), request.prompt_text(), None
         if ids is not None:  # token ids, as lm-eval sends them: the cloud reads them after BOS (once)

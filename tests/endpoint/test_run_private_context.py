@@ -10,6 +10,7 @@ longer than ``MAX_SCORED_PROMPT_TOKENS`` is refused on both sides, before anythi
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -141,3 +142,29 @@ def test_serve_offers_the_flag_with_its_meaning() -> None:
     assert "--private-context-file FILE" in text and "never logged" in text
     args = serve.parse_args(["--cloud", "127.0.0.1:1", "--private-context-file", "ctx.txt"])
     assert args.private_context_file == Path("ctx.txt")
+
+
+def test_a_prompt_part_marked_private_conditions_the_slm_and_echoing_it_is_refused(endpoint: Endpoint, cloud: Cloud,
+                                                                                   slm) -> None:
+    """A completion prompt's text part marked ``coveil_private`` joins the private context (before the request's
+    own); ``echo`` of such a prompt is a 400 naming the part, before any session opens."""
+    client = openai_client(endpoint)
+    parts = [{"type": "text", "text": "Notes: " + OTHER_CONTEXT, "coveil_private": True},
+             {"type": "text", "text": CONTEXT}]
+    for echo in ({"echo": True}, {"echo": True, "logprobs": 1}):
+        before = len(transcripts(cloud))
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.completions.create(model="coveil", prompt=parts, max_tokens=1, **echo)
+        error = refused.value.body
+        assert error["param"] == "echo" and "prompt[0] is marked coveil_private" in error["message"]
+        assert "skiing" not in error["message"]
+        time.sleep(0.2)  # a session the refusal let through would have ended by now
+        assert len(transcripts(cloud)) == before
+
+    before = len(transcripts(cloud))
+    reply = client.completions.create(model="coveil", prompt=parts, max_tokens=1)
+    private = "Notes: " + OTHER_CONTEXT + "\n\n" + PRIVATE_CONTEXT  # the part, then the run's context
+    assert reply.usage.prompt_tokens == len(slm.tokenize(private + CONTEXT_SEPARATOR + CONTEXT, add_bos=True))
+    seen = next_transcript(cloud, before)
+    assert seen["prompt_ids"] == slm.tokenize(CONTEXT, add_bos=True)  # the public part alone
+    assert "skiing" not in json.dumps(seen) and CANARY not in json.dumps(seen)
