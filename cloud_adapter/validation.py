@@ -78,6 +78,9 @@ def validate_request(request: wire.SessionRequest, *, vocab_size: int, eos_ids: 
             "INVALID_ARGUMENT", f"prompt and resumed prefix hold {len(request.prompt_ids) + len(request.resume_prefix)}"
             f" tokens, more than this server's limit of {limits.max_prompt_tokens}"
         )
+    if request.score_prompt and len(request.prompt_ids) > wire.MAX_SCORED_PROMPT_TOKENS:  # logits held whole
+        raise CloudError("OUT_OF_RANGE", f"score_prompt is served for prompts of at most "
+                                         f"{wire.MAX_SCORED_PROMPT_TOKENS} tokens, got {len(request.prompt_ids)}")
     for name, ids in (("prompt", request.prompt_ids), ("resume_prefix", request.resume_prefix),
                       ("stop_token_ids", request.stop_token_ids)):
         if ids and max(ids) >= vocab_size:

@@ -36,6 +36,10 @@ PROTOCOL_VERSION = 1
 #: the deepest run-ahead (drafted steps past the last confirmed token) an edge accepts unless told otherwise;
 #: the cloud's own cap too (``proto/coveil.proto``: ``OpenSession.lookahead``)
 MAX_LOOKAHEAD = 8
+#: the longest public prompt (tokens, BOS included) whose rows ``score_prompt`` asks for: the cloud holds the
+#: prompt's logits whole, (L - 1) x V float32 (1 MiB a position on Gemma-3's 262,144 ids, 2 GiB at this cap), so
+#: both sides refuse beyond it (lm-eval's default ``max_length`` of 2048 sends at most 2047 tokens)
+MAX_SCORED_PROMPT_TOKENS = 2048
 
 _U32 = np.dtype("<u4")
 _F32 = np.dtype("<f4")

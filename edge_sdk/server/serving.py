@@ -53,6 +53,7 @@ from edge_sdk.server.settings import ServerSettings
 from edge_sdk.server.tools import chosen_tools
 from edge_sdk.server.tools import instruction as tool_instruction
 from edge_sdk.decoding import CollaborativeDecoder
+from edge_sdk.protocol import wire
 from edge_sdk.protocol.status import CloudError
 
 log = logging.getLogger("coveil.edge.server")
@@ -322,6 +323,7 @@ class EdgeServing:
         self.chat_template = chat_template
         self.settings = settings
         self.n_ctx = n_ctx
+        self.run_context = settings.run_private_context()  # --private-context-file, read once
         self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._queued: set[Job] = set()  # submitted, not yet taken by the worker nor withdrawn
@@ -357,7 +359,7 @@ class EdgeServing:
         self._check_supported(request)
         if self.chat_template is None:
             raise bad_request("this model has no chat template: use /v1/completions", param="messages")
-        options = request.coveil or CoveilOptions()
+        options = self.options_of(request)
         private_parts = [m.private_text() for m in request.messages]
         private_context = "\n\n".join(part for part in [*private_parts, options.private_context] if part)
         public = [{"role": m.template_role(), "content": m.public_text()} for m in request.messages if m.is_public()]
@@ -378,8 +380,9 @@ class EdgeServing:
         """Check a completion request and build its plain-text prompts and decoder."""
         began_at = time.perf_counter()
         self._check_supported(request)
-        options = request.coveil or CoveilOptions()
-        slm, private = self.client.slm, options.private_context
+        options = self.options_of(request)
+        slm = self.client.slm
+        private = "\n\n".join(part for part in (request.private_text(), options.private_context) if part)
         bos = slm.tokenize("", add_bos=True)
         ids, text, head = request.prompt_ids(), request.prompt_text(), None
         if ids is not None:  # token ids, as lm-eval sends them: the cloud reads them after BOS (once)
@@ -397,6 +400,10 @@ class EdgeServing:
             prompts = plain_prompts(slm, text, private)
         prefix = None
         if request.echo_scored():  # the public tokens are scored after BOS, the private context and its separator
+            if len(prompts.cloud_ids) > wire.MAX_SCORED_PROMPT_TOKENS:  # the cloud would hold (L - 1) x V logits
+                raise bad_request(f"echo with logprobs scores prompts of at most {wire.MAX_SCORED_PROMPT_TOKENS} "
+                                  f"tokens (this one has {len(prompts.cloud_ids)}, BOS included): shorten the "
+                                  "prompt (lm-eval: max_length)", param="prompt", code="context_length_exceeded")
             prefix = slm.tokenize(private + CONTEXT_SEPARATOR, add_bos=True) if private else bos
         generation = self._generation("cmpl", request, options, prompts, "prompt", request.reply_limit(),
                                       request.logprobs_count(), began_at, prompt_prefix=prefix)
@@ -404,6 +411,14 @@ class EdgeServing:
             generation.echo, generation.echo_head = (head or "") + text, head
         generation.score_prompt = prefix is not None
         return generation
+
+    def options_of(self, request: GenerationRequest) -> CoveilOptions:
+        """The request's ``coveil`` options; without a ``private_context`` of its own, the run's
+        (``--private-context-file``), which then conditions the SLM as if the request had sent it."""
+        options = request.coveil or CoveilOptions()
+        if not options.private_context and self.run_context:
+            options = options.model_copy(update={"private_context": self.run_context})
+        return options
 
     def check_model(self, model: str) -> None:
         """404 unless ``model`` is the served model's name."""

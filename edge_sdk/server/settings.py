@@ -87,6 +87,10 @@ class ServerSettings:
                                   "defaults, CoVeil lam=1.0)", metavar="NAME")
     default_max_tokens: int = _option(DecodeSettings.max_new_tokens, "reply length of a request that sets no max_tokens (never beyond the "
                                       "context window)", metavar="N", type=int)
+    private_context_file: Path | None = _option(
+        None, "a private context for the whole run: every request that brings no coveil.private_context of its own "
+        "is conditioned on this file's text (for apps that cannot send the coveil field, such as lm-eval); read once "
+        "at start, on the device only, never logged nor quoted in an error", metavar="FILE", type=Path)
     max_queue: int = _option(16, "requests that may wait for the one SLM; beyond that the answer is 429",
                              metavar="N", type=int)
     log_level: str = _option("INFO", "least severe level logged (no log line ever carries text or token ids)",
@@ -113,6 +117,8 @@ class ServerSettings:
             path = getattr(self, name)
             if path is not None and not Path(path).is_file():
                 raise ValueError(f"{flag_name(name)}: no such file: {path}")
+        if self.private_context_file is not None and not Path(self.private_context_file).is_file():
+            raise ValueError(f"--private-context-file: no such file: {self.private_context_file}")
         if self.default_mode not in FUSION_MODES:
             raise ValueError(f"--default-mode is 'cloud' or 'edge', got {self.default_mode!r}")
 
@@ -132,6 +138,22 @@ class ServerSettings:
                 raise ValueError(f"API key file {self.api_key_file} is empty")
             return key
         return os.environ.get(API_KEY_ENV, "").strip() or None
+
+    def run_private_context(self) -> str:
+        """The run's private context: ``private_context_file``'s text (stripped), or ``""`` without one.  An error
+        names the file and the flag, never the text."""
+        if self.private_context_file is None:
+            return ""
+        try:
+            text = Path(self.private_context_file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ValueError(f"--private-context-file: cannot read {self.private_context_file}: {exc.strerror}") \
+                from None
+        except UnicodeDecodeError:
+            raise ValueError(f"--private-context-file: {self.private_context_file} is not UTF-8 text") from None
+        if not text:
+            raise ValueError(f"--private-context-file: {self.private_context_file} is empty")
+        return text
 
     def check_exposure(self, api_key: str | None) -> None:
         """Refuse to listen beyond loopback without an API key of the endpoint's own."""

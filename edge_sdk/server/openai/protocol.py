@@ -305,19 +305,26 @@ class ChatCompletionRequest(GenerationRequest):
 
 
 class CompletionRequest(GenerationRequest):
-    """``/v1/completions``: one prompt, as text or token ids (what lm-eval sends); ``echo`` returns the prompt
-    before the reply, and with ``logprobs`` each prompt token's fused log-probability (edge-side only: see
+    """``/v1/completions``: one prompt, as text, token ids (what lm-eval sends) or text parts (a part marked
+    ``coveil_private`` joins the private context, as in a chat message); ``echo`` returns the prompt before the
+    reply, and with ``logprobs`` each prompt token's fused log-probability (edge-side only: see
     :meth:`edge_sdk.decoding.CollaborativeDecoder.prompt_logprobs`)."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str] | list[int] | list[list[int]] | list[TextPart]
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
     logprobs: int | None = Field(default=None, ge=0)
 
     def unsupported(self) -> tuple[str, str] | None:
-        if isinstance(self.prompt, list) and len(self.prompt) != 1 and not self.prompt_ids():
+        parts = self.prompt_parts()
+        if isinstance(self.prompt, list) and len(self.prompt) != 1 and not self.prompt_ids() and parts is None:
             return "prompt", "one prompt per request"
+        marked = [position for position, part in enumerate(parts or ()) if part.coveil_private]
+        if self.echo and marked:
+            return "echo", f"prompt[{marked[0]}] is marked coveil_private, and echo returns (with logprobs scores) " \
+                "the prompt as the cloud reads it, which holds no private part: send the private text in " \
+                "coveil.private_context, or leave echo off"
         if self.echo and self.stream:
             return "echo", "an echoed prompt is answered whole: set stream to false"
         if self.suffix:
@@ -328,10 +335,23 @@ class CompletionRequest(GenerationRequest):
             return "logprobs", f"at most {MAX_TOP_LOGPROBS} alternatives per token"
         return super().unsupported()
 
+    def prompt_parts(self) -> list[TextPart] | None:
+        """The prompt's text parts (``None``: sent as text or token ids)."""
+        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], TextPart):
+            return self.prompt  # type: ignore[return-value]
+        return None
+
     def prompt_text(self) -> str | None:
-        """The prompt as text (``None``: sent as token ids)."""
+        """The prompt's public text: the text, or its parts not marked private (``None``: sent as token ids)."""
+        parts = self.prompt_parts()
+        if parts is not None:
+            return "".join(part.text for part in parts if not part.coveil_private)
         prompt = self.prompt if isinstance(self.prompt, str) else self.prompt[0] if self.prompt else ""
         return prompt if isinstance(prompt, str) else None
+
+    def private_text(self) -> str:
+        """The text of the prompt's parts marked ``coveil_private`` (it joins the private context)."""
+        return "".join(part.text for part in self.prompt_parts() or () if part.coveil_private)
 
     def prompt_ids(self) -> list[int] | None:
         """The prompt as token ids (``None``: sent as text)."""
