@@ -29,7 +29,9 @@ UNMARKED_REQUESTS = (
     "A request without a 'coveil' field is a public query like any to an OpenAI endpoint (every message goes to "
     "the cloud) and is decoded with the defaults below: CoVeil (lam=1.0) in cloud-side fusion, the lowest "
     "leakage of the defences measured here, so the same app turns private as soon as it passes "
-    "extra_body={'coveil': {'private_context': ...}}. The undefended baseline runs only when named."
+    "extra_body={'coveil': {'private_context': ...}}, or as soon as the server is started with "
+    "--private-context-file (then every request of the run is conditioned on that file, a request's own "
+    "private context replacing it). The undefended baseline runs only when named."
 )
 
 
