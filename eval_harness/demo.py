@@ -25,17 +25,24 @@ from edge_sdk.client import Credentials, EdgeClient, GenerationResult
 from edge_sdk.backends.pieces import piece_reader
 from edge_sdk.policies import CoVeil, Policy, Undefended
 from eval_harness.datasets import DecodeLeakItem, load_task
-from eval_harness.metrics import Vocabulary, evidence_recall
+from eval_harness.metrics import METRIC_SPECS, MetricSpec, Vocabulary, demo_metrics, evidence_recall
 from eval_harness.decoding_protocol import DecodingProtocol
 from eval_harness.runners.reference import ItemRun
 
-
-#: (metric, compat) pairs the demo reports: the paper's definitions and the authors' evaluate_leakage.py
-DEMO_METRICS = (("token_er", "paper"), ("span_er", "paper"), ("token_er", "release"), ("span_er", "release"))
+#: the rule sets the demo scores each metric by: the paper's definitions and the authors' evaluate_leakage.py
+DEMO_RULES = ("paper", "release")
 
 
 def metric_key(name: str, compat: str, k: int) -> str:
     return f"{name}@{k}" if compat == "paper" else f"{name}@{k} ({compat})"
+
+
+def demo_columns(k: int) -> dict[str, tuple[MetricSpec, str]]:
+    """The demo's metric columns: summary key → (the metric's spec, its column title), for every registered
+    metric marked ``demo`` (:func:`~eval_harness.metrics.demo_metrics`) under each of :data:`DEMO_RULES`."""
+    return {metric_key(name, compat, k): (METRIC_SPECS[name], METRIC_SPECS[name].label
+                                          + ("" if compat == "paper" else f" ({compat})"))
+            for compat in DEMO_RULES for name in demo_metrics()}
 
 
 @dataclass
@@ -57,8 +64,8 @@ class RunRow:
     def add(self, item: DecodeLeakItem, result: GenerationResult, seconds: float, vocab: Vocabulary,
             protocol: DecodingProtocol) -> None:
         trace = result.ledger.exposure_trace()
-        for compat in ("paper", "release"):
-            names = tuple(name for name, c in DEMO_METRICS if c == compat)
+        names = demo_metrics()
+        for compat in DEMO_RULES:
             recall = evidence_recall(item.evidence_spans, trace, self.k, vocab, names=names,
                                      public_query=item.public_query, compat=compat)
             for name in names:
@@ -165,36 +172,52 @@ def _print_table(console, summaries: list[dict[str, float | str]], n_items: int)
 
     k = 100
     table = Table(title=f"Collaborative decoding on {n_items} MedPriv + CommPriv items: DecodeLeak @K={k}, the "
-                        "paper's definitions and (release) the authors' evaluate_leakage.py")
-    recall_columns = {metric_key(name, compat, k): f"{name.replace('_er', '').title()}-ER"
-                      + ("" if compat == "paper" else f" ({compat})") for name, compat in DEMO_METRICS}
-    for column in ("mode", "policy", "acc.", "answered", *recall_columns.values(), "up B/tok", "down B/tok", "tok/s",
-                   "full req."):
+                        "paper's definitions and (release) the authors' evaluate_leakage.py; bold: the most private "
+                        "policy of each fusion mode")
+    columns = demo_columns(k)
+    for column in ("mode", "policy", "acc.", "answered", *(title for _, title in columns.values()), "up B/tok",
+                   "down B/tok", "tok/s", "full req."):
         table.add_column(column, justify="left" if column in ("mode", "policy") else "right")
-    for s in summaries:
+    best = best_demo_cells(summaries, k)
+    for index, s in enumerate(summaries):
+        recall = [f"{spec.scale * float(s[key]):.1f}{'%' if spec.percent else ''}"
+                  for key, (spec, _) in columns.items()]
         table.add_row(
             str(s["mode"]), str(s["policy"]), f"{s['accuracy']:.0%}", f"{s['answered']:.0%}",
-            *(f"{s[key]:.1%}" for key in recall_columns),
+            *(f"[bold]{cell}[/bold]" if (index, key) in best else cell for cell, key in zip(recall, columns)),
             f"{s['up_bytes_per_token']:,.0f}", f"{s['down_bytes_per_token']:,.0f}",
             f"{s['tokens_per_s']:.1f}", f"{s['full_requests']}",
         )
     console.print(table)
 
 
+def best_demo_cells(summaries: Sequence[dict[str, float | str]], k: int) -> set[tuple[int, str]]:
+    """``(summary index, column key)`` of the most private policy of each fusion mode in each metric column, by
+    the metric's :attr:`~eval_harness.metrics.MetricSpec.better` (every tied one)."""
+    best: set[tuple[int, str]] = set()
+    for mode in dict.fromkeys(s["mode"] for s in summaries):
+        members = [i for i, s in enumerate(summaries) if s["mode"] == mode]
+        for key, (spec, _) in demo_columns(k).items():
+            best |= {(members[j], key) for j in spec.best([float(summaries[i][key]) for i in members])}
+    return best
+
+
 def _plot(summaries: list[dict[str, float | str]], path: Path) -> Path:
-    """Accuracy against Token-ER@100, one line per fusion mode; labels alternate above and below their point
-    (cloud-side above first, edge-side below first) so that neighbouring points never write over each other."""
+    """Accuracy against the first demo metric at K = 100 (Token-ER@100), one line per fusion mode; labels
+    alternate above and below their point (cloud-side above first, edge-side below first) so that neighbouring
+    points never write over each other."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    key, (spec, title) = next(iter(demo_columns(100).items()))
     fig, ax = plt.subplots(figsize=(6.8, 4.6))
     for mode, marker, side in (("cloud", "o", 1), ("edge", "s", -1)):
-        points = sorted((s for s in summaries if s["mode"] == mode), key=lambda s: float(s["token_er@100"]))
+        points = sorted((s for s in summaries if s["mode"] == mode), key=lambda s: float(s[key]))
         if not points:
             continue
-        xs = [100 * float(s["token_er@100"]) for s in points]
+        xs = [spec.scale * float(s[key]) for s in points]
         ys = [100 * float(s["accuracy"]) for s in points]
         (line,) = ax.plot(xs, ys, marker=marker, linestyle="--", label=f"{mode}-side fusion")
         for rank, (s, x, y) in enumerate(zip(points, xs, ys)):
@@ -204,7 +227,8 @@ def _plot(summaries: list[dict[str, float | str]], path: Path) -> Path:
             up = side if rank % 2 == 0 else -side
             ax.annotate(str(s["policy"]), (x, y), textcoords="offset points", xytext=(0, 10 * up),
                         ha="center", va="bottom" if up > 0 else "top", fontsize=8, color=line.get_color())
-    ax.set_xlabel("Token-ER@100 (%): private evidence the cloud could read; lower is better")
+    ax.set_xlabel(f"{title}@100{' (%)' if spec.percent else ''}: private evidence the cloud could read; "
+                  f"{spec.direction()}")
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(-5, 105)
     ax.set_title("Privacy-utility trade-off (hollow marker: undefended)")

@@ -12,7 +12,7 @@ the models): :func:`sizes_told_apart` (whether an observer who replays both cand
 from the size sequences, 0 or 1 per item) and :func:`timing_auc` (the AUC of one gap against the other context's:
 0.5 when the gaps say nothing of which context was used, 1 or 0 when they separate completely).
 :func:`observer_scores` gives a result row's ``observer`` field, which ``decodeleak report`` shows beside
-Token-ER (:data:`eval_harness.report.tables.OBSERVER_METRICS`).
+Token-ER (their :class:`~eval_harness.metrics.MetricSpec` entries, ``observer_*``).
 
 :class:`RecordingChannel` produces both views from any message channel the decoder talks through; it says it
 crosses a network, so the decoder behaves as it does deployed (its public clock included), in process too.

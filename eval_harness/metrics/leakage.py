@@ -20,8 +20,9 @@ A ``K`` larger than the trace's recorded cutoff raises ``ValueError``.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Sequence
-from typing import Literal
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from edge_sdk.privacy.meter import ExposureTrace
 from edge_sdk.registry import Registry
@@ -105,42 +106,167 @@ class RecallCase:
 
 
 MetricFn = Callable[[RecallCase, int], float]
+#: which way a metric is more private: ``"lower"``, ``"higher"``, or the value that is (a score whose best is
+#: chance, as an attack's AUC is at 0.5, in the metric's own units)
+Better = Literal["lower", "higher"] | float
 
-#: name → metric over (a :class:`RecallCase`, K); every metric is a recall in [0, 1], higher = more leakage
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One metric, declared once, as everything that shows it reads it: ``decodeleak report``'s tables,
+    ``decodeleak plot``'s figures and ``coveil demo``.
+
+    Attributes:
+        name: the key stem: rows carry a trace metric as ``"<name>@<K>"`` (``":release"`` appended for the
+            release's rules), an attack's score under ``row[field][entry]``.
+        label: how tables and figures write it (``"Token-ER"``).
+        fn: ``fn(case, K)`` over an exposure trace (computed for every row by the sweep), or ``None`` for a score
+            an attack writes into the row's ``field``.
+        better: which way is more private (:data:`Better`); the tables bold, and the demo's table marks, the
+            setting that is best by it, and the figures' axes say it.
+        percent: values are fractions written as percentages (else as they are).
+        field, entry: where a row holds a score that is not a trace metric (``fn`` is ``None``).
+        table_k: the K whose value is a column of the tables (a trace metric; ``None``: not a column).
+        against_k: drawn against K in the leakage-vs-K figures (a trace metric).
+        demo: a column of ``coveil demo``'s table, by both rule sets.
+    """
+
+    name: str
+    label: str
+    fn: MetricFn | None = None
+    better: Better = "lower"
+    percent: bool = True
+    field: str = "metrics"
+    entry: str = ""
+    table_k: int | None = 100
+    against_k: bool = True
+    demo: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.better, float) and self.better not in ("lower", "higher"):
+            raise ValueError(f"better is 'lower', 'higher' or the best value (a float), got {self.better!r}")
+        if (self.fn is None) == (self.field == "metrics"):
+            raise ValueError(f"metric {self.name!r}: a trace metric has a fn and no field; an attack's score a "
+                             f"field and no fn")
+
+    @property
+    def column(self) -> str | None:
+        """Its column in the tables: ``"<name>@<table_k>"`` for a trace metric, ``name`` for an attack's score;
+        ``None`` when it has none."""
+        if self.fn is None:
+            return self.name
+        return None if self.table_k is None else f"{self.name}@{self.table_k}"
+
+    def value(self, row: Mapping[str, Any], key: str, suffix: str = "") -> float | None:
+        """The value of column ``key`` (``"<name>@<K>"`` or ``name``) in a result row, ``None`` if it has none;
+        ``suffix`` picks a trace metric's rule set (``""`` or ``":release"``)."""
+        if self.fn is not None:
+            value = row["metrics"].get(key + suffix)
+        else:
+            value = (row.get(self.field) or {}).get(self.entry)
+        return None if value is None else float(value)
+
+    @property
+    def scale(self) -> float:
+        """What a value is multiplied by to be written (100 for a percentage)."""
+        return 100.0 if self.percent else 1.0
+
+    def direction(self) -> str:
+        """How an axis or a caption says which way is more private: ``"lower is more private"``."""
+        if isinstance(self.better, float):
+            return f"nearer {self.scale * self.better:g} is more private"
+        return f"{self.better} is more private"
+
+    def best(self, values: Sequence[float | None]) -> set[int]:
+        """The indices of the most private of ``values`` by :attr:`better` (every one tied with it); ``None``
+        and NaN are never best."""
+        present = {i: float(v) for i, v in enumerate(values) if v is not None and v == v}
+        if not present:
+            return set()
+        if self.better == "lower":
+            cost = present
+        elif self.better == "higher":
+            cost = {i: -v for i, v in present.items()}
+        else:
+            cost = {i: abs(v - float(self.better)) for i, v in present.items()}
+        least = min(cost.values())
+        return {i for i, c in cost.items() if c == least}
+
+
+#: name → ``fn(case, K)`` of every trace metric (what the sweep computes for every row)
 METRICS: Registry[MetricFn] = Registry("metric")
-#: name → how tables and figures write the metric ("Token-ER"), given when it is registered
-METRIC_LABELS: dict[str, str] = {}
+#: name → :class:`MetricSpec` of every metric, trace metrics and attacks' scores, in the order reports show them
+METRIC_SPECS: dict[str, MetricSpec] = {}
 
 
-def register_metric(name: str, fn: MetricFn, label: str | None = None) -> MetricFn:
-    """Register ``fn(case, k)`` under ``name``, written ``label`` in tables and figures (``name`` if none)."""
-    METRICS.register(name, fn)
-    METRIC_LABELS[name] = label or name
+def register_spec(spec: MetricSpec) -> MetricSpec:
+    """Declare ``spec``: its ``fn`` (if any) joins :data:`METRICS`, and the tables, figures and demo show it as
+    it says.  A name taken by a different spec raises ``ValueError``."""
+    existing = METRIC_SPECS.get(spec.name)
+    if existing is not None and existing != spec:
+        raise ValueError(f"a metric named {spec.name!r} is already registered ({existing!r})")
+    if spec.fn is not None:
+        METRICS.register(spec.name, spec.fn)
+    METRIC_SPECS[spec.name] = spec
+    return spec
+
+
+def register_metric(name: str, fn: MetricFn, label: str | None = None, **shown: Any) -> MetricFn:
+    """Register the trace metric ``fn(case, k)`` under ``name``, written ``label`` (``name`` if none); ``shown``:
+    the other :class:`MetricSpec` fields (``better``, ``table_k``, ``against_k``, ``demo``, ``percent``)."""
+    register_spec(MetricSpec(name, label or name, fn=fn, **shown))
     return fn
 
 
-def metric(name: str, label: str) -> Callable[[MetricFn], MetricFn]:
+def metric(name: str, label: str, **shown: Any) -> Callable[[MetricFn], MetricFn]:
     """Decorator form of :func:`register_metric`."""
-    return lambda fn: register_metric(name, fn, label)
+    return lambda fn: register_metric(name, fn, label, **shown)
+
+
+def metric_spec(key: str) -> MetricSpec | None:
+    """The spec a column key names (``"token_er@100"``, ``"span_er@5:release"``, ``"inversion_recall"``), or
+    ``None``."""
+    return METRIC_SPECS.get(key.partition("@")[0])
+
+
+def metric_scale(key: str) -> float:
+    """What a column's values are multiplied by to be written: its spec's :attr:`MetricSpec.scale`, 100 (a
+    percentage) for a key without a spec."""
+    spec = metric_spec(key)
+    return 100.0 if spec is None else spec.scale
 
 
 def metric_label(key: str) -> str:
     """How a row's metric key reads in a table or figure: ``"token_er@100"`` → ``"Token-ER@100"`` (the cutoff
     and anything after it kept); a key that names no registered metric reads as it is."""
     name, at, rest = key.partition("@")
-    return METRIC_LABELS.get(name, name) + at + rest
+    spec = METRIC_SPECS.get(name)
+    return (spec.label if spec is not None else name) + at + rest
 
 
-@metric("token_er", "Token-ER")
+def table_columns() -> tuple[str, ...]:
+    """The trace metrics' table columns (``"<name>@<table_k>"``), in registration order."""
+    return tuple(spec.column for spec in METRIC_SPECS.values() if spec.fn is not None and spec.column)
+
+
+def attack_columns(field: str) -> tuple[str, ...]:
+    """The columns of the scores an attack writes into a row's ``field`` (``"inversion"``, ``"observer"``)."""
+    return tuple(spec.name for spec in METRIC_SPECS.values() if spec.fn is None and spec.field == field)
+
+
+def k_metrics() -> tuple[str, ...]:
+    """The trace metrics the leakage-vs-K figures draw, in registration order."""
+    return tuple(spec.name for spec in METRIC_SPECS.values() if spec.fn is not None and spec.against_k)
+
+
+def demo_metrics() -> tuple[str, ...]:
+    """The trace metrics ``coveil demo`` reports (by both rule sets), in registration order."""
+    return tuple(spec.name for spec in METRIC_SPECS.values() if spec.fn is not None and spec.demo)
+
+
+@metric("token_er", "Token-ER", demo=True)
 def token_er(case: RecallCase, k: int) -> float:
     return case.recall(case.evidence.tokens, k)
-
-
-@metric("span_er", "Span-ER")
-def span_er(case: RecallCase, k: int) -> float:
-    k = case.trace.check(k)
-    recalls = [case.recall(ids, k) for ids in case.evidence.span_tokens]
-    return sum(recalls) / len(recalls) if recalls else 0.0
 
 
 @metric("rouge1_er", "ROUGE1-ER")
@@ -153,6 +279,13 @@ def rouge1_er(case: RecallCase, k: int) -> float:
     return sum(1 for w in words if cutoffs.get(w, k + 1) <= k) / len(words)
 
 
+@metric("span_er", "Span-ER", demo=True)
+def span_er(case: RecallCase, k: int) -> float:
+    k = case.trace.check(k)
+    recalls = [case.recall(ids, k) for ids in case.evidence.span_tokens]
+    return sum(recalls) / len(recalls) if recalls else 0.0
+
+
 @metric("auc", "AUC")
 def auc(case: RecallCase, k: int) -> float:
     k = case.trace.check(k)
@@ -163,6 +296,17 @@ def auc(case: RecallCase, k: int) -> float:
     ranks = case.token_ranks(k)
     hits = sum(k - ranks[i] + 1 for i in tokens if ranks.get(i, k + 1) <= k)
     return hits / (len(tokens) * k)
+
+
+# the attacks' scores: each row's attack writes them (``row["inversion"]``, ``row["observer"]``), the reports read
+# them as these specs say (eval_harness.attacks.inversion, eval_harness.attacks.observer)
+register_spec(MetricSpec("inversion_recall", "inversion ROUGE-1 recall", field="inversion", entry="recall"))
+register_spec(MetricSpec("inversion_f1", "inversion ROUGE-1 F1", field="inversion", entry="f1"))
+register_spec(MetricSpec("observer_sizes_apart", "observer: sizes told apart", field="observer", entry="sizes_apart"))
+register_spec(MetricSpec("observer_timing_auc", "observer: timing AUC", better=0.5, field="observer",
+                         entry="timing_auc"))
+register_spec(MetricSpec("observer_cloud_timing_auc", "cloud's clock: timing AUC", better=0.5, field="observer",
+                         entry="cloud_timing_auc"))
 
 
 def _metric_at_k(name: str) -> Callable[..., float]:

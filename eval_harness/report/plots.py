@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from eval_harness.metrics.leakage import metric_label
-from eval_harness.report.tables import LEAKAGE_METRICS, lines
+from eval_harness.metrics.leakage import (attack_columns, k_metrics, metric_label, metric_scale, metric_spec,
+                                          table_columns)
+from eval_harness.report.tables import lines
 
 
 def _panel_grid(panels: int, size: tuple[float, float]) -> tuple[Any, Any]:
@@ -104,12 +105,23 @@ def _coincide_note(name: str, same: Mapping[str, str]) -> str:
     return f"{name} (coincides with {same[name].split(' (')[0]})" if name in same else name
 
 
+def axis_label(metric: str) -> str:
+    """How an axis names a metric column: its label, its unit and which way is more private
+    (``"Token-ER@100 (%), lower is more private"``)."""
+    spec = metric_spec(metric)
+    if spec is None:
+        return f"{metric} (%)"
+    return f"{metric_label(metric)}{' (%)' if spec.percent else ''}, {spec.direction()}"
+
+
 def privacy_utility_figure(rows: Iterable[Mapping[str, Any]], task: str, mode: str, *,
-                           metrics: Sequence[str] = LEAKAGE_METRICS, suffix: str = "") -> Any:
+                           metrics: Sequence[str] | None = None, suffix: str = "") -> Any:
     """The paper's privacy-utility panels for one task and fusion mode: accuracy (%) against each leakage metric
     the rows recorded (%, at K = 100), every method a curve through its settings in order of leakage, the
     undefended point a black star; each curve's two ends are labelled by :func:`place_labels` (no label over
-    another, over a marker or a curve), the legend sits outside the axes."""
+    another, over a marker or a curve), the legend sits outside the axes.  ``metrics``: the registered trace
+    metrics' table columns by default."""
+    metrics = table_columns() if metrics is None else metrics
     grouped = [line for line in lines(rows, metrics, suffix=suffix) if line.task == task and line.mode == mode]
     # only the metrics the rows recorded: an empty panel would show axes of nothing
     shown = [m for m in metrics if any(line.values.get(m) for line in grouped)]
@@ -121,7 +133,7 @@ def privacy_utility_figure(rows: Iterable[Mapping[str, Any]], task: str, mode: s
     for n, (ax, metric) in enumerate(zip(axes.flat, shown)):
         for policy in dict.fromkeys(line.policy for line in grouped):
             points = [line for line in grouped if line.policy == policy and line.values.get(metric)]
-            xs = [100 * p.mean(metric) for p in points]
+            xs = [metric_scale(metric) * p.mean(metric) for p in points]
             ys = [100 * sum(p.correct) / len(p.correct) for p in points]
             if policy == "undefended":
                 ax.scatter(xs, ys, marker="*", s=160, color="black", zorder=3, label="undefended")
@@ -133,7 +145,7 @@ def privacy_utility_figure(rows: Iterable[Mapping[str, Any]], task: str, mode: s
             for end in dict.fromkeys((order[0], order[-1])):
                 ends.setdefault(n, []).append((xs[end], ys[end], _swept(json.loads(points[end].params)),
                                                line_art.get_color()))
-        ax.set_xlabel(f"{metric_label(metric)} (%), lower is more private")
+        ax.set_xlabel(axis_label(metric))
         ax.set_ylabel("accuracy (%)")
         ax.margins(x=0.15)  # room for the end labels inside the frame
         _accuracy_axis(ax, accuracies)
@@ -151,7 +163,7 @@ def privacy_utility_figure(rows: Iterable[Mapping[str, Any]], task: str, mode: s
     return fig
 
 
-def privacy_utility(rows: Iterable[Mapping[str, Any]], out_dir: str | Path, *, metrics: Sequence[str] = LEAKAGE_METRICS,
+def privacy_utility(rows: Iterable[Mapping[str, Any]], out_dir: str | Path, *, metrics: Sequence[str] | None = None,
                     suffix: str = "") -> list[Path]:
     """Write ``privacy_utility_<mode>`` (``_<task>`` added when the rows hold several tasks) as PNG and PDF for
     each (task, fusion mode) in ``rows`` (:func:`privacy_utility_figure`); return the paths."""
@@ -184,12 +196,13 @@ def epsilon_spent(line: Any) -> float | None:
 
 
 def privacy_utility_epsilon_figure(rows: Iterable[Mapping[str, Any]], task: str, mode: str, *,
-                                   metrics: Sequence[str] = LEAKAGE_METRICS, suffix: str = "") -> Any | None:
+                                   metrics: Sequence[str] | None = None, suffix: str = "") -> Any | None:
     """Leakage and accuracy against the epsilon each DP baseline's generations spent (mean per setting, log
     scale), one curve per DP method of the mode: a panel per leakage metric the rows recorded (%, at K = 100),
     then accuracy (%) in its own panel on a readable axis (:func:`accuracy_limits`).  The heuristics have no
     epsilon and are left out (``None`` when no line has one).  Epsilon 0 (nothing private used) is drawn at the
     axis' left end."""
+    metrics = table_columns() if metrics is None else metrics
     grouped = [line for line in lines(rows, metrics, suffix=suffix) if line.task == task and line.mode == mode]
     points = [(line, epsilon_spent(line)) for line in grouped]
     points = [(line, eps) for line, eps in points if eps is not None]
@@ -200,12 +213,12 @@ def privacy_utility_epsilon_figure(rows: Iterable[Mapping[str, Any]], task: str,
     positive = [eps for _, eps in points if eps > 0]
     floor = min(positive) / 2 if positive else 1e-3
     policies = list(dict.fromkeys(line.policy for line, _ in points))
-    panels = [(metric, f"{metric_label(metric)} (%), lower is more private") for metric in shown]
+    panels = [(metric, axis_label(metric)) for metric in shown]
     panels.append(("accuracy", "accuracy (%)"))
     for ax, (quantity, label) in zip(axes.flat, panels):
         for n, policy in enumerate(policies):
-            mine = sorted((max(eps, floor), 100 * (float(np.mean(line.correct)) if quantity == "accuracy"
-                                                   else line.mean(quantity)))
+            mine = sorted((max(eps, floor), 100 * float(np.mean(line.correct)) if quantity == "accuracy"
+                           else metric_scale(quantity) * line.mean(quantity))
                           for line, eps in points if line.policy == policy)
             ax.plot([x for x, _ in mine], [y for _, y in mine], label=policy, **_method_style(n))
         ax.set_xscale("log")
@@ -224,7 +237,7 @@ def privacy_utility_epsilon_figure(rows: Iterable[Mapping[str, Any]], task: str,
 
 
 def privacy_utility_epsilon(rows: Iterable[Mapping[str, Any]], out_dir: str | Path, *,
-                            metrics: Sequence[str] = LEAKAGE_METRICS, suffix: str = "") -> list[Path]:
+                            metrics: Sequence[str] | None = None, suffix: str = "") -> list[Path]:
     """Write ``privacy_utility_epsilon_<mode>`` (:func:`privacy_utility_epsilon_figure`) for each (task, mode)
     with a DP baseline whose rows recorded their epsilon; return the paths."""
     return _save_each_figure(rows, out_dir, "privacy_utility_epsilon", lambda group, task, mode: (
@@ -233,8 +246,6 @@ def privacy_utility_epsilon(rows: Iterable[Mapping[str, Any]], out_dir: str | Pa
 
 # -- leakage against K, and CoVeil's per-step mechanism ------------------------------------------------------
 
-#: the recall metrics recorded at every K (row keys ``"<name>@<K>"``), in the order figures draw them
-K_METRICS = ("token_er", "rouge1_er", "span_er", "auc")
 #: how a swept parameter is written in a legend or on an axis
 PARAM_SYMBOLS = {"lam": "λ", "epsilon": "ε", "b": "B"}
 UNDEFENDED_STYLE = {"color": "black", "linestyle": "--", "marker": "*", "markersize": 9, "linewidth": 1.6}
@@ -325,14 +336,16 @@ def _k_curves(fig_title: str, curves: Sequence[tuple[str, Any, dict[str, Any]]],
 
     ``curves``: (legend label, :class:`~eval_harness.report.tables.Line` with ``"<metric>@<K>"`` values, style).
     """
-    shown = [m for m in K_METRICS if any(line.values.get(f"{m}@{k}") for _, line, _ in curves for k in ks)]
+    shown = [m for m in k_metrics() if any(line.values.get(f"{m}@{k}") for _, line, _ in curves for k in ks)]
     fig, axes = _panel_grid(len(shown), (5.2, 3.9))
-    values = {label: [(n * 1e4 + k, 100 * line.mean(f"{metric}@{k}")) for n, metric in enumerate(shown) for k in ks
+    values = {label: [(n * 1e4 + k, metric_scale(metric) * line.mean(f"{metric}@{k}")) for n, metric in enumerate(shown)
+                      for k in ks
                       if line.values.get(f"{metric}@{k}")] for label, line, _ in curves}
     same = coinciding(values)  # a curve under another would vanish: the later is dashed, hollow, and says so
     for ax, metric in zip(axes.flat, shown):
         for label, line, style in curves:
-            points = [(k, 100 * line.mean(f"{metric}@{k}")) for k in ks if line.values.get(f"{metric}@{k}")]
+            points = [(k, metric_scale(metric) * line.mean(f"{metric}@{k}")) for k in ks
+                      if line.values.get(f"{metric}@{k}")]
             if label in same:
                 style = {**style, "linestyle": (0, (4, 3)), "markerfacecolor": "none", "markersize": 8,
                          "markeredgewidth": 1.2}
@@ -342,7 +355,7 @@ def _k_curves(fig_title: str, curves: Sequence[tuple[str, Any, dict[str, Any]]],
         ax.set_xticks(list(ks), [str(k) for k in ks])
         ax.minorticks_off()
         ax.set_xlabel("K: ids read per step (log scale)")
-        ax.set_ylabel(f"{metric_label(metric)}@K (%)")
+        ax.set_ylabel(axis_label(f"{metric}@K"))
         top = ax.get_ylim()[1]
         ax.set_ylim(-0.02 * top, top)  # a curve at 0% stays visible above the frame
         ax.grid(alpha=0.3)
@@ -359,7 +372,7 @@ def _undefended_curves(grouped: Sequence[Any]) -> list[tuple[str, Any, dict[str,
 
 
 def _k_lines(rows: Sequence[Mapping[str, Any]], ks: Sequence[int], suffix: str) -> list[Any]:
-    return lines(rows, [f"{m}@{k}" for m in K_METRICS for k in ks], suffix=suffix)
+    return lines(rows, [f"{m}@{k}" for m in k_metrics() for k in ks], suffix=suffix)
 
 
 def leakage_vs_k(rows: Iterable[Mapping[str, Any]], out_dir: str | Path, *, policy: str = "coveil",
@@ -767,9 +780,7 @@ def inversion_tradeoff_figure(rows: Iterable[Mapping[str, Any]], task: str, mode
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from eval_harness.report.tables import INVERSION_METRICS
-
-    metric = INVERSION_METRICS[0]
+    metric = attack_columns("inversion")[0]
     grouped = [line for line in lines(rows, (metric,))
                if line.task == task and line.mode == mode and line.count(metric)]
     fig, ax = plt.subplots(figsize=(7.4, 4.8))
@@ -778,7 +789,7 @@ def inversion_tradeoff_figure(rows: Iterable[Mapping[str, Any]], task: str, mode
     drawn: dict[str, list[tuple[float, float]]] = {}
     for policy in dict.fromkeys(line.policy for line in grouped):
         points = sorted((line for line in grouped if line.policy == policy), key=_parameter_order)
-        xs = [100 * p.mean(metric) for p in points]
+        xs = [metric_scale(metric) * p.mean(metric) for p in points]
         ys = [100 * sum(p.correct) / len(p.correct) for p in points]
         if policy == "undefended":
             ax.scatter(xs, ys, marker="*", s=220, color="black", zorder=3, label="undefended")
@@ -787,7 +798,7 @@ def inversion_tradeoff_figure(rows: Iterable[Mapping[str, Any]], task: str, mode
         (art,) = ax.plot(xs, ys, label=policy, **_method_style(methods.index(policy)))
         for end in dict.fromkeys((0, len(points) - 1)):
             ends.append((xs[end], ys[end], _swept(json.loads(points[end].params)), art.get_color()))
-    ax.set_xlabel("inversion ROUGE-1 recall (%), lower is more private")
+    ax.set_xlabel(axis_label(metric))
     ax.set_ylabel("accuracy (%)")
     ax.margins(x=0.18)  # room for the end labels inside the frame
     _accuracy_axis(ax, [100 * sum(line.correct) / len(line.correct) for line in grouped])

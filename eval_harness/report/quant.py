@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from eval_harness.metrics.leakage import metric_label
+from eval_harness.metrics.leakage import metric_label, table_columns
 from eval_harness.report.plots import save_figure
-from eval_harness.report.tables import LEAKAGE_METRICS, bootstrap_interval
+from eval_harness.report.tables import bootstrap_interval
 
 MARKERS = ("o", "s", "^", "D", "v", "P")
 #: the per-step lists a drift row carries, and their table headings
@@ -61,7 +61,7 @@ def summarise(
     summary: dict[str, Any] = {
         "reference": {
             label: {"items": len(rows), "accuracy": _mean([float(r["correct"]) for r in rows]),
-                    **{m: _mean([r["metrics"][m] for r in rows if m in r["metrics"]]) for m in LEAKAGE_METRICS}}
+                    **{m: _mean([r["metrics"][m] for r in rows if m in r["metrics"]]) for m in table_columns()}}
             for label, rows in reference_by_setting.items()
         },
         "variants": [],
@@ -89,7 +89,7 @@ def summarise(
         for label, pairs in paired.items():
             differences = {"accuracy": [float(v["correct"]) - float(r["correct"]) for r, v in pairs],
                            **{m: [v["metrics"][m] - r["metrics"][m] for r, v in pairs
-                                  if m in v["metrics"] and m in r["metrics"]] for m in LEAKAGE_METRICS}}
+                                  if m in v["metrics"] and m in r["metrics"]] for m in table_columns()}}
             deltas[label] = {
                 "items": len(pairs),
                 "same_tokens": _mean([float(r["token_ids"] == v["token_ids"]) for r, v in pairs
@@ -131,19 +131,19 @@ def markdown(summary: Mapping[str, Any], *, title: str, preamble: str) -> str:
               "The reference's line gives its values; each variant's line the change from it: percentage points, "
               "mean over the items both ran [95% paired bootstrap interval]; 'same tokens' is the share of items "
               "whose generation equals the reference's token for token.", ""]
-    metric_heads = [metric_label(m) for m in LEAKAGE_METRICS]
+    metric_heads = [metric_label(m) for m in table_columns()]
     for label, ref in summary["reference"].items():
         lines += [f"### {label} ({ref['items']} items)", "",
                   "| SLM | items | same tokens | accuracy | " + " | ".join(metric_heads) + " |",
                   "|" + "---|" * (4 + len(metric_heads)),
                   "| reference | " + " | ".join([str(ref["items"]), "", _pct(ref["accuracy"]),
-                                                 *(_pct(ref[m]) for m in LEAKAGE_METRICS)]) + " |"]
+                                                 *(_pct(ref[m]) for m in table_columns())]) + " |"]
         for v in summary["variants"]:
             d = v["end_to_end"].get(label)
             if d is None:
                 continue
             cells = [str(d["items"]), _pct(d["same_tokens"]), _delta(d, "accuracy"),
-                     *(_delta(d, m) for m in LEAKAGE_METRICS)]
+                     *(_delta(d, m) for m in table_columns())]
             lines.append(f"| Δ {v['name']} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)

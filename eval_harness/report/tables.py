@@ -1,6 +1,9 @@
 """The paper's tables from result rows: one line per (task, mode, policy, parameters), with item counts and
 bootstrap confidence intervals for the leakage metrics.
 
+The columns are the registered metrics' (:class:`~eval_harness.metrics.leakage.MetricSpec`): each trace metric at
+its ``table_k``, and each attack's scores where the rows carry them; in the Markdown tables the most private
+setting of each (task, mode) is bold in every metric column, by the metric's ``better``.
 Reads rows only (``decodeleak sweep``'s JSONL); imports numpy and nothing of the models.
 """
 
@@ -15,14 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from eval_harness.metrics.leakage import metric_label
+from eval_harness.metrics.leakage import attack_columns, metric_label, metric_scale, metric_spec, table_columns
 
-#: the leakage columns of the paper's DecodeLeak table, at K = 100
-LEAKAGE_METRICS = ("token_er@100", "rouge1_er@100", "span_er@100", "auc@100")
-#: the inversion attack's scores, read from a row's ``inversion`` field (the same under either rule set)
-INVERSION_METRICS = ("inversion_recall", "inversion_f1")
-#: the observer attacks' scores, read from a row's ``observer`` field (eval_harness.attacks.observer)
-OBSERVER_METRICS = ("observer_sizes_apart", "observer_timing_auc", "observer_cloud_timing_auc")
+#: the attacks whose scores a row may carry, by the row field each writes (eval_harness.attacks)
+ATTACK_FIELDS = ("inversion", "observer")
 BOOTSTRAP_RESAMPLES = 1000
 
 
@@ -62,13 +61,16 @@ class Line:
         return float(np.mean(values)) if values else float("nan")
 
 
-def lines(rows: Iterable[Mapping[str, Any]], metrics: Sequence[str] = LEAKAGE_METRICS, *,
+def lines(rows: Iterable[Mapping[str, Any]], metrics: Sequence[str] | None = None, *,
           suffix: str = "") -> list[Line]:
-    """Rows grouped by (task, mode, policy, parameters, alpha), in first-seen order.
+    """Rows grouped by (task, mode, policy, parameters, alpha), in first-seen order, with the values of
+    ``metrics`` (column keys; default :func:`~eval_harness.metrics.leakage.table_columns`).
 
-    ``suffix`` picks the rule set of the metrics: ``""`` for the paper's, ``":release"`` for the release's.
-    The :data:`INVERSION_METRICS` come from each row's ``inversion`` field (rows without one add nothing).
+    ``suffix`` picks the rule set of the trace metrics: ``""`` for the paper's, ``":release"`` for the release's.
+    An attack's scores come from the row field its spec names (rows without one add nothing).
     """
+    metrics = table_columns() if metrics is None else metrics
+    specs = [metric_spec(metric) for metric in metrics]
     grouped: dict[tuple[str, str, str, str, float | None], Line] = {}
     for row in rows:
         params = json.dumps(row.get("params", {}), sort_keys=True)
@@ -78,44 +80,60 @@ def lines(rows: Iterable[Mapping[str, Any]], metrics: Sequence[str] = LEAKAGE_ME
         line.correct.append(bool(row["correct"]))
         if row.get("privacy"):
             line.privacy.append(row["privacy"])
-        for metric in metrics:
-            if metric in INVERSION_METRICS:
-                value = (row.get("inversion") or {}).get(metric.removeprefix("inversion_"))
-            elif metric in OBSERVER_METRICS:
-                value = (row.get("observer") or {}).get(metric.removeprefix("observer_"))
-            else:
-                value = row["metrics"].get(metric + suffix)
+        for metric, spec in zip(metrics, specs):
+            value = spec.value(row, metric, suffix) if spec is not None else row["metrics"].get(metric + suffix)
             if value is not None:
                 line.values.setdefault(metric, []).append(float(value))
     return list(grouped.values())
 
 
 def metrics_recorded(rows: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:
-    """The leakage columns for ``rows``: :data:`LEAKAGE_METRICS`, and the inversion's and the observer attacks'
-    scores if any row has them."""
+    """The metric columns for ``rows``: every trace metric's (:func:`~eval_harness.metrics.leakage.table_columns`),
+    then each attack's scores (:data:`ATTACK_FIELDS`) if any row has them."""
     rows = list(rows)
-    return (LEAKAGE_METRICS + (INVERSION_METRICS if any(row.get("inversion") for row in rows) else ())
-            + (OBSERVER_METRICS if any(row.get("observer") for row in rows) else ()))
+    return table_columns() + tuple(column for field in ATTACK_FIELDS if any(row.get(field) for row in rows)
+                                   for column in attack_columns(field))
+
+
+def best_cells(grouped: Sequence[Line], metrics: Sequence[str]) -> set[tuple[int, str]]:
+    """``(line index, metric)`` of the most private line of each (task, mode) in each metric column, by the
+    metric's :attr:`~eval_harness.metrics.leakage.MetricSpec.better` (every tied one; none for a metric without a
+    spec, or a group of one line)."""
+    best: set[tuple[int, str]] = set()
+    groups: dict[tuple[str, str], list[int]] = {}
+    for index, line in enumerate(grouped):
+        groups.setdefault((line.task, line.mode), []).append(index)
+    for members in groups.values():
+        for metric in metrics:
+            spec = metric_spec(metric)
+            means = [grouped[i].mean(metric) if grouped[i].values.get(metric) else None for i in members]
+            if spec is None or sum(mean is not None for mean in means) < 2:
+                continue
+            best |= {(members[j], metric) for j in spec.best(means)}
+    return best
 
 
 def _estimate(line: Line, metric: str, seed: int) -> tuple[float, float, float, int] | None:
-    """``(mean, low, high, n)`` of ``metric`` over the line's items that recorded it, in percent (95% bootstrap
-    interval); ``None`` when none did."""
+    """``(mean, low, high, n)`` of ``metric`` over the line's items that recorded it, in percent for a percentage
+    (95% bootstrap interval); ``None`` when none did."""
     values = line.values.get(metric, [])
     if not values:
         return None
     low, high = bootstrap_interval(values, seed=seed)
-    return 100 * line.mean(metric), 100 * low, 100 * high, len(values)
+    scale = metric_scale(metric)
+    return scale * line.mean(metric), scale * low, scale * high, len(values)
 
 
-def _cell(line: Line, metric: str, seed: int) -> str:
-    """``mean [low, high]`` in percent (95% bootstrap interval), ``n=`` when fewer items than the line's."""
+def _cell(line: Line, metric: str, seed: int, *, best: bool = False) -> str:
+    """``mean [low, high]`` in percent (95% bootstrap interval), ``n=`` when fewer items than the line's; the mean
+    bold (``**mean**``) when ``best``."""
     estimate = _estimate(line, metric, seed)
     if estimate is None:
         return "-"
     mean, low, high, n = estimate
     count = "" if n == line.items else f" n={n}"
-    return f"{mean:.1f} [{low:.1f}, {high:.1f}]{count}"
+    shown = f"**{mean:.1f}**" if best else f"{mean:.1f}"
+    return f"{shown} [{low:.1f}, {high:.1f}]{count}"
 
 
 #: decimals of a percentage in the CSV tables (what a bootstrap over ~100 items can resolve, and more)
@@ -159,26 +177,31 @@ def _alpha(line: Line) -> str:
     return "" if line.alpha is None else f"{line.alpha:g}"
 
 
-def table(rows: Iterable[Mapping[str, Any]], *, metrics: Sequence[str] = LEAKAGE_METRICS, suffix: str = "",
+def table(rows: Iterable[Mapping[str, Any]], *, metrics: Sequence[str] | None = None, suffix: str = "",
           seed: int = 0) -> list[dict[str, str]]:
-    """The table as cells: each leakage cell is ``mean [low, high]`` in percent (95% bootstrap interval),
-    followed by ``n=`` its item count when that is fewer than the line's ``items``."""
+    """The table as cells: each metric cell (``metrics``, default the trace metrics' table columns) is
+    ``mean [low, high]`` in percent (95% bootstrap interval), followed by ``n=`` its item count when that is
+    fewer than the line's ``items``; the most private mean of each (task, mode) bold (:func:`best_cells`)."""
+    metrics = table_columns() if metrics is None else metrics
+    grouped = lines(rows, metrics, suffix=suffix)
+    best = best_cells(grouped, metrics)
     out = []
-    for line in lines(rows, metrics, suffix=suffix):
+    for index, line in enumerate(grouped):
         cells = {"task": line.task, "mode": line.mode, "policy": line.policy,
                  "params": ", ".join(f"{k}={v}" for k, v in json.loads(line.params).items()),
                  "alpha": _alpha(line), "items": str(line.items), "accuracy": f"{100 * np.mean(line.correct):.1f}",
                  "epsilon_spent": _epsilon(line)}
-        cells.update({metric: _cell(line, metric, seed) for metric in metrics})
+        cells.update({metric: _cell(line, metric, seed, best=(index, metric) in best) for metric in metrics})
         out.append(cells)
     return out
 
 
-def table_numbers(rows: Iterable[Mapping[str, Any]], *, metrics: Sequence[str] = LEAKAGE_METRICS, suffix: str = "",
+def table_numbers(rows: Iterable[Mapping[str, Any]], *, metrics: Sequence[str] | None = None, suffix: str = "",
                   seed: int = 0) -> list[dict[str, Any]]:
     """:func:`table` as numbers, for CSV, every column the Markdown table has: the line's fields, ``items``,
     ``accuracy`` (%), the epsilon spent (:func:`_epsilon_numbers`) and for each metric its mean, ``_lo``, ``_hi``
     (%, 95% bootstrap interval) and ``_n`` (items that recorded it) columns (:func:`_numbers`)."""
+    metrics = table_columns() if metrics is None else metrics
     out = []
     for line in lines(rows, metrics, suffix=suffix):
         numbers: dict[str, Any] = {"task": line.task, "mode": line.mode, "policy": line.policy,
@@ -192,15 +215,20 @@ def table_numbers(rows: Iterable[Mapping[str, Any]], *, metrics: Sequence[str] =
     return out
 
 
+def _undefended_columns() -> tuple[str, ...]:
+    """The undefended table's metric columns: the trace metrics', then the inversion's (the paper's Table 1)."""
+    return table_columns() + attack_columns("inversion")
+
+
 def undefended_numbers(rows: Iterable[Mapping[str, Any]], *, suffix: str = "", seed: int = 0) -> list[dict[str, Any]]:
     """:func:`undefended_table` as numbers, for CSV (columns as in :func:`table_numbers`)."""
     out = []
-    for line in lines([row for row in rows if row["policy"] == "undefended"], LEAKAGE_METRICS + INVERSION_METRICS,
-                      suffix=suffix):
+    metrics = _undefended_columns()
+    for line in lines([row for row in rows if row["policy"] == "undefended"], metrics, suffix=suffix):
         numbers: dict[str, Any] = {"task": line.task, "fusion": f"{line.mode}-side", "alpha": line.alpha,
                                    "items": line.items,
                                    "accuracy": round(100 * float(np.mean(line.correct)), CSV_DECIMALS)}
-        for metric in LEAKAGE_METRICS + INVERSION_METRICS:
+        for metric in metrics:
             numbers.update(_numbers(line, metric, seed))
         out.append(numbers)
     return out
@@ -214,10 +242,11 @@ def undefended_table(rows: Iterable[Mapping[str, Any]], *, suffix: str = "", see
     """
     undefended = [row for row in rows if row["policy"] == "undefended"]
     out = []
-    for line in lines(undefended, LEAKAGE_METRICS + INVERSION_METRICS, suffix=suffix):
+    metrics = _undefended_columns()
+    for line in lines(undefended, metrics, suffix=suffix):
         cells = {"task": line.task, "fusion": f"{line.mode}-side", "alpha": _alpha(line), "items": str(line.items),
                  "accuracy": f"{100 * np.mean(line.correct):.1f}"}
-        cells.update({metric: _cell(line, metric, seed) for metric in LEAKAGE_METRICS + INVERSION_METRICS})
+        cells.update({metric: _cell(line, metric, seed) for metric in metrics})
         out.append(cells)
     return out
 

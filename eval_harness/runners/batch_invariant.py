@@ -6,9 +6,12 @@ dispatched to a GEMV or a GEMM kernel) by ``M``; attention over a padded cache s
 Batch-invariant kernels fix each row's reduction order whatever the batch (as the batch-invariant kernels of
 2025 did for vLLM and SGLang).  Here, for a transformers causal LM in float32 on the CPU:
 
-* **matmul**: every ``nn.Linear`` computes ``y = x W^T + b`` in tiles of exactly :data:`ROW_TILE` rows (the
-  last tile zero-padded), so every product runs the same kernel on the same shape ``[ROW_TILE, in] x [in, out]``
-  whatever the batch; a row's result does not depend on the values of the other rows of its tile;
+* **matmul**: every ``nn.Linear`` computes ``y = x W^T + b`` in tiles of a fixed number of rows (the last tile
+  zero-padded), so every product runs the same kernel on the same shape ``[tile, in] x [in, out]`` whatever the
+  batch; a row's result does not depend on the values of the other rows of its tile.  The tile is
+  :data:`ROW_TILE` in a decode step and :data:`PREFILL_TILE` in a prefill (a forward on an empty cache, one
+  sequence or a padded batch of them: its positions fill a few large tiles, not many small ones); the output
+  layer reads one row per sequence in either and always uses :data:`ROW_TILE`;
 * **attention**: each sequence attends alone (:func:`per_row_attention`): its own keys only (the padding of
   the batch's cache dropped), ``softmax(q k^T * scale + mask) v`` over a contiguous ``[heads, T_i, d]`` copy,
   the same shapes as when it is decoded alone;
@@ -23,29 +26,50 @@ product): a run's rows come from one kind of forward, and each row says which (`
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
 import torch
 
-#: the rows of every matrix product (a batch of 8 decode steps fills one tile)
+#: the rows of every matrix product of a decode step (a batch of 8 decode steps fills one tile)
 ROW_TILE = 8
+#: the rows of every matrix product of a prefill, bar the output layer's
+PREFILL_TILE = 64
+#: whether the forward running in this thread is a prefill (set by the hook :func:`make_batch_invariant` adds)
+_PREFILL: ContextVar[bool] = ContextVar("batch_invariant_prefill", default=False)
 #: the name the attention and its mask are registered under in transformers
 ATTENTION = "coveil_batch_invariant"
 
 
 class TiledLinear(torch.nn.Linear):
-    """``nn.Linear`` whose product runs in tiles of :data:`ROW_TILE` rows (see the module docstring)."""
+    """``nn.Linear`` whose product runs in tiles of :data:`ROW_TILE` rows, :attr:`prefill_tile` in a prefill
+    (see the module docstring)."""
+
+    #: the tile of this layer's products in a prefill
+    prefill_tile = PREFILL_TILE
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tile = self.prefill_tile if _PREFILL.get() else ROW_TILE
         rows = x.reshape(-1, x.shape[-1])
         count = rows.shape[0]
-        pad = (-count) % ROW_TILE
+        pad = (-count) % tile
         if pad:
             rows = torch.cat([rows, rows.new_zeros(pad, rows.shape[1])])
-        tiles = [torch.nn.functional.linear(rows[start:start + ROW_TILE], self.weight, self.bias)
-                 for start in range(0, rows.shape[0], ROW_TILE)]
+        tiles = [torch.nn.functional.linear(rows[start:start + tile], self.weight, self.bias)
+                 for start in range(0, rows.shape[0], tile)]
         return torch.cat(tiles)[:count].reshape(*x.shape[:-1], -1)
+
+
+def _is_prefill(kwargs: dict[str, Any]) -> bool:
+    """Whether a forward's keyword arguments start from an empty KV cache (or none)."""
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    return cache is None or cache.get_seq_length() == 0
+
+
+def _enter_forward(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Before each forward of the model: say whether it is a prefill, for its layers' products in this thread."""
+    _PREFILL.set(_is_prefill(kwargs))
 
 
 def per_row_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -98,6 +122,10 @@ def make_batch_invariant(model: Any) -> Any:
     for module in model.modules():
         if type(module) is torch.nn.Linear:
             module.__class__ = TiledLinear
+    output = model.get_output_embeddings()
+    if isinstance(output, TiledLinear):
+        output.prefill_tile = ROW_TILE  # one row per sequence, as in a decode step
+    model.register_forward_pre_hook(_enter_forward, with_kwargs=True)
     return model
 
 

@@ -56,9 +56,11 @@ def test_a_batch_invariant_forward_gives_each_item_the_row_it_gets_alone() -> No
     assert isinstance(llm.model.lm_head, TiledLinear)
     alone, together = (greedy_rows(llm, prompts, 6, together=t) for t in (False, True))
     assert np.array_equal(alone, together)  # every bit of every row of 8 items x 6 steps
-    # a left-padded prefill of all eight prompts gives each the row of its prefill alone
-    prefilled = [seq.next_logits for seq in llm.open_many(prompts)]
-    assert all(np.array_equal(row, llm.open(prompt).next_logits) for row, prompt in zip(prefilled, prompts))
+    # a left-padded prefill of all eight prompts (and a one-token prompt, one position like a decode step) gives
+    # each the row of its prefill alone: a prefill's products run in PREFILL_TILE rows, alone or padded
+    prefilled = [seq.next_logits for seq in llm.open_many([*prompts, prompts[0][:1]])]
+    assert all(np.array_equal(row, llm.open(prompt).next_logits)
+               for row, prompt in zip(prefilled, [*prompts, prompts[0][:1]]))
     assert np.abs(alone - plain_alone).max() < 1e-4  # the same model: only the rounding moved
 
 
