@@ -29,13 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eval_harness.report.tables import OBSERVER_METRICS
+from eval_harness.metrics.leakage import METRIC_SPECS, attack_columns
 from eval_harness.sweep.store import RUN_FIELDS
 
 #: the fields of a row's ``inversion`` that say who attacked and how (its scores aside)
 ATTACKER_FIELDS = ("attacker", "k", "max_new_tokens", "prompt")
 #: the observer attacks' scores a summary row keeps (the row's ``observer`` field less its recordings)
-OBSERVER_SCORES = tuple(metric.removeprefix("observer_") for metric in OBSERVER_METRICS)
+OBSERVER_SCORES = tuple(METRIC_SPECS[column].entry for column in attack_columns("observer"))
 #: the fields every result row has and every table reads
 ROW_FIELDS = ("task", "mode", "policy", "correct", "metrics")
 #: what of a row's privacy ledger the tables and figures read

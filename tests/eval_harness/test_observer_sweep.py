@@ -92,8 +92,9 @@ def test_the_report_shows_the_observer_columns_beside_token_er(tiny_runner, tmp_
     section = table.split("## cloud-side fusion", 1)[1]
     header = next(line for line in section.splitlines() if line.startswith("| task"))
     columns = [cell.strip() for cell in header.split("|")]
-    assert columns.index("Token-ER@100") < columns.index("observer_sizes_apart")
-    assert {"observer_timing_auc", "observer_cloud_timing_auc"} <= set(columns), header
+    # the attacks' scores under their labels, after the trace metrics
+    assert columns.index("Token-ER@100") < columns.index("observer: sizes told apart")
+    assert {"observer: timing AUC", "cloud's clock: timing AUC"} <= set(columns), header
     numbers = list(csv_rows(tmp_path / "report" / "tables.csv"))
     assert numbers and all(row["observer_sizes_apart_n"] == "3" for row in numbers)
 

@@ -20,7 +20,7 @@ from eval_harness.metrics import METRIC_SPECS, METRICS, MetricSpec, RecallCase, 
 from eval_harness.report import plots
 from eval_harness.report.tables import markdown, metrics_recorded, table, table_numbers
 
-from tests.test_demo_protocol import PIECES, SCRIPTED, one_hot
+from tests.eval_harness.test_demo_protocol import PIECES, SCRIPTED, one_hot
 
 
 def hidden_er(case: RecallCase, k: int) -> float:
