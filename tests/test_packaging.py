@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -243,3 +244,13 @@ def test_ruff_passes_with_the_project_rule_list() -> None:
     done = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise", "."],
                           capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-1000:]
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    """``.ci/run`` runs exactly README's second command: pytest, then the TypeScript SDK's tests from the lock."""
+    section = (ROOT / "README.md").read_text().split("## Two commands", 1)[1].split("\n## ", 1)[0]
+    commands = re.findall(r"```bash\n(.*?)\n```", section, re.S)
+    assert len(commands) == 2
+    test_command = commands[1].strip()
+    assert "python -m pytest" in test_command and "npm ci" in test_command and "npm test" in test_command
+    assert test_command in (ROOT / ".ci" / "run").read_text().splitlines()

@@ -2,22 +2,26 @@
  * The Python side of the end-to-end tests: a cloud adapter (`coveil-cloud serve`, the embedded model) started for
  * the tests, the Python SDK's run of the same item (`python_edge.py`), the embedded GGUF's path.
  *
- * `COVEIL_PYTHON` names the Python with the CoVeil packages installed (default `python`); `COVEIL_CLOUD` an adapter
+ * `COVEIL_PYTHON` names the Python with the CoVeil packages installed (default: the repository's `.venv`, else
+ * `python`); `COVEIL_CLOUD` an adapter
  * already serving on loopback (then none is started).
  */
 
 import { execFile, spawn, type ChildProcess } from "node:child_process";
+import { existsSync } from "node:fs";
 import { createServer, type AddressInfo } from "node:net";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import type { MessageChannel } from "../../src/carriers/channel.js";
 
-export const PYTHON = process.env.COVEIL_PYTHON ?? "python";
 const run = promisify(execFile);
 const here = dirname(fileURLToPath(import.meta.url));
 /** the repository's root: the Python packages import from there */
 export const REPO = join(here, "..", "..", "..");
+/** the Python with the CoVeil packages: `COVEIL_PYTHON`, else the repository's `.venv` (README's install), else `python` */
+export const PYTHON = process.env.COVEIL_PYTHON
+  ?? (existsSync(join(REPO, ".venv", "bin", "python")) ? join(REPO, ".venv", "bin", "python") : "python");
 /** MedPriv as the repository ships it (`COVEIL_MEDPRIV` names another copy) */
 export const MEDPRIV = process.env.COVEIL_MEDPRIV ?? join(REPO, "eval_harness", "data", "MEDPRIV.jsonl");
 /** the checkout the adapter runs from (`COVEIL_ADAPTER_REPO`; default this one) */
