@@ -251,6 +251,10 @@ def test_the_export_button_downloads_the_activity_log_with_the_odds_next_to_epsi
     summary = browser.find_element(By.CSS_SELECTOR, "#ledger tfoot").text
     assert "edge-side dp_fusion (each of 2 releases: renyi(order=2, epsilon=1) for any two private contexts" in summary
     assert "epsilon=1.0" not in summary
+    # edge-side the meter reads the cloud's own top ids (E_t^K), so the line saying why it rose names no token
+    # as a word of the private context (the one the device sent may not be one)
+    why = browser.find_element(By.ID, "meter-why").text
+    assert why == "" or ("the cloud's own top next tokens" in why and "read the token" not in why), why
     assert "In words: whoever sees what left the device is at most 180,000 times more likely to tell your context " \
            "from any other" in line
 

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from edge_sdk.client import EdgeClient
-from edge_sdk.leakage import piece_reader
+from edge_sdk.backends.pieces import piece_reader
 from edge_sdk.policies import Undefended
 from edge_sdk.testing import ScriptedCloud, TableSLM
 from eval_harness import demo

@@ -124,12 +124,15 @@ function resetOutput() {
 }
 
 // why the meter rose, said once, at the first step that raised it
-function explainMeter(text, step) {
+function explainMeter(step) {
   if (meterExplained || step.leakage_meter <= 0) return;
   meterExplained = true;
+  // edge-side the meter reads the cloud's own top ids for the step (E_t^K), not the token the device sent: the
+  // token itself need not be a word of the private context, so it is not named
   const what = step.saw === "upload" || step.saw === "nothing"
     ? `the upload at step ${step.step} ranks a word of the private context among its top ids`
-    : `at step ${step.step} the cloud read the token "${text.trim() || text}", a word of the private context`;
+    : `at step ${step.step} the cloud's own top next tokens, after the text the device chose so far, include a ` +
+      "word of the private context";
   $("meter-why").textContent = `The meter rose to ${percent(step.leakage_meter)}: ${what}. A word counts as ` +
     "exposed whenever the private context holds it, even when the public question says it too (the cloud " +
     "cannot tell which one taught the answer the word, so the meter does not either).";
@@ -215,7 +218,7 @@ function addStep(text, step) {
     valuesCell(step.values_uploaded), bytesCell(step.bytes_up), bytesCell(step.bytes_down), percent(step.leakage_meter)]);
   row.className = band;
   document.querySelector("#ledger tbody").append(row);
-  explainMeter(text, step);
+  explainMeter(step);
   showMeter(step.leakage_meter);
 }
 
