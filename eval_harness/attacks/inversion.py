@@ -147,6 +147,12 @@ def parse_reconstruction(reply: str) -> str:
     return rest.strip() if sep and not head.strip() else text
 
 
+class InversionRefused(ValueError):
+    """The attacker cannot read one observation: its prompt and reply exceed the attacker's context (the local
+    model's ``max_position_embeddings``, or an endpoint that answered 400).  The item's row records why, with no
+    scores, and the run goes on (a long generation's full sequence at K = 100 runs to tens of thousands of tokens)."""
+
+
 class InversionAttack(Protocol):
     """An attacker: turns what the cloud observed into reconstructions of the private context.
 
@@ -164,7 +170,8 @@ class InversionAttack(Protocol):
 
     def reconstruct(self, observation: CloudObservation) -> str: ...
 
-    def reconstruct_each(self, observations: Sequence[CloudObservation]) -> Iterator[tuple[int, str]]: ...
+    def reconstruct_each(self, observations: Sequence[CloudObservation],
+                         ) -> Iterator[tuple[int, str | InversionRefused]]: ...
 
 
 class EndpointInversion:
@@ -188,16 +195,30 @@ class EndpointInversion:
         self.name = f"{client.model} @ {client.base_url}"
 
     def reconstruct(self, observation: CloudObservation) -> str:
+        """The reconstruction; :class:`InversionRefused` when the endpoint refuses the prompt (400: past its
+        context, as llama.cpp's server answers)."""
+        import openai
+
         messages = inversion_messages(observation, self.piece, self.k, self.sequence)
-        reply = self.client.complete(messages, temperature=0.0, max_tokens=self.max_new_tokens)
+        try:
+            reply = self.client.complete(messages, temperature=0.0, max_tokens=self.max_new_tokens)
+        except openai.BadRequestError as exc:
+            size = sum(len(m["content"]) for m in messages)
+            raise InversionRefused(f"the endpoint refused the inversion prompt ({size:,} characters, "
+                                   f"{len(observation.exposures)} steps, {self.sequence} sequence at K={self.k}): "
+                                   f"{exc.message}; use the compact sequence or a smaller K") from None
         return parse_reconstruction(reply)
 
-    def reconstruct_each(self, observations: Sequence[CloudObservation]) -> Iterator[tuple[int, str]]:
-        """``(index, reconstruction)`` for each observation, as the requests come back."""
+    def reconstruct_each(self, observations: Sequence[CloudObservation],
+                         ) -> Iterator[tuple[int, str | InversionRefused]]:
+        """``(index, reconstruction or why it was refused)`` for each observation, as the requests come back."""
         with ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix="inversion") as pool:
             futures = {pool.submit(self.reconstruct, observation): i for i, observation in enumerate(observations)}
             for future in as_completed(futures):
-                yield futures[future], future.result()
+                try:
+                    yield futures[future], future.result()
+                except InversionRefused as refused:
+                    yield futures[future], refused
 
 
 class TransformersInversion:
@@ -230,7 +251,8 @@ class TransformersInversion:
         self.generated_tokens = 0  # tokens written so far (up to each end-of-sequence), for throughput figures
 
     def prompt_ids(self, observation: CloudObservation) -> list[int]:
-        """The attack's prompt as token ids (``ValueError`` when it and the reply exceed the model's context)."""
+        """The attack's prompt as token ids (:class:`InversionRefused` when it and the reply exceed the model's
+        context)."""
         messages = inversion_messages(observation, self.piece, self.k, self.sequence)
         tokenizer = self.llm.tokenizer
         if getattr(tokenizer, "chat_template", None):
@@ -240,7 +262,7 @@ class TransformersInversion:
             ids = self.llm.tokenize("\n\n".join(m["content"] for m in messages) + "\n\nNote:")
         context = getattr(getattr(self.llm.model, "config", None), "max_position_embeddings", None)
         if isinstance(context, int) and len(ids) + self.max_new_tokens > context:
-            raise ValueError(f"the inversion prompt holds {len(ids)} tokens ({len(observation.exposures)} steps, "
+            raise InversionRefused(f"the inversion prompt holds {len(ids)} tokens ({len(observation.exposures)} steps, "
                              f"{self.sequence} sequence at K={self.k}) + {self.max_new_tokens} to write, more than "
                              f"the attacker's context of {context}: use the compact sequence or a smaller K")
         return ids
@@ -260,11 +282,20 @@ class TransformersInversion:
                 batch.append(i)
         return out
 
-    def reconstruct_each(self, observations: Sequence[CloudObservation]) -> Iterator[tuple[int, str]]:
-        """``(index, reconstruction)`` for each observation, one batch at a time (shortest prompts first)."""
-        prompts = [self.prompt_ids(observation) for observation in observations]
-        for batch in self.batches([len(p) for p in prompts]):
-            yield from zip(batch, self.complete([prompts[i] for i in batch]))
+    def reconstruct_each(self, observations: Sequence[CloudObservation],
+                         ) -> Iterator[tuple[int, str | InversionRefused]]:
+        """``(index, reconstruction or why it was refused)`` for each observation: the refused first, then one
+        batch at a time (shortest prompts first)."""
+        prompts: dict[int, list[int]] = {}
+        for i, observation in enumerate(observations):
+            try:
+                prompts[i] = self.prompt_ids(observation)
+            except InversionRefused as refused:
+                yield i, refused
+        readable = list(prompts)
+        for batch in self.batches([len(prompts[i]) for i in readable]):
+            indices = [readable[b] for b in batch]
+            yield from zip(indices, self.complete([prompts[i] for i in indices]))
 
     def complete(self, prompts: Sequence[Sequence[int]]) -> list[str]:
         """Greedy continuations of ``prompts`` in one left-padded ``generate`` call, each cut at its end token
@@ -303,9 +334,13 @@ def rouge1(reconstruction: str, private_context: str) -> dict[str, float]:
     return {"rouge1_recall": float(score.recall), "rouge1_f1": float(score.fmeasure)}
 
 
-def inversion_cell(attack: InversionAttack, reconstruction: str, private_context: str) -> dict[str, Any]:
-    """A result row's ``inversion`` field: who attacked with what, the scores, and the reconstruction."""
+def inversion_cell(attack: InversionAttack, reconstruction: str | InversionRefused,
+                   private_context: str) -> dict[str, Any]:
+    """A result row's ``inversion`` field: who attacked with what, the scores, and the reconstruction; for a
+    refused observation no scores (the reports count the items that have them) and ``refused``: why."""
+    cell = {"attacker": attack.name, "k": attack.k, "max_new_tokens": attack.max_new_tokens,
+            "sequence": attack.sequence, "prompt": prompt_version(attack.sequence)}
+    if isinstance(reconstruction, InversionRefused):
+        return {**cell, "recall": None, "f1": None, "reconstruction": None, "refused": str(reconstruction)}
     score = rouge1(reconstruction, private_context)
-    return {"attacker": attack.name, "k": attack.k, "recall": score["rouge1_recall"], "f1": score["rouge1_f1"],
-            "reconstruction": reconstruction, "max_new_tokens": attack.max_new_tokens, "sequence": attack.sequence,
-            "prompt": prompt_version(attack.sequence)}
+    return {**cell, "recall": score["rouge1_recall"], "f1": score["rouge1_f1"], "reconstruction": reconstruction}

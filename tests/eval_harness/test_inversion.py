@@ -17,8 +17,10 @@ from edge_sdk.privacy.meter import ExposureTrace
 from eval_harness.attacks.inversion import (
     CloudObservation,
     EndpointInversion,
+    InversionRefused,
     TransformersInversion,
     exposure_lines,
+    inversion_cell,
     inversion_messages,
     parse_reconstruction,
     prompt_version,
@@ -110,6 +112,70 @@ def test_a_local_attacker_refuses_a_prompt_its_context_cannot_hold() -> None:
     attack.llm.model.config.max_position_embeddings = fits + 15
     with pytest.raises(ValueError, match=f"holds {fits} tokens .* more than the attacker's context of {fits + 15}"):
         attack.prompt_ids(OBSERVATION)
+
+
+def test_a_local_attacker_answers_the_others_and_says_which_it_refused() -> None:
+    """One observation too long for the attacker's context: it is yielded with why, the others are attacked (a
+    long generation no longer ends the whole run)."""
+    from types import SimpleNamespace
+
+    attack = TransformersInversion.__new__(TransformersInversion)
+    attack.piece, attack.k, attack.max_new_tokens, attack.sequence = PIECES, 3, 16, "full"
+    attack.batch_size, attack.max_batch_tokens, attack.name = 4, 1 << 16, "local:stand-in"
+    attack.llm = SimpleNamespace(
+        tokenizer=SimpleNamespace(chat_template=None), tokenize=lambda text, add_bos=True: [0] * len(text),
+        model=SimpleNamespace(config=SimpleNamespace(max_position_embeddings=5_000)))
+    attack.complete = lambda prompts: [f"{len(p)} tokens read" for p in prompts]  # type: ignore[method-assign]
+    short = CloudObservation("Which organ?", ExposureTrace(3, ((5, 6, 7),)))
+    long = CloudObservation("Which organ?", ExposureTrace(3, ((5, 6, 7),) * 400))
+    answers = dict(attack.reconstruct_each([long, short, short]))
+    assert sorted(answers) == [0, 1, 2]
+    assert isinstance(answers[0], InversionRefused) and "more than the attacker's context of 5000" in str(answers[0])
+    assert answers[1] == answers[2] == f"{len(attack.prompt_ids(short))} tokens read"
+    cell = inversion_cell(attack, answers[0], "the private context")
+    assert cell["recall"] is None and cell["f1"] is None and cell["reconstruction"] is None
+    assert cell["refused"].startswith("the inversion prompt holds")
+
+
+class ShortContextEndpoint(BaseHTTPRequestHandler):
+    """An OpenAI-compatible chat endpoint with a 2,000-byte context: a longer request gets llama.cpp's 400."""
+
+    def do_POST(self) -> None:
+        raw = self.rfile.read(int(self.headers["Content-Length"]))
+        body = json.loads(raw)
+        if len(raw) > 2000:
+            status, reply = 400, {"error": {"message": "the request exceeds the available context size",
+                                            "type": "invalid_request_error", "code": 400}}
+        else:
+            status, reply = 200, {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                                  "choices": [{"index": 0, "finish_reason": "stop",
+                                               "message": {"role": "assistant", "content": "Note: a liver."}}]}
+        data = json.dumps(reply).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_an_endpoint_that_refuses_a_long_prompt_refuses_that_observation_only(tmp_path: Path) -> None:
+    server = HTTPServer(("127.0.0.1", 0), ShortContextEndpoint)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = ChatClient(f"http://127.0.0.1:{server.server_port}/v1", "test-model", cache_dir=tmp_path,
+                            backoff_s=0.01)
+        attack = EndpointInversion(client, PIECES, k=3, max_new_tokens=8, parallel=2)
+        short = CloudObservation("Which organ?", ExposureTrace(3, ((5, 6, 7),)))
+        long = CloudObservation("Which organ?", ExposureTrace(3, ((5, 6, 7),) * 200))
+        answers = dict(attack.reconstruct_each([short, long, short]))
+    finally:
+        server.shutdown()
+    assert answers[0] == answers[2] == "a liver."
+    assert isinstance(answers[1], InversionRefused)
+    assert "exceeds the available context size" in str(answers[1]) and "compact sequence" in str(answers[1])
 
 
 def test_batches_hold_similar_lengths_within_both_limits() -> None:
