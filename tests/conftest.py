@@ -93,10 +93,22 @@ def rng() -> np.random.Generator:
 EMBEDDED_MODEL_FIXTURES = frozenset({"slm", "gemma_llm", "engine"})
 
 
+#: the carriers that serve over loopback sockets (a server per module): in the fast lane each suite runs in process
+NETWORK_CARRIERS = frozenset({"grpc", "websocket"})
+
+
+def over_a_network_carrier(item: pytest.Item) -> bool:
+    """Whether ``item`` is a case parametrized over a network carrier (a ``*carrier*`` parameter)."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return any("carrier" in name and value in NETWORK_CARRIERS for name, value in params.items())
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test that loads the embedded model is ``slow`` too: the fast lane (``pytest -m "not slow"``) needs
-    no model file and no marker to remember. Tests slow for other reasons (tiny transformers models, processes,
-    servers) carry ``pytest.mark.slow`` themselves."""
+    """Every test that loads the embedded model is ``slow`` too, and so is every case over a network carrier (its
+    in-process case stays): the fast lane (``pytest -m "not slow"``) needs no model file, no server and no
+    marker to remember. Tests slow for other reasons (tiny transformers models, processes, real clocks) carry
+    ``pytest.mark.slow`` themselves."""
     for item in items:
-        if item.get_closest_marker("model") or EMBEDDED_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if (item.get_closest_marker("model") or EMBEDDED_MODEL_FIXTURES & set(getattr(item, "fixturenames", ()))
+                or over_a_network_carrier(item)):
             item.add_marker(pytest.mark.slow)

@@ -137,7 +137,7 @@ def dp_fusion_lambda(p_private: np.ndarray, p_public: np.ndarray, bound: float, 
     so the feasible set is an interval ``[0, l*]``, found to a relative 1e-12: the forward root from the
     polynomial's coefficients (other orders search ``F``), the reverse sum checked at it and, only when it
     binds, searched by :func:`_largest_feasible`.  The result never exceeds the bound and is non-decreasing
-    in ``b``.
+    in ``b`` up to that accuracy (two bounds an ulp apart may give roots a relative 1e-12 apart either way).
     """
     return _Mixing(p_private, p_public, bound, order).weight()
 

@@ -98,6 +98,7 @@ def gaps_seen_by_the_cloud(private: str, mode: str, lookahead: int) -> np.ndarra
     return 1e3 * np.diff(channel.arrivals)
 
 
+@pytest.mark.slow  # a real clock: generations paced at 50 ms a step
 @pytest.mark.parametrize("mode", ["edge", "cloud"])
 def test_under_the_auto_pace_the_gaps_do_not_show_the_private_context_s_length(mode: str) -> None:
     """The timing promise of ``test_observer_timing.py`` under ``pace_ms="auto"``: lockstep and run-ahead, a short
