@@ -85,12 +85,22 @@ _UNSPACED_SCRIPTS = ("CJK UNIFIED IDEOGRAPH", "CJK COMPATIBILITY IDEOGRAPH", "HI
                      "KHMER", "MYANMAR")
 
 
+#: marks that belong inside a Japanese word: the iteration mark (佐々木) and the long-vowel mark (ユーコ)
+_JAPANESE_MARKS = frozenset("\u3005\u30fc")
+#: the most consecutive readings joined into one word: a name's family and given parts (欧阳娜娜, 山田太郎); more
+#: would only join a sentence, and the runs of n readings grow as n^2 (an 800-character span took 36 s and 1.6 GB)
+MAX_JOINED_READINGS = 4
+
+
 def _romanisable(ch: str) -> str | None:
-    """``"han"`` for a Chinese character (read in Chinese and in Japanese), ``"kana"`` for hiragana or katakana,
-    else ``None``."""
+    """``"han"`` for a Chinese character (read in Chinese and in Japanese), ``"kana"`` for hiragana or katakana
+    (and the marks inside a Japanese word), else ``None``; ``ch`` as NFKC gives it (half-width katakana are read
+    as full-width)."""
     name = unicodedata.name(ch, "")
     if name.startswith(("CJK UNIFIED IDEOGRAPH", "CJK COMPATIBILITY IDEOGRAPH")):
         return "han"
+    if ch in _JAPANESE_MARKS:
+        return "kana"
     return "kana" if name.startswith(("HIRAGANA", "KATAKANA")) and unicodedata.category(ch) == "Lo" else None
 
 
@@ -126,8 +136,10 @@ def _long_vowel_forms(reading: str) -> set[str]:
 
 
 def _joined_runs(units: list[str]) -> set[str]:
-    """Every run of consecutive ``units`` written as one word (``yamada``, ``tarou``, ``yamadatarou``)."""
-    return {"".join(units[start:end]) for start in range(len(units)) for end in range(start + 1, len(units) + 1)}
+    """Every run of at most :data:`MAX_JOINED_READINGS` consecutive ``units`` written as one word (``yamada``,
+    ``tarou``, ``yamadatarou``)."""
+    return {"".join(units[start:end]) for start in range(len(units))
+            for end in range(start + 1, min(len(units), start + MAX_JOINED_READINGS) + 1)}
 
 
 def romanised_words(text: str) -> set[str]:
@@ -139,7 +151,9 @@ def romanised_words(text: str) -> set[str]:
     ``王小明`` gives ``wang``, ``xiao``, ``ming``, ``xiaoming``, ``hsiao``, ...); readings of one letter left
     out (:data:`MIN_READING_LETTERS`).  Empty, importing neither library, for text without such characters.
     Han characters are read both ways (the text's language is not known), which masks more than either alone.
-    What stays: readings neither dictionary gives (a name's unusual reading), other systems (Yale, Korean)."""
+    Runs of more than :data:`MAX_JOINED_READINGS` readings are not joined.  What stays: readings neither
+    dictionary gives (a name's unusual reading), other systems (Yale, Korean)."""
+    text = unicodedata.normalize("NFKC", text)  # half-width katakana (ﾀﾛｳ) as full-width
     runs = ["".join(chars) for kind, chars in groupby(text, key=lambda ch: _romanisable(ch) is not None) if kind]
     words: set[str] = set()
     for run in runs:

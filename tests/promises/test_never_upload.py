@@ -87,6 +87,30 @@ def test_a_name_in_a_script_without_spaces_is_masked_character_by_character() ->
     assert not got & {"田中", "患者", "は", "さん", "。"}
 
 
+@pytest.mark.parametrize(("span", "reading"), [("佐々木", "sasaki"), ("野々村", "nonomura"), ("ユーコ", "yuko"),
+                                               ("ﾀﾛｳ", "taro")])
+def test_names_with_japanese_marks_or_half_width_kana_are_read_whole(span: str, reading: str) -> None:
+    """The iteration mark 々 and the long-vowel mark ー are inside a word (they split the run before, so 佐々木 gave
+    no ``sasaki``), and half-width katakana are read as full-width (ﾀﾛｳ gave nothing)."""
+    from edge_sdk.privacy.masking import romanised_words
+
+    assert reading in romanised_words(span)
+
+
+def test_a_long_span_s_readings_grow_linearly_not_as_every_run() -> None:
+    """Every run of a span's readings joined grew as n^2 words (an 800-character span: 36 s and 1.6 GB): runs of
+    at most four readings (a name's parts) are joined, so 300 random characters give a few thousand words."""
+    import random
+
+    from edge_sdk.privacy.masking import romanised_words
+
+    rng = random.Random(0)
+    span = "".join(chr(rng.randint(0x4E00, 0x9FA5)) for _ in range(300))
+    words = romanised_words(span)
+    assert len(words) < 40 * len(span)  # all runs joined: over 45,000 pinyin words alone (300 x 301 / 2)
+    assert max(map(len, words)) <= 4 * 6 * 2  # four readings of at most six letters, in pinyin or kakasi units
+
+
 def test_a_chinese_or_japanese_name_is_masked_in_the_romanised_forms_the_vocabulary_holds() -> None:
     """`` Yamada`` kept 1.8% of the SLM's mass with ``山田太郎`` masked (the attack review): its readings
     (Hepburn ``yamada``, ``tarou``, and ``taro``, as written without the long vowel) are masked now, whole and
