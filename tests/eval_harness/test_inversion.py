@@ -137,6 +137,22 @@ def test_a_local_attacker_answers_the_others_and_says_which_it_refused() -> None
     assert cell["refused"].startswith("the inversion prompt holds")
 
 
+def chat_completion(model: str, content: str) -> dict:
+    """An OpenAI chat completion whose one choice says ``content``."""
+    return {"id": "x", "object": "chat.completion", "created": 0, "model": model,
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}]}
+
+
+def answer_json(handler: BaseHTTPRequestHandler, status: int, payload: dict) -> None:
+    """Answer ``handler``'s request with ``payload`` as JSON."""
+    data = json.dumps(payload).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
 class ShortContextEndpoint(BaseHTTPRequestHandler):
     """An OpenAI-compatible chat endpoint with a 2,000-byte context: a longer request gets llama.cpp's 400."""
 
@@ -144,18 +160,10 @@ class ShortContextEndpoint(BaseHTTPRequestHandler):
         raw = self.rfile.read(int(self.headers["Content-Length"]))
         body = json.loads(raw)
         if len(raw) > 2000:
-            status, reply = 400, {"error": {"message": "the request exceeds the available context size",
-                                            "type": "invalid_request_error", "code": 400}}
+            answer_json(self, 400, {"error": {"message": "the request exceeds the available context size",
+                                              "type": "invalid_request_error", "code": 400}})
         else:
-            status, reply = 200, {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                                  "choices": [{"index": 0, "finish_reason": "stop",
-                                               "message": {"role": "assistant", "content": "Note: a liver."}}]}
-        data = json.dumps(reply).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+            answer_json(self, 200, chat_completion(body["model"], "Note: a liver."))
 
     def log_message(self, *args) -> None:
         pass
@@ -233,15 +241,7 @@ class FlakyEndpoint(BaseHTTPRequestHandler):
             self.send_response(503)
             self.end_headers()
             return
-        reply = {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                 "choices": [{"index": 0, "finish_reason": "stop",
-                              "message": {"role": "assistant", "content": "Note: a swollen liver."}}]}
-        data = json.dumps(reply).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        answer_json(self, 200, chat_completion(body["model"], "Note: a swollen liver."))
 
     def log_message(self, *args) -> None:
         pass
