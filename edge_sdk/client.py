@@ -537,7 +537,7 @@ class EdgeClient:
         try:
             yield from run_with_resume(decoder, lambda: self._connect(lookahead), max_reconnects=self.max_reconnects)
         finally:
-            self._idle_since = time.perf_counter()
+            self._idle_since = decoder.pacer.end()
             ended = decoder.finish_reason or (
                 "max_new_tokens" if len(decoder.tokens) >= decoder.settings.max_new_tokens else "interrupted")
             self.activity_log.record(decoder.ledger, finish_reason=ended)

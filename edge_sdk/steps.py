@@ -151,7 +151,8 @@ class Pacer:
     The open: it leaves at the first point of ``B + n * prefill_budget_ms`` (``n >= 1``) at or after the SLM's
     prefill, ``B = max(b, f)``: ``b`` the earliest time the generation's private work on the device began
     (:meth:`begin`), ``f`` the latest time before which none of it can have run, when the previous generation on
-    the same client ended (:meth:`not_before`).  ``prefill_budget_ms=None``: no wait.
+    the same client ended (:meth:`not_before`).  ``prefill_budget_ms=None``: no wait.  Private work after the
+    generation (:meth:`wait_after_end`) ends on the same grid from when its last session closed.
     """
 
     def __init__(self, pace_ms: float | None, prefill_budget_ms: float | None = None,
@@ -161,6 +162,7 @@ class Pacer:
         self.prefill_budget_s = None if prefill_budget_ms is None else prefill_budget_ms / 1e3
         self._began_at: float | None = None  # perf_counter clock
         self._not_before = -math.inf  # perf_counter clock
+        self._ended_at: float | None = None  # perf_counter clock: when the last session closed (end)
         self.last_slot = 0.0  # perf_counter clock
 
     @property
@@ -178,6 +180,22 @@ class Pacer:
         saw that end, and the work of this generation done before it (a queued request tokenised while the
         previous one ran) does not lie between that end and this open; the latest call counts."""
         self._not_before = max(self._not_before, at)
+
+    def end(self) -> float:
+        """The generation's last session closed now (the cloud saw it); returns when (``time.perf_counter``)."""
+        self._ended_at = time.perf_counter()
+        return self._ended_at
+
+    def wait_after_end(self) -> bool:
+        """Private work after the last session closed (scoring an echoed prompt) ends at the first point of
+        ``E + n * prefill_budget_ms`` (``n >= 1``), ``E`` when it closed (:meth:`end`), so when its result reaches
+        the app, and whatever the app sends next, does not show how long it took; whether it ran past the first
+        point.  ``prefill_budget_ms=None``: no wait."""
+        if self.prefill_budget_s is None:
+            return False
+        if self._ended_at is None:
+            raise ValueError("work after the generation is paced from its end: run it on an EdgeClient first")
+        return self._wait_on_grid(self._ended_at, self.prefill_budget_s) > 1
 
     def wait_for_open(self) -> bool:
         """Sleep until the open's slot; whether the prefill ran past its first one."""

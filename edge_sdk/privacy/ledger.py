@@ -52,7 +52,8 @@ class PrivacyLedger:
     reconnects: int = 0
     #: with a prefill budget (DecodeSettings.prefill_budget_ms), the work before the open (tokenising the private
     #: text, the SLM's prefill) ran past it and the session opened at a later point of its grid, which shows the
-    #: cloud how many budgets that work took
+    #: cloud how many budgets that work took; or the work after the close (scoring an echoed prompt) did, and
+    #: its result came a point later
     prefill_overrun: bool = False
     #: the id the cloud gave each session this generation ran in (one, plus one per resume), in order: the cloud
     #: chose them and sent them to the edge, so keeping them here reveals nothing; an auditor matches them to the

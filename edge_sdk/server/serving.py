@@ -52,6 +52,7 @@ from edge_sdk.server.openai.protocol import (
 from edge_sdk.server.settings import ServerSettings
 from edge_sdk.server.tools import chosen_tools
 from edge_sdk.server.tools import instruction as tool_instruction
+from edge_sdk.decode_settings import AUTO
 from edge_sdk.decoding import CollaborativeDecoder
 from edge_sdk.protocol import wire
 from edge_sdk.protocol.status import CloudError
@@ -328,6 +329,7 @@ class EdgeServing:
         self._lock = threading.Lock()
         self._queued: set[Job] = set()  # submitted, not yet taken by the worker nor withdrawn
         self._running: Job | None = None
+        self._slm_lock = threading.Lock()  # the SLM runs one thing at a time: a generation, or measuring the pace
         self._pieces: list[bytes] | None = None  # each id's bytes, for log-probabilities (built when first asked)
         self._embedder: DeviceEmbedder | None = None  # the SLM's GGUF loaded for embeddings (on the first request)
         self._cloud_down: tuple[float, str] | None = None  # (when, the adapter's state) while known to be down
@@ -355,6 +357,7 @@ class EdgeServing:
     # -- requests to generations ---------------------------------------------------------------------
     def prepare_chat(self, request: ChatCompletionRequest) -> Generation:
         """Check a chat request and build its prompts (the model's chat template on both sides) and decoder."""
+        self._measure_pace_if_asked(request)  # public work: before the generation's private work began
         began_at = time.perf_counter()
         self._check_supported(request)
         if self.chat_template is None:
@@ -378,6 +381,7 @@ class EdgeServing:
 
     def prepare_completion(self, request: CompletionRequest) -> Generation:
         """Check a completion request and build its plain-text prompts and decoder."""
+        self._measure_pace_if_asked(request)  # public work: before the generation's private work began
         began_at = time.perf_counter()
         self._check_supported(request)
         options = self.options_of(request)
@@ -411,6 +415,14 @@ class EdgeServing:
             generation.echo, generation.echo_head = (head or "") + text, head
         generation.score_prompt = prefix is not None
         return generation
+
+    def _measure_pace_if_asked(self, request: GenerationRequest) -> None:
+        """``coveil.pace_ms: "auto"``: the client's pace, measured on a public prompt the first time one is asked
+        (:meth:`~edge_sdk.client.EdgeClient.calibrated_pace_ms`; it waits for the running generation, since the
+        SLM does one thing at a time)."""
+        if request.coveil is not None and request.coveil.pace_ms == AUTO:
+            with self._slm_lock:
+                self.client.calibrated_pace_ms()
 
     def options_of(self, request: GenerationRequest) -> CoveilOptions:
         """The request's ``coveil`` options; without a ``private_context`` of its own, the run's
@@ -609,7 +621,8 @@ class EdgeServing:
                 continue
             self._running = job
             try:
-                self._run(job)
+                with self._slm_lock:
+                    self._run(job)
             finally:
                 self._running = None
         while True:  # closing: answer whoever still waits

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -84,6 +85,13 @@ def test_a_request_without_coveil_is_conditioned_on_the_runs_private_context(
     assert unmarked != chat_prompt_tokens(extra_body={"coveil": {"private_context": OTHER_CONTEXT}})
     assert all(CANARY not in json.dumps(t) for t in transcripts(cloud))
     assert CANARY not in server_logs.text and "jaundice" not in server_logs.text
+
+
+def test_the_info_route_names_the_runs_private_context_file_but_never_its_text(endpoint: Endpoint) -> None:
+    info = httpx.get(endpoint.base_url + "/coveil/info", timeout=30).json()
+    assert info["run_private_context"] == {"file": str(endpoint.settings.private_context_file),
+                                           "characters": len(PRIVATE_CONTEXT)}  # the file's text, stripped
+    assert CANARY not in json.dumps(info) and "jaundice" not in json.dumps(info)
 
 
 def test_a_scored_prompt_past_the_public_cap_is_refused_and_nothing_is_sent(endpoint: Endpoint, cloud: Cloud,

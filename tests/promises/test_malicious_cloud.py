@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -64,6 +65,7 @@ class PeakSLM:
 class LyingCloud:
     """A cloud session handler that lists every id but ``probe`` at one value with ``tail_bound`` that value.
 
+    Asked to score the prompt, it sends that row at every prompt position.
     Every message it receives is kept (serialized) in ``received``, shared by
     the sessions of one generation.  ``breaks`` times it breaks the stream on
     the first message of step ``break_step`` (after keeping it).  Its token
@@ -103,8 +105,12 @@ class LyingCloud:
         if kind == "open":
             self.request = wire.decode_open(message.open)
             self.step = len(self.request.resume_prefix)
-            yield wire.encode_opened(wire.SessionInfo("lying", "liar", self.vocab, len(self.request.prompt_ids),
-                                                      frozenset({self.vocab - 1}), self.max_new_tokens))
+            positions = len(self.request.prompt_ids) - 1 if self.request.score_prompt else 0
+            row = wire.decode_distribution(self._row().distribution, self.vocab)  # the same row at every position
+            rows = tuple(replace(row, step=position) for position in range(positions))
+            yield wire.encode_opened(wire.SessionInfo(
+                "lying", "liar", self.vocab, len(self.request.prompt_ids), frozenset({self.vocab - 1}),
+                self.max_new_tokens, prompt_rows=rows, prompt_token_values=(float(row.values[0]),) * positions))
             yield self._row()
         elif kind == "request_full":
             self._maybe_break()

@@ -9,6 +9,7 @@ import string
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from edge_sdk.client import EdgeClient
 from edge_sdk.decode_settings import DecodeSettings
@@ -18,6 +19,10 @@ from edge_sdk.pace_calibration import on_pace_grid
 from edge_sdk.policies import make_policy
 from edge_sdk.testing import LinkChannel, ScriptedCloud, TableSLM
 from edge_sdk.protocol.connection import CloudConnection
+from edge_sdk.server.errors import validation_message
+from edge_sdk.server.openai.protocol import CompletionRequest
+from edge_sdk.server.serving import EdgeServing
+from edge_sdk.server.settings import ServerSettings
 
 from tests.promises.test_observer_timing import auc
 
@@ -107,3 +112,30 @@ def test_under_the_auto_pace_the_gaps_do_not_show_the_private_context_s_length(m
         short, long = (gaps_seen_by_the_cloud(private, mode, lookahead) for private in (SHORT, LONG))
         assert 0.2 <= auc(short, long) <= 0.8, (lookahead, short, long)
         assert abs(np.median(long) - np.median(short)) < 5, (lookahead, short, long)
+
+
+def test_the_endpoint_takes_an_auto_pace_and_refuses_any_other_word(monkeypatch) -> None:
+    """``coveil.pace_ms: "auto"`` on the endpoint: the client's pace, measured once on public text before the
+    request's private work begins (50 ms for this SLM, as above), for every request that asks; anything but a
+    positive number or "auto" is a 400 naming the field."""
+    import edge_sdk.pace_calibration as calibration
+
+    slm = ClockedSLM()
+    monkeypatch.setattr(calibration, "time", slm)
+    cloud = ScriptedCloud(len(VOCAB_PIECES), default=peaked(), max_new_tokens=STEPS)
+    with EdgeClient(cloud.session, slm=slm) as edge:
+        serving = EdgeServing(edge, None, ServerSettings(cloud="127.0.0.1:1"), n_ctx=4096)
+        try:
+            for private in (SHORT, LONG):
+                request = CompletionRequest(model="coveil", prompt="q", max_tokens=2, coveil={
+                    "private_context": private, "pace_ms": "auto"})
+                assert serving.prepare_completion(request).decoder.settings.pace_ms == 50.0
+                measured_at = slm.now
+            assert slm.now == measured_at  # measured once: the second request did not run the SLM again
+        finally:
+            serving.close()
+    for word in ("fast", 0, True, "20"):
+        with pytest.raises(ValidationError) as refused:
+            CompletionRequest(model="coveil", prompt="q", coveil={"pace_ms": word})
+        assert validation_message(refused.value.errors()) == (
+            "coveil.pace_ms: Value error, a pace is a positive number of ms or 'auto'", "coveil.pace_ms")

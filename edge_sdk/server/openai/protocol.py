@@ -22,11 +22,13 @@ Responses carry the privacy ledger's summary in a ``coveil`` field
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator
 
 from edge_sdk.grammar import ANY_JSON_OBJECT
+from edge_sdk.decode_settings import AUTO
 from edge_sdk.server.tools import Tool, ToolChoice, chosen_tools, reply_schema, result_text
 from edge_sdk.logprobs import MAX_TOP_LOGPROBS
 
@@ -56,10 +58,20 @@ class CoveilOptions(BaseModel):
     epsilon_delta: float | None = Field(default=None, ge=0.0, lt=1.0)
     never_upload: list[str] = Field(default_factory=list)
     alpha: float | None = Field(default=None, ge=0.0, le=1.0)
-    # each signal leaves on a public schedule of this many ms (edge_sdk.decoding.DecodeSettings.pace_ms)
-    pace_ms: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
+    # each signal leaves on a public schedule of this many ms (edge_sdk.decoding.DecodeSettings.pace_ms); "auto":
+    # the pace the endpoint measured once on a public prompt (the first request that asks waits for it)
+    pace_ms: float | Literal["auto"] | None = None
     # the session opens on a public grid of this many ms (DecodeSettings.prefill_budget_ms)
     prefill_budget_ms: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
+
+    @field_validator("pace_ms", mode="before")
+    @classmethod
+    def _pace(cls, value: Any) -> float | str | None:
+        if value is None or value == AUTO:
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+            raise ValueError(f"a pace is a positive number of ms or {AUTO!r}")
+        return float(value)
 
 
 class CalledFunction(BaseModel):

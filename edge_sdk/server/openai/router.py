@@ -105,9 +105,13 @@ async def health(request: Request) -> JSONResponse:
 
 @router.get("/coveil/info")
 async def info(request: Request) -> dict:
-    """What the page needs to offer its choices: the served model, policies and defaults."""
+    """What the page needs to offer its choices: the served model, policies and defaults, and the run's private
+    context (``--private-context-file``: its path and length, never its text), which every request without a
+    private context of its own is conditioned on."""
     serving = serving_of(request)
     settings = serving.settings
+    run_context = None if not serving.run_context else {
+        "file": str(settings.private_context_file), "characters": len(serving.run_context)}
     return {
         "model": settings.served_model_name,
         "edge_model": serving.client.slm.name,
@@ -117,6 +121,7 @@ async def info(request: Request) -> dict:
         "defaults": {"mode": settings.default_mode, "policy": settings.default_policy,
                      "max_tokens": settings.default_max_tokens},
         "api_key_required": request.app.state.api_key is not None,
+        "run_private_context": run_context,
     }
 
 

@@ -95,8 +95,11 @@ async function loadInfo() {
     const info = await response.json();
     if (!response.ok) throw new Error(info.error ? info.error.message : response.statusText);
     modelName = info.model;
+    const runContext = info.run_private_context;
     $("model-info").textContent =
-      `model "${info.model}": ${info.edge_model} on this device; chat template: ${info.chat_template}`;
+      `model "${info.model}": ${info.edge_model} on this device; chat template: ${info.chat_template}` +
+      (runContext ? `; a request without a private context of its own is conditioned on ${runContext.file} ` +
+                    `(${runContext.characters} characters, read at start; it stays on this device)` : "");
     $("policy").replaceChildren();
     for (const name of info.policies) {
       const option = document.createElement("option");
