@@ -63,10 +63,12 @@ def serving(
         if ws_port is not None:
             from cloud_adapter.websocket import DECODE_PATH, start_websocket_server
 
-            websocket, ws_bound = start_websocket_server(engine, host=host, port=ws_port, token=token, tls=tls)
-            ws_url = f"{'wss' if tls else 'ws'}://{host}:{ws_bound}{DECODE_PATH}"
+            websocket = start_websocket_server(engine, host=host, port=ws_port, token=token, tls=tls)
+            ws_url = f"{'wss' if tls else 'ws'}://{host}:{websocket.port}{DECODE_PATH}"
         yield InProcessAdapter(f"{host}:{bound}", bound, server, ws_url)
     finally:
+        if websocket is not None:
+            websocket.stop_accepting()
         server.stop(grace_s).wait()
         if websocket is not None:
             websocket.shutdown()

@@ -214,9 +214,9 @@ def serve(
     if ws_port is not None:
         from cloud_adapter.websocket import start_websocket_server
 
-        websocket, bound = start_websocket_server(engine, host=address.rpartition(":")[0], port=ws_port, token=token,
-                                                  tls=tls)
-        log_event(logging.INFO, "serving_websocket", port=bound, path="/coveil/v1/decode", tls=tls is not None)
+        websocket = start_websocket_server(engine, host=address.rpartition(":")[0], port=ws_port, token=token, tls=tls)
+        log_event(logging.INFO, "serving_websocket", port=websocket.port, path="/coveil/v1/decode",
+                  tls=tls is not None)
     stop = threading.Event()
 
     def request_stop(signum: int, _frame: Any) -> None:
@@ -232,6 +232,8 @@ def serve(
             pass
     finally:
         health_servicer.enter_graceful_shutdown()
+        if websocket is not None:  # no new stream on either carrier during the grace
+            websocket.stop_accepting()
         server.stop(grace_s).wait()
         if websocket is not None:  # after gRPC's grace: its streams had as long; the rest close with 1001
             websocket.shutdown()

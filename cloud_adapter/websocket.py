@@ -10,7 +10,9 @@ transcripts and per-client accounting), beside it on ``--ws-port``:
 * every *binary* message is one serialized protobuf, ``EdgeMessage`` up, ``CloudMessage`` down; a text message
   closes the stream with 1003;
 * a normal end is close code 1000 after the cloud's last message; an error is ``4000 + gRPC status code`` with
-  the status message (:func:`edge_sdk.protocol.status.close_frame`).
+  the status message (:func:`edge_sdk.protocol.status.close_frame`);
+* once the model worker died, or the server began to stop, a new upgrade is refused with HTTP 503 (what gRPC's
+  health check says NOT_SERVING for, and its server's stop refuses); streams already running go on.
 
 Served by the ``websockets`` library's threaded server: one thread per connection, as gRPC's pool gives each
 stream one.
@@ -84,10 +86,16 @@ def _host_identity(address: tuple[str, ...] | str) -> str:
 
 
 class DecodeRoute:
-    """Refuses upgrades that are not a ``Decode`` stream or not authenticated, and runs each accepted one."""
+    """Refuses upgrades that are not a ``Decode`` stream, not authenticated, or come when no new stream is taken
+    (:meth:`refuse_new`), and runs each accepted one."""
 
     def __init__(self, engine: StreamEngine, tokens: BearerTokens) -> None:
         self._engine, self._tokens = engine, tokens
+        self.refusal: str | None = None  # why no new stream is taken (None: they are)
+
+    def refuse_new(self, reason: str) -> None:
+        """From now on refuse every new upgrade with HTTP 503 saying ``reason``; running streams go on."""
+        self.refusal = self.refusal or reason
 
     def _client_id(self, connection: ServerConnection, request: Request) -> str | None:
         if not self._tokens:
@@ -104,6 +112,8 @@ class DecodeRoute:
             log_event(logging.WARNING, "unauthenticated_call")
             return connection.respond(http.HTTPStatus.UNAUTHORIZED, "missing or invalid bearer token: send "
                                       "'Authorization: Bearer <token>' or the subprotocol coveil.bearer.<token>\n")
+        if self.refusal is not None:
+            return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, f"not serving: {self.refusal}\n")
         return None
 
     @staticmethod
@@ -145,16 +155,35 @@ def _server_context(tls: TlsConfig) -> ssl.SSLContext:
     return context
 
 
+class WebSocketServer:
+    """The WebSocket server :func:`start_websocket_server` started: its ``port``; :meth:`stop_accepting` then
+    :meth:`shutdown` (running streams close with 1001)."""
+
+    def __init__(self, server: Server, route: DecodeRoute) -> None:
+        self._server, self.route = server, route
+        self.port = int(server.socket.getsockname()[1])
+
+    def stop_accepting(self, reason: str = "the server is shutting down") -> None:
+        self.route.refuse_new(reason)
+
+    def shutdown(self) -> None:
+        self.stop_accepting()
+        self._server.shutdown()
+
+
 def start_websocket_server(
     engine: StreamEngine, *, host: str, port: int, token: str | Collection[str] | None = None,
     tls: TlsConfig | None = None,
-) -> tuple[Server, int]:
-    """A WebSocket server for ``engine`` serving on a thread (``port`` 0 picks one): ``(server, bound_port)``; stop
-    it with ``server.shutdown()``.  ``token`` and ``tls`` as gRPC's (:func:`cloud_adapter.server.build_server`)."""
+) -> WebSocketServer:
+    """A WebSocket server for ``engine`` serving on a thread (``port`` 0 picks one); it refuses new streams once
+    the engine's model worker died.  ``token`` and ``tls`` as gRPC's (:func:`cloud_adapter.server.build_server`)."""
     route = DecodeRoute(engine, BearerTokens(token))
     server = serve(route, host.strip("[]"), port, ssl=_server_context(tls) if tls is not None else None,
                    process_request=route.process_request, select_subprotocol=route.select_subprotocol,
                    compression=None,  # compressed sizes would depend on the content: padding fixes sizes
                    max_size=engine.limits.max_message_bytes, max_queue=engine.limits.inbox_messages)
+    death_callbacks = getattr(engine.runner, "on_death", None)
+    if death_callbacks is not None:
+        death_callbacks.append(lambda: route.refuse_new("the model worker died"))
     threading.Thread(target=server.serve_forever, name="coveil-websocket", daemon=True).start()
-    return server, int(server.socket.getsockname()[1])
+    return WebSocketServer(server, route)

@@ -6,6 +6,7 @@ the real server code on loopback."""
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -266,3 +267,40 @@ def test_wss_serves_with_the_adapter_s_tls_material_and_the_edge_verifies_it() -
     with pytest.raises(ValueError, match="loopback"):
         WebSocketCarrier("ws://cloud.example:80/", Credentials(plaintext=True))
     assert WebSocketCarrier("wss://cloud.example", Credentials()).url == "wss://cloud.example/coveil/v1/decode"
+
+
+@pytest.mark.parametrize("why", ["the model worker died", "the server is shutting down"])
+def test_a_new_websocket_stream_is_refused_once_the_worker_died_or_the_server_stops_and_running_ones_go_on(
+        why: str) -> None:
+    """What gRPC does (health NOT_SERVING once the worker died; no new stream in the stop's grace), the WebSocket
+    route does too: a new upgrade gets HTTP 503 naming why, the edge reads ``not_serving`` (and retries
+    elsewhere), and a generation already running finishes."""
+    from websockets.exceptions import InvalidStatus
+
+    from cloud_adapter.websocket import start_websocket_server
+    from edge_sdk.client import Credentials, EdgeClient
+
+    engine = FakeEngine()
+    engine.runner = SimpleNamespace(on_death=[])
+    engine.factory = ScriptedCloud(VOCAB, ROWS, default=ROWS[(2,)], eos_ids={0}).session
+    server = start_websocket_server(engine, host="127.0.0.1", port=0)
+    url = f"ws://127.0.0.1:{server.port}{DECODE_PATH}"
+    try:
+        slm = TableSLM(["<eos>"] + [f" w{i}" for i in range(1, VOCAB)], ROWS, default=ROWS[(1,)], eos_ids={0})
+        decoder = CollaborativeDecoder(slm, make_policy("undefended"), DecodeSettings(mode="edge", max_new_tokens=5,
+                                       top_m=3), slm_prompt=[1, 2], cloud_prompt=[1], meter=LeakageMeter(frozenset()))
+        steps = run_with_resume(decoder, lambda: CloudConnection(WebSocketChannel(url)), max_reconnects=0)
+        next(steps)  # a stream is running
+        if why == "the model worker died":
+            for callback in engine.runner.on_death:
+                callback()
+        else:
+            server.stop_accepting()
+        with pytest.raises(InvalidStatus) as refused:
+            raw_connect(url, subprotocols=["coveil.v1"])
+        assert refused.value.response.status_code == 503 and why in refused.value.response.body.decode()
+        assert EdgeClient(url, slm=slm, credentials=Credentials(plaintext=True)).cloud_status() == "not_serving"
+        list(steps)
+        assert len(decoder.tokens) == 5
+    finally:
+        server.shutdown()

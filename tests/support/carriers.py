@@ -119,8 +119,8 @@ def served(name: str, engine: FakeEngine, **server: Any) -> Iterator[Carrier]:
         return
     from cloud_adapter.websocket import DECODE_PATH, start_websocket_server
 
-    ws, port = start_websocket_server(engine, host="127.0.0.1", port=0, **server)  # type: ignore[arg-type]
+    ws = start_websocket_server(engine, host="127.0.0.1", port=0, **server)  # type: ignore[arg-type]
     try:
-        yield Carrier(name, engine, url=f"ws://127.0.0.1:{port}{DECODE_PATH}")
+        yield Carrier(name, engine, url=f"ws://127.0.0.1:{ws.port}{DECODE_PATH}")
     finally:
         ws.shutdown()
