@@ -70,11 +70,6 @@ class DecodeSettings:
     pace_ms: float | str | None = _setting(None, "send each step's signal on a fixed grid of this many ms ('auto': "
                                            "measured once on a public prompt)", type=positive_float_or_auto,
                                            metavar="MS")
-    #: the session opens at the first point of ``B + n * prefill_budget_ms`` (n >= 1; ``B`` when the generation
-    #: began on the device, before its private text was tokenised) at or after the SLM's prefill is done, so when
-    #: it opens (after the previous session on the same client, say) does not show how long the private context
-    #: is.  Set it above the longest prefill: one that runs past it opens at a later point, which shows how many
-    #: budgets it took (``ledger.prefill_overrun``).  ``None``: the session opens as soon as the SLM has prefilled.
     #: the public clock of the sessions whose signals would otherwise leave one SLM step apart: with ``pace_ms``
     #: unset, a session over a network that runs ahead (the next row is on the device before the SLM is done) or
     #: fuses cloud-side (the SLM's step begins when the cloud's pick arrives) sends on the grid of ``pace_ms`` at
@@ -87,6 +82,12 @@ class DecodeSettings:
                                                 "on a grid of this many ms (default: {default}; 'auto': measured "
                                                 "once on a public prompt)", type=positive_float_or_auto,
                                                 metavar="MS")
+    #: the session opens at the first point of ``B + n * prefill_budget_ms`` (n >= 1; ``B`` when the generation
+    #: began on the device, before its private text was tokenised) at or after the SLM's prefill is done, so when
+    #: it opens (after the previous session on the same client, say) does not show how long the private context
+    #: is.  Set it above the longest prefill: one that runs past it opens at a later point, which shows how many
+    #: budgets it took (``ledger.prefill_overrun``).  Work after the last session closed (scoring an echoed prompt)
+    #: returns on the same grid from the close.  ``None``: the session opens as soon as the SLM has prefilled.
     prefill_budget_ms: float | None = _setting(None, "open each session on a grid of this many ms from when the "
                                                "generation began, whatever the prefill took", type=positive_float,
                                                metavar="MS")
