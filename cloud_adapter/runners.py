@@ -333,6 +333,11 @@ class _ModelWorker:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    @property
+    def died(self) -> bool:
+        """Whether the worker ended without :meth:`close` (the ``on_death`` callbacks have run or are running)."""
+        return self._dead and not self._closed
+
     def _require_open(self) -> None:
         if self._closed:
             raise RuntimeError("the model worker has shut down")

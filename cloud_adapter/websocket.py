@@ -182,8 +182,11 @@ def start_websocket_server(
                    process_request=route.process_request, select_subprotocol=route.select_subprotocol,
                    compression=None,  # compressed sizes would depend on the content: padding fixes sizes
                    max_size=engine.limits.max_message_bytes, max_queue=engine.limits.inbox_messages)
-    death_callbacks = getattr(engine.runner, "on_death", None)
+    runner = getattr(engine, "runner", None)
+    death_callbacks = getattr(runner, "on_death", None)
     if death_callbacks is not None:
         death_callbacks.append(lambda: route.refuse_new("the model worker died"))
+        if getattr(runner, "died", False):  # it died before the callback was in place
+            route.refuse_new("the model worker died")
     threading.Thread(target=server.serve_forever, name="coveil-websocket", daemon=True).start()
     return WebSocketServer(server, route)

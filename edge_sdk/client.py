@@ -318,7 +318,14 @@ class EdgeClient:
             if self._calibrated_pace_ms is None:
                 self._vocabulary.result()  # the SLM to itself: its pieces are read in the background till then
                 self._calibrated_pace_ms = calibrated_pace_ms(self.slm)
+                # the SLM was busy on public work till now: the next generation's private work begins after it
+                self._idle_since = max(self._idle_since, time.perf_counter())
             return self._calibrated_pace_ms
+
+    @property
+    def pace_measured(self) -> bool:
+        """Whether :meth:`calibrated_pace_ms` has measured the pace (a call returns at once)."""
+        return self._calibrated_pace_ms is not None
 
     def _paced(self, settings: DecodeSettings) -> DecodeSettings:
         """``settings`` with an ``"auto"`` pace replaced by :meth:`calibrated_pace_ms`."""
@@ -523,6 +530,25 @@ class EdgeClient:
         decoder as soon as it is built: the wait between the two is counted as private work, and a wait past the
         budget opens a budget later (``ledger.prefill_overrun``)."""
         return GenerationStream(self.slm, decoder, self._steps(decoder, lookahead, began_at))
+
+    def score_prompt(self, decoder: CollaborativeDecoder, top_n: int) -> list[TokenLogprobs]:
+        """Echo with logprobs: ``decoder``'s :meth:`~edge_sdk.decoding.CollaborativeDecoder.prompt_logprobs`,
+        once its generation ran on this client.  That SLM work (a prefill over the private context, a step per
+        public token) comes after the close and grows with the private context, and an app asks its next
+        question once this one is answered: with ``prefill_budget_ms`` the rows come back at the first point of
+        the budget's grid from the close (:meth:`~edge_sdk.steps.Pacer.wait_after_end`; a scoring past the first
+        sets ``ledger.prefill_overrun``), even when scoring fails, and this client's next generation's grid
+        starts no earlier than that point, so neither an app's next request nor one that arrived meanwhile opens
+        at a time that depends on the scoring.  Without a budget the cloud can time it, as any unbudgeted
+        prefill."""
+        try:
+            return decoder.prompt_logprobs(top_n)
+        finally:
+            answered = decoder.pacer.wait_after_end() if decoder.pacer.ended else None
+            if answered is not None:
+                answered_at, overrun = answered
+                decoder.ledger.prefill_overrun = decoder.ledger.prefill_overrun or overrun
+                self._idle_since = max(self._idle_since, answered_at)
 
     def _steps(self, decoder: CollaborativeDecoder, lookahead: int | None, began_at: float | None) -> Iterator[StepEvent]:
         """``decoder``'s steps over this client's connections, its grid set as :meth:`run` says."""

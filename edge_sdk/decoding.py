@@ -455,14 +455,13 @@ class CollaborativeDecoder:
         logprobs are (:mod:`edge_sdk.logprobs`): ``log(f_i / sum f)``, ``f = alpha * p_llm + (1 - alpha) * p_slm``,
         ``p_llm`` the cloud's row sent with the opening (at its public fill, exact at the prompt's token) and
         ``p_slm`` the SLM's row after :attr:`prompt_prefix` and the public tokens before it (``never_upload`` ids
-        masked).  Nothing is sent: call it once the session is over (it runs the SLM over the public prompt,
-        a step per token, so no signal of this generation waits on it).  With ``prefill_budget_ms`` it returns on
-        the budget's grid from the close (:meth:`~edge_sdk.steps.Pacer.wait_after_end`): an app that asks its next
-        question once this one is answered opens the next session at a time that says nothing of the private
-        context's length; a scoring past the first point sets ``ledger.prefill_overrun``.
+        masked).  Nothing is sent: call it once the generation's last session closed (it runs the SLM over the
+        public prompt, a step per token, so no signal of this generation waits on it), through
+        :meth:`EdgeClient.score_prompt <edge_sdk.client.EdgeClient.score_prompt>`, which keeps its time off the
+        cloud's clock.
         """
-        if self._prompt_rows is None or self.prompt_prefix is None:
-            raise ValueError("the prompt is scored once a session opened with prompt_prefix has ended")
+        if self._prompt_rows is None or self.prompt_prefix is None or not self.pacer.ended:
+            raise ValueError("the prompt is scored once a session opened with prompt_prefix has closed")
         rows, token_values = self._prompt_rows
         vocab_size, space, alpha = self.slm.vocab_size, self.policy.space, self.settings.alpha
         scored = []
@@ -476,8 +475,6 @@ class CollaborativeDecoder:
             p_llm = row.filled(vocab_size, space, out=self._p_llm_buffer)
             p_llm[token] = value
             scored.append(token_logprobs(fuse(p_llm, self.view.row, alpha), space, token, top_n))
-        if self.pacer.wait_after_end():
-            self.ledger.prefill_overrun = True
         return scored
 
     # -- the decide step -----------------------------------------------------------------------------

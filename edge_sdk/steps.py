@@ -186,16 +186,22 @@ class Pacer:
         self._ended_at = time.perf_counter()
         return self._ended_at
 
-    def wait_after_end(self) -> bool:
+    @property
+    def ended(self) -> bool:
+        """Whether :meth:`end` was called: the generation's last session has closed."""
+        return self._ended_at is not None
+
+    def wait_after_end(self) -> tuple[float, bool] | None:
         """Private work after the last session closed (scoring an echoed prompt) ends at the first point of
         ``E + n * prefill_budget_ms`` (``n >= 1``), ``E`` when it closed (:meth:`end`), so when its result reaches
-        the app, and whatever the app sends next, does not show how long it took; whether it ran past the first
-        point.  ``prefill_budget_ms=None``: no wait."""
+        the app, and whatever the app sends next, does not show how long it took: ``(that point, whether it was
+        not the first)`` (``time.perf_counter``).  ``prefill_budget_ms=None``: no wait, ``None``."""
         if self.prefill_budget_s is None:
-            return False
+            return None
         if self._ended_at is None:
             raise ValueError("work after the generation is paced from its end: run it on an EdgeClient first")
-        return self._wait_on_grid(self._ended_at, self.prefill_budget_s) > 1
+        slots = self._wait_on_grid(self._ended_at, self.prefill_budget_s)
+        return self._ended_at + slots * self.prefill_budget_s, slots > 1
 
     def wait_for_open(self) -> bool:
         """Sleep until the open's slot; whether the prefill ran past its first one."""

@@ -357,9 +357,9 @@ class EdgeServing:
     # -- requests to generations ---------------------------------------------------------------------
     def prepare_chat(self, request: ChatCompletionRequest) -> Generation:
         """Check a chat request and build its prompts (the model's chat template on both sides) and decoder."""
+        self._check_supported(request)
         self._measure_pace_if_asked(request)  # public work: before the generation's private work began
         began_at = time.perf_counter()
-        self._check_supported(request)
         if self.chat_template is None:
             raise bad_request("this model has no chat template: use /v1/completions", param="messages")
         options = self.options_of(request)
@@ -381,9 +381,9 @@ class EdgeServing:
 
     def prepare_completion(self, request: CompletionRequest) -> Generation:
         """Check a completion request and build its plain-text prompts and decoder."""
+        self._check_supported(request)
         self._measure_pace_if_asked(request)  # public work: before the generation's private work began
         began_at = time.perf_counter()
-        self._check_supported(request)
         options = self.options_of(request)
         slm = self.client.slm
         private = "\n\n".join(part for part in (request.private_text(), options.private_context) if part)
@@ -417,20 +417,23 @@ class EdgeServing:
         return generation
 
     def _measure_pace_if_asked(self, request: GenerationRequest) -> None:
-        """``coveil.pace_ms: "auto"``: the client's pace, measured on a public prompt the first time one is asked
-        (:meth:`~edge_sdk.client.EdgeClient.calibrated_pace_ms`; it waits for the running generation, since the
-        SLM does one thing at a time)."""
-        if request.coveil is not None and request.coveil.pace_ms == AUTO:
+        """A pace of ``"auto"`` (``coveil.pace_ms``, else ``--pace-ms``): the client's, measured on a public prompt
+        the first time one is asked (:meth:`~edge_sdk.client.EdgeClient.calibrated_pace_ms`; it waits for the
+        running generation, since the SLM does one thing at a time); at once once measured."""
+        if self.options_of(request).pace_ms == AUTO and not self.client.pace_measured:
             with self._slm_lock:
                 self.client.calibrated_pace_ms()
 
     def options_of(self, request: GenerationRequest) -> CoveilOptions:
         """The request's ``coveil`` options; without a ``private_context`` of its own, the run's
-        (``--private-context-file``), which then conditions the SLM as if the request had sent it."""
+        (``--private-context-file``), which then conditions the SLM as if the request had sent it; without a
+        ``pace_ms`` or ``prefill_budget_ms``, the run's (``--pace-ms``, ``--prefill-budget-ms``)."""
         options = request.coveil or CoveilOptions()
+        defaults: dict[str, Any] = {"pace_ms": self.settings.pace_ms, "prefill_budget_ms": self.settings.prefill_budget_ms}
+        update = {name: value for name, value in defaults.items() if getattr(options, name) is None}
         if not options.private_context and self.run_context:
-            options = options.model_copy(update={"private_context": self.run_context})
-        return options
+            update["private_context"] = self.run_context
+        return options.model_copy(update=update) if update else options
 
     def check_model(self, model: str) -> None:
         """404 unless ``model`` is the served model's name."""
@@ -610,6 +613,12 @@ class EdgeServing:
             self._queued.discard(job)
 
     def _work(self) -> None:
+        if self.settings.pace_ms == AUTO:  # the run's pace, measured on public text before any request is taken
+            with self._slm_lock:
+                try:
+                    self.client.calibrated_pace_ms()
+                except Exception as exc:  # noqa: BLE001 - public work; a request asking "auto" measures again
+                    log.error("measuring the pace failed with %s", type(exc).__name__)
         while True:
             job = self._queue.get()
             if job is None:
@@ -663,10 +672,11 @@ class EdgeServing:
                 finish = "stop" if shown.text.stopped else FINISH_REASONS.get(stream.finish_reason or "", "stop")
                 ledger = stream.ledger
                 completion_tokens = len(stream.token_ids)
-            # echo with logprobs: the SLM scores the public prompt once the session has closed (nothing waits on it)
+            # echo with logprobs: the SLM scores the public prompt once the session closed (nothing waits on it),
+            # answering on the prefill budget's grid
             decoder = generation.decoder
-            prompt_logprobs = [self.token_logprob(entry) for entry in decoder.prompt_logprobs(
-                decoder.settings.logprobs or 0)] if generation.score_prompt else None
+            prompt_logprobs = [self.token_logprob(entry) for entry in self.client.score_prompt(
+                decoder, decoder.settings.logprobs or 0)] if generation.score_prompt else None
         except CloudError as exc:
             error = from_cloud_error(exc)
             if error.code == "cloud_unavailable":

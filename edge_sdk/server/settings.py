@@ -14,12 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edge_sdk.cli_flags import add_dataclass_flags, dataclass_from_args, flag_name
+from edge_sdk.cli_flags import add_dataclass_flags, dataclass_from_args, flag_name, positive_float, positive_float_or_auto
 from edge_sdk.client import Credentials
 from edge_sdk.protocol.channels import is_loopback
-from edge_sdk.decode_settings import DecodeSettings
+from edge_sdk.decode_settings import AUTO, DecodeSettings
 from edge_sdk.protocol.signals import FUSION_MODES
 from edge_sdk.protocol.wire import MAX_LOOKAHEAD
+
+#: the longest public clock (pace, prefill budget) the endpoint takes, in ms: its one worker sleeps on it
+MAX_CLOCK_MS = 60_000.0
 
 #: the environment variable an API key may come from instead of ``--api-key-file``
 API_KEY_ENV = "COVEIL_API_KEY"
@@ -89,6 +92,13 @@ class ServerSettings:
                                   "defaults, CoVeil lam=1.0)", metavar="NAME")
     default_max_tokens: int = _option(DecodeSettings.max_new_tokens, "reply length of a request that sets no max_tokens (never beyond the "
                                       "context window)", metavar="N", type=int)
+    pace_ms: float | str | None = _option(
+        None, "pace of a request that sets no coveil.pace_ms: each step's signal leaves on a public grid of this many "
+        "ms ('auto': measured once on a public prompt at start)", metavar="MS|auto", type=positive_float_or_auto)
+    prefill_budget_ms: float | None = _option(
+        None, "prefill budget of a request that sets no coveil.prefill_budget_ms: each session opens on a public "
+        "grid of this many ms, and a scored prompt (echo with logprobs) is answered on it; set it above the longest "
+        "prefill, and for lm-eval, whose requests cannot carry coveil", metavar="MS", type=positive_float)
     private_context_file: Path | None = _option(
         None, "a private context for the whole run: every request that brings no coveil.private_context of its own "
         "is conditioned on this file's text (for apps that cannot send the coveil field, such as lm-eval); read once "
@@ -121,6 +131,10 @@ class ServerSettings:
                 raise ValueError(f"{flag_name(name)}: no such file: {path}")
         if self.private_context_file is not None and not Path(self.private_context_file).is_file():
             raise ValueError(f"--private-context-file: no such file: {self.private_context_file}")
+        for name in ("pace_ms", "prefill_budget_ms"):
+            value = getattr(self, name)
+            if value is not None and value != AUTO and not 0 < value <= MAX_CLOCK_MS:
+                raise ValueError(f"{flag_name(name)} must be in (0, {MAX_CLOCK_MS:g}] ms, got {value}")
         if self.default_mode not in FUSION_MODES:
             raise ValueError(f"--default-mode is 'cloud' or 'edge', got {self.default_mode!r}")
 

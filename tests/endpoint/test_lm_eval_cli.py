@@ -33,11 +33,11 @@ OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFL
 
 @pytest.fixture(scope="module")
 def endpoint(cloud: Cloud, slm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
-    """``coveil edge serve --default-mode edge --private-context-file private.txt`` (lm-eval sends no coveil field;
-    echo with logprobs is edge-side)."""
+    """``coveil edge serve --default-mode edge --private-context-file private.txt --prefill-budget-ms`` (lm-eval
+    sends no coveil field; echo with logprobs is edge-side; a shorter budget than the guide's, for time)."""
     workdir = tmp_path_factory.mktemp("endpoint")
     (workdir / "private.txt").write_text(PRIVATE_CONTEXT)
-    with start_endpoint(cloud.address, slm, workdir, default_mode="edge",
+    with start_endpoint(cloud.address, slm, workdir, default_mode="edge", prefill_budget_ms=500,
                         private_context_file=workdir / "private.txt") as started:
         yield started
 

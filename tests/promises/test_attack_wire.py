@@ -265,6 +265,59 @@ def test_on_the_endpoint_scoring_a_prompt_says_nothing_of_the_private_context_to
     assert all(2900 < gap < 3400 for gap in gaps.values()), gaps  # two budgets, less what the first's end took
 
 
+def endpoint_opens_with_a_request_arriving_while_the_scored_answer_waits(
+        port: int, arrivals: list[tuple[str, float]], second_context: str, budget_ms: float,
+        delay_s: float) -> tuple[float, bool]:
+    """A scored prompt (5-character context), and ``delay_s`` after its session closed another app's request under
+    ``second_context``, while the scored answer waits for its grid point: ms from the scored session's last message
+    to the second's open, and whether the second says its prefill overran."""
+    arrivals.clear()
+    client = EdgeClient(f"127.0.0.1:{port}", slm=SlowPrefillSLM(), credentials=Credentials(plaintext=True))
+    serving = EdgeServing(client, None, ServerSettings(cloud=f"127.0.0.1:{port}"), n_ctx=4096)
+    options = {"mode": "edge", "policy": "coveil", "prefill_budget_ms": budget_ms}
+
+    async def ask(request: dict[str, Any]) -> Done:
+        prepared = await asyncio.to_thread(serving.prepare_completion, CompletionRequest(model="coveil", **request))
+        job = serving.submit(prepared)
+        while not isinstance(event := await job.next(), Done):
+            assert not isinstance(event, Failed), event
+        return event
+
+    async def overlapping() -> Done:
+        scored = asyncio.create_task(ask({"prompt": [5, 6, 7, 8], "echo": True, "logprobs": 1, "max_tokens": 2,
+                                          "coveil": {**options, "private_context": "x" * 5}}))
+        while sum(kind == "signal" for kind, _ in arrivals) < 2:  # the scored session's last message
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(delay_s)
+        second = asyncio.create_task(ask({"prompt": "q", "max_tokens": 2,
+                                          "coveil": {**options, "private_context": second_context}}))
+        await scored
+        return await second
+
+    try:
+        second = asyncio.run(overlapping())
+    finally:
+        serving.close()
+        client.close()
+    return gap_before_second_open(arrivals), second.ledger.prefill_overrun
+
+
+@pytest.mark.slow
+def test_a_request_arriving_while_a_scored_answer_waits_opens_at_a_time_that_says_nothing_of_its_context(
+        timed_server) -> None:
+    """Finding of the review of the fix above: a request arriving while the scored answer waited for its grid
+    point started its grid when it arrived, but its prefill could only begin once the answer left, so it opened a
+    budget later exactly when its prefill outlasted what was left of the wait, and said it overran: 2,006 vs
+    3,506 ms for a 5- vs 400-character context arriving 0.5 s after the close (1.5 s budget).  The client's next
+    grid now starts no earlier than the answer's grid point: 3,000 ms either way, no overrun."""
+    port, arrivals = timed_server
+    seen = {length: endpoint_opens_with_a_request_arriving_while_the_scored_answer_waits(
+        port, arrivals, "x" * length, budget_ms=1500, delay_s=0.5) for length in (5, 400)}
+    assert not seen[5][1] and not seen[400][1], seen
+    assert abs(seen[400][0] - seen[5][0]) < 400, seen
+    assert all(2900 < gap < 3400 for gap, _ in seen.values()), seen
+
+
 #: the SLM reads one token's text (its vocabulary has no table) in this long
 PIECE_S = 0.002
 

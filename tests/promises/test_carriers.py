@@ -304,3 +304,19 @@ def test_a_new_websocket_stream_is_refused_once_the_worker_died_or_the_server_st
         assert len(decoder.tokens) == 5
     finally:
         server.shutdown()
+
+
+def test_a_websocket_server_started_after_the_worker_died_refuses_every_stream() -> None:
+    from websockets.exceptions import InvalidStatus
+
+    from cloud_adapter.websocket import start_websocket_server
+
+    engine = FakeEngine()
+    engine.runner = SimpleNamespace(on_death=[], died=True)  # its callbacks ran before the route existed
+    server = start_websocket_server(engine, host="127.0.0.1", port=0)
+    try:
+        with pytest.raises(InvalidStatus) as refused:
+            raw_connect(f"ws://127.0.0.1:{server.port}{DECODE_PATH}", subprotocols=["coveil.v1"])
+        assert refused.value.response.status_code == 503
+    finally:
+        server.shutdown()

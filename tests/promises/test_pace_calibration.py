@@ -6,6 +6,8 @@ in ``test_observer_timing.py``; the SLM's step grows with its sequence."""
 from __future__ import annotations
 
 import string
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -114,28 +116,89 @@ def test_under_the_auto_pace_the_gaps_do_not_show_the_private_context_s_length(m
         assert abs(np.median(long) - np.median(short)) < 5, (lookahead, short, long)
 
 
-def test_the_endpoint_takes_an_auto_pace_and_refuses_any_other_word(monkeypatch) -> None:
-    """``coveil.pace_ms: "auto"`` on the endpoint: the client's pace, measured once on public text before the
-    request's private work begins (50 ms for this SLM, as above), for every request that asks; anything but a
-    positive number or "auto" is a 400 naming the field."""
+class RecordingClockedSLM(ClockedSLM):
+    """:class:`ClockedSLM` keeping what it did in order: ``("step", n)`` per step, ``("read", text)`` per text it
+    tokenised."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.did: list[tuple[str, object]] = []
+
+    def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
+        self.did.append(("read", text))
+        return super().tokenize(text, add_bos=add_bos)
+
+    def append(self, token_id: int) -> np.ndarray:
+        self.did.append(("step", len(self.sequence)))
+        return super().append(token_id)
+
+
+def test_the_endpoint_measures_an_auto_pace_before_reading_the_private_text_and_while_the_slm_is_free(
+        monkeypatch) -> None:
+    """``coveil.pace_ms: "auto"`` on the endpoint: the client's pace (50 ms for this SLM, as above), measured once,
+    on public text, before the request's private text is read (so it is not counted as the request's private work)
+    and never while a generation holds the SLM; the next request finds it measured."""
+    import edge_sdk.pace_calibration as calibration
+
+    slm = RecordingClockedSLM()
+    monkeypatch.setattr(calibration, "time", slm)
+    cloud = ScriptedCloud(len(VOCAB_PIECES), default=peaked(), max_new_tokens=STEPS)
+    with EdgeClient(cloud.session, slm=slm) as edge:
+        serving = EdgeServing(edge, None, ServerSettings(cloud="127.0.0.1:1"), n_ctx=4096)
+        try:
+            request = CompletionRequest(model="coveil", prompt="q", max_tokens=2, coveil={
+                "private_context": SHORT, "pace_ms": "auto"})
+            with serving._slm_lock:  # a generation holds the SLM
+                prepared: list = []
+                waiting = threading.Thread(target=lambda: prepared.append(serving.prepare_completion(request)))
+                waiting.start()
+                waiting.join(0.3)
+                assert waiting.is_alive() and not edge.pace_measured and slm.now == 0.0
+            waiting.join(30)
+            assert prepared[0].decoder.settings.pace_ms == 50.0
+            steps = [i for i, (what, _) in enumerate(slm.did) if what == "step"]
+            reads = [i for i, (what, text) in enumerate(slm.did) if what == "read" and SHORT in str(text)]
+            assert steps and reads and max(steps) < min(reads), slm.did[-3:]
+            measured_at, did = slm.now, len(slm.did)
+            again = CompletionRequest(model="coveil", prompt="q", max_tokens=2, coveil={
+                "private_context": LONG, "pace_ms": "auto"})
+            assert serving.prepare_completion(again).decoder.settings.pace_ms == 50.0
+            assert slm.now == measured_at and all(what == "read" for what, _ in slm.did[did:])  # measured once
+        finally:
+            serving.close()
+
+
+def test_the_run_s_clocks_apply_to_requests_that_name_none(monkeypatch) -> None:
+    """``--pace-ms auto --prefill-budget-ms 2000``: the pace is measured when the endpoint starts, and a request
+    without ``coveil`` (lm-eval's) gets both; one naming its own keeps it."""
     import edge_sdk.pace_calibration as calibration
 
     slm = ClockedSLM()
     monkeypatch.setattr(calibration, "time", slm)
     cloud = ScriptedCloud(len(VOCAB_PIECES), default=peaked(), max_new_tokens=STEPS)
     with EdgeClient(cloud.session, slm=slm) as edge:
-        serving = EdgeServing(edge, None, ServerSettings(cloud="127.0.0.1:1"), n_ctx=4096)
+        serving = EdgeServing(edge, None, ServerSettings(cloud="127.0.0.1:1", pace_ms="auto", prefill_budget_ms=2000),
+                              n_ctx=4096)
         try:
-            for private in (SHORT, LONG):
-                request = CompletionRequest(model="coveil", prompt="q", max_tokens=2, coveil={
-                    "private_context": private, "pace_ms": "auto"})
-                assert serving.prepare_completion(request).decoder.settings.pace_ms == 50.0
-                measured_at = slm.now
-            assert slm.now == measured_at  # measured once: the second request did not run the SLM again
+            for _ in range(300):  # the worker measures first
+                if edge.pace_measured:
+                    break
+                time.sleep(0.01)
+            assert edge.pace_measured
+            plain = serving.prepare_completion(CompletionRequest(model="coveil", prompt="q", max_tokens=2))
+            assert (plain.decoder.settings.pace_ms, plain.decoder.settings.prefill_budget_ms) == (50.0, 2000.0)
+            own = serving.prepare_completion(CompletionRequest(model="coveil", prompt="q", max_tokens=2, coveil={
+                "pace_ms": 20, "prefill_budget_ms": 500}))
+            assert (own.decoder.settings.pace_ms, own.decoder.settings.prefill_budget_ms) == (20.0, 500.0)
         finally:
             serving.close()
-    for word in ("fast", 0, True, "20"):
+    with pytest.raises(ValueError, match="--prefill-budget-ms must be in"):
+        ServerSettings(cloud="127.0.0.1:1", prefill_budget_ms=1e9)
+
+
+def test_the_endpoint_refuses_a_pace_that_is_not_a_number_of_ms_nor_auto() -> None:
+    for word in ("fast", 0, True, "20", 10**400, 1e9, float("nan")):
         with pytest.raises(ValidationError) as refused:
             CompletionRequest(model="coveil", prompt="q", coveil={"pace_ms": word})
         assert validation_message(refused.value.errors()) == (
-            "coveil.pace_ms: Value error, a pace is a positive number of ms or 'auto'", "coveil.pace_ms")
+            "coveil.pace_ms: Value error, a pace is a number of ms in (0, 60000], or 'auto'", "coveil.pace_ms"), word

@@ -22,13 +22,13 @@ Responses carry the privacy ledger's summary in a ``coveil`` field
 from __future__ import annotations
 
 import json
-import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator
 
 from edge_sdk.grammar import ANY_JSON_OBJECT
 from edge_sdk.decode_settings import AUTO
+from edge_sdk.server.settings import MAX_CLOCK_MS
 from edge_sdk.server.tools import Tool, ToolChoice, chosen_tools, reply_schema, result_text
 from edge_sdk.logprobs import MAX_TOP_LOGPROBS
 
@@ -62,16 +62,23 @@ class CoveilOptions(BaseModel):
     # the pace the endpoint measured once on a public prompt (the first request that asks waits for it)
     pace_ms: float | Literal["auto"] | None = None
     # the session opens on a public grid of this many ms (DecodeSettings.prefill_budget_ms)
-    prefill_budget_ms: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
+    prefill_budget_ms: float | None = Field(default=None, gt=0.0, le=MAX_CLOCK_MS, allow_inf_nan=False)
 
     @field_validator("pace_ms", mode="before")
     @classmethod
     def _pace(cls, value: Any) -> float | str | None:
         if value is None or value == AUTO:
             return value
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
-            raise ValueError(f"a pace is a positive number of ms or {AUTO!r}")
-        return float(value)
+        refusal = f"a pace is a number of ms in (0, {MAX_CLOCK_MS:g}], or {AUTO!r}"
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(refusal)
+        try:
+            pace = float(value)
+        except OverflowError:  # an integer past any float
+            raise ValueError(refusal) from None
+        if not 0 < pace <= MAX_CLOCK_MS:  # NaN fails too
+            raise ValueError(refusal)
+        return pace
 
 
 class CalledFunction(BaseModel):
