@@ -108,13 +108,20 @@ class Drafted:
     forward_ns: int
 
 
+#: drafted rows the worker keeps ready beyond those its session took: the next forward runs while the session
+#: sends the last row, and the lane moves at its session's pace (as far ahead as the depth would let it, a free
+#: forward would leave every session waiting for its edge, one step per confirmation, in batches of a few)
+DRAFT_LEAD = 2
+
+
 @dataclass(eq=False)
 class _DraftLane:
     """One run-ahead sequence's drafts as the engine advances them (:meth:`StepBatcher.run_ahead`).
 
     After every forward of the sequence the worker reads the draft token off its new row (``rule``: ``None`` for
-    the row's top id, else a :class:`GreedyPick`) and, while the sequence is shorter than ``until`` and that token
-    does not end the generation, queues the step that appends it.  ``epoch`` grows at each cancel (a forward of
+    the row's top id, else a :class:`GreedyPick`) and, while the sequence is shorter than ``until``, fewer than
+    :data:`DRAFT_LEAD` drafted rows wait for the session, and that token does not end the generation, queues the
+    step that appends it.  ``epoch`` grows at each cancel (a forward of
     the session's own, a release), so a draft still running then is not delivered.
     """
 
@@ -505,13 +512,17 @@ class StepBatcher(_ModelWorker):
             lane = self._lanes.get(id(seq))
             if lane is not None:
                 self._cancel(lane)
-            delivered = self._delivered_at.get(id(seq))
-            if delivered is not None:
-                gap = time.monotonic() - delivered
-                previous = self._return_gap.get(id(seq), gap)
-                self._return_gap[id(seq)] = previous + self.GAP_SMOOTHING * (gap - previous)
+            self._note_return(seq)
             self._enqueue(self._queue, request)
         return request.result.result()
+
+    def _note_return(self, seq: CloudSequence) -> None:
+        """With the lock held: ``seq``'s session asks for its next step now (its return gap, averaged)."""
+        delivered = self._delivered_at.get(id(seq))
+        if delivered is not None:
+            gap = time.monotonic() - delivered
+            previous = self._return_gap.get(id(seq), gap)
+            self._return_gap[id(seq)] = previous + self.GAP_SMOOTHING * (gap - previous)
 
     def release(self, seq: CloudSequence) -> None:
         with self._cond:
@@ -566,7 +577,9 @@ class StepBatcher(_ModelWorker):
                 error, lane.error = lane.error, None
                 raise error
             if lane.ready and (token is None or lane.ready[0].token == token):
-                return lane.ready.popleft()
+                drafted = lane.ready.popleft()
+                self._extend(seq, lane)  # a row taken: the lane may go on
+                return drafted
             if token is None:
                 self._require_open()
                 raise RuntimeError("no draft of this sequence is ready or on its way")
@@ -577,6 +590,9 @@ class StepBatcher(_ModelWorker):
         past it, replacing ``seq.next_row``)."""
         with self._cond:
             lane = self._lanes.get(id(seq))
+            if lane is not None and lane.error is not None:  # reading the row after it failed
+                error, lane.error = lane.error, None
+                raise error
             return lane.row if lane is not None else None
 
     def _cancel(self, lane: _DraftLane) -> None:
@@ -584,15 +600,20 @@ class StepBatcher(_ModelWorker):
         lane.epoch += 1
         if lane.request is not None and lane.request in self._queue.steps:
             self._queue.steps.remove(lane.request)
-        lane.request, lane.next_token, lane.error = None, None, None
+        lane.request, lane.next_token, lane.row, lane.error = None, None, None, None
         lane.ready.clear()
 
     def _extend(self, seq: CloudSequence, lane: _DraftLane) -> None:
-        """With the lock held: queue ``seq``'s next draft step when the lane allows one."""
-        if (lane.request is None and lane.error is None and lane.next_token is not None
+        """With the lock held: queue ``seq``'s next draft step when the lane allows one.
+
+        Counted as ``seq``'s return (:meth:`_note_return`), as a session's own draft request was: at once when the
+        worker queues it on delivery, after the edge's confirmation when the session lets a stopped lane go on; so
+        batches wait for run-ahead sequences as they waited for their sessions' draft requests."""
+        if (lane.request is None and lane.error is None and lane.next_token is not None and len(lane.ready) < DRAFT_LEAD
                 and lane.next_token not in lane.end_ids and len(seq.ids) < lane.until):
             lane.request = _StepRequest(seq, lane.next_token, epoch=lane.epoch)
             self._queue.stats.engine_drafts += 1
+            self._note_return(seq)
             self._enqueue(self._queue, lane.request)
 
     def _stepped(self, steps: list[_StepRequest], elapsed_ns: int) -> None:
@@ -604,14 +625,21 @@ class StepBatcher(_ModelWorker):
                    if lane is not None and (request.epoch is None or request.epoch == lane.epoch)]
         if not current:
             return
-        rows = [request.seq.next_row if request.seq.next_row is not None else
-                summarize_row(request.seq.next_logits, lane.spec) for request, lane in current]
-        device_rules = [(b, lane.rule) for b, (_, lane) in enumerate(current) if lane.rule is not None]
-        tokens = [int(row.ids[0]) if len(row.ids) else None for row in rows]
-        if device_rules:
-            picked = greedy_picks([rows[b] for b, _ in device_rules], [rule for _, rule in device_rules])
-            for (b, _), token in zip(device_rules, picked):
-                tokens[b] = token
+        try:
+            rows = [request.seq.next_row if request.seq.next_row is not None else
+                    summarize_row(request.seq.next_logits, lane.spec) for request, lane in current]
+            picking = [(b, lane.rule) for b, (_, lane) in enumerate(current) if lane.rule is not None]
+            tokens: list[int | None] = [int(row.ids[0]) if len(row.ids) else None for row in rows]
+            if picking:
+                picked = greedy_picks([rows[b] for b, _ in picking], [rule for _, rule in picking])
+                for (b, _), token in zip(picking, picked):
+                    tokens[b] = token
+        except Exception as exc:  # noqa: BLE001 - each lane's session raises it (the worker goes on)
+            with self._cond:
+                for _, lane in current:
+                    lane.error, lane.request = exc, None
+                self._cond.notify_all()
+            return
         with self._cond:
             for (request, lane), row, token in zip(current, rows, tokens):
                 if request.epoch is not None:
@@ -691,10 +719,9 @@ class StepBatcher(_ModelWorker):
         deadline = time.monotonic() + window_s
         while not self._closed:
             waiting = {id(request.seq) for request in self._queue.steps}
-            expected = [  # a run-ahead sequence's next step is queued by the worker itself, or waits for its edge
+            expected = [
                 seq for seq in self._live
-                if id(seq) not in waiting and id(seq) not in self._lanes
-                and self._return_gap.get(id(seq), 0.0) <= window_s
+                if id(seq) not in waiting and self._return_gap.get(id(seq), 0.0) <= window_s
             ]
             remaining = deadline - time.monotonic()
             if not expected or remaining <= 0:

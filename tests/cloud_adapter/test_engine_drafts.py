@@ -192,3 +192,29 @@ def test_cloud_side_sessions_on_device_rows_pick_the_transformers_backend_s_toke
                                      max_new_tokens=16, lookahead=lookahead)
             tokens[backend] = result.token_ids
     assert len(tokens["slots"]) > 1 and tokens["slots"] == tokens["transformers"]
+
+
+def test_a_failed_engine_draft_fails_its_session_only(pair) -> None:
+    """A draft step that raises reaches the session that takes it; the worker goes on serving the others."""
+    _, cloud = pair
+    slots = _slots(cloud)
+    forward = slots._forward
+    with StepBatcher(slots, engine_drafts=True) as batcher:  # type: ignore[arg-type]
+        spec = RowSpec(top_n=4)
+        seq, _ = batcher.prefill([5, 6, 7], spec=spec)
+        other, _ = batcher.prefill([5, 6, 7], spec=spec)
+
+        def failing(batch_slots: Any, tokens: list[list[int]]) -> Any:
+            if any(s.index == seq.cache.index for s in batch_slots):
+                raise RuntimeError("a kernel failed")
+            return forward(batch_slots, tokens)
+
+        slots._forward = failing  # type: ignore[method-assign]
+        assert batcher.run_ahead(seq, rule=None, spec=spec, end_ids=frozenset())
+        assert batcher.plan_drafts(seq, 5)
+        with pytest.raises(RuntimeError, match="a kernel failed"):
+            batcher.take_draft(seq)
+        batcher.forward(other, 9)
+        assert other.ids[-1] == 9 and other.next_row is not None
+        batcher.release(seq)
+        batcher.release(other)
