@@ -1,11 +1,12 @@
 """The cloud adapter on a GPU: the slot engine and the transformers path side by side, against a plain forward.
 
-Needs CUDA.  ``--smoke`` runs the whole script on the CPU at a tiny size (``--device cpu --shapes tiny --sessions 2
---tokens 8 --lookahead 2``; about 3 minutes on two busy cores; ``tests/cloud_adapter/test_gpu_cloud_script.py`` runs it), so a GPU's
-few minutes are not spent finding a script error.  No weights travel: each model is built
-from its configuration alone, randomly initialised in bf16 on the GPU (a real architecture and size, so the
-forward's cost is the real one; the rows are noise, which the adapter does not care about).  The tokenizer is a
-synthetic one over the configuration's vocabulary: the adapter only needs token strings for its fingerprint.
+Needs CUDA.  ``--smoke`` runs the whole script on the CPU at a tiny size (``--device cpu --shapes tiny
+--sessions 2 --tokens 8 --lookahead 2``: one to three minutes on two busy cores;
+``tests/cloud_adapter/test_gpu_cloud_script.py`` runs it), so a GPU's few minutes are not spent finding a script
+error.  No weights travel: each model is built from its configuration alone, randomly initialised in bf16 on the
+GPU (a real architecture and size, so the forward's cost is the real one; the rows are noise, which the adapter
+does not care about).  The tokenizer is a synthetic one over the configuration's vocabulary: the adapter only
+needs token strings for its fingerprint.
 
 For each shape and backend (``--backends``):
 

@@ -28,6 +28,8 @@ rounds in float32, and two values a rounding apart can fuse to a tie that the lo
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -74,6 +76,11 @@ class StepRow:
     def vocab_size(self) -> int:
         return int(self._logits_row.shape[-1])
 
+    @property
+    def kept_values(self) -> Any:
+        """The whole row in the session's space where it lies: a numpy array, or a tensor on the model's device."""
+        return self._values_row
+
     def full_values(self) -> np.ndarray:
         """The whole row in the session's space, float32 [V]: the array ``values`` were read from."""
         return _host(self._values_row)
@@ -112,8 +119,8 @@ def greedy_picks(rows: Sequence[StepRow], picks: Sequence[GreedyPick]) -> list[i
     tokens: list[int | None] = [None] * len(rows)
     on_device = []
     for b, (row, pick) in enumerate(zip(rows, picks, strict=True)):
-        if isinstance(row._values_row, np.ndarray):
-            scores, _ = cloud_scores(row._values_row, pick.upload_ids, pick.upload_values, pick.alpha,
+        if isinstance(row.kept_values, np.ndarray):
+            scores, _ = cloud_scores(row.kept_values, pick.upload_ids, pick.upload_values, pick.alpha,
                                      space=pick.space, temperature=0.0, stop_ids=pick.stop_ids)
             tokens[b] = int(np.argmax(scores))
         else:
@@ -121,10 +128,23 @@ def greedy_picks(rows: Sequence[StepRow], picks: Sequence[GreedyPick]) -> list[i
     if on_device:
         import torch
 
-        scores = torch.stack([fused_scores_on_device(rows[b]._values_row, picks[b]) for b in on_device])
-        for b, token in zip(on_device, top_ids_on_device(scores, 1)[:, 0].cpu().tolist()):  # the one host sync
+        device = rows[on_device[0]].kept_values.device
+        # a CUDA side stream: a session's pick, made while the worker's next forward is queued, does not wait for
+        # it (the kept rows were complete when their step's summary came to the host)
+        with torch.cuda.stream(_pick_stream(device.index)) if device.type == "cuda" else contextlib.nullcontext():
+            scores = torch.stack([fused_scores_on_device(rows[b].kept_values, picks[b]) for b in on_device])
+            top = top_ids_on_device(scores, 1)[:, 0].cpu().tolist()  # the one host sync
+        for b, token in zip(on_device, top):
             tokens[b] = int(token)
     return [int(t) for t in tokens]  # type: ignore[arg-type]
+
+
+@functools.cache
+def _pick_stream(device_index: int | None) -> Any:
+    """The CUDA stream greedy picks run on, one per device."""
+    import torch
+
+    return torch.cuda.Stream(device_index)
 
 
 def fused_scores_on_device(values: Any, pick: GreedyPick) -> Any:

@@ -168,7 +168,7 @@ def test_the_pick_on_the_device_is_the_numpy_rule_s_ties_and_near_ties_included(
         tensor = torch.from_numpy(row)
         rows.append((StepRow(RowSpec(pick.space), np.empty(0, np.int64), row[:0], row[:0], True, tensor, tensor),
                      int(np.argmax(expected))))
-    width = {row[0]._values_row.shape[0] for row in rows}
+    width = {row.kept_values.shape[0] for row, _ in rows}
     if len(width) == 1:  # one batch: one stacked pick, one copy back
         assert greedy_picks([r for r, _ in rows], [pick for _, pick in cases]) == [t for _, t in rows]
     for (row, token), (_, pick) in zip(rows, cases):
@@ -186,7 +186,7 @@ def test_cloud_side_sessions_on_device_rows_pick_the_transformers_backend_s_toke
     for backend in ("transformers", "slots"):
         with _runner(backend, cloud, True, device_rows=True) as batcher:
             engine = CloudEngine(cloud, runner=batcher)
-            client = EdgeClient(lambda: engine.session("t"), slm=TransformersSLM(edge))
+            client = EdgeClient(lambda engine=engine: engine.session("t"), slm=TransformersSLM(edge))
             policy = CoVeil(lam=1.0) if space == "prob" else make_policy("undefended", space="logit")
             result = client.generate("the patient has", "canary zebra", mode="cloud", policy=policy,
                                      max_new_tokens=16, lookahead=lookahead)
