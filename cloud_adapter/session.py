@@ -331,7 +331,8 @@ class SessionHandler:
                 )
             observation, logprobs = SyncedToken(token), None
         if self._lookahead:
-            self.draft_agreements += token == self._draft_token(row)
+            # the awaited row's draft token is the first draft past it, where one was sent (no pick to recompute)
+            self.draft_agreements += token == (self._drafts[0] if self._drafts else self._draft_token(row))
             self.depth_sum += len(self._drafts)
         record.exposure = wire.step_exposure(observation, row.ranking, self.engine.exposure_k)
         record.token_id = token
