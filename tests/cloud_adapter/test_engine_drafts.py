@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import copy
+import time
 from typing import Any
 
 import numpy as np
@@ -218,3 +219,27 @@ def test_a_failed_engine_draft_fails_its_session_only(pair) -> None:
         assert other.ids[-1] == 9 and other.next_row is not None
         batcher.release(seq)
         batcher.release(other)
+
+
+def test_the_engine_drafts_without_the_session_asking_two_rows_ahead_of_what_it_took(pair) -> None:
+    """Once a session lets it, the worker steps the sequence on its own draft tokens: two rows are drafted with no
+    call from the session (``DRAFT_LEAD``), the third only once the session takes one."""
+    _, cloud = pair
+    with StepBatcher(_slots(cloud), engine_drafts=True) as batcher:  # type: ignore[arg-type]
+        spec = RowSpec(top_n=4)
+        seq, _ = batcher.prefill([5, 6, 7], spec=spec)
+        assert batcher.run_ahead(seq, rule=None, spec=spec, end_ids=frozenset())
+        assert batcher.plan_drafts(seq, 3 + 8)
+
+        def drafted(n: int) -> bool:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and batcher.drafted_steps < n:
+                time.sleep(0.01)
+            time.sleep(0.2)  # a further draft would have run by now
+            return batcher.drafted_steps == n and len(seq.ids) == 3 + n
+
+        assert drafted(2)
+        first = batcher.take_draft(seq)
+        assert drafted(3)
+        assert [first.token] == seq.ids[3:4]
+        batcher.release(seq)
