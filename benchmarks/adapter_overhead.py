@@ -10,11 +10,15 @@ Two paths over the same null rows:
 
 * ``rows``: the backend hands sessions row summaries (``StepRow``: the top ids and values, as the slot engine
   computes them on a GPU); a session step touches ``top_m + K`` numbers.
+* ``rows, own drafts``: the same, with run-ahead drafts requested by each session's thread (one request to the
+  batcher per draft, as before the engine drafted itself); run-ahead only;
 * ``whole``: the backend hands whole float32 rows (``next_logits``, as the transformers backend does), and each
   session step computes the row's softmax and top ids over the 152,064 values in numpy (the path before the
   slot engine).
 
-Each runs in lockstep and with run-ahead (``--lookahead``).  Measured per configuration:
+Each runs in lockstep and with run-ahead (``--lookahead``); on the ``rows`` path the batcher advances run-ahead drafts
+itself (``StepBatcher(engine_drafts=True)``, the slot engine's default: each draft token read off its row as the row
+is delivered, its step queued by the worker).  Measured per configuration:
 
 * ``host_us_per_session_step`` = the server process's CPU seconds (user + system) over the run / the session-steps
   served, in microseconds;
@@ -191,7 +195,8 @@ def _cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def measure(summarizes_rows: bool, lookahead: int, args: argparse.Namespace) -> dict[str, float]:
+def measure(summarizes_rows: bool, lookahead: int, args: argparse.Namespace,
+            engine_drafts: bool | None = None) -> dict[str, float]:
     """One load of ``args.sessions`` sessions; probes prefills meanwhile when ``lookahead`` > 0."""
     model = NullModel(summarizes_rows=summarizes_rows)
     limits = Limits(max_sessions=args.sessions + 8, max_sessions_per_client=args.sessions + 8,
@@ -201,7 +206,8 @@ def measure(summarizes_rows: bool, lookahead: int, args: argparse.Namespace) -> 
     waits: list[int] = []
     cpu_before = 0.0
     stop = threading.Event()
-    with StepBatcher(model, batch_window_ms=args.batch_window_ms) as batcher:  # type: ignore[arg-type]
+    with StepBatcher(model, batch_window_ms=args.batch_window_ms,  # type: ignore[arg-type]
+                     engine_drafts=engine_drafts) as batcher:
         engine = CloudEngine(model, limits, runner=batcher)  # type: ignore[arg-type]
         with serving(engine, max_workers=args.sessions + 16) as adapter:
             batcher.batch_sizes.clear()
@@ -258,17 +264,22 @@ def main() -> None:
 
     figures: dict[tuple[str, int], dict[str, float]] = {}
     print(f"{args.sessions} edge-side sessions x {args.tokens} tokens, rows of {VOCAB:,} ids, load in another process")
-    print(f"{'path':>6}{'lookahead':>10}{'host us/step':>14}{'mean batch':>12}{'tok/s':>10}{'prefill wait p99':>18}")
-    for path, summarizes in (("rows", True), ("whole", False)):
-        for lookahead in (0, args.lookahead):
-            got = measure(summarizes, lookahead, args)
-            figures[(path, lookahead)] = got
-            print(f"{path:>6}{lookahead:>10}{got['host_us']:>14.1f}{got['mean_batch']:>12.2f}{got['tok_s']:>10.0f}"
-                  f"{got['wait_p99']:>18.1f}", flush=True)
+    print(f"{'path':>17}{'lookahead':>10}{'host us/step':>14}{'mean batch':>12}{'tok/s':>10}{'prefill wait p99':>18}")
+    runs = [("rows", True, 0, None), ("rows", True, args.lookahead, None),
+            ("rows, own drafts", True, args.lookahead, False), ("whole", False, 0, None),
+            ("whole", False, args.lookahead, None)]
+    for path, summarizes, lookahead, engine_drafts in runs:
+        got = measure(summarizes, lookahead, args, engine_drafts)
+        figures[(path, lookahead)] = got
+        print(f"{path:>17}{lookahead:>10}{got['host_us']:>14.1f}{got['mean_batch']:>12.2f}{got['tok_s']:>10.0f}"
+              f"{got['wait_p99']:>18.1f}", flush=True)
     floor = carrier_floor_us(args)
     print(f"gRPC alone (a bare echo stream, one message each way): {floor:.1f} host us per session-step")
     rows_ahead, whole_ahead = figures[("rows", args.lookahead)], figures[("whole", args.lookahead)]
     print(f"rows_lockstep_host_us_per_session_step={figures[('rows', 0)]['host_us']:.1f}")
+    own_drafts = figures[("rows, own drafts", args.lookahead)]
+    print(f"own_drafts_host_us_per_session_step={own_drafts['host_us']:.1f}")
+    print(f"own_drafts_mean_batch_{args.sessions}={own_drafts['mean_batch']:.2f}")
     print(f"whole_rows_host_us_per_session_step={whole_ahead['host_us']:.1f}")
     print(f"whole_vs_rows_host_work={whole_ahead['host_us'] / rows_ahead['host_us']:.2f}")
     print(f"grpc_echo_host_us_per_session_step={floor:.1f}")

@@ -1,9 +1,12 @@
 """The cloud adapter on a GPU: the slot engine and the transformers path side by side, against a plain forward.
 
-Needs CUDA (``--device cpu --shapes tiny`` checks the script on a CPU).  No weights travel: each model is built
-from its configuration alone, randomly initialised in bf16 on the GPU (a real architecture and size, so the
-forward's cost is the real one; the rows are noise, which the adapter does not care about).  The tokenizer is a
-synthetic one over the configuration's vocabulary: the adapter only needs token strings for its fingerprint.
+Needs CUDA.  ``--smoke`` runs the whole script on the CPU at a tiny size (``--device cpu --shapes tiny
+--sessions 2 --tokens 8 --lookahead 2``: one to three minutes on two busy cores;
+``tests/cloud_adapter/test_gpu_cloud_script.py`` runs it), so a GPU's few minutes are not spent finding a script
+error.  No weights travel: each model is built from its configuration alone, randomly initialised in bf16 on the
+GPU (a real architecture and size, so the forward's cost is the real one; the rows are noise, which the adapter
+does not care about).  The tokenizer is a synthetic one over the configuration's vocabulary: the adapter only
+needs token strings for its fingerprint.
 
 For each shape and backend (``--backends``):
 
@@ -12,7 +15,12 @@ For each shape and backend (``--backends``):
 (b) served: B concurrent edge-side sessions of different prompt lengths through the gRPC server on loopback, the
     load in a process of its own (``cloud_adapter.loadgen``: each answers every row at once with its best id),
     in lockstep and with run-ahead (``--lookahead``: the load confirms the cloud's drafts), and with run-ahead
-    and ``--veto`` of the steps answered with the load's second choice (the drafts past them dropped);
+    and ``--veto`` of the steps answered with the load's second choice (the drafts past them dropped), and
+    cloud-side sessions with run-ahead (``cloud``: the load uploads a flat value over its row's top 4 ids, the
+    cloud picks each token; on the slot engine the pick is read off the kept row on the device, one id copied
+    back).  The slot engine advances run-ahead drafts itself (``StepBatcher(engine_drafts=True)``: each draft
+    token read off its row as the row is computed, its step queued by the worker, no session thread on the
+    way); ``<shape>_slots_engine_drafted_per_token_runahead_<B>`` counts those steps per token served;
 (c) the bandwidth floor of one plain step: (weight bytes + the batch's KV bytes) / the device's measured copy
     rate (a 2 GiB device-to-device copy, read and written).
 
@@ -24,13 +32,15 @@ Targets (issue: the cloud half at GPU scale): at 32 sessions with run-ahead, slo
 >= 0.85 (70B widths: ``llama-70b-w20``, 20 of the 80 layers); slots plain >= 0.5 of the floor (7B) and >= 0.75
 (70B widths); slots >= 3x the transformers path's tokens/s; >= 0.7 with 30% vetoed; mean batch >= 30 of 32.
 
-Checked on the slot engine as well: admission (sessions past the slots, a prompt past a slot: refused with the
+Checked on the slot engine as well: the greedy cloud-side pick on the device against the numpy rule on the same
+kept rows (200 random uploads, no_stop included; ``<shape>_slots_device_pick_checked``, and its time per pick,
+``<shape>_slots_device_pick_us``); admission (sessions past the slots, a prompt past a slot: refused with the
 numbers; ``<shape>_slots_admission_checked``), and a 2,048-token prompt joining 8 decoding sessions, prefilled 512
 tokens a forward vs all at once (``<shape>_slots_join_stall_ms_chunked`` / ``_whole``: the longest gap between two
 of their steps).
 
 Usage: python benchmarks/gpu_cloud.py [--shapes qwen2.5-7b llama-70b-w20] [--backends slots transformers]
-       [--tokens 64] [--sessions 1 8 32] [--lookahead 8] [--veto 0.3] [--deadline-s 450]
+       [--tokens 64] [--sessions 1 8 32] [--lookahead 8] [--veto 0.3] [--deadline-s 450] [--smoke]
 """
 
 from __future__ import annotations
@@ -46,13 +56,14 @@ import torch
 
 from _common import ideal_tokens_per_s, synchronize
 from cloud_adapter.backends import BackendSettings, build_backend
-from cloud_adapter.backends.rows import RowSpec
+from cloud_adapter.backends.rows import GreedyPick, RowSpec
 from cloud_adapter.engine import CloudEngine
 from cloud_adapter.inprocess import serving
 from cloud_adapter.limits import Limits
 from cloud_adapter.llm import TransformersLLM
 from cloud_adapter.loadgen import run_load_in_process
 from cloud_adapter.runners import StepBatcher
+from edge_sdk.fusion import cloud_scores
 from edge_sdk.protocol.status import CloudError
 
 #: published configurations (the models' config.json), by name; "tiny" checks the script on a CPU
@@ -209,6 +220,34 @@ def check_admission(model: Any) -> str:
     return f"{full} | {long}"
 
 
+def check_device_pick(model: Any, picks: int = 200) -> float:
+    """The greedy cloud-side pick read off kept rows on the device equals the numpy rule
+    (:func:`~edge_sdk.fusion.cloud_scores`, ``argmax``) on the same rows brought to the host, for ``picks`` random
+    uploads (probability and logit rows, with and without the end ids lowered); microseconds per device pick."""
+    rng = np.random.default_rng(5)
+    seqs = {space: model.open([1, 2, 3, 4], RowSpec(space, top_n=16)) for space in ("prob", "logit")}
+    elapsed = 0.0
+    try:
+        for i in range(picks):
+            space = "prob" if i % 2 else "logit"
+            row = seqs[space].next_row
+            host = row.full_values()
+            ids = np.sort(rng.choice(model.vocab_size, size=int(rng.integers(0, 64)), replace=False)).astype(np.int64)
+            values = (rng.random(len(ids)) if space == "prob" else rng.normal(size=len(ids))).astype(np.float32)
+            stop = np.fromiter(model.eos_token_ids, np.int64) if i % 3 == 0 else np.empty(0, np.int64)
+            pick = GreedyPick(ids, values, float(rng.choice([0.0, 0.3, 0.5, 1.0])), space, stop)
+            synchronize(model.device)
+            start = time.perf_counter()
+            got = row.greedy_cloud_pick(pick)
+            elapsed += time.perf_counter() - start
+            scores, _ = cloud_scores(host, ids, values, pick.alpha, space=space, temperature=0.0, stop_ids=stop)
+            assert got == int(np.argmax(scores)), (i, got, int(np.argmax(scores)))
+    finally:
+        for seq in seqs.values():
+            model.release(seq)
+    return 1e6 * elapsed / picks
+
+
 def weight_bytes(llm: TransformersLLM) -> int:
     """Bytes a decode step reads of the weights (the input embedding is only gathered)."""
     embedding = llm.model.get_input_embeddings().weight
@@ -216,8 +255,9 @@ def weight_bytes(llm: TransformersLLM) -> int:
 
 
 def served(engine_model: Any, llm: TransformersLLM, args: argparse.Namespace, sessions: int, lookahead: int,
-           veto: float) -> tuple[float, float]:
-    """Tokens/s and mean batch of ``sessions`` concurrent edge-side sessions from a load process of their own."""
+           veto: float, mode: str = "edge") -> tuple[float, float, float]:
+    """Tokens/s, mean batch and engine-drafted steps per token of ``sessions`` concurrent sessions (``mode``:
+    edge- or cloud-side fusion) from a load process of their own."""
     limits = Limits(max_sessions=sessions, max_sessions_per_client=sessions, max_unopened_streams=sessions + 8,
                     max_new_tokens=args.tokens)
     prompts = random_prompts(llm.vocab_size, sessions, lambda i: 48 + (i % 32), seed=1000 + sessions)
@@ -227,12 +267,13 @@ def served(engine_model: Any, llm: TransformersLLM, args: argparse.Namespace, se
             batcher.batch_sizes.clear()
             report = run_load_in_process(adapter.address, prompts, fingerprint=llm.vocab_fingerprint(),
                                          vocab_size=llm.vocab_size, tokens=args.tokens, top_m=16,
-                                         lookahead=lookahead, veto_share=veto)
+                                         lookahead=lookahead, veto_share=veto, mode=mode)
         counts = batcher.batch_sizes
         mean_batch = sum(s * n for s, n in counts.items()) / max(sum(counts.values()), 1)
+        drafted = batcher.drafted_steps / max(sessions * args.tokens, 1)
     if report.errors:
         raise RuntimeError(f"{len(report.errors)} of {sessions} sessions failed: {report.errors[0]}")
-    return sessions * args.tokens / report.wall_seconds, mean_batch
+    return sessions * args.tokens / report.wall_seconds, mean_batch, drafted
 
 
 def measure(shape: str, args: argparse.Namespace, deadline: float) -> dict[str, float]:
@@ -254,6 +295,7 @@ def measure(shape: str, args: argparse.Namespace, deadline: float) -> dict[str, 
             max_len = max(PLAIN_PROMPT + 80 + args.tokens + 8, JOIN_PROMPT + 32)
             slots = max(*args.sessions, JOIN_DECODING + 1)
             engine_model = build_backend("slots", llm, BackendSettings(max_slots=slots, max_len=max_len))
+            engine_model.device_rows = True  # on the CPU too (--smoke): the rows and picks a GPU keeps
         else:
             engine_model = llm
         # warm-ups: first calls build kernels and caches
@@ -263,7 +305,7 @@ def measure(shape: str, args: argparse.Namespace, deadline: float) -> dict[str, 
             ideal_tokens_per_s(llm, random_prompts(llm.vocab_size, 1, lambda i: PLAIN_PROMPT, seed=0), 2)
         served(engine_model, llm, args, 1, args.lookahead, 0.0)
         print(f"{'backend':>13}{'B':>4}{'plain tok/s':>13}{'mode':>10}{'served tok/s':>14}{'vs plain':>10}"
-              f"{'mean batch':>12}", flush=True)
+              f"{'mean batch':>12}{'engine drafts':>16}", flush=True)
         for sessions in args.sessions:
             if backend == "slots":
                 plain = slots_plain_tokens_per_s(engine_model, sessions, args.tokens)
@@ -275,18 +317,25 @@ def measure(shape: str, args: argparse.Namespace, deadline: float) -> dict[str, 
                 plain = ideal_tokens_per_s(llm, random_prompts(llm.vocab_size, sessions, lambda i: PLAIN_PROMPT,
                                                                seed=sessions), args.tokens)
             figures[f"{shape}_{backend}_plain_tok_s_{sessions}"] = plain
-            modes = [("lockstep", 0, 0.0), ("runahead", args.lookahead, 0.0)]
+            modes = [("lockstep", 0, 0.0, "edge"), ("runahead", args.lookahead, 0.0, "edge")]
             if args.veto:
-                modes.append(("veto", args.lookahead, args.veto))
-            for mode, lookahead, veto in modes:
-                tok_s, mean_batch = served(engine_model, llm, args, sessions, lookahead, veto)
+                modes.append(("veto", args.lookahead, args.veto, "edge"))
+            modes.append(("cloud", args.lookahead, 0.0, "cloud"))
+            for mode, lookahead, veto, fusion in modes:
+                tok_s, mean_batch, drafted = served(engine_model, llm, args, sessions, lookahead, veto, fusion)
                 print(f"{backend:>13}{sessions:>4}{plain:>13.1f}{mode:>10}{tok_s:>14.1f}{tok_s / plain:>10.3f}"
-                      f"{mean_batch:>12.2f}", flush=True)
+                      f"{mean_batch:>12.2f}{drafted:>16.2f}", flush=True)
                 figures[f"{shape}_{backend}_{mode}_vs_plain_{sessions}"] = tok_s / plain
                 if mode == "runahead":
                     figures[f"{shape}_{backend}_mean_batch_runahead_{sessions}"] = mean_batch
+                    figures[f"{shape}_{backend}_engine_drafted_per_token_runahead_{sessions}"] = drafted
                     served_tok_s[(backend, sessions)] = tok_s
         if backend == "slots":
+            pick_us = check_device_pick(engine_model)
+            print(f"greedy cloud-side pick on the device = the numpy rule on the same rows: {pick_us:.0f} us a pick",
+                  flush=True)
+            figures[f"{shape}_slots_device_pick_checked"] = 1.0
+            figures[f"{shape}_slots_device_pick_us"] = pick_us
             print(f"admission: {check_admission(engine_model)}", flush=True)
             figures[f"{shape}_slots_admission_checked"] = 1.0
             for name, chunk in (("chunked", 512), ("whole", JOIN_PROMPT)):
@@ -317,7 +366,12 @@ def main() -> None:
     parser.add_argument("--veto", type=float, default=0.3, help="share of steps vetoed in the veto mode (0: none)")
     parser.add_argument("--deadline-s", type=float, default=450.0,
                         help="stop starting new backends past this many seconds (the GPU check's time box)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="check the script end to end on the CPU at a tiny size: --device cpu --shapes tiny "
+                             "--sessions 2 --tokens 8 --lookahead 2")
     args = parser.parse_args()
+    if args.smoke:
+        args.device, args.shapes, args.sessions, args.tokens, args.lookahead = "cpu", ["tiny"], [2], 8, 2
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("CUDA is not available here: use --device cpu --shapes tiny to check the script")
     if args.device.startswith("cuda"):

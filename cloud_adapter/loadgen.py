@@ -1,8 +1,10 @@
-"""A load generator for the cloud adapter: many concurrent edge-side sessions over gRPC, timed step by step.
+"""A load generator for the cloud adapter: many concurrent sessions over gRPC, timed step by step.
 
-Each session answers every distribution at once with its best id that does
+Each edge-side session answers every distribution at once with its best id that does
 not end the generation, so every session runs its full length and the
-adapter's own latency is what is measured.  Used by ``tests/cloud_adapter/test_load.py``
+adapter's own latency is what is measured.  A cloud-side session (``mode="cloud"``)
+uploads a flat value over the row's top ids (:data:`CLOUD_UPLOAD_IDS` of them) with
+``no_stop``, so the cloud picks every token and never an end.  Used by ``tests/cloud_adapter/test_load.py``
 (a tiny model, in CI) and ``benchmarks/load.py`` (the embedded model).
 """
 
@@ -19,6 +21,10 @@ import numpy as np
 from edge_sdk.protocol import wire
 from edge_sdk.protocol.connection import CloudConnection
 from edge_sdk.protocol.channels import GrpcChannel
+from edge_sdk.protocol.signals import CloudUpload
+
+#: a cloud-side session's upload: this many of the row's top ids, each valued 1 / this
+CLOUD_UPLOAD_IDS = 4
 
 
 @dataclass
@@ -49,13 +55,19 @@ def _session(channel: Any, request: wire.SessionRequest, start: threading.Barrie
         dist = connection.distribution()
         start.wait()
         while True:
-            candidates = (int(i) for i in dist.ids if int(i) not in info.eos_token_ids)
-            token = next(candidates)
-            if veto_share and rng.random() < veto_share:  # the edge takes its second choice: the cloud's draft drops
-                token = next(candidates, token)
             sent = time.perf_counter()
-            connection.sync_token(dist.step, token)
-            if dist.step + 1 >= info.max_new_tokens:
+            if request.mode == "cloud":
+                ids = np.sort(np.asarray(dist.ids[:CLOUD_UPLOAD_IDS], np.int64))
+                upload = CloudUpload(ids, np.full(len(ids), 1 / CLOUD_UPLOAD_IDS, np.float32))
+                _, finished = connection.upload(dist.step, upload, no_stop=True)
+            else:
+                candidates = (int(i) for i in dist.ids if int(i) not in info.eos_token_ids)
+                token = next(candidates)
+                if veto_share and rng.random() < veto_share:  # the edge's second choice: the cloud's draft drops
+                    token = next(candidates, token)
+                connection.sync_token(dist.step, token)
+                finished = dist.step + 1 >= info.max_new_tokens
+            if finished:
                 connection.finished()
                 steps.append(time.perf_counter() - sent)
                 break
@@ -72,18 +84,20 @@ def _session(channel: Any, request: wire.SessionRequest, start: threading.Barrie
 
 
 def run_load(channel: Any, prompts: Sequence[Sequence[int]], *, fingerprint: bytes, vocab_size: int,
-             tokens: int, top_m: int = 16, lookahead: int = 0, veto_share: float = 0.0) -> LoadReport:
-    """One edge-side session per prompt, all at once after every one has opened; returns the timings.
+             tokens: int, top_m: int = 16, lookahead: int = 0, veto_share: float = 0.0,
+             mode: str = "edge") -> LoadReport:
+    """One session per prompt (``mode``: edge- or cloud-side fusion), all at once after every one has opened;
+    returns the timings.
 
     ``lookahead``: the run-ahead depth each session accepts (0 = lockstep); a session confirms the cloud's draft
     whenever its top id does not end the generation, so run-ahead then hides every round trip.  ``veto_share``:
     the share of steps (drawn per session from a seeded generator) on which a session takes its second-best id
-    instead, so the cloud's draft past that step is dropped."""
+    instead, so the cloud's draft past that step is dropped (edge-side sessions)."""
     report = LoadReport(sessions=len(prompts), tokens=tokens)
     lock = threading.Lock()
     start = threading.Barrier(len(prompts) + 1)
     requests = [
-        wire.SessionRequest(prompt_ids=tuple(prompt), mode="edge", max_new_tokens=tokens, vocab_fingerprint=fingerprint,
+        wire.SessionRequest(prompt_ids=tuple(prompt), mode=mode, max_new_tokens=tokens, vocab_fingerprint=fingerprint,
                             vocab_size=vocab_size, top_m=top_m, edge_model="loadgen")
         for prompt in prompts
     ]

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol, Self
 
-from cloud_adapter.backends.rows import RowSpec
+from cloud_adapter.backends.rows import GreedyPick, RowSpec, StepRow, greedy_picks, summarize_row
 from cloud_adapter.llm import CloudSequence, TransformersLLM
 
 log = logging.getLogger("coveil.cloud")
@@ -96,6 +96,45 @@ class _StepRequest:
     token_id: int
     truncate_to: int | None = None  # drop the sequence's tokens past this many first (a rolled-back draft)
     result: Future[int] = field(default_factory=Future)
+    epoch: int | None = None  # an engine draft's: the epoch of its sequence's draft lane when it was queued
+
+
+@dataclass(frozen=True)
+class Drafted:
+    """A step the engine drafted on its own: the token it appended, the row after it, the forward's time."""
+
+    token: int
+    row: StepRow
+    forward_ns: int
+
+
+#: drafted rows the worker keeps ready beyond those its session took: the next forward runs while the session
+#: sends the last row, and the lane moves at its session's pace (as far ahead as the depth would let it, a free
+#: forward would leave every session waiting for its edge, one step per confirmation, in batches of a few)
+DRAFT_LEAD = 2
+
+
+@dataclass(eq=False)
+class _DraftLane:
+    """One run-ahead sequence's drafts as the engine advances them (:meth:`StepBatcher.run_ahead`).
+
+    After every forward of the sequence the worker reads the draft token off its new row (``rule``: ``None`` for
+    the row's top id, else a :class:`GreedyPick`) and, while the sequence is shorter than ``until``, fewer than
+    :data:`DRAFT_LEAD` drafted rows wait for the session, and that token does not end the generation, queues the
+    step that appends it.  ``epoch`` grows at each cancel (a forward of
+    the session's own, a release), so a draft still running then is not delivered.
+    """
+
+    rule: GreedyPick | None
+    spec: RowSpec
+    end_ids: frozenset[int]
+    until: int = 0  # the engine drafts while the sequence holds fewer tokens
+    epoch: int = 0
+    request: _StepRequest | None = None  # its draft step queued or running
+    ready: deque[Drafted] = field(default_factory=deque)  # drafted steps the session has not taken, oldest first
+    next_token: int | None = None  # the draft token of the sequence's last row
+    row: StepRow | None = None  # the row after the session's own latest forward
+    error: BaseException | None = None  # a draft step's failure, raised to the session that takes it
 
 
 @dataclass(eq=False)
@@ -117,6 +156,7 @@ class BatchStats:
     batch_sizes: Counter[int] = field(default_factory=Counter)  # step batches of each size
     prefill_sizes: Counter[int] = field(default_factory=Counter)  # successful prefill batches of each size
     step_seconds: float = 0.0  # inside ``llm.step``
+    engine_drafts: int = 0  # steps the worker queued itself, advancing run-ahead sequences by their draft tokens
     prefill_seconds: float = 0.0  # inside successful ``llm.open_many``
 
 
@@ -187,13 +227,14 @@ class _ModelQueue:
         self.steps, self.prefills, self.opening = [], deque(), None
         return waiting
 
-    def run_steps(self, steps: list[_StepRequest], delivered: Delivered | None = None) -> None:
+    def run_steps(self, steps: list[_StepRequest], delivered: Delivered | None = None,
+                  stepped: Callable[[list[_StepRequest], int], None] | None = None) -> None:
         """One ``llm.step`` for ``steps`` (one per step with ``per_sequence``); a failure is delivered to every one
-        of them."""
+        of them.  ``stepped(steps, ns)`` runs after ``delivered``, before any caller is woken."""
         start = time.perf_counter_ns()
         try:
             for request in steps:
-                if request.truncate_to is not None:
+                if request.truncate_to is not None and request.truncate_to < len(request.seq.ids):
                     self.llm.truncate(request.seq, request.truncate_to)
                     request.truncate_to = None
             if self.per_sequence:
@@ -212,6 +253,8 @@ class _ModelQueue:
         self.stats.batch_sizes[len(steps)] += 1
         if delivered is not None:
             delivered([request.seq for request in steps])
+        if stepped is not None:
+            stepped(steps, elapsed)
         for request in steps:
             request.result.set_result(elapsed)
 
@@ -354,6 +397,7 @@ class _ModelWorker:
                 self._dead = True  # from here on every request fails at once
                 waiting = [request for queue in self._queues for request in queue.take_all()]
                 died = not self._closed
+                self._cond.notify_all()  # sessions waiting on an engine's draft
             for request in waiting:
                 if not request.result.done():
                     request.result.set_exception(RuntimeError("the model worker has died"))
@@ -393,6 +437,17 @@ class StepBatcher(_ModelWorker):
     holds the decoding sessions up by one chunk's forward per step, never
     by its whole prefill (chunked prefill, interleaved with the steps).
 
+    Run-ahead sessions' drafts are advanced by the worker itself
+    (``engine_drafts``; :meth:`run_ahead`): after each forward of such a
+    sequence the worker reads its draft token off the new row (the top id,
+    or the greedy cloud-side pick of an empty upload, on the device for a
+    device row) and queues the step that appends it, up to the depth its
+    session allows (:meth:`plan_drafts`), so a drafting sequence's next
+    forward joins the next batch without a round through its session's
+    thread.  The session takes the drafted rows (:meth:`take_draft`) when
+    its stream may send them; a forward of its own (the edge's token where
+    it is not the draft) first drops every draft past the confirmed tokens.
+
     Attributes:
         batch_sizes: how many step batches of each size ran.
         prefill_sizes: how many prefill batches of each size ran.
@@ -402,11 +457,17 @@ class StepBatcher(_ModelWorker):
     #: weight of the newest return gap, and of the newest step's time, in their exponential averages
     GAP_SMOOTHING = 0.3
 
-    def __init__(self, llm: TransformersLLM, *, batch_window_ms: float = 10.0) -> None:
+    def __init__(self, llm: TransformersLLM, *, batch_window_ms: float = 10.0,
+                 engine_drafts: bool | None = None) -> None:
         if batch_window_ms < 0:
             raise ValueError(f"batch_window_ms must be non-negative, got {batch_window_ms}")
         self._queue = _ModelQueue(llm, chunked_prefills=True)
         super().__init__([self._queue])
+        #: the worker advances run-ahead sessions' drafts itself (default: for a model that summarises its rows,
+        #: the slot engine; over whole rows each draft token would cost the worker a V-sized pass)
+        self.engine_drafts = getattr(llm, "summarizes_rows", False) if engine_drafts is None else engine_drafts
+        self._lanes: dict[int, _DraftLane] = {}  # id(seq) -> its draft lane
+        self._stepping: set[int] = set()  # id(seq) of the sequences in the step batch running now
         self._least_window_s = batch_window_ms / 1000.0
         self._step_s = 0.0  # average seconds of one batched step
         self._live: set[CloudSequence] = set()
@@ -427,6 +488,11 @@ class StepBatcher(_ModelWorker):
         return self._queue.stats.step_seconds
 
     @property
+    def drafted_steps(self) -> int:
+        """Steps the worker queued itself to advance run-ahead sessions' drafts (``engine_drafts``)."""
+        return self._queue.stats.engine_drafts
+
+    @property
     def tokens_per_session(self) -> int | None:
         """The model's bound on one sequence's tokens (the slot engine's ``max_len``), or ``None``."""
         return getattr(self._queue.llm, "max_len", None)
@@ -443,26 +509,164 @@ class StepBatcher(_ModelWorker):
         return request.result.result()
 
     def forward(self, seq: CloudSequence, token_id: int, *, truncate_to: int | None = None) -> int:
+        """Step ``seq`` by ``token_id``; on a run-ahead sequence every engine draft is dropped first (so give
+        ``truncate_to``: its confirmed tokens), and :meth:`forwarded_row` reads the row after it."""
         request = _StepRequest(seq, int(token_id), truncate_to)
         with self._cond:
             self._require_open()
-            delivered = self._delivered_at.get(id(seq))
-            if delivered is not None:
-                gap = time.monotonic() - delivered
-                previous = self._return_gap.get(id(seq), gap)
-                self._return_gap[id(seq)] = previous + self.GAP_SMOOTHING * (gap - previous)
+            lane = self._lanes.get(id(seq))
+            if lane is not None:
+                self._cancel(lane)
+            self._note_return(seq)
             self._enqueue(self._queue, request)
         return request.result.result()
+
+    def _note_return(self, seq: CloudSequence) -> None:
+        """With the lock held: ``seq``'s session asks for its next step now (its return gap, averaged)."""
+        delivered = self._delivered_at.get(id(seq))
+        if delivered is not None:
+            gap = time.monotonic() - delivered
+            previous = self._return_gap.get(id(seq), gap)
+            self._return_gap[id(seq)] = previous + self.GAP_SMOOTHING * (gap - previous)
 
     def release(self, seq: CloudSequence) -> None:
         with self._cond:
             self._live.discard(seq)
             self._delivered_at.pop(id(seq), None)
             self._return_gap.pop(id(seq), None)
+            lane = self._lanes.pop(id(seq), None)
+            if lane is not None:
+                self._cancel(lane)
+                while id(seq) in self._stepping:  # a draft of it is running: its slot is given back after
+                    self._cond.wait()
             self._cond.notify_all()  # a batch waiting for this sequence can go now
         release = getattr(self._queue.llm, "release", None)
         if release is not None:  # a slot to give back (the slot engine); no forward of it is queued or running
             release(seq)
+
+    # -- run-ahead driven by the engine ------------------------------------------------------------
+    def run_ahead(self, seq: CloudSequence, *, rule: GreedyPick | None, spec: RowSpec,
+                  end_ids: frozenset[int]) -> bool:
+        """Let the worker draft past ``seq``'s tokens by ``rule`` (:class:`_DraftLane`), ``end_ids`` never
+        drafted; ``False`` (nothing done) where ``engine_drafts`` is off.  Call it between forwards of ``seq``,
+        once, with ``seq``'s current row in ``seq.next_row`` (or ``next_logits``); nothing is drafted until
+        :meth:`plan_drafts`."""
+        if not self.engine_drafts:
+            return False
+        row = seq.next_row if seq.next_row is not None else summarize_row(seq.next_logits, spec)
+        lane = _DraftLane(rule, spec, end_ids, row=row)
+        lane.next_token = greedy_picks([row], [rule])[0] if rule is not None else int(row.ids[0])
+        with self._cond:
+            self._require_open()
+            self._lanes[id(seq)] = lane
+        return True
+
+    def plan_drafts(self, seq: CloudSequence, until: int) -> bool:
+        """The worker may draft ``seq`` up to ``until`` tokens; whether a drafted step is ready or on its way."""
+        with self._cond:
+            lane = self._lanes[id(seq)]
+            lane.until = until
+            self._extend(seq, lane)
+            return bool(lane.ready) or lane.request is not None or lane.error is not None
+
+    def take_draft(self, seq: CloudSequence, token: int | None = None) -> Drafted | None:
+        """The oldest drafted step of ``seq`` not yet taken, waiting for it if it is on its way; with ``token``:
+        only if it drafted that token (else ``None``, and nothing is taken)."""
+        with self._cond:
+            lane = self._lanes[id(seq)]
+            while not lane.ready and lane.request is not None and lane.error is None and not self._dead:
+                if token is not None and lane.request.token_id != token:
+                    return None
+                self._cond.wait()
+            if lane.error is not None:
+                error, lane.error = lane.error, None
+                raise error
+            if lane.ready and (token is None or lane.ready[0].token == token):
+                drafted = lane.ready.popleft()
+                self._extend(seq, lane)  # a row taken: the lane may go on
+                return drafted
+            if token is None:
+                self._require_open()
+                raise RuntimeError("no draft of this sequence is ready or on its way")
+            return None
+
+    def forwarded_row(self, seq: CloudSequence) -> StepRow | None:
+        """The row after the latest :meth:`forward` of a run-ahead ``seq`` (the worker may already be drafting
+        past it, replacing ``seq.next_row``)."""
+        with self._cond:
+            lane = self._lanes.get(id(seq))
+            if lane is not None and lane.error is not None:  # reading the row after it failed
+                error, lane.error = lane.error, None
+                raise error
+            return lane.row if lane is not None else None
+
+    def _cancel(self, lane: _DraftLane) -> None:
+        """With the lock held: drop ``lane``'s drafts, queued and ready (one running is not delivered)."""
+        lane.epoch += 1
+        if lane.request is not None and lane.request in self._queue.steps:
+            self._queue.steps.remove(lane.request)
+        lane.request, lane.next_token, lane.row, lane.error = None, None, None, None
+        lane.ready.clear()
+
+    def _extend(self, seq: CloudSequence, lane: _DraftLane) -> None:
+        """With the lock held: queue ``seq``'s next draft step when the lane allows one.
+
+        Counted as ``seq``'s return (:meth:`_note_return`), as a session's own draft request was: at once when the
+        worker queues it on delivery, after the edge's confirmation when the session lets a stopped lane go on; so
+        batches wait for run-ahead sequences as they waited for their sessions' draft requests."""
+        if (lane.request is None and lane.error is None and lane.next_token is not None and len(lane.ready) < DRAFT_LEAD
+                and lane.next_token not in lane.end_ids and len(seq.ids) < lane.until):
+            lane.request = _StepRequest(seq, lane.next_token, epoch=lane.epoch)
+            self._queue.stats.engine_drafts += 1
+            self._note_return(seq)
+            self._enqueue(self._queue, lane.request)
+
+    def _stepped(self, steps: list[_StepRequest], elapsed_ns: int) -> None:
+        """On the worker, after a step batch and before its callers wake: each run-ahead sequence's new row and
+        draft token; drafted steps handed to their lanes, the next ones queued."""
+        with self._cond:
+            lanes = [(request, self._lanes.get(id(request.seq))) for request in steps]
+        current = [(request, lane) for request, lane in lanes
+                   if lane is not None and (request.epoch is None or request.epoch == lane.epoch)]
+        if not current:
+            return
+        try:
+            rows = [request.seq.next_row if request.seq.next_row is not None else
+                    summarize_row(request.seq.next_logits, lane.spec) for request, lane in current]
+            picking = [(b, lane.rule) for b, (_, lane) in enumerate(current) if lane.rule is not None]
+            tokens: list[int | None] = [int(row.ids[0]) if len(row.ids) else None for row in rows]
+            if picking:
+                picked = greedy_picks([rows[b] for b, _ in picking], [rule for _, rule in picking])
+                for (b, _), token in zip(picking, picked):
+                    tokens[b] = token
+        except Exception as exc:  # noqa: BLE001 - each lane's session raises it (the worker goes on)
+            with self._cond:
+                for _, lane in current:
+                    lane.error, lane.request = exc, None
+                self._cond.notify_all()
+            return
+        with self._cond:
+            for (request, lane), row, token in zip(current, rows, tokens):
+                if request.epoch is not None:
+                    if request.epoch != lane.epoch:  # cancelled while it ran
+                        continue
+                    lane.ready.append(Drafted(request.token_id, row, elapsed_ns))
+                    lane.request = None
+                else:
+                    request.seq.next_row, lane.row = row, row
+                lane.next_token = token if row.finite else None
+                self._extend(request.seq, lane)
+            self._cond.notify_all()
+
+    def _failed_drafts(self, steps: list[_StepRequest]) -> None:
+        """On the worker, after a step batch that failed: its engine drafts' lanes hold the error."""
+        with self._cond:
+            for request in steps:
+                lane = self._lanes.get(id(request.seq))
+                if (request.epoch is not None and lane is not None and lane.epoch == request.epoch
+                        and request.result.done() and request.result.exception() is not None):
+                    lane.error, lane.request = request.result.exception(), None
+            self._cond.notify_all()
 
     # -- the worker thread ---------------------------------------------------------------------
     def _serve_requests(self) -> None:
@@ -477,12 +681,19 @@ class StepBatcher(_ModelWorker):
                 elif queue.steps:
                     self._wait_for_batch()
                     steps, prefills, prefilling = queue.take_steps(), [], False
+                    self._stepping = {id(request.seq) for request in steps}
                 else:
                     return  # closed and drained
             prefill_turn = bool(steps)
             if steps:
                 started = time.monotonic()
-                queue.run_steps(steps, self._delivered)
+                try:
+                    queue.run_steps(steps, self._delivered, self._stepped if self.engine_drafts else None)
+                finally:
+                    self._failed_drafts(steps)
+                    with self._cond:
+                        self._stepping = set()
+                        self._cond.notify_all()
                 with self._cond:
                     elapsed = time.monotonic() - started
                     self._step_s += self.GAP_SMOOTHING * (elapsed - self._step_s) if self._step_s else elapsed

@@ -20,6 +20,10 @@ its depth past the awaited step.  A signal whose token is the draft confirms
 it (the next row already went out); any other token drops every draft (the
 KV cache rolls back) and the row after that token follows, as in lockstep.
 Every drafted row depends on the public prompt and the confirmed tokens only.
+Where the runner drafts itself (:meth:`~cloud_adapter.runners.StepBatcher.run_ahead`,
+the slot engine's default) the engine forwards the same draft tokens as soon as
+each row is computed, as deep as the session allows, and :meth:`SessionHandler.draft`
+takes the row it drafted: the same rows, sent at the same points.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cloud_adapter.backends.rows import RowSpec, StepRow, summarize_row
+from cloud_adapter.backends.rows import GreedyPick, RowSpec, StepRow, summarize_row
 from cloud_adapter.llm import CloudSequence
 from cloud_adapter.transcript import SessionTranscript, StepRecord
 from cloud_adapter.validation import check_open_message, parse_upload, validate_request
@@ -99,6 +103,7 @@ class SessionHandler:
         self._drafts: list[int] = []  # tokens the cloud appended past the confirmed ones (run-ahead)
         self._lookahead = 0  # the deepest run-ahead agreed for this session (0 = lockstep)
         self._schedule = DraftSchedule(0)  # how deep it drafts now (set when the session opens)
+        self._engine_drafts = False  # the runner advances this session's drafts itself (StepBatcher.run_ahead)
         self.forwards = 0  # decode forwards run for this session (drafts included; the prefill not)
         self.drafts_dropped = 0  # drafted forwards rolled back
         self.draft_agreements = 0  # confirmed tokens that were the cloud's draft token (run-ahead sessions)
@@ -204,6 +209,9 @@ class SessionHandler:
             kept = engine.resumable_rows.take(self._row_key())
             if kept is not None:
                 self._seq.next_row = summarize_row(kept, self._spec)
+        run_ahead = getattr(engine.runner, "run_ahead", None)
+        self._engine_drafts = bool(self._lookahead and run_ahead is not None and run_ahead(
+            self._seq, rule=self._draft_rule(), spec=self._spec, end_ids=self._eos))
 
         prompt_rows, token_values = self._prompt_rows(request) if request.score_prompt else ((), ())
         info = wire.SessionInfo(
@@ -307,7 +315,7 @@ class SessionHandler:
                 )
             observation = upload = parse_upload(signal.upload, vocab_size=self.engine.llm.vocab_size,
                                                 max_upload=self.engine.max_upload, space=request.space)
-            token, logprobs = self._choose(upload, row.row.full_values(), no_stop=signal.no_stop)
+            token, logprobs = self._choose(upload, row.row, no_stop=signal.no_stop)
             record.upload_size = len(upload)
             record.upload = upload.largest(self.engine.transcript_upload_limit)
         else:
@@ -323,7 +331,8 @@ class SessionHandler:
                 )
             observation, logprobs = SyncedToken(token), None
         if self._lookahead:
-            self.draft_agreements += token == self._draft_token(row)
+            # the awaited row's draft token is the first draft past it, where one was sent (no pick to recompute)
+            self.draft_agreements += token == (self._drafts[0] if self._drafts else self._draft_token(row))
             self.depth_sum += len(self._drafts)
         record.exposure = wire.step_exposure(observation, row.ranking, self.engine.exposure_k)
         record.token_id = token
@@ -345,16 +354,24 @@ class SessionHandler:
         if self._drafts and self._drafts[0] == token:  # the draft holds: its row already went out
             self._drafts.pop(0)
             return
+        runner = self.engine.runner
+        if self._engine_drafts and not self._drafts:  # the engine may have drafted this token before a row went out
+            drafted = runner.take_draft(self._seq, token)
+            if drafted is not None:
+                self._count_forward(drafted.forward_ns)
+                yield self._next_distribution(drafted.forward_ns, assumes=token, row=drafted.row)
+                return
         truncate_to = None
-        if self._drafts:  # a miss: drop every draft (and its KV) and go on from the confirmed token
-            truncate_to = len(self._seq.ids) - len(self._drafts)
+        if self._drafts or self._engine_drafts:  # a miss: drop every draft (and its KV), go on from the confirmed token
+            truncate_to = len(request.prompt_ids) + step
             self.drafts_dropped += len(self._drafts)
             self._drafts.clear()
             self._rows.clear()
-        forward_ns = (self.engine.runner.forward(self._seq, token) if truncate_to is None else
-                      self.engine.runner.forward(self._seq, token, truncate_to=truncate_to))
+        forward_ns = (runner.forward(self._seq, token) if truncate_to is None else
+                      runner.forward(self._seq, token, truncate_to=truncate_to))
         self._count_forward(forward_ns)
-        yield self._next_distribution(forward_ns, assumes=token if self._lookahead else None)
+        row = runner.forwarded_row(self._seq) if self._engine_drafts else None
+        yield self._next_distribution(forward_ns, assumes=token if self._lookahead else None, row=row)
 
     # -- run-ahead -----------------------------------------------------------------------------------
     def _count_forward(self, forward_ns: int) -> None:
@@ -367,14 +384,18 @@ class SessionHandler:
         the turnaround is read only on rows the edge waited for, sent on its confirmation)."""
         return self._schedule.depth
 
+    def _draft_rule(self) -> GreedyPick | None:
+        """How the draft token is read off a row: cloud-side the greedy pick of an empty upload, edge-side (``None``)
+        the row's top id."""
+        request = self._request
+        assert request is not None
+        return GreedyPick.draft(request.alpha, request.space) if request.mode == "cloud" else None
+
     def _draft_token(self, row: _Row) -> int:
         """The token the cloud assumes the edge confirms at ``row``: edge-side its top token, cloud-side its
         greedy pick from the row alone (the pick of an empty upload)."""
-        request = self._request
-        assert request is not None
-        if request.mode == "cloud":
-            return self._pick(CloudUpload.empty(request.space), row.row.full_values())
-        return int(row.row.ids[0])
+        rule = self._draft_rule()
+        return int(row.row.ids[0]) if rule is None else row.row.greedy_cloud_pick(rule)
 
     def can_draft(self) -> bool:
         """Whether :meth:`draft` has work: decoding, below the depth, before the token limit, and the last
@@ -383,40 +404,45 @@ class SessionHandler:
             return False
         if self._step + len(self._drafts) + 1 >= self._max_new_tokens:
             return False
+        if self._engine_drafts:  # the engine drafts by the same rule, as deep as this allows: is a row coming?
+            assert self._request is not None and self._seq is not None
+            ahead = min(self.depth, self._max_new_tokens - self._step - 1)
+            return self.engine.runner.plan_drafts(self._seq, len(self._request.prompt_ids) + self._step + ahead)
         return self._draft_token(self._rows[-1]) not in self._eos
 
     def draft(self) -> Iterator[Any]:
-        """One run-ahead step: forward the last row's draft token and yield the next row, naming that token."""
+        """One run-ahead step: forward the last row's draft token and yield the next row, naming that token (where
+        the engine drafts, the row it drafted)."""
         assert self._seq is not None and self.can_draft()
+        if self._engine_drafts:
+            drafted = self.engine.runner.take_draft(self._seq)
+            self._drafts.append(drafted.token)
+            self._count_forward(drafted.forward_ns)
+            yield self._next_distribution(drafted.forward_ns, assumes=drafted.token, drafted=True, row=drafted.row)
+            return
         token = self._draft_token(self._rows[-1])
         self._drafts.append(token)
         forward_ns = self.engine.runner.forward(self._seq, token)
         self._count_forward(forward_ns)
         yield self._next_distribution(forward_ns, assumes=token, drafted=True)
 
-    def _scores(self, upload: CloudUpload, values: np.ndarray, *, no_stop: bool) -> tuple[np.ndarray, bool]:
-        """The row the cloud-side token is picked from, and whether it holds raw fused logits: the cloud's pick rule
-        :func:`edge_sdk.fusion.cloud_scores` with this session's settings (``no_stop``: its end set lowered)."""
-        request = self._request
-        assert request is not None
-        stop_ids = np.fromiter(self._eos, dtype=np.int64) if no_stop else np.empty(0, np.int64)
-        return cloud_scores(values, upload.ids, upload.values, request.alpha, space=request.space,
-                            temperature=request.temperature, stop_ids=stop_ids)
-
-    def _pick(self, upload: CloudUpload, values: np.ndarray, *, no_stop: bool = False) -> int:
-        """The greedy cloud-side token of :meth:`_scores` (a draft's: drafts run only where the cloud is greedy and
-        no schema applies)."""
-        scores, _ = self._scores(upload, values, no_stop=no_stop)
-        return int(np.argmax(scores))
-
-    def _choose(self, upload: CloudUpload, values: np.ndarray, *, no_stop: bool) -> tuple[int, TokenLogprobs | None]:
-        """The awaited step's cloud-side token: ``argmax`` (or a draw) of :meth:`_scores` with every id the
-        session's JSON schema does not allow next masked (:func:`edge_sdk.grammar.mask_row`: probabilities
-        renormalised), and its log-probabilities under that row when the session asked (:mod:`edge_sdk.logprobs`).
+    def _choose(self, upload: CloudUpload, row: StepRow, *, no_stop: bool) -> tuple[int, TokenLogprobs | None]:
+        """The awaited step's cloud-side token: ``argmax`` (or a draw) of the cloud's pick rule
+        :func:`edge_sdk.fusion.cloud_scores` with this session's settings (``no_stop``: its end set lowered) and
+        every id the session's JSON schema does not allow next masked (:func:`edge_sdk.grammar.mask_row`:
+        probabilities renormalised), and its log-probabilities under that row when the session asked
+        (:mod:`edge_sdk.logprobs`).  Greedy without a schema or log-probabilities, the pick is read off the kept
+        row where it lies (:meth:`~cloud_adapter.backends.rows.StepRow.greedy_cloud_pick`: on the device, one id
+        copied back); otherwise the whole row comes to the host.
         """
         request = self._request
         assert request is not None
-        scores, raw_logits = self._scores(upload, values, no_stop=no_stop)
+        stop_ids = np.fromiter(self._eos, dtype=np.int64) if no_stop else np.empty(0, np.int64)
+        if request.temperature == 0 and self._constraint is None and not request.logprobs:
+            return row.greedy_cloud_pick(GreedyPick(upload.ids, upload.values, request.alpha, request.space,
+                                                    stop_ids)), None
+        scores, raw_logits = cloud_scores(row.full_values(), upload.ids, upload.values, request.alpha,
+                                          space=request.space, temperature=request.temperature, stop_ids=stop_ids)
         lowest = np.finfo(np.float32).min if raw_logits else 0.0
         if self._constraint is not None:
             scores = mask_row(scores, self._constraint.allowed(), lowest=lowest)
@@ -427,9 +453,11 @@ class SessionHandler:
             return token, None
         return token, token_logprobs(scores, "logit" if raw_logits else "prob", token, request.top_logprobs)
 
-    def _next_distribution(self, forward_ns: int, *, assumes: int | None = None, drafted: bool = False) -> Any:
-        """Read the next row off the sequence (the awaited step's, or a drafted one past it) and build its
-        distribution message; ``assumes``: the token before it the message names (run-ahead sessions).
+    def _next_distribution(self, forward_ns: int, *, assumes: int | None = None, drafted: bool = False,
+                           row: StepRow | None = None) -> Any:
+        """Read the next row off the sequence (the awaited step's, or a drafted one past it; ``row``: that row,
+        where the engine drafts past it) and build its distribution message; ``assumes``: the token before it the
+        message names (run-ahead sessions).
 
         The row is ``p_llm`` in probability space and the raw logits ``z_llm``
         in logit space (both rank tokens alike), as the backend read it
@@ -440,7 +468,8 @@ class SessionHandler:
         request, seq = self._request, self._seq
         assert request is not None and seq is not None
         step = self._step + len(self._drafts)
-        row = seq.next_row if seq.next_row is not None else summarize_row(seq.next_logits, self._spec)
+        if row is None:
+            row = seq.next_row if seq.next_row is not None else summarize_row(seq.next_logits, self._spec)
         if not row.finite:
             raise CloudError("INTERNAL", f"the cloud model's logits at step {step} hold non-finite values; "
                                          "refusing to rank or send them")
@@ -472,7 +501,8 @@ class SessionHandler:
         """This session's current step as :class:`~cloud_adapter.engine.ResumableRows` knows it."""
         request, seq = self._request, self._seq
         assert request is not None and seq is not None
-        prompt, confirmed = len(request.prompt_ids), len(seq.ids) - len(self._drafts)
+        prompt = len(request.prompt_ids)
+        confirmed = prompt + self._step  # the engine may hold drafts the session never sent
         return self.client_id, request.space, tuple(seq.ids[:prompt]), tuple(seq.ids[prompt:confirmed])
 
     def _end(self, reason: str) -> None:

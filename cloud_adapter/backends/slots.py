@@ -230,6 +230,9 @@ class SlotLLM:
             ``kv_bytes`` bounds it instead.
         kv_bytes: the KV cache's size in bytes on the CPU (default 1 GiB).
         prefill_chunk: prompt tokens per prefill forward (a long prompt runs as several).
+        device_rows: summarise rows with torch on the CPU too (as on a GPU: the rows and greedy picks
+            stay tensors, one copy of their top values comes out); by default a CPU row is summarised in numpy,
+            the bytes the transformers backend sends.
 
     Like ``TransformersLLM``, not thread-safe: one thread (the batcher's worker) calls it, except
     :meth:`release`, which any session's thread may call.
@@ -247,6 +250,7 @@ class SlotLLM:
         kv_fraction: float = 0.9,
         kv_bytes: int = 1 << 30,
         prefill_chunk: int = 512,
+        device_rows: bool = False,
     ) -> None:
         problem = supports(llm)
         if problem is not None:
@@ -289,6 +293,7 @@ class SlotLLM:
         self._free = list(range(self.slots))  # kept sorted: sessions take the lowest, so live slots stay compact
         self._free_lock = threading.Lock()
         self.prefill_chunk = prefill_chunk
+        self.device_rows = device_rows or self.device.type != "cpu"
         _register_attention()
         self.model.set_attn_implementation(ATTENTION_NAME)
         # the TransformersLLM attributes sessions and the engine read (tokenizer, vocabulary, ends)
@@ -512,8 +517,8 @@ class SlotLLM:
         specs = [seq.cache.spec for seq in seqs]
         summarised = None
         if all(spec is not None for spec in specs):
-            summarised = summarize_rows(logits, specs)
-        host = logits.float().numpy() if self.device.type == "cpu" else None
+            summarised = summarize_rows(logits, specs, on_device=self.device_rows)
+        host = logits.float().numpy() if not self.device_rows else None
         for b, seq in enumerate(seqs):
             seq.next_row = summarised[b] if summarised is not None else None
             seq.next_logits = host[b] if host is not None else None
