@@ -30,6 +30,7 @@ from edge_sdk.protocol.status import CloudReplyRejected
 
 if TYPE_CHECKING:
     from edge_sdk.decode_settings import DecodeSettings
+    from edge_sdk.fusion import FusionSpace
     from edge_sdk.privacy.meter import LeakageMeter
     from edge_sdk.protocol import wire
     from edge_sdk.protocol.connection import CloudConnection
@@ -58,7 +59,7 @@ class FusionSide(ABC):
     #: :meth:`~edge_sdk.decoding.CollaborativeDecoder.prompt_logprobs`): only where the edge fuses
     scores_prompt: ClassVar[bool]
 
-    def __init__(self, settings: DecodeSettings, *, policy_name: str, space: str,
+    def __init__(self, settings: DecodeSettings, *, policy_name: str, space: FusionSpace,
                  processors: Sequence[ChoiceProcessor], stop: StopControl, pacer: Pacer, vocab_size: int,
                  masks_ids: bool) -> None:
         self.settings = settings
