@@ -20,15 +20,25 @@ T = TypeVar("T")
 DTYPES = ("auto", "bf16", "fp16", "fp32")
 
 
-def positive_int(text: str) -> int:
-    """An integer of at least 1 (``argparse`` prints the message on anything else)."""
+def _integer_from(text: str, least: int, what: str) -> int:
+    """``text`` as an integer of at least ``least`` (``what`` it must be, for the message)."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An integer of at least 1 (``argparse`` prints the message on anything else)."""
+    return _integer_from(text, 1, "a positive integer")
+
+
+def non_negative_int(text: str) -> int:
+    """An integer of at least 0."""
+    return _integer_from(text, 0, "an integer of 0 or more")
 
 
 def positive_float(text: str) -> float:

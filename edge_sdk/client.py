@@ -252,11 +252,11 @@ class EdgeClient:
         timeout_s: per-session deadline on the gRPC stream (``None`` = none); the channel also pings the
             adapter every 20 s, so a dead connection is noticed within half a minute, not at the deadline.
         max_reconnects: how often a broken session is reopened before giving up.
-        lookahead: the deepest run-ahead this edge accepts (rows the cloud drafts past the last confirmed
-            token, so a round trip is not paid per token; the cloud adapts the depth to the link); 0 = lockstep.
-            What the edge sends is the same either way.  Default: ``wire.MAX_LOOKAHEAD`` (8) to a remote adapter,
-            0 in process (no round trip to hide: drafts would only add work).  ``generate``/``stream`` take
-            ``lookahead=`` per call.
+        lookahead: the deepest run-ahead this client's generations accept unless their settings say
+            (``DecodeSettings.lookahead``, which wins: ``generate(..., lookahead=0)``): rows the cloud drafts past
+            the last confirmed token, so a round trip is not paid per token (the cloud adapts the depth to the
+            link); 0 = lockstep.  What the edge sends is the same either way.  Default: ``wire.MAX_LOOKAHEAD`` (8)
+            to a remote adapter, 0 in process (no round trip to hide: drafts would only add work).
         activity_log: where each finished generation's activity record goes (:meth:`activity`); default a
             bounded log in memory, ``ActivityLog(path=...)`` to keep it in a private file.
     """
@@ -334,10 +334,9 @@ class EdgeClient:
         return settings.overridden(**auto) if auto else settings
 
     # -- connections -------------------------------------------------------------------------------
-    def _connect(self, lookahead: int | None = None) -> CloudConnection:
-        lookahead = self.lookahead if lookahead is None else lookahead
-        if lookahead < 0:
-            raise ValueError(f"lookahead must be non-negative (0 = lockstep), got {lookahead}")
+    def _connect(self, settings: DecodeSettings) -> CloudConnection:
+        """A connection for a generation under ``settings``: its run-ahead depth, else this client's."""
+        lookahead = self.lookahead if settings.lookahead is None else settings.lookahead
         return CloudConnection(self._carrier(), lookahead=lookahead)
 
     def _carrier(self) -> MessageChannel:
@@ -428,7 +427,8 @@ class EdgeClient:
         ``settings`` (default :class:`~edge_sdk.decode_settings.DecodeSettings`'s defaults: ``alpha`` 0.3,
         cloud-side fusion, 256 tokens ...) with ``overrides`` applied to a copy: ``mode=``, ``alpha=``,
         ``max_new_tokens=``, ``temperature=``, ``top_m=``, ``seed=``, ``exposure_k=``, ``exposure_budget=``,
-        ``max_epsilon=``, ``epsilon_delta=``, ``pace_ms=``; a name that is not a setting is a ``TypeError``.
+        ``max_epsilon=``, ``epsilon_delta=``, ``pace_ms=``, ``lookahead=`` (this generation's run-ahead depth,
+        over the client's); a name that is not a setting is a ``TypeError``.
 
         ``seed`` is the *cloud's* sampling seed for cloud-side fusion at
         ``temperature > 0``; it is public (sent when the session opens, never in
@@ -512,14 +512,11 @@ class EdgeClient:
 
         The stream's ``ledger`` fills in step by step; :meth:`GenerationStream.close`
         (or leaving a ``with`` block, or stopping the iteration and dropping the
-        stream) closes the cloud session.  Arguments as for :meth:`decoder`, and ``lookahead`` (this generation's run-ahead depth,
-        default the client's).
+        stream) closes the cloud session.  Arguments as for :meth:`decoder`.
         """
-        lookahead = kwargs.pop("lookahead", None)
-        return self.run(self.decoder(public_query, private_context, settings=settings, **kwargs), lookahead=lookahead)
+        return self.run(self.decoder(public_query, private_context, settings=settings, **kwargs))
 
-    def run(self, decoder: CollaborativeDecoder, *, lookahead: int | None = None,
-            began_at: float | None = None) -> GenerationStream:
+    def run(self, decoder: CollaborativeDecoder, *, began_at: float | None = None) -> GenerationStream:
         """Stream a decoder built by :meth:`decoder` (build it first to check a request's settings before any
         model or network work; the stream runs on this client's connections, resuming as :meth:`stream` does).
 
@@ -529,7 +526,7 @@ class EdgeClient:
         earlier than when this client's previous generation ended (a decoder built while that one ran).  Run a
         decoder as soon as it is built: the wait between the two is counted as private work, and a wait past the
         budget opens a budget later (``ledger.prefill_overrun``)."""
-        return GenerationStream(self.slm, decoder, self._steps(decoder, lookahead, began_at))
+        return GenerationStream(self.slm, decoder, self._steps(decoder, began_at))
 
     def score_prompt(self, decoder: CollaborativeDecoder, top_n: int) -> list[TokenLogprobs]:
         """Echo with logprobs: ``decoder``'s :meth:`~edge_sdk.decoding.CollaborativeDecoder.prompt_logprobs`,
@@ -550,18 +547,19 @@ class EdgeClient:
                 decoder.ledger.prefill_overrun = decoder.ledger.prefill_overrun or overrun
                 self._idle_since = max(self._idle_since, answered_at)
 
-    def _steps(self, decoder: CollaborativeDecoder, lookahead: int | None, began_at: float | None) -> Iterator[StepEvent]:
+    def _steps(self, decoder: CollaborativeDecoder, began_at: float | None) -> Iterator[StepEvent]:
         """``decoder``'s steps over this client's connections, its grid set as :meth:`run` says."""
         if began_at is not None:
             decoder.pacer.begin(began_at)
         decoder.pacer.not_before(self._idle_since)
-        return self._sessions(decoder, lookahead)
+        return self._sessions(decoder)
 
-    def _sessions(self, decoder: CollaborativeDecoder, lookahead: int | None) -> Iterator[StepEvent]:
+    def _sessions(self, decoder: CollaborativeDecoder) -> Iterator[StepEvent]:
         """:func:`run_with_resume` on this client's connections; when it ends, so does the generation, which the
         next one's grid may not start before."""
         try:
-            yield from run_with_resume(decoder, lambda: self._connect(lookahead), max_reconnects=self.max_reconnects)
+            yield from run_with_resume(decoder, lambda: self._connect(decoder.settings),
+                                       max_reconnects=self.max_reconnects)
         finally:
             self._idle_since = decoder.pacer.end()
             ended = decoder.finish_reason or (
@@ -576,11 +574,9 @@ class EdgeClient:
 
     def generate(self, public_query: str | Prompts, private_context: str = "", *,
                  settings: DecodeSettings | None = None, **kwargs: Any) -> GenerationResult:
-        """Decode to the end; return the text and the privacy ledger.  Arguments as for :meth:`decoder`, and
-        ``lookahead`` as for :meth:`stream`."""
-        lookahead = kwargs.pop("lookahead", None)
+        """Decode to the end; return the text and the privacy ledger.  Arguments as for :meth:`decoder`."""
         decoder = self.decoder(public_query, private_context, settings=settings, **kwargs)
-        for _event in self._steps(decoder, lookahead, None):
+        for _event in self._steps(decoder, None):
             pass
         return GenerationResult(
             text=self.slm.detokenize(decoder.tokens),

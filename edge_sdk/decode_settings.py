@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from edge_sdk.cli_flags import positive_float, positive_float_or_auto, positive_int
+from edge_sdk.cli_flags import non_negative_int, positive_float, positive_float_or_auto, positive_int
 from edge_sdk.logprobs import MAX_TOP_LOGPROBS
 
 if TYPE_CHECKING:
@@ -95,6 +95,13 @@ class DecodeSettings:
     #: (edge_sdk.logprobs; 0: the token's alone); cloud-side the cloud sends them, so the session asks for them
     logprobs: int | None = _setting(None, "log-probabilities of each token and of this many best alternatives "
                                     "(0-20) under the fused row it was chosen from", type=int, metavar="N")
+    #: run-ahead: the deepest this generation accepts (rows the cloud drafts past the last confirmed token, so a
+    #: token does not wait a round trip; the cloud adapts the depth to the link, up to its own cap); 0: lockstep.
+    #: What the edge sends is the same either way.  ``None``: the client's default (``EdgeClient(lookahead=)``:
+    #: ``wire.MAX_LOOKAHEAD`` to a remote adapter, 0 in process); a value here wins over it.
+    lookahead: int | None = _setting(None, "deepest run-ahead accepted: rows the cloud drafts past the last confirmed "
+                                     "token (0: lockstep; default: the client's)", type=non_negative_int,
+                                     metavar="N")
 
     def __post_init__(self) -> None:
         for name, what in (("pace_ms", "no pacing"), ("auto_pace_ms", "none")):
@@ -105,6 +112,10 @@ class DecodeSettings:
             raise ValueError(f"prefill_budget_ms must be positive (or None for none), got {self.prefill_budget_ms}")
         if self.exposure_budget is not None and not 0.0 <= self.exposure_budget <= 1.0:
             raise ValueError(f"exposure_budget must lie in [0, 1], got {self.exposure_budget}")
+        if self.lookahead is not None and (isinstance(self.lookahead, bool) or not isinstance(self.lookahead, int)
+                                           or self.lookahead < 0):
+            raise ValueError(f"lookahead must be an integer of 0 (lockstep) or more (or None for the client's "
+                             f"default), got {self.lookahead!r}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"logprobs must lie in 0..{MAX_TOP_LOGPROBS} (or None for none), got {self.logprobs}")
 

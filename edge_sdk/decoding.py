@@ -6,10 +6,11 @@ Its policy turns them into the one signal that leaves the device; the loop
 records that in the :class:`~edge_sdk.privacy.ledger.PrivacyLedger` and the
 :class:`~edge_sdk.privacy.meter.LeakageMeter`.
 
-A step is four named parts (:meth:`CollaborativeDecoder.steps`): receive the
-cloud's row, decide the signal, send it, record and advance.  Each concern is
+A step is named parts (:meth:`CollaborativeDecoder.steps`): receive the
+cloud's row, decide the signal, send it, record, advance.  Each concern is
 an object of :mod:`edge_sdk.steps` (the SLM's view, the exposure budget, the
-pending signal, the pacer, the stop control, the step's meter).
+pending signal, the pacer, the stop control, the step's meter); what differs
+by fusion mode is the generation's :class:`~edge_sdk.sides.FusionSide`.
 
 Both models only need the last token to go on, so the loop sends its signal
 first and then runs its own model while the cloud runs its own: a step costs
@@ -18,7 +19,6 @@ about ``max(edge, cloud) + one round trip``.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -34,10 +34,11 @@ from edge_sdk.grammar import JsonConstraint, mask_row
 from edge_sdk.logprobs import TokenLogprobs, token_logprobs
 from edge_sdk.privacy.masking import FULL_UPLOAD_LIMIT
 from edge_sdk.policies.base import Policy
-from edge_sdk.protocol.signals import CloudUpload, SyncedToken
+from edge_sdk.protocol.signals import Observation
 from edge_sdk.privacy.budget import ExposureBudget
 from edge_sdk.privacy.ledger import LedgerEntry, PrivacyLedger
 from edge_sdk.privacy.meter import LeakageMeter
+from edge_sdk.sides import SIDES, fusion_side
 from edge_sdk.steps import (
     ChoiceProcessor,
     Pacer,
@@ -48,7 +49,7 @@ from edge_sdk.steps import (
     StopControl,
     StoppingRule,
 )
-from edge_sdk.protocol.status import CloudError, CloudReplyRejected
+from edge_sdk.protocol.status import CloudError
 from edge_sdk.protocol.connection import CloudConnection
 
 
@@ -103,11 +104,7 @@ class CollaborativeDecoder:
     ) -> None:
         if settings.mode not in policy.modes:
             raise ValueError(f"policy {policy.name!r} does not support {settings.mode}-side fusion")
-        if settings.mode == "cloud" and (len(processors) > 1 or any(not isinstance(p, JsonConstraint)
-                                                                      for p in processors)):
-            raise ValueError("cloud-side the cloud picks the token: only one JSON schema (sent with the session) "
-                             "can constrain it")
-        if prompt_prefix is not None and settings.mode != "edge":
+        if prompt_prefix is not None and not SIDES[settings.mode].scores_prompt:
             raise ValueError("the prompt's log-probabilities are served in edge-side fusion only: cloud-side the fused "
                              "row is the cloud's, made from an upload the edge would send at every prompt position")
         policy = policy.for_generation(settings.max_new_tokens)  # a budget spread over T tokens: this T
@@ -129,6 +126,10 @@ class CollaborativeDecoder:
                              "decoder a pace in ms (edge_sdk.pace_calibration.calibrated_pace_ms)")
         self.pacer = Pacer(settings.pace_ms, settings.prefill_budget_ms, settings.auto_pace_ms)
         self.stop = StopControl(slm, stopping)
+        #: what the loop does differently where the token is picked (the cloud, or the edge)
+        self.side = fusion_side(settings, policy_name=policy.name, space=policy.space, processors=self.processors,
+                                stop=self.stop, pacer=self.pacer, vocab_size=slm.vocab_size,
+                                masks_ids=bool(self.view.masked.size))
         self.tokens: list[int] = []
         self.ledger = PrivacyLedger(mode=settings.mode, policy=policy.describe(), exposure_k=settings.exposure_k,
                                     accountant=self.accountant)
@@ -144,22 +145,13 @@ class CollaborativeDecoder:
 
     @property
     def top_m(self) -> int:
-        """How many cloud values to ask for per sparse step.
-
-        Edge-side the exposure set ``E_t^K`` is the cloud's own top ``K``, so at
-        least ``K`` values are asked for: the ledger then records ``K`` ids per
-        step whatever ``settings.top_m`` says.
-        """
-        s = self.settings
-        if self.processors and s.mode == "edge":  # a masked row needs every value (public: the processors decide)
-            return self.slm.vocab_size
-        top_m = max(s.top_m, s.exposure_k) if s.mode == "edge" else s.top_m
-        return min(top_m, self.slm.vocab_size)
+        """How many cloud values to ask for per sparse step (:meth:`~edge_sdk.sides.FusionSide.top_m`)."""
+        return self.side.top_m()
 
     @property
     def max_upload(self) -> int:
         """The most values a step's upload may hold, from public settings only: the policy's maximum, and in
-        probability space a whole-vocabulary upload cut to ``FULL_UPLOAD_LIMIT`` (:meth:`_policy_signal`).  Every
+        probability space a whole-vocabulary upload cut to ``FULL_UPLOAD_LIMIT`` (:meth:`~edge_sdk.sides.CloudSide.checked`).  Every
         padded step signal is the size of the largest (:func:`edge_sdk.protocol.wire.pad_edge_message`)."""
         vocab_size = self.slm.vocab_size
         largest = self.policy.max_upload(vocab_size)
@@ -175,7 +167,6 @@ class CollaborativeDecoder:
             alpha=s.alpha,
             space=self.policy.space,
             temperature=s.temperature,
-            seed=s.seed if s.mode == "cloud" else 0,  # the cloud's own sampling seed: it samples only cloud-side
             max_new_tokens=s.max_new_tokens,
             vocab_fingerprint=self.slm.vocab_fingerprint(),
             edge_model=self.slm.name,
@@ -183,11 +174,8 @@ class CollaborativeDecoder:
             top_m=self.top_m,
             resume_prefix=self._acknowledged_tokens(),
             stop_token_ids=tuple(sorted(self.slm.eos_token_ids)),  # the cloud stops where the edge would
-            # cloud-side only (edge-side the edge picks, and computes or applies them itself): what the app asked
-            logprobs=s.mode == "cloud" and s.logprobs is not None,
-            top_logprobs=(s.logprobs or 0) if s.mode == "cloud" else 0,
-            json_schema=self._cloud_schema(),
             score_prompt=self.prompt_prefix is not None,
+            **self.side.open_fields(),  # the cloud's seed, logprobs and schema: cloud-side only
         )
 
     def _acknowledged_tokens(self) -> tuple[int, ...]:
@@ -199,16 +187,6 @@ class CollaborativeDecoder:
     def _unacknowledged(self) -> list[PendingSignal]:
         """The steps yielded whose picks the last session's cloud did not acknowledge, in order."""
         return self._previous.unacknowledged() if self._previous is not None else []
-
-    def _cloud_schema(self) -> str:
-        """Cloud-side, the JSON schema the cloud masks its pick with (public); ``""`` for none."""
-        if self.settings.mode != "cloud" or not self.processors:
-            return ""
-        constraint = self.processors[0]
-        assert isinstance(constraint, JsonConstraint)
-        # in the app's key order: the grammar writes an object's properties in its schema's order, so sorted keys
-        # would have the cloud write {"arguments", "name"} where the edge's grammar expects {"name", "arguments"}
-        return json.dumps(constraint.schema, separators=(",", ":"))
 
     # -- the loop ------------------------------------------------------------------------------------
     def steps(self, connection: CloudConnection) -> Iterator[StepEvent]:
@@ -282,7 +260,7 @@ class CollaborativeDecoder:
                                unacknowledged=[(pending.step, pending) for pending in replay])
         # the cloud's reply, after its own prefill (the SLM's came before); a defence: over a network a session that
         # runs ahead, or fuses cloud-side, is paced (auto_pace_ms), else its signals would leave one SLM step apart
-        self.pacer.start(auto=connection.crosses_network and (connection.run_ahead or self.settings.mode == "cloud"))
+        self.pacer.start(auto=connection.crosses_network and self.side.paced_over_network(connection))
         self.ledger.session_ids.append(info.session_id)
         self.ledger.cloud_model = info.cloud_model
         if info.vocab_size != self.slm.vocab_size:  # the fingerprint matched; the sizes must too
@@ -387,47 +365,29 @@ class CollaborativeDecoder:
     def _send(
         self, connection: CloudConnection, pending: PendingSignal, no_stop: bool, max_steps: int, step_meter: StepMeter
     ) -> tuple[int, bool]:
-        """Send the step's signal (the same bytes on every attempt): the token, and whether the generation ended."""
-        assert pending.decision is not None
-        signal, step = pending.decision.signal, pending.step
+        """Send the step's signal (the same bytes on every attempt): the token, and whether the generation ended
+        (:meth:`~edge_sdk.sides.FusionSide.send`: cloud-side the edge waits for the pick unless it is certified)."""
         pending.sends += 1
-        if isinstance(signal, CloudUpload):
-            certified = connection.picks_certified
-            with step_meter.waiting():  # the cloud answers with its pick
-                picked = connection.upload(step, signal, no_stop=no_stop, keep=pending)
-            if connection.picks_certified == certified:  # waited for the pick: the next slot counts from its arrival
-                self.pacer.restart(time.perf_counter())
-            return picked
-        connection.sync_token(step, signal.token_id)  # the cloud's answer is the next step's row
-        return signal.token_id, signal.token_id in self.stop.ids or step + 1 >= max_steps
+        return self.side.send(connection, pending, no_stop, max_steps, step_meter)
 
     def _logprobs(self, connection: CloudConnection, pending: PendingSignal) -> TokenLogprobs | None:
         """The chosen token's log-probabilities when asked for: edge-side read off the decision's fused row,
         cloud-side as the cloud sent them with its pick."""
         assert pending.decision is not None
-        if pending.decision.logprobs is not None:
-            return pending.decision.logprobs()
-        return connection.chosen_logprobs if isinstance(pending.decision.signal, CloudUpload) else None
+        return self.side.logprobs(connection, pending.decision)
 
     def _record(self, pending: PendingSignal, dist: wire.CloudDistribution, token: int) -> bool:
-        """What the cloud can read off the acknowledged step, on the leakage meter; whether it counts as steered."""
+        """What the cloud can read off the acknowledged step, on the leakage meter (reported, never decides
+        anything); whether it counts as steered."""
         assert pending.decision is not None
-        self.meter.observe(pending.decision.exposure)  # reported, never decides anything
-        if isinstance(pending.decision.signal, SyncedToken):
-            self.meter.observe([token])
+        self.side.observe(self.meter, pending.decision, token)
         return self.budget.count_steered(pending.decision.signal, dist)
 
     def _advance(self, token: int, finished: bool, step_meter: StepMeter) -> bool:
         """Append ``token`` wherever the generation is followed; whether the generation has ended."""
         self.tokens.append(token)
         for processor in self.processors:
-            try:
-                processor.consume(token)
-            except ValueError:
-                if self.settings.mode == "edge":
-                    raise
-                raise CloudReplyRejected(f"the cloud chose token {token}, outside the JSON schema's grammar "
-                                         "(the edge's check)") from None
+            self.side.consume(processor, token)
         if self.stop.is_done(self.tokens) and not finished:  # the rule ends it here: the edge closes the session
             finished, self.finish_reason = True, "stop_rule"
         if not finished:
@@ -486,33 +446,19 @@ class CollaborativeDecoder:
         (:meth:`~edge_sdk.protocol.wire.CloudDistribution.filled`).  ``no_stop``
         (edge-side): end-of-generation ids are out of the choice this step;
         cloud-side the cloud is told instead.  The processors' ``allowed()``
-        ids mask both rows the policy fuses.
+        ids mask both rows the policy fuses (edge-side: cloud-side the cloud masks).
         """
-        stops = self.stop.id_array if no_stop and self.settings.mode == "edge" else None
-        allowed = self._allowed()
+        stops = self.side.excluded_stops(no_stop)
+        allowed = self.side.allowed()
         if withheld:
             signal, fused = self._cloud_only_signal(dist, stops, allowed)
-        elif not dist.is_full and self.policy.needs_full_row(self.settings.mode):
+        elif not dist.is_full and self.policy.needs_full_row(self.side.mode):
             return None
         else:
             signal, fused = self._policy_signal(dist, stops, allowed)
+        # edge-side with logprobs asked for: read under fused(), the masked row the token was chosen from
         return StepDecision(signal, exposure=wire.step_exposure(signal, dist, self.settings.exposure_k),
-                            logprobs=self._logprob_reader(signal, fused))
-
-    def _logprob_reader(self, signal: CloudUpload | SyncedToken,
-                        fused: Callable[[], np.ndarray]) -> Callable[[], TokenLogprobs] | None:
-        """Edge-side with logprobs asked for: how to read the token's log-probabilities under ``fused()``, the
-        masked row it was chosen from (:mod:`edge_sdk.logprobs`).  Cloud-side the cloud sends them."""
-        if self.settings.logprobs is None or not isinstance(signal, SyncedToken):
-            return None
-        top_n, space, token = self.settings.logprobs, self.policy.space, signal.token_id
-        return lambda: token_logprobs(fused(), space, token, top_n)
-
-    def _allowed(self) -> np.ndarray | None:
-        """The ids every processor allows this step (``None``: none, or cloud-side, where the cloud masks)."""
-        if not self.processors or self.settings.mode == "cloud":
-            return None
-        return np.logical_and.reduce([processor.allowed() for processor in self.processors])
+                            logprobs=self.side.logprob_reader(signal, fused))
 
     def _restrict(self, row: np.ndarray, stops: np.ndarray | None, allowed: np.ndarray | None) -> np.ndarray:
         """``row`` without the ids this step excludes: the stop ids at the space's lowest value, and under processors
@@ -525,45 +471,38 @@ class CollaborativeDecoder:
 
     def _cloud_only_signal(
         self, dist: wire.CloudDistribution, stops: np.ndarray | None, allowed: np.ndarray | None
-    ) -> tuple[CloudUpload | SyncedToken, Callable[[], np.ndarray]]:
+    ) -> tuple[Observation, Callable[[], np.ndarray]]:
         """The budget is spent: a signal the cloud could have produced on its own (nothing uploaded, or the
-        cloud's own top token: its best one the stop rule and the processors allow); and the row it was chosen
-        from (the cloud's, at its public fill, masked)."""
+        cloud's own top token: its best one the stop rule and the processors allow,
+        :meth:`~edge_sdk.sides.FusionSide.cloud_only_signal`); and the row it was chosen from (the cloud's, at its
+        public fill, masked)."""
         vocab_size = self.slm.vocab_size
 
         def cloud_row() -> np.ndarray:
             return self._restrict(dist.filled(vocab_size, self.policy.space), stops, allowed)
 
-        if self.settings.mode == "cloud":
-            return CloudUpload.empty(self.policy.space), cloud_row
-        token = dist.top_id()
-        if (stops is not None and token in self.stop.ids) or (allowed is not None and not allowed[token]):
-            # omitted ids at the lowest value: only an id the cloud sent can be its own top
+        def excluded(token: int) -> bool:
+            return (stops is not None and token in self.stop.ids) or (allowed is not None and not allowed[token])
+
+        def cloud_sent_row() -> np.ndarray:  # omitted ids at the lowest value
             row = dist.lower_dense(vocab_size, out=self._p_llm_buffer, fill=self.view.lowest)
-            token = int(np.argmax(self._restrict(row, stops, allowed)))
-        return SyncedToken(token), cloud_row
+            return self._restrict(row, stops, allowed)
+
+        return self.side.cloud_only_signal(dist, excluded, cloud_sent_row), cloud_row
 
     def _policy_signal(
         self, dist: wire.CloudDistribution, stops: np.ndarray | None, allowed: np.ndarray | None
-    ) -> tuple[CloudUpload | SyncedToken, Callable[[], np.ndarray]]:
-        """The policy's signal from the SLM's view and the cloud's row, both restricted to the ids allowed; and
-        the fused row ``alpha * p_llm + (1 - alpha) * p_slm`` of those two (edge-side, the row a token was chosen
-        from)."""
+    ) -> tuple[Observation, Callable[[], np.ndarray]]:
+        """The policy's signal from the SLM's view and the cloud's row, both restricted to the ids allowed, as it
+        leaves (:meth:`~edge_sdk.sides.FusionSide.checked`: a whole-vocabulary upload cut to ``FULL_UPLOAD_LIMIT``,
+        a token checked against the processors); and the fused row ``alpha * p_llm + (1 - alpha) * p_slm`` of
+        those two (edge-side, the row a token was chosen from)."""
         assert self.view.row is not None, "the SLM prefills before the first step"
         p_slm = self._restrict(self.view.row, stops, allowed)
         p_llm = self._restrict(dist.filled(self.slm.vocab_size, self.policy.space, out=self._p_llm_buffer), stops,
                                allowed)
-        signal = self.policy.decide(self.settings.mode, p_slm, p_llm, alpha=self.settings.alpha, rng=self.rng)
-        if isinstance(signal, CloudUpload) and len(signal) >= self.slm.vocab_size and (
-            self.policy.space == "prob" or self.view.masked.size
-        ):
-            # every id listed: masked ones (at the floor) would stand out.  Probability space cuts whether or
-            # not a mask is active (else the cut says one is); logit space only under a mask, since the cloud
-            # counts an id left out as a logit of 0, which would change the release's fusion of every row
-            signal = signal.largest(FULL_UPLOAD_LIMIT)
-        if allowed is not None and isinstance(signal, SyncedToken) and not allowed[signal.token_id]:
-            raise ValueError(f"policy {self.policy.name!r} chose a token its processors do not allow (a JSON schema's "
-                             "grammar)")
+        signal = self.side.checked(self.policy.decide(self.side.mode, p_slm, p_llm, alpha=self.settings.alpha,
+                                                      rng=self.rng), allowed)
         alpha = self.settings.alpha
         return signal, lambda: fuse(p_llm, p_slm, alpha)
 

@@ -13,6 +13,7 @@
   :mod:`~edge_sdk.server.anthropic` (``/v1/messages``), :mod:`~edge_sdk.server.responses` (``/v1/responses``);
 * :mod:`~edge_sdk.server.embeddings`: embeddings from the device's model alone; :mod:`~edge_sdk.server.tools`: the
   tools' grammar and calls;
+* :mod:`~edge_sdk.server.dialects`: each dialect named once (its router, what ``--help`` says it serves);
 * :mod:`~edge_sdk.server.app`: the app, its guards, uvicorn;
 * ``static/``: the live page served at ``GET /`` (no build step, nothing from the network).
 

@@ -24,12 +24,10 @@ from edge_sdk.activity import ActivityLog
 from edge_sdk.backends.base import SLMBackend
 from edge_sdk.client import EdgeClient
 from edge_sdk.prompts import ChatRenderer
-from edge_sdk.server.anthropic.router import anthropic_router
 from edge_sdk.server.errors import EndpointError, validation_message
 from edge_sdk.server.guards import RequestGuard
-from edge_sdk.server.ollama.router import ollama_router
-from edge_sdk.server.responses.router import responses_router
-from edge_sdk.server.openai.router import STATIC_DIR, router
+from edge_sdk.server.dialects import SERVED_DIALECTS
+from edge_sdk.server.openai.router import STATIC_DIR
 from edge_sdk.server.serving import EdgeServing
 from edge_sdk.server.settings import ServerSettings
 
@@ -70,10 +68,8 @@ def create_app(
         error = EndpointError(exc.status_code, str(exc.detail), type=kind)
         return JSONResponse(error.body(), status_code=exc.status_code)
 
-    app.include_router(router)
-    app.include_router(ollama_router)
-    app.include_router(anthropic_router)
-    app.include_router(responses_router)
+    for dialect in SERVED_DIALECTS:
+        app.include_router(dialect.load())
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.add_middleware(RequestGuard, host=settings.host, api_key=api_key,
                        max_request_bytes=settings.max_request_bytes)

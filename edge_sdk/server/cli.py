@@ -9,12 +9,12 @@ from __future__ import annotations
 import argparse
 import textwrap
 
+from edge_sdk.server.dialects import SERVED_DIALECTS
 from edge_sdk.server.settings import add_settings_flags, settings_from_args
 
 DESCRIPTION = (
-    "Serve the OpenAI API on this device (POST /v1/chat/completions with tools, /v1/completions, /v1/responses, "
-    "/v1/embeddings, streaming or not; GET /v1/models, /health), Anthropic's POST /v1/messages, Ollama's /api/chat, "
-    "/api/generate, /api/embed, /api/tags, and a live page at GET /. Embeddings never reach the cloud. The edge SLM reads the private context, the cloud adapter "
+    f"Serve on this device {', '.join(dialect.serves for dialect in SERVED_DIALECTS)}, and a live page at GET /. "
+    "Embeddings never reach the cloud. The edge SLM reads the private context, the cloud adapter "
     "(--cloud) only the public messages; apps pass the private part as extra_body={'coveil': {'private_context': "
     "..., 'mode': 'edge'|'cloud', 'policy': ..., 'params': {...}, 'exposure_budget': ..., 'max_epsilon': ..., 'never_upload': [...]}} "
     "or mark a message or a text part with 'coveil_private': true (an unknown field is a 400, never ignored). "

@@ -493,7 +493,7 @@ class EdgeServing:
                                     "temperature": temperature, "seed": seed, "never_upload": options.never_upload,
                                     "exposure_budget": options.exposure_budget, "max_epsilon": options.max_epsilon,
                                     "epsilon_delta": options.epsilon_delta, "pace_ms": options.pace_ms,
-                                    "prefill_budget_ms": options.prefill_budget_ms,
+                                    "prefill_budget_ms": options.prefill_budget_ms, "lookahead": options.lookahead,
                                     "stopping": StopStrings(stops) if stops else None, "logprobs": logprobs,
                                     "prompt_prefix": prompt_prefix}
         if options.alpha is not None:

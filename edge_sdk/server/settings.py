@@ -57,7 +57,7 @@ class ServerSettings:
     lookahead: int = _option(
         MAX_LOOKAHEAD, "deepest run-ahead accepted: rows the adapter drafts past the last confirmed token so a "
         "token does not wait a round trip (the adapter adapts the depth to the link); 0 = lockstep. What the edge "
-        "sends is the same either way", metavar="N", type=int)
+        "sends is the same either way; a request's coveil.lookahead wins for that request", metavar="N", type=int)
     # -- the edge model
     model: str | None = _option(None, "the edge SLM: a .gguf path (default: the embedded Gemma-3 270M)",
                                 metavar="GGUF")

@@ -164,7 +164,7 @@ def test_more_than_twenty_alternatives_are_refused() -> None:
 
 def test_edge_side_logprobs_are_read_only_after_the_signal_left(monkeypatch) -> None:
     """Their top-n search takes a time that varies with the private row: it must not run before the send."""
-    import edge_sdk.decoding as session_module
+    import edge_sdk.sides as session_module  # where the edge side reads them
 
     slm = TableSLM(PIECES, {(): np.log(P_SLM)}, eos_ids={0})
     cloud = ScriptedCloud(len(PIECES), {(): np.log(P_LLM)}, eos_ids={0})

@@ -297,10 +297,12 @@ def test_an_older_sdk_gets_lockstep_from_a_newer_adapter(tiny_pair_engine) -> No
 
 class OlderAdapter:
     """A session handler as an adapter from before run-ahead answers: the offered depth is never read (the open
-    reaches it without the field), its opened message carries none, and it never drafts."""
+    reaches it without the field), its opened message carries none, and it never drafts (no ``can_draft``).
+    ``replies``: every message it sent."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
+        self.replies: list[Any] = []
 
     def handle(self, message: Any) -> Any:
         if message.WhichOneof("kind") == "open":
@@ -309,23 +311,54 @@ class OlderAdapter:
         for reply in replies:
             assert reply.WhichOneof("kind") != "opened" or 8 not in {f.number for f, _ in
                                                                    reply.opened.ListFields()}
+        self.replies += replies
         return replies
 
     def abandon(self, reason: str) -> None:
         self.inner.abandon(reason)
 
 
-def test_a_newer_sdk_decodes_in_lockstep_with_an_older_adapter(tiny_pair_engine) -> None:
+#: a generation on the fakes for the client-level tests below: a table SLM over text pieces and a cloud whose row
+#: depends on the last token (so the edge's picks and the cloud's top part ways and drafts can miss)
+CLIENT_PIECES = ["<eos>", " the", " patient", " private", " note", "\n\n", " a", " b"]
+
+
+def client_fakes(max_lookahead: int = 8) -> tuple[TableSLM, ScriptedCloud]:
+    rng = np.random.default_rng(5)
+    vocab = len(CLIENT_PIECES)
+
+    def table() -> dict[tuple[int, ...], np.ndarray]:
+        rows = {(i,): rng.normal(0, 2, vocab) for i in range(vocab)}
+        for row in rows.values():
+            row[EOS] = -10.0  # no early end: the generations run their length
+        return rows
+
+    slm = TableSLM(CLIENT_PIECES, table(), eos_ids={EOS})
+    cloud = ScriptedCloud(vocab, table(), eos_ids={EOS}, max_lookahead=max_lookahead)
+    return slm, cloud
+
+
+def test_a_newer_sdk_decodes_in_lockstep_with_an_older_adapter() -> None:
     from edge_sdk.client import EdgeClient
 
-    engine, slm = tiny_pair_engine
-    newer = EdgeClient(lambda: OlderAdapter(engine.session("t")), slm=slm, lookahead=4)
-    plain = EdgeClient(lambda: engine.session("t"), slm=slm, lookahead=0)
-    result = newer.generate("the patient", "private note", mode="edge", policy="undefended", max_new_tokens=8)
-    assert result.token_ids == plain.generate("the patient", "private note", mode="edge", policy="undefended",
+    slm, older_cloud = client_fakes()
+    older: list[OlderAdapter] = []
+
+    def older_session() -> OlderAdapter:
+        older.append(OlderAdapter(older_cloud.session()))
+        return older[-1]
+
+    newer = EdgeClient(older_session, slm=slm, lookahead=4)
+    _, plain_cloud = client_fakes()
+    plain = EdgeClient(plain_cloud.session, slm=slm, lookahead=0)
+    result = newer.generate(" the patient", " private note", mode="edge", policy="undefended", max_new_tokens=8)
+    assert len(result.token_ids) > 2
+    assert result.token_ids == plain.generate(" the patient", " private note", mode="edge", policy="undefended",
                                               max_new_tokens=8).token_ids
-    assert engine.transcript(result.ledger.session_ids[-1])["lookahead"] == 0
-    assert engine.transcript(result.ledger.session_ids[-1])["forwards"] == len(result.token_ids) - 1
+    assert older_cloud.sessions[-1].lookahead == 0  # the offer never reached it
+    rows = [r.distribution for r in older[-1].replies if r.WhichOneof("kind") == "distribution"]
+    assert len(rows) == len(result.token_ids)  # one row per step: nothing drafted
+    assert not any(row.HasField("assumes_token") for row in rows)
 
 
 @pytest.fixture(scope="module")
@@ -631,15 +664,21 @@ def test_a_schema_sampling_or_dense_rows_are_served_in_lockstep(tiny_pair_engine
     assert replies[0].opened.lookahead == 8 and free.can_draft()  # the same open without it runs ahead
 
 
-def test_with_logprobs_asked_cloud_side_the_edge_waits_for_each_pick(tiny_pair_engine) -> None:
+def test_with_logprobs_asked_cloud_side_the_edge_waits_for_each_pick() -> None:
     """The logprobs come with the cloud's TokenChosen, so no pick is taken from the certificate: each step's
-    logprobs are the cloud's own for the token it picked."""
+    logprobs are the cloud's own for the token it picked (without logprobs the same generation certifies picks)."""
     from edge_sdk.client import EdgeClient
 
-    engine, slm = tiny_pair_engine
-    client = EdgeClient(lambda: engine.session("t"), slm=slm, lookahead=3)
-    stream = client.stream("the patient has", "canary zebra", mode="cloud", policy=CoVeil(lam=1.0),
-                           max_new_tokens=8, logprobs=2)
-    steps = list(stream.steps())
-    assert len(steps) > 2
-    assert all(step.logprobs is not None and step.logprobs.token_id == step.entry.token_id for step in steps)
+    certified = {}
+    for logprobs in (2, None):
+        slm, cloud = client_fakes()
+        decoder = EdgeClient(cloud.session, slm=slm).decoder(" the patient", " private note", mode="cloud",
+                                                             policy=CoVeil(lam=1.0), max_new_tokens=8,
+                                                             logprobs=logprobs)
+        connection = cloud.connect(lookahead=3)
+        steps = list(decoder.steps(connection))
+        assert len(steps) == 8 and connection.info.lookahead == 3
+        if logprobs:
+            assert all(step.logprobs is not None and step.logprobs.token_id == step.token_id for step in steps)
+        certified[logprobs] = connection.picks_certified
+    assert certified[2] == 0 and certified[None] > 0, certified

@@ -63,6 +63,8 @@ class CoveilOptions(BaseModel):
     pace_ms: float | Literal["auto"] | None = None
     # the session opens on a public grid of this many ms (DecodeSettings.prefill_budget_ms)
     prefill_budget_ms: float | None = Field(default=None, gt=0.0, le=MAX_CLOCK_MS, allow_inf_nan=False)
+    # this request's deepest run-ahead, 0: lockstep (DecodeSettings.lookahead; default the server's --lookahead)
+    lookahead: StrictInt | None = Field(default=None, ge=0)
 
     @field_validator("pace_ms", mode="before")
     @classmethod
