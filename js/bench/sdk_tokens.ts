@@ -12,7 +12,10 @@
  * Both run in turn on each of `--items` MedPriv items, `--tokens` tokens each; each figure is the median ms per
  * token after the first few.  Usage (from js/, after `npm run build`-style compile with tsconfig.bench.json):
  *
- *     node dist-bench/bench/sdk_tokens.js --gguf PATH [--items 2] [--tokens 24] [--threads N]
+ *     node dist-bench/bench/sdk_tokens.js --gguf PATH [--items 2] [--tokens 24] [--threads N] [--row-path addon|map]
+ *
+ * `--row-path map` reads each row through node-llama-cpp's public `Map` instead of the addon's flat array (the
+ * backend's `rowPath`; default `addon`).
  *
  * The last line is sdk_vs_raw=<raw ms per token / sdk ms per token> (target >= 0.9).
  */
@@ -35,7 +38,10 @@ if (gguf === undefined) throw new Error("--gguf PATH: the embedded model (python
 const itemCount = Number(args.get("items") ?? 2);
 const tokens = Number(args.get("tokens") ?? 24);
 const threads = args.has("threads") ? Number(args.get("threads")) : undefined;
-const medpriv = args.get("medpriv") ?? new URL("../../eval_harness/data/MEDPRIV.jsonl", import.meta.url).pathname;
+const rowPath = args.get("row-path") ?? "addon";
+if (rowPath !== "addon" && rowPath !== "map") throw new Error(`--row-path must be addon or map, got ${rowPath}`);
+// the compiled bench runs from js/dist-bench/bench/
+const medpriv = args.get("medpriv") ?? new URL("../../../eval_harness/data/MEDPRIV.jsonl", import.meta.url).pathname;
 const items = readFileSync(medpriv, "utf8").split("\n").filter(Boolean).slice(0, itemCount).map((line) => JSON.parse(line));
 
 /** A cloud that answers every message at once: the open, then per step one fixed sparse row (top 256). */
@@ -81,10 +87,19 @@ class InstantCloud implements MessageChannel {
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 
-const slm = await NodeLlamaCppSLM.load(gguf, threads === undefined ? {} : { threads });
+const slm = await NodeLlamaCppSLM.load(gguf, threads === undefined ? { rowPath } : { threads, rowPath });
 const sequence = (slm as unknown as { sequence: LlamaContextSequence }).sequence; // the same context, raw
 const raw: number[] = [];
 const sdk: number[] = [];
+// the SDK's SLM steps alone (the decode and the row's probabilities), to split its time per token
+const appended: number[] = [];
+const append = slm.append.bind(slm);
+slm.append = async (tokenId: number) => {
+  const started = performance.now();
+  const row = await append(tokenId);
+  appended.push(performance.now() - started);
+  return row;
+};
 for (const item of items) {
   const query = `Question: ${item.public_query}\nAnswer:`;
   const slmPrompt = await slm.tokenize(`${item.private_context}\n\n${query}`, { addBos: true });
@@ -114,7 +129,9 @@ await slm.close();
 
 const rawMs = median(raw);
 const sdkMs = median(sdk);
-console.log(`items=${itemCount} tokens=${tokens} threads=${threads ?? "default"}`);
+console.log(`items=${itemCount} tokens=${tokens} threads=${threads ?? "default"} row_path=${slm.rowPath}`);
 console.log(`raw node-llama-cpp: ${rawMs.toFixed(1)} ms/token (mean ${(raw.reduce((a, b) => a + b, 0) / raw.length).toFixed(1)})`);
 console.log(`SDK, edge-side CoVeil: ${sdkMs.toFixed(1)} ms/token (mean ${(sdk.reduce((a, b) => a + b, 0) / sdk.length).toFixed(1)})`);
+console.log(`  of which the SLM's step with its row: ${median(appended.slice(WARM_UP_TOKENS)).toFixed(1)} ms ` +
+  `(node-llama-cpp's decode and probabilities; the rest is the SDK's own work)`);
 console.log(`sdk_vs_raw=${(rawMs / sdkMs).toFixed(3)}`);
