@@ -34,6 +34,8 @@ export interface StepJson {
     epsilon: string;
     source_epsilon: string | null;
     leak_share: string;
+    /** edge-side: the token's log-probability and the fused row's best ids with theirs (float64 hex) */
+    logprobs?: { logprob: string; top: [number, string][] };
   };
 }
 
@@ -51,6 +53,8 @@ export interface CaseJson {
   max_epsilon: number | null;
   max_new_tokens: number;
   masked_ids: number[];
+  /** top log-probabilities asked for (edge-side cases), else null */
+  logprobs: number | null;
   stop_ids: number[];
   private_content_ids: number[];
   embeddings: { rows: number; dim: number; values: string } | null;

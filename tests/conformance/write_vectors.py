@@ -205,6 +205,9 @@ MODES = {"undefended": ("cloud", "edge"), "coveil": ("cloud", "edge"), "cogenesi
          "invisible_ink": ("edge",)}
 #: DP policies get an epsilon budget that withholds after a few releases (at a per-token epsilon of at most 2)
 MAX_EPSILON = {"dp_logit": 8.0, "ldp_sampler": 4.0, "dp_fusion": 15.0}
+#: edge-side cases ask for each token's log-probabilities and its 20 best alternatives (OpenAI's most: every id of
+#: a 12-id row, so the masked ones' exclusion shows)
+TOP_LOGPROBS = 20
 
 
 def cases() -> list[Case]:
@@ -271,7 +274,8 @@ def run_case(case: Case) -> dict[str, Any]:
     slm = TableSLM([f"<{i}>" for i in range(case.vocab_size)])
     settings = DecodeSettings(mode=case.mode, alpha=case.alpha, max_new_tokens=len(case.steps),
                               exposure_k=case.exposure_k, exposure_budget=case.exposure_budget,
-                              max_epsilon=case.max_epsilon, top_m=4)
+                              max_epsilon=case.max_epsilon, top_m=4,
+                              logprobs=TOP_LOGPROBS if case.mode == "edge" else None)
     draws = RecordedDraws(case.seed)
     meter = LeakageMeter(frozenset(case.private_content_ids))
     decoder = CollaborativeDecoder(slm, policy, settings, slm_prompt=[], cloud_prompt=[], meter=meter,
@@ -313,6 +317,9 @@ def run_case(case: Case) -> dict[str, Any]:
             expect.update(ids=[int(i) for i in signal.ids], values=f32_hex(signal.values))
         else:
             expect["token_id"] = int(signal.token_id)
+        if decision.logprobs is not None:
+            read = decision.logprobs()
+            expect["logprobs"] = {"logprob": f64_hex(read.logprob), "top": [[i, f64_hex(v)] for i, v in read.top]}
         row: dict[str, Any] = {"slm_logits": f32_hex(logits), "cloud": _dist_json(step.cloud), "no_stop": no_stop,
                                "draws": draws.take(), "expect": expect}
         if policy.space == "prob":
@@ -329,6 +336,7 @@ def run_case(case: Case) -> dict[str, Any]:
         "describe": policy.describe(), "mode": case.mode, "space": policy.space, "alpha": f64_hex(case.alpha),
         "vocab_size": case.vocab_size, "exposure_k": case.exposure_k, "exposure_budget": case.exposure_budget,
         "max_epsilon": case.max_epsilon, "max_new_tokens": max_steps, "masked_ids": list(case.masked_ids),
+        "logprobs": settings.logprobs,
         "stop_ids": list(case.stop_ids),
         "private_content_ids": list(case.private_content_ids),
         "embeddings": None if case.embeddings is None else {"rows": int(case.embeddings.shape[0]),
