@@ -104,7 +104,7 @@ function replay(c: CaseJson): void {
   const draws: Draws = { random: () => step.draws.random(), randomRaw: (n) => step.draws.randomRaw(n) };
   const decider = new StepDecider(policy, {
     mode: c.mode, alpha: f64FromHex(c.alpha), maxNewTokens: c.max_new_tokens, exposureK: c.exposure_k,
-    exposureBudget: c.exposure_budget, maxEpsilon: c.max_epsilon,
+    exposureBudget: c.exposure_budget, maxEpsilon: c.max_epsilon, epsilonDelta: c.epsilon_delta,
   }, c.vocab_size, c.masked_ids, draws);
   const event = decider.accountant.event;
   expect(event.kind).toBe(c.event.kind);
