@@ -5,7 +5,7 @@ import { CloudConnection } from "../src/loop/connection.js";
 import { CollaborativeDecoder, runWithResume, type StepEvent } from "../src/loop/decoder.js";
 import { Undefended } from "../src/policies/undefended.js";
 import { decodeSettings } from "../src/loop/settings.js";
-import { CloudMessageSchema, idsFromBytes, valuesToBytes, type CloudMessage } from "../src/wire/index.js";
+import { CloudMessageSchema, idsFromBytes, PbFusionSpace, valuesToBytes, type CloudMessage } from "../src/wire/index.js";
 import { ScriptedCloud, TableSLM } from "./scripted.js";
 
 // vocabulary of 4; id 0 ends the generation.  Rows worked by hand:
@@ -60,6 +60,21 @@ describe("the loop of named steps", () => {
     });
     const open = cloud.sessions[0][0].kind;
     expect(open.case === "open" && [open.value.logprobs, open.value.topLogprobs]).toEqual([false, 0]);
+  });
+
+  it("logit space with an SLM that gives raw logits: fuses z = .3 z_llm + .7 z_slm, and its logprobs are z - logsumexp(z)", async () => {
+    // step 0: SLM [0, 2, 1, 0], cloud [0, 0, 3, 0]: z = [0, 1.4, 1.6, 0] -> 2 (a probability-space reading of the
+    // same numbers would not be a distribution); step 1: SLM [3, 0, 0, 1], cloud [1, 2, 0, 0]: z = [2.4, .6, 0, .7] -> 0
+    const cloud = new ScriptedCloud({ rows: [[0, 0, 3, 0], [1, 2, 0, 0]] });
+    const d = new CollaborativeDecoder(new TableSLM([[0, 2, 1, 0], [3, 0, 0, 1]], "logits"), new Undefended({ space: "logit" }),
+      { mode: "edge", maxNewTokens: 8, topM: 4, exposureK: 2, autoPaceMs: null, logprobs: 1 }, { slmPrompt: [1], cloudPrompt: [2] });
+    const events = await collect(d.steps(new CloudConnection(cloud.channel())));
+    expect(events.map((e) => e.tokenId)).toEqual([2, 0]);
+    const open = cloud.sessions[0][0].kind;
+    expect(open.case === "open" && open.value.space).toBe(PbFusionSpace.LOGIT);
+    const logsumexp = Math.log(1 + Math.exp(1.4) + Math.exp(1.6) + 1);
+    expect(events[0].logprobs!.logprob).toBeCloseTo(1.6 - logsumexp, 6);
+    expect(events[0].logprobs!.top.map(([id]) => id)).toEqual([2]);
   });
 
   it("the open asks for padding, the edge's run-ahead depth, and top_m >= K edge-side", async () => {
