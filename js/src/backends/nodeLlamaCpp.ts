@@ -5,7 +5,8 @@
  * `node-llama-cpp` hands out a step's row only as probabilities (its `controlledEvaluate` with
  * `generateNext.probabilities`: the softmax of the raw logits under a greedy sampler, in float32), never the raw
  * logits, so this backend's rows are probabilities (`rowKind`): probability-space policies run on it, a logit-space
- * policy is refused when the decoder is built.  (3.22 adds raw logits, but publishes binaries for Linux only.)
+ * policy is refused when the decoder is built.  (3.22 adds raw logits through the same kind of array, but the
+ * registry had no macOS or Windows binaries of 3.22.1 when checked: `npm view @node-llama-cpp/mac-x64@3.22.1`, E404.)
  *
  * The row's path.  The public API gives the probabilities as a `Map` of 262,144 entries built from the addon's
  * flat `[id, p, id, p, ...]` array; the `Map` and laying it into a row cost about as much as the addon itself.  So
@@ -13,7 +14,7 @@
  * internal `LlamaContext._ctx.sampleToken(batchLogitIndex, sampler, probabilities)`, which resolves to
  * `[token, [id0, p0, id1, p1, ...], confidence]`.  package.json pins that version; `NodeLlamaCppSLM.load` checks
  * the shape and otherwise reads the public `Map` (`rowPath === "map"`: the same numbers, slower), and
- * test/nodeLlamaCpp.test.ts fails when the addon path is gone or its rows differ from the `Map`'s.
+ * test/e2e/nodeLlamaCpp.e2e.test.ts fails when the addon path is gone or its rows differ from the `Map`'s.
  */
 
 import { createHash } from "node:crypto";
