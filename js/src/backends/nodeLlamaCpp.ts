@@ -41,6 +41,18 @@ export interface NodeLlamaCppOptions {
 /** A trailing run of these is the padding of a model's output matrix past its tokenizer. */
 const PADDING_PIECE = /^\[PAD\d+\]$/;
 
+/** How many of `tokens` the tokenizer has: all but a trailing run of padding pieces. */
+export function unpaddedVocabSize(tokens: readonly string[]): number {
+  let vocabSize = tokens.length;
+  while (vocabSize && PADDING_PIECE.test(tokens[vocabSize - 1])) vocabSize--;
+  return vocabSize;
+}
+
+/** Decode threads by default: the CPUs this process may use, at most 8 (as the Python backend). */
+export function defaultThreads(): number {
+  return Math.max(1, Math.min(8, availableParallelism()));
+}
+
 /** How a step's probabilities reach this backend (see the module's comment). */
 export type RowPath = "addon" | "map";
 
@@ -107,11 +119,10 @@ export class NodeLlamaCppSLM implements SLMBackend {
     const context = await model.createContext({
       contextSize: options.contextSize ?? 2048,
       batchSize: options.batchSize ?? 256,
-      threads: options.threads ?? Math.max(1, Math.min(8, availableParallelism())),
+      threads: options.threads ?? defaultThreads(),
     });
     const tokens = tokenStrings(model);
-    let vocabSize = tokens.length;
-    while (vocabSize && PADDING_PIECE.test(tokens[vocabSize - 1])) vocabSize--;
+    const vocabSize = unpaddedVocabSize(tokens);
     const eos = new Set<number>();
     for (let id = 0; id < vocabSize; id++) if (model.isEogToken(id as Token)) eos.add(id);
     if (!eos.size && model.tokens.eos !== null) eos.add(model.tokens.eos);
