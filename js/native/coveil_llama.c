@@ -39,7 +39,8 @@ typedef struct {
   llama_token *ids;
   int32_t n_ids;
   int32_t softmax_over; /* > 0: hand out the softmax of the first softmax_over logits */
-  float *row;
+  float *row;          /* the backing store of the ArrayBuffer row_ref holds, filled on the worker thread */
+  napi_ref row_ref;
   int status;
   napi_deferred deferred;
   napi_async_work work;
@@ -352,11 +353,6 @@ static void decode_execute(napi_env env, void *data) {
   }
 }
 
-static void free_row(napi_env env, void *data, void *hint) {
-  (void)env; (void)hint;
-  free(data);
-}
-
 static void decode_complete(napi_env env, napi_status status, void *data) {
   Session *s = data;
   napi_value buffer, out, message, error;
@@ -364,18 +360,16 @@ static void decode_complete(napi_env env, napi_status status, void *data) {
   s->ids = NULL;
   s->busy = 0;
   napi_delete_async_work(env, s->work);
+  napi_get_reference_value(env, s->row_ref, &buffer);
+  napi_delete_reference(env, s->row_ref);
+  s->row_ref = NULL;
+  s->row = NULL;
   if (status == napi_ok && s->status == 0) {
-    /* the row becomes the ArrayBuffer's memory: freed with it, no second copy */
-    napi_create_external_arraybuffer(env, s->row, sizeof(float) * (size_t)s->n_vocab,
-                                     free_row, NULL, &buffer);
     napi_create_typedarray(env, napi_float32_array, (size_t)s->n_vocab, buffer, 0, &out);
-    s->row = NULL;
     napi_resolve_deferred(env, s->deferred, out);
   } else {
     char text[96];
     snprintf(text, sizeof text, "coveil_llama: llama_decode failed (status %d)", s->status);
-    free(s->row);
-    s->row = NULL;
     napi_create_string_utf8(env, text, NAPI_AUTO_LENGTH, &message);
     napi_create_error(env, NULL, message, &error);
     napi_reject_deferred(env, s->deferred, error);
@@ -401,8 +395,11 @@ static napi_value decode(napi_env env, napi_callback_info info) {
   s->ids = malloc(sizeof(llama_token) * count);
   memcpy(s->ids, ids, sizeof(llama_token) * count);
   s->n_ids = (int32_t)count;
-  s->row = malloc(sizeof(float) * (size_t)s->n_vocab);
-  napi_value promise, name;
+  /* the row is a JS-owned ArrayBuffer made here and held by a reference while the worker writes into it (an external
+   * buffer over addon memory is refused where V8's sandbox is on, as in Electron) */
+  napi_value promise, name, buffer;
+  CHECK(env, napi_create_arraybuffer(env, sizeof(float) * (size_t)s->n_vocab, (void **)&s->row, &buffer));
+  CHECK(env, napi_create_reference(env, buffer, 1, &s->row_ref));
   CHECK(env, napi_create_promise(env, &s->deferred, &promise));
   CHECK(env, napi_create_string_utf8(env, "coveil_llama.decode", NAPI_AUTO_LENGTH, &name));
   CHECK(env, napi_create_async_work(env, NULL, name, decode_execute, decode_complete, s, &s->work));
