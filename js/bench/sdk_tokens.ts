@@ -9,17 +9,27 @@
  *         protobuf encoding and checks): per token the ledger's edge_ms + wait_ms over the steps that ran the SLM
  *         (the full-vocabulary probabilities, the view, the policy, the codec, the ledger).
  *
- * Both run in turn on each of `--items` MedPriv items, `--tokens` tokens each; each figure is the median ms per
- * token after the first few.  Usage (from js/, after `npm run build`-style compile with tsconfig.bench.json):
+ * The SDK runs on each SLM backend asked for (`--backends`, default both): `node-llama-cpp` (NodeLlamaCppSLM, rows
+ * as probabilities through node-llama-cpp's addon array) and `native` (LlamaCppNativeSLM, the SDK's own addon over
+ * the same libllama, rows as logits in a Float32Array; `npm run build:native` first).  Raw and each backend run in
+ * turn on each of `--items` MedPriv items, `--tokens` tokens each; each figure is the median ms per token after the
+ * first few.  Usage (from js/, after compiling with tsconfig.bench.json):
  *
- *     node dist-bench/bench/sdk_tokens.js --gguf PATH [--items 2] [--tokens 24] [--threads N]
+ *     node dist-bench/bench/sdk_tokens.js --gguf PATH [--items 2] [--tokens 24] [--threads N] [--row-path addon|map]
+ *       [--backends node-llama-cpp,native]
  *
- * The last line is sdk_vs_raw=<raw ms per token / sdk ms per token> (target >= 0.9).
+ * `--row-path map` reads node-llama-cpp's rows through its public `Map` instead of the addon's flat array (the
+ * backend's `rowPath`; default `addon`).
+ *
+ * One line per backend gives its sdk_vs_raw_<backend>; the last line is sdk_vs_raw=<raw ms per token / sdk ms per
+ * token> of the fastest backend (target >= 0.9).
  */
 
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import { readFileSync } from "node:fs";
 import type { LlamaContextSequence, Token } from "node-llama-cpp";
+import type { SLMBackend } from "../src/backends/base.js";
+import { LlamaCppNativeSLM } from "../src/backends/llamaCppNative.js";
 import { NodeLlamaCppSLM } from "../src/backends/nodeLlamaCpp.js";
 import { Inbox, type MessageChannel } from "../src/carriers/channel.js";
 import { makePolicy } from "../src/policies/index.js";
@@ -35,7 +45,16 @@ if (gguf === undefined) throw new Error("--gguf PATH: the embedded model (python
 const itemCount = Number(args.get("items") ?? 2);
 const tokens = Number(args.get("tokens") ?? 24);
 const threads = args.has("threads") ? Number(args.get("threads")) : undefined;
-const medpriv = args.get("medpriv") ?? new URL("../../eval_harness/data/MEDPRIV.jsonl", import.meta.url).pathname;
+const rowPath = args.get("row-path") ?? "addon";
+if (rowPath !== "addon" && rowPath !== "map") throw new Error(`--row-path must be addon or map, got ${rowPath}`);
+const BACKENDS = ["node-llama-cpp", "native"] as const;
+type BackendName = (typeof BACKENDS)[number];
+const backendNames = (args.get("backends") ?? BACKENDS.join(",")).split(",") as BackendName[];
+for (const name of backendNames) {
+  if (!BACKENDS.includes(name)) throw new Error(`--backends: each of ${BACKENDS.join(", ")}, got ${name}`);
+}
+// the compiled bench runs from js/dist-bench/bench/
+const medpriv = args.get("medpriv") ?? new URL("../../../eval_harness/data/MEDPRIV.jsonl", import.meta.url).pathname;
 const items = readFileSync(medpriv, "utf8").split("\n").filter(Boolean).slice(0, itemCount).map((line) => JSON.parse(line));
 
 /** A cloud that answers every message at once: the open, then per step one fixed sparse row (top 256). */
@@ -81,10 +100,39 @@ class InstantCloud implements MessageChannel {
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 
-const slm = await NodeLlamaCppSLM.load(gguf, threads === undefined ? {} : { threads });
+const threading = threads === undefined ? {} : { threads };
+const slm = await NodeLlamaCppSLM.load(gguf, { ...threading, rowPath });
 const sequence = (slm as unknown as { sequence: LlamaContextSequence }).sequence; // the same context, raw
 const raw: number[] = [];
-const sdk: number[] = [];
+
+/** A backend the SDK runs on, with its ms per token and its SLM steps' ms (the decode and the row). */
+interface Run { slm: SLMBackend; sdk: number[]; appended: number[] }
+const runs = new Map<BackendName, Run>();
+for (const name of backendNames) {
+  const backend = name === "native" ? await LlamaCppNativeSLM.load(gguf, threading) : slm;
+  const run: Run = { slm: backend, sdk: [], appended: [] };
+  // the SDK's SLM steps alone, to split its time per token
+  const append = backend.append.bind(backend);
+  backend.append = async (tokenId: number) => {
+    const started = performance.now();
+    const row = await append(tokenId);
+    run.appended.push(performance.now() - started);
+    return row;
+  };
+  runs.set(name, run);
+}
+
+/** The SDK's loop on `run`'s backend over one item, edge-side CoVeil against the instant cloud. */
+async function sdkLoop(run: Run, slmPrompt: number[], cloudPrompt: number[]): Promise<void> {
+  const decoder = new CollaborativeDecoder(run.slm, makePolicy("coveil", { lam: 1.0 }), { mode: "edge", maxNewTokens: tokens, autoPaceMs: null },
+    { slmPrompt, cloudPrompt });
+  const connection = new CloudConnection(new InstantCloud(run.slm.vocabSize, tokens));
+  for await (const event of decoder.steps(connection)) {
+    if (event.entry.step >= WARM_UP_TOKENS && event.entry.step < tokens - 1) run.sdk.push(event.entry.edge_ms + event.entry.wait_ms);
+  }
+  await connection.close();
+}
+
 for (const item of items) {
   const query = `Question: ${item.public_query}\nAnswer:`;
   const slmPrompt = await slm.tokenize(`${item.private_context}\n\n${query}`, { addBos: true });
@@ -101,20 +149,24 @@ for (const item of items) {
     token = out[0]!.next!.token!;
   }
 
-  // the SDK's loop
-  const decoder = new CollaborativeDecoder(slm, makePolicy("coveil", { lam: 1.0 }), { mode: "edge", maxNewTokens: tokens, autoPaceMs: null },
-    { slmPrompt, cloudPrompt });
-  const connection = new CloudConnection(new InstantCloud(slm.vocabSize, tokens));
-  for await (const event of decoder.steps(connection)) {
-    if (event.entry.step >= WARM_UP_TOKENS && event.entry.step < tokens - 1) sdk.push(event.entry.edge_ms + event.entry.wait_ms);
-  }
-  await connection.close();
+  // the SDK's loop on each backend
+  for (const run of runs.values()) await sdkLoop(run, slmPrompt, cloudPrompt);
 }
+for (const run of runs.values()) if (run.slm !== slm) await (run.slm as LlamaCppNativeSLM).close();
 await slm.close();
 
+const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
 const rawMs = median(raw);
-const sdkMs = median(sdk);
-console.log(`items=${itemCount} tokens=${tokens} threads=${threads ?? "default"}`);
-console.log(`raw node-llama-cpp: ${rawMs.toFixed(1)} ms/token (mean ${(raw.reduce((a, b) => a + b, 0) / raw.length).toFixed(1)})`);
-console.log(`SDK, edge-side CoVeil: ${sdkMs.toFixed(1)} ms/token (mean ${(sdk.reduce((a, b) => a + b, 0) / sdk.length).toFixed(1)})`);
-console.log(`sdk_vs_raw=${(rawMs / sdkMs).toFixed(3)}`);
+console.log(`items=${itemCount} tokens=${tokens} threads=${threads ?? "default"} row_path=${slm.rowPath}`);
+console.log(`raw node-llama-cpp: ${rawMs.toFixed(1)} ms/token (mean ${mean(raw).toFixed(1)})`);
+const ratios = new Map<BackendName, number>();
+for (const [name, run] of runs) {
+  const sdkMs = median(run.sdk);
+  console.log(`SDK on ${name}, edge-side CoVeil: ${sdkMs.toFixed(1)} ms/token (mean ${mean(run.sdk).toFixed(1)}); ` +
+    `of which the SLM's step with its row ${median(run.appended.slice(WARM_UP_TOKENS)).toFixed(1)} ms`);
+  ratios.set(name, rawMs / sdkMs);
+}
+for (const [name, ratio] of ratios) console.log(`sdk_vs_raw_${name.replace(/-/g, "_")}=${ratio.toFixed(3)}`);
+const [best, bestRatio] = [...ratios].reduce((a, b) => (b[1] > a[1] ? b : a));
+console.log(`best backend: ${best}`);
+console.log(`sdk_vs_raw=${bestRatio.toFixed(3)}`);

@@ -4,6 +4,7 @@ export * from "./core/fusion.js";
 export * from "./core/format.js";
 export * from "./core/distribution.js";
 export * from "./core/decide.js";
+export * from "./core/logprobs.js";
 export * from "./policies/index.js";
 export * from "./privacy/accounting.js";
 export * from "./privacy/accountant.js";

@@ -1,5 +1,6 @@
 /** `@coveil/edge/node`: what runs only in Node and Electron's main process: the gRPC carrier, the `ws` WebSocket
- * factory and the node-llama-cpp backend. */
+ * factory, the node-llama-cpp backend and the native llama.cpp one. */
 export * from "./carriers/grpc.js";
 export * from "./carriers/websocketNode.js";
 export * from "./backends/nodeLlamaCpp.js";
+export * from "./backends/llamaCppNative.js";

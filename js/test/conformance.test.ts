@@ -5,7 +5,10 @@
  * leakage shares and ledger summaries, for every registered policy in every mode and space Python
  * defines it in, each case fed the very uniform draws Python's policy consumed.
  *
- * Bit for bit, DP-Logit's noised uploads and every policy's release event included, except the epsilons of the
+ * Edge-side cases also replay each token's log-probabilities read off the fused row (`tokenLogprobs`).
+ *
+ * Bit for bit, DP-Logit's noised uploads and every policy's release event included, except the log-probabilities
+ * (within LOGPROB_ULPS float64 ulps: see checkLogprobs) and the epsilons of the
  * Gaussian composition (erfc inside a bisection) and of zCDP (log at every RDP order): there this runtime's
  * transcendental functions stand in for the C library's, and the figures agree to 1e-14 relative.
  */
@@ -15,6 +18,7 @@ import { CloudDistribution } from "../src/core/distribution.js";
 import { StepDecider } from "../src/core/decide.js";
 import { UnknownNameError } from "../src/core/errors.js";
 import { softmax, type Draws } from "../src/core/fusion.js";
+import { tokenLogprobs, type TokenLogprobs } from "../src/core/logprobs.js";
 import {
   CloudUpload, EmbeddingNeighbours, makePolicy, registeredPolicies, SyncedToken,
 } from "../src/policies/index.js";
@@ -53,6 +57,43 @@ const bisected = (c: CaseJson): boolean => c.event.kind === "gaussian" || c.even
 /** Such epsilons agree to this relative distance (the largest seen: 1.1e-15). */
 const EPSILON_RELATIVE = 1e-14;
 
+/** The largest distance seen between a log-probability here and Python's, in float64 ulps (see checkLogprobs). */
+let worstLogprobUlps = 0;
+
+/** Distance in float64 units in the last place (equal infinities: 0). */
+function ulps64(a: number, b: number): number {
+  if (a === b) return 0;
+  const view = new DataView(new ArrayBuffer(16));
+  view.setFloat64(0, a);
+  view.setFloat64(8, b);
+  const ordered = (at: number): bigint => {
+    const bits = view.getBigInt64(at);
+    return bits < 0n ? -(bits & 0x7fffffffffffffffn) : bits;
+  };
+  const d = ordered(0) - ordered(8);
+  return Number(d < 0n ? -d : d);
+}
+
+/**
+ * Edge-side log-probabilities against Python's: the same top ids in the same order, and every value within
+ * LOGPROB_ULPS float64 ulps (-inf exactly).  Not bit for bit: `log q_i = log f_i - log sum f` (logit space
+ * `z_i - top - log sum exp(z - top)`) goes through `Math.log`/`Math.exp` here and numpy's (the C library's or its
+ * SIMD) there, each within an ulp of the true value; the sums are numpy's pairwise order exactly.
+ */
+function checkLogprobs(mine: TokenLogprobs, want: { logprob: string; top: [number, string][] }, where: string): void {
+  const python = f64FromHex(want.logprob);
+  expect(Number.isFinite(mine.logprob), `${where} logprob finite`).toBe(Number.isFinite(python));
+  expect(mine.top.map(([id]) => id), `${where} top ids`).toEqual(want.top.map(([id]) => id));
+  const pairs: [number, number][] = [[mine.logprob, python], ...mine.top.map(([, v], j) => [v, f64FromHex(want.top[j][1])] as [number, number])];
+  for (const [a, b] of pairs) {
+    const d = ulps64(a, b);
+    worstLogprobUlps = Math.max(worstLogprobUlps, d);
+    expect(d, `${where} log-probability ${a} vs Python's ${b}`).toBeLessThanOrEqual(LOGPROB_ULPS);
+  }
+}
+/** The largest distance seen (4: one ulp apart in `log f_i` and `log sum f` grows where the two nearly cancel). */
+const LOGPROB_ULPS = 4;
+
 function replay(c: CaseJson): void {
   const neighbours = c.embeddings === null ? {} : {
     neighbours: new EmbeddingNeighbours(f32FromHex(c.embeddings.values), c.embeddings.rows, c.embeddings.dim),
@@ -63,7 +104,7 @@ function replay(c: CaseJson): void {
   const draws: Draws = { random: () => step.draws.random(), randomRaw: (n) => step.draws.randomRaw(n) };
   const decider = new StepDecider(policy, {
     mode: c.mode, alpha: f64FromHex(c.alpha), maxNewTokens: c.max_new_tokens, exposureK: c.exposure_k,
-    exposureBudget: c.exposure_budget, maxEpsilon: c.max_epsilon,
+    exposureBudget: c.exposure_budget, maxEpsilon: c.max_epsilon, epsilonDelta: c.epsilon_delta,
   }, c.vocab_size, c.masked_ids, draws);
   const event = decider.accountant.event;
   expect(event.kind).toBe(c.event.kind);
@@ -97,6 +138,10 @@ function replay(c: CaseJson): void {
     } else {
       if (!(signal instanceof SyncedToken)) throw new Error(`step ${t}: expected a token`);
       expect(signal.tokenId, `step ${t} token`).toBe(want.token_id);
+    }
+    if (want.logprobs !== undefined) {
+      if (!(signal instanceof SyncedToken) || c.logprobs === null) throw new Error(`step ${t}: logprobs of no token`);
+      checkLogprobs(tokenLogprobs(decision.fused(), c.space, signal.tokenId, c.logprobs), want.logprobs, `step ${t}`);
     }
     expect(decision.exposure, `step ${t} exposure`).toEqual(want.exposure);
     meter.observe(decision.exposure);
@@ -143,7 +188,15 @@ describe("golden vectors from the Python SDK", () => {
     }
   });
 
-  it.each(vectors.cases.map((c) => [c.name, c] as const))("%s replays bit for bit", (_name, c) => replay(c));
+  it.each(vectors.cases.map((c) => [c.name, c] as const))("%s replays bit for bit (log-probabilities to LOGPROB_ULPS)",
+    (_name, c) => replay(c));
+
+  it("replayed edge-side log-probabilities within LOGPROB_ULPS of Python's", () => {
+    const edge = vectors.cases.filter((c) => c.mode === "edge");
+    expect(edge.every((c) => c.steps.every((s) => s.expect.logprobs !== undefined))).toBe(true);
+    expect(edge.some((c) => c.space === "logit") && edge.some((c) => c.space === "prob")).toBe(true);
+    console.log(`edge-side log-probabilities: at most ${worstLogprobUlps} float64 ulps from Python's`);
+  });
 
   it("refuses an unknown policy and a parameter a policy does not have, by name", () => {
     expect(() => makePolicy("coveill")).toThrow(UnknownNameError);

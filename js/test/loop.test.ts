@@ -1,11 +1,11 @@
 import { create } from "@bufbuild/protobuf";
 import { describe, expect, it } from "vitest";
-import { CloudError, NotImplementedInTypeScriptError } from "../src/core/errors.js";
+import { CloudError } from "../src/core/errors.js";
 import { CloudConnection } from "../src/loop/connection.js";
 import { CollaborativeDecoder, runWithResume, type StepEvent } from "../src/loop/decoder.js";
 import { Undefended } from "../src/policies/undefended.js";
 import { decodeSettings } from "../src/loop/settings.js";
-import { CloudMessageSchema, idsFromBytes, valuesToBytes, type CloudMessage } from "../src/wire/index.js";
+import { CloudMessageSchema, idsFromBytes, PbFusionSpace, valuesToBytes, type CloudMessage } from "../src/wire/index.js";
 import { ScriptedCloud, TableSLM } from "./scripted.js";
 
 // vocabulary of 4; id 0 ends the generation.  Rows worked by hand:
@@ -44,6 +44,37 @@ describe("the loop of named steps", () => {
     ]);
     expect(d.ledger.entries.map((e) => e.bytes_up)).toEqual(sizes);
     expect(d.ledger.entries[0].exposure).toEqual([2, 1]); // edge-side E_t^K: the cloud's own top 2
+  });
+
+  it("edge-side logprobs: read off the fused row each token was chosen from, none asked of the cloud", async () => {
+    const cloud = new ScriptedCloud({ rows: CLOUD_ROWS });
+    const d = decoder("edge", { logprobs: 2, topM: 4 }); // the cloud sends whole rows: no public fill
+    const events = await collect(d.steps(new CloudConnection(cloud.channel())));
+    // fused rows (alpha .3, see above): [0, .48, .42, .10], [0, .22, .19, .59], [.66, .31, .03, 0], each summing to 1
+    const want = [[1, 0.48, [[1, 0.48], [2, 0.42]]], [3, 0.59, [[3, 0.59], [1, 0.22]]], [0, 0.66, [[0, 0.66], [1, 0.31]]]] as const;
+    expect(events.map((e) => e.logprobs?.tokenId)).toEqual(want.map(([token]) => token));
+    events.forEach((event, t) => {
+      expect(event.logprobs!.logprob).toBeCloseTo(Math.log(want[t][1]), 6); // float32 rows: 6 decimals
+      expect(event.logprobs!.top.map(([id]) => id)).toEqual(want[t][2].map(([id]) => id));
+      event.logprobs!.top.forEach(([, value], j) => expect(value).toBeCloseTo(Math.log(want[t][2][j][1]), 6));
+    });
+    const open = cloud.sessions[0][0].kind;
+    expect(open.case === "open" && [open.value.logprobs, open.value.topLogprobs]).toEqual([false, 0]);
+  });
+
+  it("logit space with an SLM that gives raw logits: fuses z = .3 z_llm + .7 z_slm, and its logprobs are z - logsumexp(z)", async () => {
+    // step 0: SLM [0, 2, 1, 0], cloud [0, 0, 3, 0]: z = [0, 1.4, 1.6, 0] -> 2 (a probability-space reading of the
+    // same numbers would not be a distribution); step 1: SLM [3, 0, 0, 1], cloud [1, 2, 0, 0]: z = [2.4, .6, 0, .7] -> 0
+    const cloud = new ScriptedCloud({ rows: [[0, 0, 3, 0], [1, 2, 0, 0]] });
+    const d = new CollaborativeDecoder(new TableSLM([[0, 2, 1, 0], [3, 0, 0, 1]], "logits"), new Undefended({ space: "logit" }),
+      { mode: "edge", maxNewTokens: 8, topM: 4, exposureK: 2, autoPaceMs: null, logprobs: 1 }, { slmPrompt: [1], cloudPrompt: [2] });
+    const events = await collect(d.steps(new CloudConnection(cloud.channel())));
+    expect(events.map((e) => e.tokenId)).toEqual([2, 0]);
+    const open = cloud.sessions[0][0].kind;
+    expect(open.case === "open" && open.value.space).toBe(PbFusionSpace.LOGIT);
+    const logsumexp = Math.log(1 + Math.exp(1.4) + Math.exp(1.6) + 1);
+    expect(events[0].logprobs!.logprob).toBeCloseTo(1.6 - logsumexp, 6);
+    expect(events[0].logprobs!.top.map(([id]) => id)).toEqual([2]);
   });
 
   it("the open asks for padding, the edge's run-ahead depth, and top_m >= K edge-side", async () => {
@@ -142,7 +173,7 @@ describe("the loop of named steps", () => {
   it("settings and policies the TypeScript SDK does not implement are refused at construction", () => {
     expect(() => decodeSettings({ alphaa: 1 } as never)).toThrow(/unknown decode setting alphaa/);
     expect(() => decodeSettings({ exposureBudget: 2 })).toThrow(/exposure_budget must lie in \[0, 1\]/);
-    expect(() => decoder("edge", { logprobs: 3 })).toThrow(NotImplementedInTypeScriptError);
+    expect(() => decoder("edge", { logprobs: 21 })).toThrow(/logprobs must lie in 0..20/);
     expect(() => new CollaborativeDecoder(new TableSLM(SLM_ROWS), new Undefended({ space: "logit" }), { mode: "edge" },
       { slmPrompt: [1], cloudPrompt: [1] })).toThrow(/probabilities only/);
     expect(() => decoder("edge", { alpha: 2 })).toThrow(/alpha/); // the core's check, at construction

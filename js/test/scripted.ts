@@ -18,16 +18,15 @@ import {
   type EdgeMessage,
 } from "../src/wire/index.js";
 
-/** An SLM whose row after `n` tokens is `rows[n - promptLength]` (probabilities). */
+/** An SLM whose row after `n` tokens is `rows[n - promptLength]` (probabilities, or raw logits). */
 export class TableSLM implements SLMBackend {
   readonly name = "table";
-  readonly rowKind = "probabilities" as const;
   readonly eosTokenIds: ReadonlySet<number> = new Set([0]);
   private length = 0;
   private promptLength = 0;
   readonly appended: number[] = [];
 
-  constructor(readonly rows: number[][]) {}
+  constructor(readonly rows: number[][], readonly rowKind: "logits" | "probabilities" = "probabilities") {}
 
   get vocabSize(): number {
     return this.rows[0].length;

@@ -34,6 +34,8 @@ export interface StepJson {
     epsilon: string;
     source_epsilon: string | null;
     leak_share: string;
+    /** edge-side: the token's log-probability and the fused row's best ids with theirs (float64 hex) */
+    logprobs?: { logprob: string; top: [number, string][] };
   };
 }
 
@@ -51,6 +53,10 @@ export interface CaseJson {
   max_epsilon: number | null;
   max_new_tokens: number;
   masked_ids: number[];
+  /** top log-probabilities asked for (edge-side cases), else null */
+  logprobs: number | null;
+  /** the delta the ledger states epsilon at (null: the policy's own) */
+  epsilon_delta: number | null;
   stop_ids: number[];
   private_content_ids: number[];
   embeddings: { rows: number; dim: number; values: string } | null;
@@ -72,6 +78,8 @@ export interface VectorsJson {
   format: string;
   cases: CaseJson[];
   masking: MaskingJson[];
+  /** eps(n) of n pure eps-DP releases at a delta > 0 (float64 hex), as the Python ledger composes them */
+  pure_dp_at_delta: { epsilon: string; delta: string; epsilons: [number, string][] }[];
 }
 
 export function loadVectors(): VectorsJson {

@@ -30,6 +30,7 @@ import numpy as np
 
 from edge_sdk.decode_settings import DecodeSettings
 from edge_sdk.decoding import CollaborativeDecoder
+from edge_sdk.privacy.accountant import PrivacyAccountant, ReleaseEvent
 from edge_sdk.privacy.meter import LeakageMeter
 from edge_sdk.privacy.masking import never_upload_ids
 from edge_sdk.policies import EmbeddingNeighbours, make_policy
@@ -114,6 +115,8 @@ class Case:
     #: removes them from both rows, cloud-side only the cloud is told)
     stop_ids: tuple[int, ...] = ()
     no_stop_steps: tuple[int, ...] = ()
+    #: the delta the ledger states epsilon at (``None``: the policy's own)
+    epsilon_delta: float | None = None
     note: str = ""
 
 
@@ -205,6 +208,9 @@ MODES = {"undefended": ("cloud", "edge"), "coveil": ("cloud", "edge"), "cogenesi
          "invisible_ink": ("edge",)}
 #: DP policies get an epsilon budget that withholds after a few releases (at a per-token epsilon of at most 2)
 MAX_EPSILON = {"dp_logit": 8.0, "ldp_sampler": 4.0, "dp_fusion": 15.0}
+#: edge-side cases ask for each token's log-probabilities and its 20 best alternatives (OpenAI's most: every id of
+#: a 12-id row, so the masked ones' exclusion shows)
+TOP_LOGPROBS = 20
 
 
 def cases() -> list[Case]:
@@ -241,6 +247,26 @@ def cases() -> list[Case]:
                         out.append(Case(f"{base}/large", policy, params, mode, 1536,
                                         _steps(rng, 1536, 2, space, top_m=64, ties=True), masked_ids=(7, 1535),
                                         exposure_k=20, private_content_ids=(7, 11, 13), seed=len(out)))
+    # pure DP stated at a delta > 0: dp-accounting's PLD composition, and the budget withholding on it
+    out.append(Case("ldp_sampler/edge/prob/0/pld", "ldp_sampler", _param_sets("ldp_sampler")[0], "edge", 12,
+                    _steps(rng, 12, 4, "prob", top_m=4), epsilon_delta=1e-6, max_epsilon=4.5,
+                    private_content_ids=(1, 5), seed=len(out),
+                    note="the ledger at delta 1e-6: two releases fit max_epsilon 4.5, the third is withheld"))
+    return out
+
+
+#: pure eps-DP releases composed at a delta > 0 (dp-accounting's PLD over binary randomised response): eps(n)
+PURE_DP_AT_DELTA = ((0.1, 1e-6), (0.5, 1e-5), (0.73, 1e-7), (1.0, 1e-6), (2.0, 1e-8), (4.0, 1e-6))
+PURE_DP_RELEASES = (1, 2, 3, 5, 10, 25, 50, 100, 200, 400)
+
+
+def pure_dp_vectors() -> list[dict[str, Any]]:
+    """``eps(n)`` of ``n`` pure ``eps``-DP releases at each ``delta`` above, as the Python ledger composes them."""
+    out = []
+    for epsilon, delta in PURE_DP_AT_DELTA:
+        accountant = PrivacyAccountant(ReleaseEvent("pure_dp", epsilon), delta=delta)
+        out.append({"epsilon": f64_hex(epsilon), "delta": f64_hex(delta),
+                    "epsilons": [[n, f64_hex(accountant.epsilon(n))] for n in PURE_DP_RELEASES]})
     return out
 
 
@@ -271,7 +297,8 @@ def run_case(case: Case) -> dict[str, Any]:
     slm = TableSLM([f"<{i}>" for i in range(case.vocab_size)])
     settings = DecodeSettings(mode=case.mode, alpha=case.alpha, max_new_tokens=len(case.steps),
                               exposure_k=case.exposure_k, exposure_budget=case.exposure_budget,
-                              max_epsilon=case.max_epsilon, top_m=4)
+                              max_epsilon=case.max_epsilon, top_m=4,
+                              logprobs=TOP_LOGPROBS if case.mode == "edge" else None, epsilon_delta=case.epsilon_delta)
     draws = RecordedDraws(case.seed)
     meter = LeakageMeter(frozenset(case.private_content_ids))
     decoder = CollaborativeDecoder(slm, policy, settings, slm_prompt=[], cloud_prompt=[], meter=meter,
@@ -313,6 +340,9 @@ def run_case(case: Case) -> dict[str, Any]:
             expect.update(ids=[int(i) for i in signal.ids], values=f32_hex(signal.values))
         else:
             expect["token_id"] = int(signal.token_id)
+        if decision.logprobs is not None:
+            read = decision.logprobs()
+            expect["logprobs"] = {"logprob": f64_hex(read.logprob), "top": [[i, f64_hex(v)] for i, v in read.top]}
         row: dict[str, Any] = {"slm_logits": f32_hex(logits), "cloud": _dist_json(step.cloud), "no_stop": no_stop,
                                "draws": draws.take(), "expect": expect}
         if policy.space == "prob":
@@ -329,6 +359,7 @@ def run_case(case: Case) -> dict[str, Any]:
         "describe": policy.describe(), "mode": case.mode, "space": policy.space, "alpha": f64_hex(case.alpha),
         "vocab_size": case.vocab_size, "exposure_k": case.exposure_k, "exposure_budget": case.exposure_budget,
         "max_epsilon": case.max_epsilon, "max_new_tokens": max_steps, "masked_ids": list(case.masked_ids),
+        "logprobs": settings.logprobs, "epsilon_delta": case.epsilon_delta,
         "stop_ids": list(case.stop_ids),
         "private_content_ids": list(case.private_content_ids),
         "embeddings": None if case.embeddings is None else {"rows": int(case.embeddings.shape[0]),
@@ -398,7 +429,8 @@ def build() -> dict[str, Any]:
     return {"format": FORMAT, "written_by": "python -m tests.conformance.write_vectors",
             "encoding": {"f32": "hex of little-endian float32 bytes", "f64": "hex of big-endian float64 bytes",
                          "raw": "uint64 words as 16 hex digits"},
-            "cases": [run_case(case) for case in cases()], "masking": masking_vectors()}
+            "cases": [run_case(case) for case in cases()], "masking": masking_vectors(),
+            "pure_dp_at_delta": pure_dp_vectors()}
 
 
 def render(document: dict[str, Any]) -> str:

@@ -43,6 +43,8 @@ def test_vectors_cover_every_policy_mode_and_space(fresh: str) -> None:
     for flag in ("withheld", "full_requested", "steered", "released"):
         assert any(step[flag] for step in steps) and not all(step[flag] for step in steps), flag
     assert any(case["masked_ids"] for case in cases) and any(case["vocab_size"] > 1000 for case in cases)
+    # edge-side every token carries its log-probabilities (the fused row's), cloud-side the cloud sends them
+    assert all(("logprobs" in step["expect"]) == (case["mode"] == "edge") for case in cases for step in case["steps"])
 
 
 def test_recorded_draws_replay_the_generator() -> None:

@@ -5,7 +5,16 @@
  * `node-llama-cpp` hands out a step's row only as probabilities (its `controlledEvaluate` with
  * `generateNext.probabilities`: the softmax of the raw logits under a greedy sampler, in float32), never the raw
  * logits, so this backend's rows are probabilities (`rowKind`): probability-space policies run on it, a logit-space
- * policy is refused when the decoder is built.
+ * policy is refused when the decoder is built.  (3.22 adds raw logits through the same kind of array, but the
+ * registry had no macOS or Windows binaries of 3.22.1 when checked: `npm view @node-llama-cpp/mac-x64@3.22.1`, E404.)
+ *
+ * The row's path.  The public API gives the probabilities as a `Map` of 262,144 entries built from the addon's
+ * flat `[id, p, id, p, ...]` array; the `Map` and laying it into a row cost about as much as the addon itself.  So
+ * this backend reads the flat array where the addon hands it over (`rowPath === "addon"`): node-llama-cpp 3.21.1's
+ * internal `LlamaContext._ctx.sampleToken(batchLogitIndex, sampler, probabilities)`, which resolves to
+ * `[token, [id0, p0, id1, p1, ...], confidence]`.  package.json pins that version; `NodeLlamaCppSLM.load` checks
+ * the shape and otherwise reads the public `Map` (`rowPath === "map"`: the same numbers, slower), and
+ * test/e2e/nodeLlamaCpp.e2e.test.ts fails when the addon path is gone or its rows differ from the `Map`'s.
  */
 
 import { createHash } from "node:crypto";
@@ -25,14 +34,64 @@ export interface NodeLlamaCppOptions {
   threads?: number;
   /** an existing `getLlama()` instance (default: a CPU one, never building from source) */
   llama?: Llama;
+  /** how a step's row is read (default `"addon"`, where node-llama-cpp has it; `"map"`: the public API) */
+  rowPath?: RowPath;
 }
 
 /** A trailing run of these is the padding of a model's output matrix past its tokenizer. */
 const PADDING_PIECE = /^\[PAD\d+\]$/;
 
+/** How many of `tokens` the tokenizer has: all but a trailing run of padding pieces. */
+export function unpaddedVocabSize(tokens: readonly string[]): number {
+  let vocabSize = tokens.length;
+  while (vocabSize && PADDING_PIECE.test(tokens[vocabSize - 1])) vocabSize--;
+  return vocabSize;
+}
+
+/** Decode threads by default: the CPUs this process may use, at most 8 (as the Python backend). */
+export function defaultThreads(): number {
+  return Math.max(1, Math.min(8, availableParallelism()));
+}
+
+/** How a step's probabilities reach this backend (see the module's comment). */
+export type RowPath = "addon" | "map";
+
+/** node-llama-cpp 3.21.1's addon context, as far as the row's path reads it. */
+interface AddonContext {
+  sampleToken(batchLogitIndex: number, sampler: unknown, probabilities?: boolean, confidence?: boolean): Promise<unknown>;
+}
+
+/**
+ * Route `context`'s probabilities past the public `Map`: its addon context `_ctx` is replaced by a proxy whose
+ * `sampleToken`, asked for probabilities, hands the addon's flat `[id, p, ...]` array to `take` and returns none
+ * (so node-llama-cpp builds no `Map`).  False, changing nothing, when `context` has no such `_ctx`.
+ */
+function captureFlatProbabilities(context: LlamaContext, take: (pairs: readonly number[]) => void): boolean {
+  const internal = context as unknown as { _ctx?: AddonContext };
+  const addon = internal._ctx;
+  if (typeof addon?.sampleToken !== "function") return false;
+  const sampleToken = async (index: number, sampler: unknown, probabilities?: boolean, confidence?: boolean) => {
+    const result = await addon.sampleToken(index, sampler, probabilities, confidence);
+    if (!probabilities || !Array.isArray(result) || !Array.isArray(result[1])) return result;
+    take(result[1]);
+    return [result[0], undefined, result[2]];
+  };
+  internal._ctx = new Proxy(addon, {
+    get(target, key) {
+      if (key === "sampleToken") return sampleToken;
+      const value = Reflect.get(target, key);
+      return typeof value === "function" ? value.bind(target) : value;
+    },
+  });
+  return true;
+}
+
 export class NodeLlamaCppSLM implements SLMBackend {
   readonly rowKind = "probabilities" as const;
   private fingerprint: Uint8Array | null = null;
+  /** the addon's flat `[id, p, ...]` array of the last evaluation that asked for probabilities (addon path) */
+  private pairs: readonly number[] | null = null;
+  private path: RowPath;
 
   private constructor(
     readonly name: string,
@@ -42,7 +101,15 @@ export class NodeLlamaCppSLM implements SLMBackend {
     private readonly context: LlamaContext,
     private readonly sequence: LlamaContextSequence,
     private readonly tokenStrings: readonly string[],
-  ) {}
+    rowPath: RowPath,
+  ) {
+    this.path = rowPath === "addon" && captureFlatProbabilities(context, (pairs) => { this.pairs = pairs; }) ? "addon" : "map";
+  }
+
+  /** How the rows are read: `"addon"` until an evaluation's row did not come that way, then `"map"`. */
+  get rowPath(): RowPath {
+    return this.path;
+  }
 
   /** Load `modelPath` (a GGUF file). */
   static async load(modelPath: string, options: NodeLlamaCppOptions = {}): Promise<NodeLlamaCppSLM> {
@@ -52,16 +119,16 @@ export class NodeLlamaCppSLM implements SLMBackend {
     const context = await model.createContext({
       contextSize: options.contextSize ?? 2048,
       batchSize: options.batchSize ?? 256,
-      threads: options.threads ?? Math.max(1, Math.min(8, availableParallelism())),
+      threads: options.threads ?? defaultThreads(),
     });
     const tokens = tokenStrings(model);
-    let vocabSize = tokens.length;
-    while (vocabSize && PADDING_PIECE.test(tokens[vocabSize - 1])) vocabSize--;
+    const vocabSize = unpaddedVocabSize(tokens);
     const eos = new Set<number>();
     for (let id = 0; id < vocabSize; id++) if (model.isEogToken(id as Token)) eos.add(id);
     if (!eos.size && model.tokens.eos !== null) eos.add(model.tokens.eos);
     const name = options.name ?? modelPath.split(/[\\/]/).pop() ?? modelPath;
-    return new NodeLlamaCppSLM(name, vocabSize, eos, model, context, context.getSequence(), tokens.slice(0, vocabSize));
+    return new NodeLlamaCppSLM(name, vocabSize, eos, model, context, context.getSequence(), tokens.slice(0, vocabSize),
+      options.rowPath ?? "addon");
   }
 
   async tokenize(text: string, { addBos }: { addBos: boolean }): Promise<number[]> {
@@ -101,10 +168,18 @@ export class NodeLlamaCppSLM implements SLMBackend {
   private async evaluate(ids: Token[]): Promise<Float32Array> {
     const last = ids.length - 1;
     const input = ids.map((id, i) => (i === last ? ([id, { generateNext: { probabilities: true } }] as const) : id));
+    this.pairs = null;
     const output = await this.sequence.controlledEvaluate(input as never);
+    const row = new Float32Array(this.vocabSize);
+    const pairs = this.pairs as readonly number[] | null;
+    if (pairs !== null) {
+      for (let j = 0; j < pairs.length; j += 2) if (pairs[j] < this.vocabSize) row[pairs[j]] = pairs[j + 1];
+      this.pairs = null;
+      return row;
+    }
+    this.path = "map";
     const probabilities = output[last]?.next?.probabilities;
     if (probabilities === undefined) throw new Error("node-llama-cpp returned no probabilities for the last position");
-    const row = new Float32Array(this.vocabSize);
     for (const [id, p] of probabilities) if (id < this.vocabSize) row[id] = p;
     return row;
   }

@@ -70,7 +70,7 @@ export class StepDecider {
     }
     this.policy = policy.forGeneration(this.settings.maxNewTokens);
     this.accountant = new PrivacyAccountant(this.policy.releaseEvent(this.settings.mode), {
-      delta: this.settings.epsilonDelta, maxEpsilon: this.settings.maxEpsilon,
+      delta: this.settings.epsilonDelta, maxEpsilon: this.settings.maxEpsilon, horizon: this.settings.maxNewTokens,
     });
     this.budget = new ExposureBudget(this.settings.exposureBudget, this.accountant);
     this.ledger = new PrivacyLedger(this.settings.mode, this.policy.describe(), this.settings.exposureK,

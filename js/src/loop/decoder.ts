@@ -9,6 +9,7 @@ import type { SLMBackend } from "../backends/base.js";
 import { StepDecider, type StepDecision } from "../core/decide.js";
 import { CloudError, NotImplementedInTypeScriptError } from "../core/errors.js";
 import { checkFinite, osDraws, type Draws } from "../core/fusion.js";
+import { tokenLogprobs } from "../core/logprobs.js";
 import { CloudUpload, type Policy } from "../policies/base.js";
 import { LeakageMeter, type LedgerEntry, type PrivacyLedger } from "../privacy/ledger.js";
 import { FULL_UPLOAD_LIMIT, maskProbabilities } from "../privacy/masking.js";
@@ -61,10 +62,6 @@ export class CollaborativeDecoder {
     if (policy.space === "logit" && slm.rowKind !== "logits") {
       throw new NotImplementedInTypeScriptError(`policy '${policy.name}' fuses raw logits; the SLM backend ` +
         `'${slm.name}' gives probabilities only`);
-    }
-    if (s.mode === "edge" && s.logprobs !== null) {
-      throw new NotImplementedInTypeScriptError("logprobs edge-side (read off the fused row on the device) is not " +
-        "implemented in the TypeScript SDK");
     }
     this.decider = new StepDecider(policy, s, slm.vocabSize, options.maskedIds ?? [], options.draws ?? osDraws);
     this.policy = this.decider.policy;
@@ -180,7 +177,7 @@ export class CollaborativeDecoder {
         this.unacknowledged.push(pending);
         this.forgetAcknowledged(connection);
       }
-      const logprobs = pending.decision!.signal instanceof CloudUpload ? connection.chosenLogprobs : null;
+      const logprobs = this.logprobs(connection, pending.decision!); // after the send: never delays a signal
       const steered = this.record(pending, dist, token);
       finished = await this.advance(token, finished, meter);
       const entry = meter.entry(pending, token, { policy: this.policy.name, steered, leakShare: this.meter.share,
@@ -193,6 +190,16 @@ export class CollaborativeDecoder {
       }
     }
     this.finishReason = "max_new_tokens";
+  }
+
+  /** The step's token's log-probabilities when the settings ask for them: cloud-side those the cloud sent with it,
+   * edge-side read off the fused row the token was chosen from (`tokenLogprobs`). */
+  private logprobs(connection: CloudConnection, decision: StepDecision): TokenLogprobs | null {
+    const topN = this.settings.logprobs;
+    if (topN === null) return null;
+    const signal = decision.signal;
+    if (signal instanceof CloudUpload) return connection.chosenLogprobs;
+    return tokenLogprobs(decision.fused(), this.policy.space, signal.tokenId, topN);
   }
 
   // -- the loop's steps, in its order ------------------------------------------------------------------------

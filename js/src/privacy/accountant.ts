@@ -10,13 +10,14 @@
  *
  * - `zcdp` (InvisibleInk): dp-accounting's RDP accountant's composition and conversion, ported.
  *
- * `pure_dp` at a delta > 0 is composed in Python by dp-accounting's PLD accountant, which this SDK does not carry:
- * an accountant for it is refused when it is built.
+ * - `pure_dp` at a delta > 0: dp-accounting's PLD accountant over binary randomised response, ported
+ *   (`./pld.ts`; refused when built if its horizon needs dp-accounting's dense PMF).
  */
 
-import { InvalidArgumentError, NotImplementedInTypeScriptError } from "../core/errors.js";
+import { InvalidArgumentError } from "../core/errors.js";
 import { pyG } from "../core/format.js";
 import { checkDelta, checkOrder, gaussianCompositionEpsilon, rdpEpsilon, zcdpOptimalOrder } from "./accounting.js";
+import { pureDpPldCurve } from "./pld.js";
 
 export type ReleaseKind = "gaussian" | "zcdp" | "pure_dp" | "renyi" | "non_private";
 export const RELEASE_KINDS: readonly ReleaseKind[] = ["gaussian", "zcdp", "pure_dp", "renyi", "non_private"];
@@ -133,10 +134,7 @@ function epsilonCurve(event: ReleaseEvent, delta: number): (releases: number) =>
   }
   if (event.kind === "gaussian") return (releases) => gaussianCompositionEpsilon(event.value, releases, delta);
   if (event.kind === "zcdp") return zcdpCurve(event, delta);
-  throw new NotImplementedInTypeScriptError(
-    `composing a pure_dp release at delta ${pyG(delta)} > 0 needs dp-accounting's PLD accountant, which the ` +
-      "TypeScript SDK does not implement (state the budget at delta 0)",
-  );
+  return pureDpPldCurve(event.value, delta);
 }
 
 /** dp-accounting's default RDP orders (`DEFAULT_RDP_ORDERS`), which Python's zCDP accountant converts at. */
@@ -200,7 +198,12 @@ export class PrivacyAccountant {
   private readonly curve: (releases: number) => number;
   private readonly sourceCurve: ((releases: number) => number) | null;
 
-  constructor(event: ReleaseEvent, options: { delta?: number | null; maxEpsilon?: number | null } = {}) {
+  /**
+   * `options.horizon`: the most releases the generation can record (its `max_new_tokens`); the curve is composed
+   * that far (and one more, what `wouldExceed` asks) here, so a composition this SDK does not implement is refused
+   * now rather than mid-generation.
+   */
+  constructor(event: ReleaseEvent, options: { delta?: number | null; maxEpsilon?: number | null; horizon?: number } = {}) {
     this.event = event;
     const delta = options.delta ?? event.delta;
     if (event.kind === "gaussian" || event.kind === "zcdp" || event.kind === "renyi") checkDelta(delta);
@@ -208,6 +211,10 @@ export class PrivacyAccountant {
     this.delta = delta;
     this.curve = epsilonCurve(event, delta);
     this.sourceCurve = event.sourceValue === null ? null : epsilonCurve(event.withValue(event.sourceValue), delta);
+    if (options.horizon !== undefined) {
+      this.curve(options.horizon + 1);
+      this.sourceCurve?.(options.horizon + 1);
+    }
     this.maxEpsilon = options.maxEpsilon ?? null;
     if (this.maxEpsilon !== null) {
       if (!(this.maxEpsilon >= 0 && Number.isFinite(this.maxEpsilon))) {

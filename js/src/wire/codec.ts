@@ -6,6 +6,7 @@
 import { create, toBinary } from "@bufbuild/protobuf";
 import { idsFromBytes, idsToBytes, valuesFromBytes, valuesToBytes } from "./bytes.js";
 import { checkFinite } from "../core/fusion.js";
+import { MAX_TOP_LOGPROBS, type TokenLogprobs } from "../core/logprobs.js";
 import type { CloudUpload } from "../policies/base.js";
 import { FULL_UPLOAD_LIMIT } from "../privacy/masking.js";
 import { ReceivedDistribution } from "./distribution.js";
@@ -20,14 +21,7 @@ import {
 } from "./gen/coveil_pb.js";
 import { PROTOCOL_VERSION, type SessionInfo, type SessionRequest } from "./session.js";
 
-/** The most alternatives a token's log-probabilities list (Python: `edge_sdk.logprobs.MAX_TOP_LOGPROBS`). */
-export const MAX_TOP_LOGPROBS = 20;
-/** A token's log-probability under the row it was picked from, and the row's best ids with theirs. */
-export interface TokenLogprobs {
-  tokenId: number;
-  logprob: number;
-  top: ReadonlyArray<readonly [number, number]>;
-}
+export { MAX_TOP_LOGPROBS, type TokenLogprobs };
 
 /** An `OpenSession` edge message. */
 export function encodeOpen(req: SessionRequest): EdgeMessage {

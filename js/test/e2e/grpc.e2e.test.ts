@@ -1,13 +1,16 @@
 /**
  * End to end in Node over gRPC: the TypeScript SDK (node-llama-cpp on the embedded GGUF) against the Python adapter
  * gives the Python SDK's greedy tokens and sends the same bytes, for the same MedPriv items; a canary in the private
- * context appears in no message.
+ * context appears in no message.  The token and byte tests run on each SLM backend: node-llama-cpp's and the
+ * native addon's (LlamaCppNativeSLM, the same library).
  */
 
 import { readFileSync } from "node:fs";
 import { fromBinary } from "@bufbuild/protobuf";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { EdgeMessageSchema, idsFromBytes, valuesFromBytes } from "../../src/wire/index.js";
+import type { SLMBackend } from "../../src/backends/base.js";
+import { LlamaCppNativeSLM } from "../../src/backends/llamaCppNative.js";
 import { NodeLlamaCppSLM } from "../../src/backends/nodeLlamaCpp.js";
 import { GrpcCarrier } from "../../src/carriers/grpc.js";
 import { CloudConnection } from "../../src/loop/connection.js";
@@ -22,22 +25,29 @@ const items = readFileSync(MEDPRIV, "utf8").split("\n").filter(Boolean).map((lin
 
 let adapter: Adapter;
 let slm: NodeLlamaCppSLM;
+let native: LlamaCppNativeSLM;
 let carrier: GrpcCarrier;
+const BACKENDS = ["node-llama-cpp", "native"] as const;
+const backend = (name: (typeof BACKENDS)[number]): SLMBackend => (name === "native" ? native : slm);
 
 beforeAll(async () => {
-  [adapter, slm] = await Promise.all([startAdapter(), embeddedGguf().then(({ path, name }) => NodeLlamaCppSLM.load(path, { name }))]);
+  [adapter, slm, native] = await Promise.all([startAdapter(),
+    embeddedGguf().then(({ path, name }) => NodeLlamaCppSLM.load(path, { name })),
+    embeddedGguf().then(({ path, name }) => LlamaCppNativeSLM.load(path, { name }))]);
   carrier = new GrpcCarrier(adapter.target, { plaintext: true });
 }, 300_000);
 
 afterAll(async () => {
   carrier?.close();
   await slm?.close();
+  await native?.close();
   adapter?.stop();
 });
 
 /** The TypeScript SDK's decode of item `index`, recording what crossed the wire. */
 async function tsEdge(index: number, policy: Policy,
-  options: { mode: "cloud" | "edge"; maxNewTokens: number; canary?: string; lookahead?: number }) {
+  options: { mode: "cloud" | "edge"; maxNewTokens: number; canary?: string; lookahead?: number; slm?: SLMBackend }) {
+  const slm = options.slm ?? backend("node-llama-cpp");
   const item = items[index];
   const query = `Question: ${item.public_query}\nAnswer:`;
   const slmPrompt = await slm.tokenize(`${item.private_context}${options.canary ?? ""}\n\n${query}`, { addBos: true });
@@ -55,10 +65,10 @@ async function tsEdge(index: number, policy: Policy,
 }
 
 describe("the TypeScript SDK against the Python adapter over gRPC", () => {
-  for (const index of [0, 1]) {
-    it(`edge-side, MedPriv item ${index}: the Python SDK's greedy tokens and the same bytes up`, async () => {
+  for (const [index, name] of [0, 1].flatMap((i) => BACKENDS.map((b) => [i, b] as const))) {
+    it(`edge-side, MedPriv item ${index}, ${name}: the Python SDK's greedy tokens and the same bytes up`, async () => {
       const python = await pythonEdge(adapter.target, index, { mode: "edge", maxNewTokens: 12 });
-      const ts = await tsEdge(index, new Undefended(), { mode: "edge", maxNewTokens: 12 });
+      const ts = await tsEdge(index, new Undefended(), { mode: "edge", maxNewTokens: 12, slm: backend(name) });
       expect(ts.slmPrompt).toEqual(python.slm_prompt);
       expect(ts.cloudPrompt).toEqual(python.cloud_prompt);
       expect(ts.decoder.tokens).toEqual(python.tokens);
@@ -77,12 +87,12 @@ describe("the TypeScript SDK against the Python adapter over gRPC", () => {
     expect(ts.connection.runAhead).toBe(true);
   }, 300_000);
 
-  it("cloud-side, MedPriv item 0: the Python SDK's tokens; uploads of the same size, nearly the same ids and values", async () => {
+  for (const name of BACKENDS) it(`cloud-side, MedPriv item 0, ${name}: the Python SDK's tokens; uploads of the same size, nearly the same ids and values`, async () => {
     // the two runtimes run two builds of llama.cpp (llama-cpp-python's, node-llama-cpp's): their probabilities
     // differ (by up to 0.03 at the top here), so the uploaded values differ, and the cut of a whole-vocabulary
     // upload to its 1000 largest values can differ among the smallest of them
     const python = await pythonEdge(adapter.target, 0, { mode: "cloud", maxNewTokens: 8 });
-    const ts = await tsEdge(0, new Undefended(), { mode: "cloud", maxNewTokens: 8 });
+    const ts = await tsEdge(0, new Undefended(), { mode: "cloud", maxNewTokens: 8, slm: backend(name) });
     expect(ts.decoder.tokens).toEqual(python.tokens);
     expect(ts.channel.sent.length).toBe(python.sent.length);
     expect(ts.channel.sent[0]).toBe(python.sent[0]); // the open
