@@ -314,11 +314,11 @@ def test_a_cross_origin_post_without_content_type_from_chromium_reaches_nothing(
     """A real browser on a page of another origin (another loopback port: only the content-type check stands;
     a public name mapped to loopback: the Origin check too) POSTs a JSON body with no Content-Type, which needs
     no CORS preflight. The endpoint answers 415 or 403 and the SLM never sees the request."""
-    import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from edge_sdk.server.app import create_app, running
     from tests.support.browser import headless_chromium
+    from tests.support.http_serving import serving_in_thread
 
     client = RecordingClient()
     app = create_app(ServerSettings(cloud="c:1"), client=client, chat_template=RecordingRenderer(),  # type: ignore[arg-type]
@@ -345,9 +345,7 @@ def test_a_cross_origin_post_without_content_type_from_chromium_reaches_nothing(
             def log_message(self, *args: object) -> None:
                 pass
 
-        attacker = ThreadingHTTPServer(("127.0.0.1", 0), Attacker)
-        threading.Thread(target=attacker.serve_forever, daemon=True).start()
-        try:
+        with serving_in_thread(ThreadingHTTPServer(("127.0.0.1", 0), Attacker)) as attacker:
             rules = "--host-resolver-rules=MAP evil.example 127.0.0.1"
             with headless_chromium(tmp_path / "profile", arguments=(rules,)) as browser:
                 browser.get(f"http://{site}:{attacker.server_address[1]}/")
@@ -355,8 +353,6 @@ def test_a_cross_origin_post_without_content_type_from_chromium_reaches_nothing(
 
                 WebDriverWait(browser, 30).until(lambda b: b.title != "waiting")
                 assert browser.title == "sent"  # no-cors: the page learns nothing, but the request went out
-        finally:
-            attacker.shutdown()
     posts = [status for method, path, status in answered if method == "POST"]
     assert posts == [415 if site == "127.0.0.1" else 403]
     assert client.prompts == []
