@@ -60,6 +60,52 @@ def gemma_llm():
     return TransformersLLM(dtype="fp32")
 
 
+@pytest.fixture(scope="session")
+def loaded_causal_lms(gemma_llm) -> dict[tuple, tuple]:
+    """Every ``(model, tokenizer)`` pair transformers loaded in this run, by what was asked (source, dtype, device,
+    device map, tensor-parallel plan), starting with ``gemma_llm``'s."""
+    from cloud_adapter.hf_loading import resolve_dtype
+
+    return {load_key(gemma_llm.source, resolve_dtype("fp32", "cpu"), "cpu", None, None):
+            (gemma_llm.model, gemma_llm.tokenizer)}
+
+
+def load_key(source, dtype, device: str, device_map: str | None, tp_plan: str | None) -> tuple:
+    return source.name, str(source.gguf_path), source.hf_name_or_dir, str(dtype), device, device_map, tp_plan
+
+
+@pytest.fixture
+def models_loaded_once(monkeypatch: pytest.MonkeyPatch, loaded_causal_lms: dict[tuple, tuple]) -> Iterator[None]:
+    """A ``TransformersLLM`` the code under test builds gets the run's already loaded weights (``gemma_llm``'s,
+    or those an earlier such test loaded) instead of reading the model again (about 8 CPU seconds each).
+
+    For tests that drive a command in this process (a sweep loads both of its models on every call) and never
+    change a model (its attention kernel, hooks, module types, mode and vocabulary rows are checked after the test); what each ``TransformersLLM`` keeps
+    per generation is its own, as it is per call."""
+    from cloud_adapter import llm
+    from cloud_adapter.hf_loading import dtype_device, resolve_dtype
+
+    load = llm.load_causal_lm
+
+    def state(model) -> tuple:
+        return (model.config._attn_implementation, len(model._forward_pre_hooks), len(model._forward_hooks),
+                model.training, sorted({type(module).__name__ for module in model.modules()}),
+                tuple(model.get_output_embeddings().weight.shape))
+
+    def load_once(source, *, dtype="auto", device="cpu", device_map=None, tp_plan=None) -> tuple:
+        key = load_key(source, resolve_dtype(dtype, dtype_device(device, device_map)), device, device_map, tp_plan)
+        if key not in loaded_causal_lms:
+            loaded_causal_lms[key] = load(source, dtype=dtype, device=device, device_map=device_map, tp_plan=tp_plan)
+            before[key] = state(loaded_causal_lms[key][0])
+        return loaded_causal_lms[key]
+
+    before = {key: state(model) for key, (model, _) in loaded_causal_lms.items()}
+    monkeypatch.setattr(llm, "load_causal_lm", load_once)
+    yield
+    for key, (model, _) in loaded_causal_lms.items():
+        assert state(model) == before[key], f"a test changed the shared model {key}"
+
+
 @pytest.fixture(scope="module")
 def engine(gemma_llm):
     """An in-process cloud engine over the shared model (one per test module: its transcripts stay apart)."""

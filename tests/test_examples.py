@@ -1,7 +1,8 @@
 """The programs in examples/ run to the end against the embedded model and print what they promise.
 
-Each example runs as a subprocess (as a user would run it); ``custom_policy --fakes`` needs no model.  One cloud adapter on loopback serves
-``app_streaming`` and ``custom_policy`` through ``--cloud``; the TLS example starts its own adapter.
+Each example runs as a subprocess (as a user would run it); ``custom_policy --fakes`` needs no model.  One cloud adapter on loopback,
+served from the test process over the session's model, serves ``app_streaming`` and ``custom_policy`` through
+``--cloud``; the TLS example starts its own adapter.
 The adapter and the examples' SLM split this machine's cores (oversubscribed cores make llama.cpp and
 torch spin-wait on each other).
 """
@@ -41,11 +42,20 @@ def test_example_help(name: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from cloud_adapter.local import local_cloud
+def cloud(engine) -> Iterator[str]:
+    """The adapter over the session's model, served from this process on loopback (its torch threads capped at
+    the cloud's share of the cores, as ``coveil-cloud serve --threads`` caps them)."""
+    import torch
 
-    with local_cloud(tmp_path_factory.mktemp("examples-cloud"), threads=CLOUD_THREADS) as address:
-        yield address
+    from cloud_adapter.inprocess import serving
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(CLOUD_THREADS)
+    try:
+        with serving(engine) as adapter:
+            yield adapter.address
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.model

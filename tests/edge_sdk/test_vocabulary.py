@@ -110,22 +110,23 @@ def test_a_real_vocabulary_mismatch_is_refused_naming_both_models(tiny_family) -
 
 
 @pytest.mark.model
-def test_embedded_cloud_padded_with_resize_token_embeddings_gives_the_same_tokens(slm) -> None:
+def test_embedded_cloud_padded_with_resize_token_embeddings_gives_the_same_tokens(slm, gemma_llm, engine) -> None:
+    import copy
+
     from cloud_adapter.engine import CloudEngine
     from cloud_adapter.llm import TransformersLLM
 
-    llm = TransformersLLM(dtype="fp32")
-    engine = CloudEngine(llm)
     client = EdgeClient(lambda: engine.session("tests"), slm=slm)
     unpadded = {mode: client.generate(PUBLIC_PROMPT, PRIVATE_CONTEXT, mode=mode, policy=Undefended(),
                                       max_new_tokens=4).token_ids for mode in ("cloud", "edge")}
 
-    vocab = llm.vocab_size
-    llm.model.resize_token_embeddings(vocab + 1, pad_to_multiple_of=1024)  # 262,145 -> 263,168 rows
-    rows = llm.model.get_output_embeddings().weight.shape[0]
-    assert rows == 263_168
-    _pad_rows_to_win(llm.model, vocab)
-    padded = TransformersLLM.from_loaded(llm.model, llm.tokenizer, "gemma-3-270m padded to 263,168 rows")
+    vocab = gemma_llm.vocab_size
+    model = copy.deepcopy(gemma_llm.model)  # the session's model stays as it is
+    model.resize_token_embeddings(vocab + 1, pad_to_multiple_of=1024)  # 262,145 -> 263,168 rows
+    rows = model.get_output_embeddings().weight.shape[0]
+    assert rows == 263_168 and gemma_llm.model.get_output_embeddings().weight.shape[0] < rows
+    _pad_rows_to_win(model, vocab)
+    padded = TransformersLLM.from_loaded(model, gemma_llm.tokenizer, "gemma-3-270m padded to 263,168 rows")
     assert padded.vocab_size == vocab and padded.vocab_fingerprint() == slm.vocab_fingerprint()
     engine = CloudEngine(padded)
     client = EdgeClient(lambda: engine.session("tests"), slm=slm)

@@ -3,16 +3,42 @@
 The models under them are the session's (``slm``, ``gemma_llm`` in tests/conftest.py: loaded once for the whole
 run); the adapter and the endpoint over them are per module, so each module's transcripts and captured log lines
 hold only its own requests. A module may override ``endpoint`` (lockstep, another cloud address).
+
+The endpoint's generations are paced on a 1 ms grid here, not the default 50 ms (``quick_auto_pace``): what these
+tests check does not rest on when a signal leaves, and the pacer still runs. The send schedule's own promises are
+tested at the default pace in tests/promises (test_observer_timing, test_pace_calibration, test_attack_wire).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import pytest
 
 from edge_sdk.backends.llama_cpp import LlamaCppSLM
+from edge_sdk.decode_settings import DecodeSettings
 from tests.support.endpoint_stack import Cloud, Endpoint, LogCapture, capture_server_logs, start_cloud, start_endpoint
+
+
+#: the auto pace of this folder's generations, in ms (a step takes longer: every signal leaves at once)
+QUICK_AUTO_PACE_MS = 1.0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def quick_auto_pace() -> Iterator[None]:
+    """``DecodeSettings()`` defaults ``auto_pace_ms`` to :data:`QUICK_AUTO_PACE_MS` for the module (every generation
+    through the endpoint builds its settings from the defaults). Each cloud-side or run-ahead step otherwise waited
+    for its 50 ms slot: most of the wall time of a cloud-side reply here."""
+    names = [field.name for field in dataclasses.fields(DecodeSettings)]
+    defaults = DecodeSettings.__init__.__defaults__
+    assert defaults is not None and len(defaults) == len(names), "every decode setting has a default"
+    quick = tuple(QUICK_AUTO_PACE_MS if name == "auto_pace_ms" else value for name, value in zip(names, defaults))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(DecodeSettings.__init__, "__defaults__", quick)
+        patch.setattr(DecodeSettings, "auto_pace_ms", QUICK_AUTO_PACE_MS)
+        assert DecodeSettings().auto_pace_ms == QUICK_AUTO_PACE_MS
+        yield
 
 
 @pytest.fixture(scope="module")

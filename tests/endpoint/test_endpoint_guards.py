@@ -142,9 +142,10 @@ def test_the_fields_openai_clients_send_are_known() -> None:
 # -- N4, N6, N13, N16: the HTTP guards ---------------------------------------------------------------------------
 
 
-@pytest.fixture
-def served(request: pytest.FixtureRequest):
-    """The endpoint over a :class:`RecordingClient` on loopback (``indirect`` param: the API key, or ``None``)."""
+@pytest.fixture(scope="module")
+def served_app(request: pytest.FixtureRequest):
+    """The endpoint over a :class:`RecordingClient` on loopback, one per module and API key (``indirect`` param:
+    the key, or ``None``): stopping a server takes uvicorn ~0.2 s."""
     from edge_sdk.server.app import create_app, running
 
     key = getattr(request, "param", None)
@@ -153,6 +154,15 @@ def served(request: pytest.FixtureRequest):
                      n_ctx=512, api_key=key)
     with running(app) as base_url:
         yield base_url, client
+
+
+@pytest.fixture
+def served(served_app):
+    """``served_app`` with its client's records emptied: each test sees only what its own requests reached."""
+    _, client = served_app
+    client.prompts.clear()
+    client.settings.clear()
+    return served_app
 
 
 def call(base_url: str, method: str, path: str, body: bytes | None = None,
@@ -272,7 +282,7 @@ def test_a_body_over_the_cap_is_413_before_it_is_parsed(served, chunked: bool) -
     assert ServerSettings(cloud="c:1").max_request_bytes == 256 * 1024 < len(huge)
 
 
-@pytest.mark.parametrize("served", ["k3y"], indirect=True)
+@pytest.mark.parametrize("served_app", ["k3y"], indirect=True)
 def test_with_a_key_every_path_needs_it_and_the_page_takes_it_from_its_address(served) -> None:
     base_url, _ = served
     for path in ("/health", "/openapi.json", "/", "/static/app.js", "/coveil/info", "/v1/models"):
@@ -314,11 +324,11 @@ def test_a_cross_origin_post_without_content_type_from_chromium_reaches_nothing(
     """A real browser on a page of another origin (another loopback port: only the content-type check stands;
     a public name mapped to loopback: the Origin check too) POSTs a JSON body with no Content-Type, which needs
     no CORS preflight. The endpoint answers 415 or 403 and the SLM never sees the request."""
-    import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from edge_sdk.server.app import create_app, running
     from tests.support.browser import headless_chromium
+    from tests.support.http_serving import serving_in_thread
 
     client = RecordingClient()
     app = create_app(ServerSettings(cloud="c:1"), client=client, chat_template=RecordingRenderer(),  # type: ignore[arg-type]
@@ -345,9 +355,7 @@ def test_a_cross_origin_post_without_content_type_from_chromium_reaches_nothing(
             def log_message(self, *args: object) -> None:
                 pass
 
-        attacker = ThreadingHTTPServer(("127.0.0.1", 0), Attacker)
-        threading.Thread(target=attacker.serve_forever, daemon=True).start()
-        try:
+        with serving_in_thread(ThreadingHTTPServer(("127.0.0.1", 0), Attacker)) as attacker:
             rules = "--host-resolver-rules=MAP evil.example 127.0.0.1"
             with headless_chromium(tmp_path / "profile", arguments=(rules,)) as browser:
                 browser.get(f"http://{site}:{attacker.server_address[1]}/")
@@ -355,8 +363,6 @@ def test_a_cross_origin_post_without_content_type_from_chromium_reaches_nothing(
 
                 WebDriverWait(browser, 30).until(lambda b: b.title != "waiting")
                 assert browser.title == "sent"  # no-cors: the page learns nothing, but the request went out
-        finally:
-            attacker.shutdown()
     posts = [status for method, path, status in answered if method == "POST"]
     assert posts == [415 if site == "127.0.0.1" else 403]
     assert client.prompts == []
@@ -704,7 +710,7 @@ def test_the_endpoint_ends_a_completion_style_reply_at_the_next_question() -> No
         serving.close()
 
 
-@pytest.mark.parametrize("served", ["k3y; x=1,\"y\" z"], indirect=True)
+@pytest.mark.parametrize("served_app", ["k3y; x=1,\"y\" z"], indirect=True)
 def test_the_key_in_the_page_address_reaches_no_log_line_and_any_key_makes_a_cookie(served) -> None:
     """uvicorn logs each request's path with its query string: ``/?key=KEY`` is taken out of it first. A key
     with characters a cookie cannot hold is quoted in it."""

@@ -183,7 +183,7 @@ def test_compare_quant_takes_its_defaults_from_a_config_file(tmp_path: Path) -> 
 
 
 @pytest.mark.model
-def test_a_tiny_comparison_writes_rows_table_and_figure(q2k, tmp_path: Path) -> None:
+def test_a_tiny_comparison_writes_rows_table_and_figure(q2k, tmp_path: Path, models_loaded_once) -> None:
     from eval_harness.cli.decodeleak import main
     from eval_harness.sweep.store import read_rows
 

@@ -1,6 +1,6 @@
 """build-benchmark against a real OpenAI-compatible server on loopback: llama-cpp-python's server with the
-embedded Gemma-3 270M, replies constrained by the JSON schema (a grammar), on a dozen items (six MedQA-style,
-six Cosmos QA-style), then finalize. A 270M judge judges badly; the point is that every reply it gives parses
+embedded Gemma-3 270M, replies constrained by the JSON schema (a grammar), on six items (three MedQA-style,
+three Cosmos QA-style), then finalize. A 270M judge judges badly; the point is that every reply it gives parses
 to the schema's shape, that whatever spans it invents are dropped by reason, and that a re-run costs nothing."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from tests.support.llama_server import MODEL_ALIAS, llama_cpp_server
 
 pytestmark = pytest.mark.model
 
-ITEMS_PER_FORMAT = 6
+ITEMS_PER_FORMAT = 3
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def gemma_server():
         yield base
 
 
-def test_a_dozen_items_through_a_grammar_constrained_judge(gemma_server: str, tmp_path: Path, capsys) -> None:
+def test_items_of_both_formats_through_a_grammar_constrained_judge(gemma_server: str, tmp_path: Path, capsys) -> None:
     kept_items = 0
     for dataset, source_format, record in (("MEDPRIV.jsonl", "medqa", medqa_record),
                                            ("COMMPRIV.jsonl", "cosmosqa", cosmosqa_record)):

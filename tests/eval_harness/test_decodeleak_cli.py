@@ -16,7 +16,7 @@ pytestmark = pytest.mark.model
 COMMON = ["--limit", "2", "--max-new-tokens", "6", "--dtype", "fp32", "--concurrency", "2"]
 
 
-def test_run_writes_reproducible_rows_and_a_rerun_skips_them(tmp_path: Path, capsys) -> None:
+def test_run_writes_reproducible_rows_and_a_rerun_skips_them(tmp_path: Path, capsys, models_loaded_once) -> None:
     out = tmp_path / "run.jsonl"
     assert main(["run", "--mode", "edge", "--policy", "coveil", "--param", "lam=1", "--alpha", "0.5", "--out", str(out),
                  *COMMON]) == 0
@@ -36,7 +36,7 @@ def test_run_writes_reproducible_rows_and_a_rerun_skips_them(tmp_path: Path, cap
     assert "0 rows written" in capsys.readouterr().out and len(list(read_rows([out]))) == 2
 
 
-def test_a_sweep_in_two_shards_covers_the_grid_once(tmp_path: Path) -> None:
+def test_a_sweep_in_two_shards_covers_the_grid_once(tmp_path: Path, models_loaded_once) -> None:
     config = tmp_path / "grid.json"
     config.write_text(json.dumps({"alpha": 0.3, "cloud": {"coveil": {"lam": [0, 2]}, "cogenesis": {"b": [4]}}}))
     outs = [tmp_path / f"shard-{i}.jsonl" for i in (1, 2)]

@@ -197,10 +197,9 @@ def test_a_remote_adapter_is_audited_from_its_address_and_transcript_directory(
 
 @pytest.mark.model
 def test_the_cli_starts_its_own_adapter_and_sweeps_both_modes(
-    tmp_path: Path, gemma_llm: TransformersLLM, one_torch_thread: None, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, gemma_llm: TransformersLLM, one_torch_thread: None, models_loaded_once: None
 ) -> None:
-    # the CLI's own adapter over the model this session already loaded (loading is not what is tested here)
-    monkeypatch.setattr("cloud_adapter.llm.TransformersLLM", lambda source, dtype: gemma_llm)
+    # the CLI's own adapter over the weights this session already loaded (loading is not what is tested here)
     grid = tmp_path / "grid.json"
     grid.write_text(json.dumps({"alpha": 0.3, "cloud": {"coveil": {"lam": [1]}}, "edge": {"coveil": {"lam": [1]}}}))
     out = tmp_path / "sweep.jsonl"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from eval_harness.attacks.inversion import (
 from eval_harness.llm.client import ChatClient
 
 from tests.conftest import PRIVATE_CONTEXT, PUBLIC_PROMPT
+from tests.support.http_serving import serving_in_thread
 from tests.support.llama_server import llama_cpp_server
 
 CANARY = "Quartzwhistle-7731"
@@ -170,17 +170,13 @@ class ShortContextEndpoint(BaseHTTPRequestHandler):
 
 
 def test_an_endpoint_that_refuses_a_long_prompt_refuses_that_observation_only(tmp_path: Path) -> None:
-    server = HTTPServer(("127.0.0.1", 0), ShortContextEndpoint)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with serving_in_thread(HTTPServer(("127.0.0.1", 0), ShortContextEndpoint)) as server:
         client = ChatClient(f"http://127.0.0.1:{server.server_port}/v1", "test-model", cache_dir=tmp_path,
                             backoff_s=0.01)
         attack = EndpointInversion(client, PIECES, k=3, max_new_tokens=8, parallel=2)
         short = CloudObservation("Which organ?", ExposureTrace(3, ((5, 6, 7),)))
         long = CloudObservation("Which organ?", ExposureTrace(3, ((5, 6, 7),) * 200))
         answers = dict(attack.reconstruct_each([short, long, short]))
-    finally:
-        server.shutdown()
     assert answers[0] == answers[2] == "a liver."
     assert isinstance(answers[1], InversionRefused)
     assert "exceeds the available context size" in str(answers[1]) and "compact sequence" in str(answers[1])
@@ -248,9 +244,7 @@ class FlakyEndpoint(BaseHTTPRequestHandler):
 
 
 def test_the_client_retries_transient_failures_and_caches_every_call(tmp_path: Path) -> None:
-    server = HTTPServer(("127.0.0.1", 0), FlakyEndpoint)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with serving_in_thread(HTTPServer(("127.0.0.1", 0), FlakyEndpoint)) as server:
         client = ChatClient(f"http://127.0.0.1:{server.server_port}/v1", "test-model", cache_dir=tmp_path,
                             backoff_s=0.01)
         messages = [{"role": "user", "content": "hello"}]
@@ -260,8 +254,6 @@ def test_the_client_retries_transient_failures_and_caches_every_call(tmp_path: P
         assert client.calls == 3  # the second time from the cache
         assert client.complete(messages, temperature=0.5) == "Note: a swollen liver."
         assert client.calls == 4  # other parameters, another request
-    finally:
-        server.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -451,7 +443,8 @@ CLI = ["--limit", "2", "--max-new-tokens", "4", "--dtype", "fp32", "--concurrenc
 
 
 @pytest.mark.model
-def test_a_sweep_attacks_through_a_real_openai_compatible_server(llama_server, tmp_path: Path) -> None:
+def test_a_sweep_attacks_through_a_real_openai_compatible_server(llama_server, tmp_path: Path,
+                                                                 models_loaded_once) -> None:
     from eval_harness.cli.decodeleak import main
     from eval_harness.datasets import load_task
     from eval_harness.sweep.store import read_rows
@@ -482,7 +475,7 @@ def test_a_sweep_attacks_through_a_real_openai_compatible_server(llama_server, t
 
 
 @pytest.mark.model
-def test_a_run_attacks_with_the_runs_own_cloud_model(tmp_path: Path) -> None:
+def test_a_run_attacks_with_the_runs_own_cloud_model(tmp_path: Path, models_loaded_once) -> None:
     from eval_harness.cli.decodeleak import main
     from eval_harness.sweep.store import read_rows
 

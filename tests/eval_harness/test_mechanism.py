@@ -207,7 +207,7 @@ def test_row_metrics_are_given_at_every_recorded_k_and_grow_with_it(orders: list
 
 
 @pytest.mark.model
-def test_a_real_sweep_writes_the_mechanism_of_every_row(tmp_path: Path) -> None:
+def test_a_real_sweep_writes_the_mechanism_of_every_row(tmp_path: Path, models_loaded_once) -> None:
     from eval_harness.cli.decodeleak import main
     from eval_harness.sweep.store import read_rows
 

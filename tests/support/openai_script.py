@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from tests.support.http_serving import serving_in_thread
+
 class ScriptedEndpoint:
     """``POST /v1/chat/completions`` answered by ``script(body)``: the assistant's content, ``(status, headers)`` or
     ``(status, headers, message)`` to fail with, or a dict sent whole as a 200's body; every request body is kept in
@@ -50,13 +52,8 @@ class ScriptedEndpoint:
 
     @contextmanager
     def running(self) -> Iterator[ScriptedEndpoint]:
-        thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        thread.start()
-        try:
+        with serving_in_thread(self._server):
             yield self
-        finally:
-            self._server.shutdown()
-            self._server.server_close()
 
 
 def stage_of(body: dict) -> str:
