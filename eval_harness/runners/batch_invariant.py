@@ -163,6 +163,9 @@ def make_batch_invariant(model: Any) -> Any:
     :class:`PackedOutputLinear`, attention :func:`per_row_attention`); returns ``model``."""
     if next(model.parameters()).device.type != "cpu" or next(model.parameters()).dtype != torch.float32:
         raise ValueError("batch-invariant forwards are built for float32 on the CPU (--dtype fp32 --device cpu)")
+    if not torch.backends.mkldnn.is_available():
+        raise ValueError("batch-invariant forwards need a torch built with oneDNN (torch.backends.mkldnn), for the "
+                         "output layer's packed products")
     _register()
     model.set_attn_implementation(ATTENTION)
     output = model.get_output_embeddings()
