@@ -104,9 +104,12 @@ def _prefill_starts(kwargs: dict[str, Any]) -> list[int] | None:
         return None
     mask = kwargs.get("attention_mask")
     if mask is None:
-        ids = kwargs.get("input_ids", kwargs.get("inputs_embeds"))
-        return [0] * ids.shape[0]
-    return [int(start) for start in (mask == 0).sum(dim=1)]  # left padding: every 0 precedes the 1s
+        ids = kwargs.get("input_ids")
+        return [0] * (ids if ids is not None else kwargs["inputs_embeds"]).shape[0]
+    starts = [int(start) for start in (mask == 0).sum(dim=-1)] if mask.dim() == 2 else []
+    if not starts or any(not bool(row[start:].all()) for row, start in zip(mask, starts)):
+        raise ValueError("batch-invariant prefill: attention_mask must be [B, T] with left padding only")
+    return starts
 
 
 def _enter_forward(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

@@ -65,6 +65,10 @@ def test_a_batch_invariant_forward_gives_each_item_the_row_it_gets_alone() -> No
     assert all(np.array_equal(row, llm.open(prompt).next_logits)
                for row, prompt in zip(prefilled, [*prompts, prompts[0][:1]]))
     assert np.abs(alone - plain_alone).max() < 1e-4  # the same model: only the rounding moved
+    # a prefill reads each sequence's rows off its left padding: a right-padded mask is refused, not misread
+    with pytest.raises(ValueError, match="left padding only"):
+        llm.model(input_ids=torch.tensor([prompts[1], prompts[1]]),
+                  attention_mask=torch.tensor([[1] * len(prompts[1]), [1] * (len(prompts[1]) - 2) + [0, 0]]))
 
 
 def test_the_runner_decodes_batch_invariant_batches_as_alone() -> None:
