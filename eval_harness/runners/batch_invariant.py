@@ -90,7 +90,8 @@ class PackedOutputLinear(torch.nn.Linear):
     packed: torch.Tensor
 
     def _product(self, rows: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(rows.contiguous(), self.packed, self.bias, "none", [], "")
+        linear = torch.ops.mkldnn._linear_pointwise  # noqa: SLF001 - oneDNN's packed product is reached so only
+        return linear(rows.contiguous(), self.packed, self.bias, "none", [], "")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _tiled(self._product, x)
@@ -177,7 +178,8 @@ def make_batch_invariant(model: Any) -> Any:
             continue
         if module is output:
             module.__class__ = PackedOutputLinear
-            module.packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), ROW_TILE)
+            pack = torch.ops.mkldnn._reorder_linear_weight  # noqa: SLF001 - as torch's CPU compiler packs weights
+            module.packed = pack(module.weight.detach(), ROW_TILE)
         else:
             module.__class__ = TiledLinear
             module.weight = torch.nn.Parameter(module.weight.detach().t().contiguous().t(), requires_grad=False)
