@@ -148,6 +148,9 @@ def _inversion_options(parser: argparse.ArgumentParser) -> None:
                        help="the most tokens one reconstruction may take (default: 256)")
     group.add_argument("--inversion-batch", type=positive_int, default=8, metavar="N",
                        help="local: observations per batched generate call; URL: requests in flight (default: 8)")
+    group.add_argument("--inversion-timeout", type=positive_float, default=120.0, metavar="SECONDS",
+                       help="URL: one request's time limit, retried 4 times on a timeout (default: 120; a slow "
+                            "local endpoint on full-sequence prompts of long generations can need more)")
     group.add_argument("--inversion-cache", type=Path, metavar="DIR",
                        help="where endpoint calls are cached, 0600 files in 0700 folders, each kept 30 days, 1 GiB "
                             "in all (default: $COVEIL_CACHE_DIR/llm-calls)")
@@ -466,7 +469,7 @@ def _attacker(args: argparse.Namespace, runner):  # noqa: ANN001, ANN202
     client = ChatClient(args.inversion, args.inversion_model, api_key_env=args.inversion_key_env,
                         cache_dir=None if args.no_inversion_cache else args.inversion_cache
                         if args.inversion_cache is not None else "default",
-                        allow_insecure_http=args.allow_insecure_http)
+                        allow_insecure_http=args.allow_insecure_http, timeout_s=args.inversion_timeout)
     return EndpointInversion(client, piece, k=args.inversion_k, max_new_tokens=args.inversion_max_tokens,
                              parallel=args.inversion_batch, sequence=args.inversion_sequence)
 

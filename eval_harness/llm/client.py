@@ -137,7 +137,7 @@ class ChatClient:
                 if folder.is_dir():
                     folder.chmod(DIR_MODE)
             prune_cache(self.cache_dir, max_age_s=cache_max_age_s, max_bytes=cache_max_bytes)
-        self.max_retries, self.backoff_s = max_retries, backoff_s
+        self.max_retries, self.backoff_s, self.timeout_s = max_retries, backoff_s, timeout_s
         self.calls = 0  # requests that reached the endpoint (cache hits do not count)
         self._calls_lock = threading.Lock()  # complete() may run in several threads at once
         self._interval_s = 60.0 / requests_per_minute if requests_per_minute else 0.0

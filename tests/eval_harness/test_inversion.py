@@ -256,6 +256,25 @@ def test_the_client_retries_transient_failures_and_caches_every_call(tmp_path: P
         assert client.calls == 4  # other parameters, another request
 
 
+def test_a_runs_endpoint_attacker_waits_as_long_as_inversion_timeout_says(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from eval_harness.cli.decodeleak import parse
+    from eval_harness.cli.sweep import _attacker
+
+    from tests.support.tiny_models import tiny_pair
+
+    _, llm = tiny_pair()
+    runner = SimpleNamespace(llm=llm)
+    argv = ["run", "--mode", "cloud", "--policy", "undefended", "--inversion", "http://127.0.0.1:9/v1",
+            "--inversion-model", "m", "--inversion-cache", str(tmp_path)]
+    assert _attacker(parse(argv), runner).client.timeout_s == 120.0  # the default
+    slow = _attacker(parse([*argv, "--inversion-timeout", "2400"]), runner).client
+    assert slow.timeout_s == 2400.0 and slow._client.timeout == 2400.0  # the request's own limit
+    with pytest.raises(SystemExit):
+        parse([*argv, "--inversion-timeout", "0"])
+
+
 @pytest.fixture(scope="module")
 def llama_server():
     """llama-cpp-python's own OpenAI-compatible server with the embedded model, on loopback."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from cloud_adapter.llm import TransformersLLM
 from edge_sdk.policies import CoVeil, DPLogit, Undefended
@@ -45,7 +46,7 @@ def test_batched_items_decode_as_when_alone(pair, mode: str) -> None:
 
 @pytest.mark.slow
 def test_a_batch_invariant_forward_gives_each_item_the_row_it_gets_alone() -> None:
-    from eval_harness.runners.batch_invariant import TiledLinear, greedy_rows, make_batch_invariant
+    from eval_harness.runners.batch_invariant import PackedOutputLinear, TiledLinear, greedy_rows, make_batch_invariant
 
     _, llm = tiny_pair()
     prompts = [llm.tokenize(CORPUS[i % len(CORPUS)])[: 5 + 4 * i] for i in range(8)]  # ragged: padded batches
@@ -53,15 +54,21 @@ def test_a_batch_invariant_forward_gives_each_item_the_row_it_gets_alone() -> No
     # the plain padded forward rounds rows by their batch (the test can tell), though it keeps the tokens here
     assert (plain_alone != plain_together).any()
     make_batch_invariant(llm.model)
-    assert isinstance(llm.model.lm_head, TiledLinear)
+    assert isinstance(llm.model.lm_head, PackedOutputLinear)
+    assert all(isinstance(m, (TiledLinear, PackedOutputLinear)) for m in llm.model.modules()
+               if isinstance(m, torch.nn.Linear))
     alone, together = (greedy_rows(llm, prompts, 6, together=t) for t in (False, True))
     assert np.array_equal(alone, together)  # every bit of every row of 8 items x 6 steps
     # a left-padded prefill of all eight prompts (and a one-token prompt, one position like a decode step) gives
-    # each the row of its prefill alone: a prefill's products run in PREFILL_TILE rows, alone or padded
+    # each the row of its prefill alone: a prefill's products run over each sequence's own rows, alone or padded
     prefilled = [seq.next_logits for seq in llm.open_many([*prompts, prompts[0][:1]])]
     assert all(np.array_equal(row, llm.open(prompt).next_logits)
                for row, prompt in zip(prefilled, [*prompts, prompts[0][:1]]))
     assert np.abs(alone - plain_alone).max() < 1e-4  # the same model: only the rounding moved
+    # a prefill reads each sequence's rows off its left padding: a right-padded mask is refused, not misread
+    with pytest.raises(ValueError, match="left padding only"):
+        llm.model(input_ids=torch.tensor([prompts[1], prompts[1]]),
+                  attention_mask=torch.tensor([[1] * len(prompts[1]), [1] * (len(prompts[1]) - 2) + [0, 0]]))
 
 
 def test_the_runner_decodes_batch_invariant_batches_as_alone() -> None:
