@@ -15,6 +15,7 @@ import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import { fromBinary } from "@bufbuild/protobuf";
 import { expect } from "vitest";
+import type { SLMBackend } from "../../src/backends/base.js";
 import type { MessageChannel } from "../../src/carriers/channel.js";
 import { EdgeMessageSchema, valuesFromBytes } from "../../src/wire/index.js";
 
@@ -167,4 +168,22 @@ export function compareCloudSideSent(ts: readonly string[], python: readonly str
   // division: at most 5 (measured: 3 and 4)
   expect(worst).toBeLessThanOrEqual(5);
   return { uploads, identical, worst };
+}
+
+/**
+ * Check that `canary`, appended to the private context of a run whose SLM prompt was `slmPrompt`, appears in none of
+ * its `messages` (hex; more than `atLeast` of them), neither as text nor as a run of its token ids; and that the
+ * check finds it where it is, in the SLM's prompt.
+ */
+export async function expectNoCanary(canary: string, slm: SLMBackend, slmPrompt: readonly number[], messages: readonly string[],
+  atLeast: number): Promise<void> {
+  const canaryIds = await slm.tokenize(canary, { addBos: false });
+  const asText = Buffer.from(canary.trim(), "utf8").toString("hex");
+  const asIds = Buffer.from(new Uint32Array(canaryIds.slice(1, 4)).buffer).toString("hex"); // a run of its ids
+  expect(messages.length).toBeGreaterThan(atLeast);
+  for (const message of messages) {
+    expect(message.includes(asText)).toBe(false);
+    expect(message.includes(asIds)).toBe(false);
+  }
+  expect(Buffer.from(new Uint32Array(slmPrompt).buffer).toString("hex").includes(asIds)).toBe(true);
 }

@@ -20,7 +20,7 @@ import { CollaborativeDecoder } from "../../src/loop/decoder.js";
 import type { Policy } from "../../src/policies/base.js";
 import { makePolicy } from "../../src/policies/index.js";
 import { Undefended } from "../../src/policies/undefended.js";
-import { MEDPRIV, RecordingChannel, compareCloudSideSent, embeddedGguf, pythonEdge, startAdapter, type Adapter } from "./adapter.js";
+import { MEDPRIV, RecordingChannel, compareCloudSideSent, embeddedGguf, expectNoCanary, pythonEdge, startAdapter, type Adapter } from "./adapter.js";
 
 const items = readFileSync(MEDPRIV, "utf8").split("\n").filter(Boolean).map((line) => JSON.parse(line));
 
@@ -148,16 +148,6 @@ describe("the TypeScript SDK against the Python adapter over gRPC", () => {
   it("a canary in the private context appears in no message (text or token ids), under CoVeil", async () => {
     const canary = " Patient code QX7-ZEBRA-4417.";
     const ts = await tsEdge(2, makePolicy("coveil"), { mode: "edge", maxNewTokens: 12, canary });
-    const canaryIds = await slm.tokenize(canary, { addBos: false });
-    const asText = Buffer.from(canary.trim(), "utf8").toString("hex");
-    const asIds = Buffer.from(new Uint32Array(canaryIds.slice(1, 4)).buffer).toString("hex"); // a run of its ids
-    const messages = [...ts.channel.sent, ...ts.channel.received];
-    expect(messages.length).toBeGreaterThan(10);
-    for (const message of messages) {
-      expect(message.includes(asText)).toBe(false);
-      expect(message.includes(asIds)).toBe(false);
-    }
-    // the check itself finds the canary where it is: the SLM's prompt holds it
-    expect(Buffer.from(new Uint32Array(ts.slmPrompt).buffer).toString("hex").includes(asIds)).toBe(true);
+    await expectNoCanary(canary, slm, ts.slmPrompt, [...ts.channel.sent, ...ts.channel.received], 10);
   }, 300_000);
 });

@@ -20,7 +20,7 @@ import { CloudError } from "../../src/core/errors.js";
 import { CloudConnection } from "../../src/loop/connection.js";
 import { CollaborativeDecoder } from "../../src/loop/decoder.js";
 import { Undefended } from "../../src/policies/undefended.js";
-import { MEDPRIV, RecordingChannel, compareCloudSideSent, embeddedGguf, pythonEdge, startAdapter, type Adapter } from "./adapter.js";
+import { MEDPRIV, RecordingChannel, compareCloudSideSent, embeddedGguf, expectNoCanary, pythonEdge, startAdapter, type Adapter } from "./adapter.js";
 
 const items = readFileSync(MEDPRIV, "utf8").split("\n").filter(Boolean).map((line) => JSON.parse(line));
 const TOKEN = process.env.COVEIL_TOKEN_E2E ?? "tok-e2e";
@@ -96,17 +96,7 @@ describe("the TypeScript SDK over the adapter's WebSocket route", () => {
   it("cloud-side, native-python: a canary in the private context appears in no message (text or token ids)", async () => {
     const canary = " Patient code QX7-ZEBRA-4417.";
     const ts = await tsOverWebSocket(3, nodeWebSocket, TOKEN, 6, { slm: backend("native-python"), mode: "cloud", canary });
-    const canaryIds = await nativePython.tokenize(canary, { addBos: false });
-    const asText = Buffer.from(canary.trim(), "utf8").toString("hex");
-    const asIds = Buffer.from(new Uint32Array(canaryIds.slice(1, 4)).buffer).toString("hex"); // a run of its ids
-    const messages = [...ts.channel.sent, ...ts.channel.received];
-    expect(messages.length).toBeGreaterThan(6);
-    for (const message of messages) {
-      expect(message.includes(asText)).toBe(false);
-      expect(message.includes(asIds)).toBe(false);
-    }
-    // the check itself finds the canary where it is: the SLM's prompt holds it
-    expect(Buffer.from(new Uint32Array(ts.slmPrompt).buffer).toString("hex").includes(asIds)).toBe(true);
+    await expectNoCanary(canary, nativePython, ts.slmPrompt, [...ts.channel.sent, ...ts.channel.received], 6);
   }, 300_000);
 
   it("the browser's bearer subprotocol authenticates the same session", async () => {
