@@ -1,13 +1,17 @@
 /*
  * coveil_llama: a minimal Node-API addon over the llama.cpp shared library that node-llama-cpp ships, for the
- * TypeScript SDK's LlamaCppNativeSLM (src/backends/llamaCppNative.ts).  It holds one model and one context with one
+ * TypeScript SDK's LlamaCppNativeSLM (src/backends/llamaCppNative.ts), or over the one llama-cpp-python installs.  It holds one model and one context with one
  * sequence, and hands each step's logits over as a Float32Array (one copy of n_vocab floats), where node-llama-cpp
  * 3.21 hands out only a sorted JS array of probabilities built element by element.
  *
- * Built by native/build.mjs (gcc, no node-gyp) against the llama.h/ggml*.h of the llama.cpp commit node-llama-cpp's
- * binaries were built from, linked to those binaries with an rpath to their folder.
+ * Built by native/build.mjs (gcc, no node-gyp) against the llama.h/ggml*.h of the library it links (node-llama-cpp's:
+ * the llama.cpp commit its binaries were built from; llama-cpp-python's: the headers it installs), with an rpath to
+ * the library's folder.
  *
- *   load(libDir, modelPath, contextSize, batchSize, threads, flashAttention) -> handle
+ *   load(libDir, modelPath, contextSize, batchSize, threads, flashAttention, settings) -> handle
+ *                                            settings "node-llama-cpp": the context node-llama-cpp 3.21 makes;
+ *                                            "llama-cpp-python": the Python SDK's LlamaCppSLM's (llama.cpp's
+ *                                            defaults but n_ctx, n_batch = n_ubatch, threads; flashAttention unused)
  *   info(handle) -> { vocabSize, bos, addBos, eog: number[], contextSize, batchSize }
  *   tokenTexts(handle) -> string[]           every token's text in id order (llama_vocab_get_text)
  *   tokenize(handle, text) -> Int32Array     no special tokens added or parsed
@@ -117,10 +121,16 @@ static int32_t int_arg(napi_env env, napi_value value) {
 }
 
 static napi_value load(napi_env env, napi_callback_info info) {
-  size_t argc = 6;
-  napi_value args[6];
+  size_t argc = 7;
+  napi_value args[7];
   CHECK(env, napi_get_cb_info(env, info, &argc, args, NULL, NULL));
-  if (argc < 6) return throw_error(env, "coveil_llama.load(libDir, modelPath, contextSize, batchSize, threads, flashAttention)");
+  if (argc < 7) return throw_error(env, "coveil_llama.load(libDir, modelPath, contextSize, batchSize, threads, flashAttention, settings)");
+  char *settings = string_arg(env, args[6], NULL);
+  if (!settings) return NULL;
+  int as_python = strcmp(settings, "llama-cpp-python") == 0;
+  int as_node = strcmp(settings, "node-llama-cpp") == 0;
+  free(settings);
+  if (!as_python && !as_node) return throw_error(env, "coveil_llama: settings must be \"node-llama-cpp\" or \"llama-cpp-python\"");
   char *lib_dir = string_arg(env, args[0], NULL);
   if (!lib_dir) return NULL;
   char *model_path = string_arg(env, args[1], NULL);
@@ -140,7 +150,7 @@ static napi_value load(napi_env env, napi_callback_info info) {
 
   struct llama_model_params mp = llama_model_default_params();
   mp.n_gpu_layers = 0;
-  mp.lazy_mode = LLAMA_LAZY_MODE_OFF; /* as node-llama-cpp */
+  if (as_node) mp.lazy_mode = LLAMA_LAZY_MODE_OFF; /* as node-llama-cpp */
   Session *s = calloc(1, sizeof(Session));
   s->model = llama_model_load_from_file(model_path, mp);
   free(model_path);
@@ -148,16 +158,20 @@ static napi_value load(napi_env env, napi_callback_info info) {
   s->vocab = llama_model_get_vocab(s->model);
   s->n_vocab = llama_vocab_n_tokens(s->vocab);
 
-  /* node-llama-cpp's context: n_ubatch = n_batch, one more token for a sliding-window cache, no perf counters */
   struct llama_context_params cp = llama_context_default_params();
   cp.n_ctx = (uint32_t)int_arg(env, args[2]);
-  cp.n_batch = (uint32_t)int_arg(env, args[3]) + (llama_model_n_swa(s->model) > 0 ? 1 : 0);
+  cp.n_batch = (uint32_t)int_arg(env, args[3]);
   cp.n_ubatch = cp.n_batch;
-  cp.n_seq_max = 1;
   cp.n_threads = cp.n_threads_batch = int_arg(env, args[4]);
-  cp.no_perf = true;
-  cp.swa_full = false;
-  cp.flash_attn_type = flash ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+  if (as_node) {
+    /* node-llama-cpp's context: one more token for a sliding-window cache, no perf counters */
+    cp.n_batch += llama_model_n_swa(s->model) > 0 ? 1 : 0;
+    cp.n_ubatch = cp.n_batch;
+    cp.n_seq_max = 1;
+    cp.no_perf = true;
+    cp.swa_full = false;
+    cp.flash_attn_type = flash ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+  }
   s->ctx = llama_init_from_model(s->model, cp);
   if (!s->ctx) {
     llama_model_free(s->model);

@@ -19,8 +19,12 @@ export interface SLMBackend {
   detokenize(ids: readonly number[]): Promise<string>;
   /** sha256 over the token strings in id order (the cloud checks it against its own) */
   vocabFingerprint(): Promise<Uint8Array>;
-  /** Make the sequence `ids` (the result depends on `ids` alone); the next token's row, a fresh array. */
+  /**
+   * Make the sequence `ids` (the result depends on `ids` alone); the next token's row.  The row is a fresh array
+   * the caller then owns: the backend neither keeps nor hands out another view of its memory, since the decoder
+   * masks a probability row in place rather than copying a megabyte a step.
+   */
   prefill(ids: readonly number[]): Promise<Float32Array>;
-  /** Extend the sequence by `tokenId`; the next token's row, a fresh array. */
+  /** Extend the sequence by `tokenId`; the next token's row, a fresh array the caller owns (as `prefill`). */
   append(tokenId: number): Promise<Float32Array>;
 }

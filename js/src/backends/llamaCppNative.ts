@@ -11,6 +11,11 @@
  * same context settings, so its logits are the ones node-llama-cpp's probabilities are the softmax of, and its
  * probabilities the SDK's softmax of those logits bit for bit (test/e2e/llamaCppNative.e2e.test.ts).
  *
+ * `llamaCpp: "llama-cpp-python"` loads the same addon built against the llama.cpp the Python SDK runs
+ * (`npm run build:native -- --llama llama-cpp-python`: llama-cpp-python's headers and `libllama`) and makes the
+ * context as the Python SDK's `LlamaCppSLM` makes it, so its logits are the Python SDK's bit for bit
+ * (test/e2e/llamaCppNative.e2e.test.ts), and cloud-side uploads are the Python SDK's bytes.
+ *
  * Node on Linux x64 only (the addon links node-llama-cpp's linux-x64 binaries); loading fails with
  * `NativeAddonMissingError` when the addon is not built or the library is gone, never falling back to another backend.
  */
@@ -22,7 +27,17 @@ import { fileURLToPath } from "node:url";
 import type { SLMBackend } from "./base.js";
 import { defaultThreads, unpaddedVocabSize, vocabFingerprint } from "./nodeLlamaCpp.js";
 
+/** The llama.cpp library an addon build links, and whose context settings it takes. */
+export type NativeLlamaCpp = "node-llama-cpp" | "llama-cpp-python";
+const LIBRARIES: readonly NativeLlamaCpp[] = ["node-llama-cpp", "llama-cpp-python"];
+
 export interface LlamaCppNativeOptions {
+  /**
+   * which build of the addon (default `"node-llama-cpp"`: node-llama-cpp's library, its context settings and its
+   * numbers); `"llama-cpp-python"`: llama-cpp-python's library with the Python SDK's `LlamaCppSLM` context settings
+   * (llama.cpp's defaults but `n_ctx`, `n_batch = n_ubatch` and the threads), the Python SDK's numbers
+   */
+  llamaCpp?: NativeLlamaCpp;
   /** the model's name in the open (default: the file's name) */
   name?: string;
   /** context window in tokens (private context + public query + generation) */
@@ -31,11 +46,14 @@ export interface LlamaCppNativeOptions {
   batchSize?: number;
   /** decode threads (default: the CPUs this process may use, at most 8, as the other backends) */
   threads?: number;
-  /** flash attention (default on: what node-llama-cpp 3.21 resolves its "auto" to on the CPU, and its numbers) */
+  /**
+   * flash attention (default on: what node-llama-cpp 3.21 resolves its "auto" to on the CPU, and its numbers);
+   * not settable with `llamaCpp: "llama-cpp-python"` (llama.cpp's default, as the Python SDK leaves it)
+   */
   flashAttention?: boolean;
   /** what a row holds (default `"probabilities"`; `"logits"` for a logit-space policy) */
   rowKind?: "logits" | "probabilities";
-  /** the built addon (default: `native/build/coveil_llama.node` in this package) */
+  /** the built addon (default: `native/build/<llamaCpp>/coveil_llama.node` in this package) */
   addonPath?: string;
 }
 
@@ -46,7 +64,8 @@ export class NativeAddonMissingError extends Error {
 
 /** native/coveil_llama.c's exports (see its header comment). */
 interface Addon {
-  load(libDir: string, modelPath: string, contextSize: number, batchSize: number, threads: number, flashAttention: boolean): Handle;
+  load(libDir: string, modelPath: string, contextSize: number, batchSize: number, threads: number, flashAttention: boolean,
+    settings: NativeLlamaCpp): Handle;
   info(handle: Handle): { vocabSize: number; bos: number; addBos: boolean; eog: number[]; contextSize: number; batchSize: number };
   tokenTexts(handle: Handle): string[];
   tokenize(handle: Handle, text: string): Int32Array;
@@ -69,13 +88,19 @@ function packageRoot(): string {
 }
 
 /** The built addon and the library folder it was linked against, or `NativeAddonMissingError` saying what is missing. */
-function loadAddon(addonPath?: string): { addon: Addon; libDir: string } {
-  const path = addonPath ?? join(packageRoot(), "native", "build", "coveil_llama.node");
-  const howToBuild = "build it with `npm run build:native` in @coveil/edge (Linux x64, gcc, git and node-llama-cpp installed)";
+function loadAddon(library: NativeLlamaCpp, addonPath?: string): { addon: Addon; libDir: string } {
+  const path = addonPath ?? join(packageRoot(), "native", "build", library, "coveil_llama.node");
+  const howToBuild = library === "node-llama-cpp"
+    ? "build it with `npm run build:native` in @coveil/edge (Linux x64, gcc, git and node-llama-cpp installed)"
+    : "build it with `npm run build:native -- --llama llama-cpp-python` in @coveil/edge (Linux x64, gcc, the Python with llama-cpp-python)";
   if (!existsSync(path)) throw new NativeAddonMissingError(`the native llama.cpp addon is not built (${path} is missing): ${howToBuild}`);
   const buildInfo = join(dirname(path), "build.json");
   if (!existsSync(buildInfo)) throw new NativeAddonMissingError(`${buildInfo} is missing: ${howToBuild}`);
-  const { libDir } = JSON.parse(readFileSync(buildInfo, "utf8")) as { libDir: string };
+  const built = JSON.parse(readFileSync(buildInfo, "utf8")) as { libDir: string; library?: string };
+  if (built.library !== library) {
+    throw new NativeAddonMissingError(`${path} is built against ${built.library ?? "an unnamed library"}, not ${library}: ${howToBuild}`);
+  }
+  const { libDir } = built;
   if (!existsSync(libDir)) {
     throw new NativeAddonMissingError(`the llama.cpp library the addon was built against is gone (${libDir}): ${howToBuild} again`);
   }
@@ -107,10 +132,15 @@ export class LlamaCppNativeSLM implements SLMBackend {
   static async load(modelPath: string, options: LlamaCppNativeOptions = {}): Promise<LlamaCppNativeSLM> {
     const rowKind = options.rowKind ?? "probabilities";
     if (rowKind !== "logits" && rowKind !== "probabilities") throw new RangeError(`rowKind must be "logits" or "probabilities", got ${rowKind}`);
-    const { addon, libDir } = loadAddon(options.addonPath);
+    const library = options.llamaCpp ?? "node-llama-cpp";
+    if (!LIBRARIES.includes(library)) throw new RangeError(`llamaCpp must be one of ${LIBRARIES.join(", ")}, got ${library}`);
+    if (library === "llama-cpp-python" && options.flashAttention !== undefined) {
+      throw new RangeError("flashAttention: not settable with llamaCpp \"llama-cpp-python\" (the Python SDK leaves llama.cpp's default)");
+    }
+    const { addon, libDir } = loadAddon(library, options.addonPath);
     if (!existsSync(modelPath)) throw new RangeError(`modelPath: no such file ${modelPath}`);
     const handle = addon.load(libDir, modelPath, options.contextSize ?? 2048, options.batchSize ?? 256,
-      options.threads ?? defaultThreads(), options.flashAttention ?? true);
+      options.threads ?? defaultThreads(), options.flashAttention ?? true, library);
     const info = addon.info(handle);
     const texts = addon.tokenTexts(handle);
     const vocabSize = unpaddedVocabSize(texts);

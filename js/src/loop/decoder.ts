@@ -78,10 +78,11 @@ export class CollaborativeDecoder {
   }
 
   /** The SLM's row as the policy reads it (`never_upload` ids removed): probabilities from a backend that gives
-   * them are masked as they are (the softmax of their logs would only round them again). */
+   * them are masked as they are (the softmax of their logs would only round them again), in place: the row is the
+   * decoder's (`SLMBackend.prefill`/`append` hand out a fresh array), so it is not copied. */
   private view(row: Float32Array): Float32Array {
     if (this.slm.rowKind === "logits") return this.decider.view(row);
-    const p = checkFinite(row.subarray(0, this.slm.vocabSize).slice(), "the SLM's probabilities");
+    const p = checkFinite(row.subarray(0, this.slm.vocabSize), "the SLM's probabilities");
     return maskProbabilities(p, this.decider.masked); // probability space: a logit policy is refused without logits
   }
 

@@ -13,7 +13,11 @@ import { createServer, type AddressInfo } from "node:net";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
+import { fromBinary } from "@bufbuild/protobuf";
+import { expect } from "vitest";
+import type { SLMBackend } from "../../src/backends/base.js";
 import type { MessageChannel } from "../../src/carriers/channel.js";
+import { EdgeMessageSchema, valuesFromBytes } from "../../src/wire/index.js";
 
 const run = promisify(execFile);
 const here = dirname(fileURLToPath(import.meta.url));
@@ -122,4 +126,64 @@ export class RecordingChannel implements MessageChannel {
   close(): void {
     this.inner.close();
   }
+}
+
+/** How many float32 values apart `a` and `b` are (both positive). */
+export function ulps(a: number, b: number): number {
+  const bits = new Uint32Array(Float32Array.of(a, b).buffer);
+  return Math.abs(bits[0] - bits[1]);
+}
+
+/**
+ * Check a cloud-side run's messages up (hex) against the Python SDK's, from an SLM whose logits are the Python SDK's
+ * bit for bit: every message byte for byte but the uploaded values, and those (the SLM's probabilities) within the
+ * ulps numpy's float32 exp rounds apart from a correctly rounded one.  The SLM's probabilities are not quite the
+ * Python SDK's: numpy's float32 exp is a SIMD approximation (up to 2.52 ulps) where the addon and the TypeScript
+ * softmax round exp correctly (measured on one row: 97,752 of 262,144 ids apart; a float64 exp rounded to float32
+ * on the Python side gives the addon's row bit for bit).  Each upload's ids must be equal, in order.
+ */
+export function compareCloudSideSent(ts: readonly string[], python: readonly string[]): { uploads: number; identical: number; worst: number } {
+  expect(ts.length).toBe(python.length);
+  let uploads = 0;
+  let identical = 0;
+  let worst = 0;
+  for (let i = 0; i < ts.length; i++) {
+    expect(ts[i].length, `message ${i}: padded to the same size`).toBe(python[i].length);
+    if (ts[i] === python[i]) identical++;
+    const [mine, theirs] = [ts[i], python[i]].map((hex) => fromBinary(EdgeMessageSchema, Buffer.from(hex, "hex")));
+    expect(mine.kind.case).toBe(theirs.kind.case);
+    if (mine.kind.case !== "signal" || theirs.kind.case !== "signal") { // the open, a close: byte for byte
+      expect(ts[i]).toBe(python[i]);
+      continue;
+    }
+    const [a, b] = [mine.kind.value, theirs.kind.value];
+    expect(a.step).toBe(b.step);
+    if (a.signal.case !== "upload" || b.signal.case !== "upload") throw new Error("cloud-side signals are uploads");
+    uploads++;
+    expect(Buffer.from(a.signal.value.ids).equals(Buffer.from(b.signal.value.ids)), `step ${a.step}: the ids, in order`).toBe(true);
+    const [aValues, bValues] = [valuesFromBytes(a.signal.value.values), valuesFromBytes(b.signal.value.values)];
+    aValues.forEach((v, j) => { worst = Math.max(worst, ulps(v, bValues[j])); });
+  }
+  // numpy's exp within 2.52 ulps, so its float32 sum within ~1.8 ulps relative, and one more rounding in the
+  // division: at most 5 (measured: 3 and 4)
+  expect(worst).toBeLessThanOrEqual(5);
+  return { uploads, identical, worst };
+}
+
+/**
+ * Check that `canary`, appended to the private context of a run whose SLM prompt was `slmPrompt`, appears in none of
+ * its `messages` (hex; more than `atLeast` of them), neither as text nor as a run of its token ids; and that the
+ * check finds it where it is, in the SLM's prompt.
+ */
+export async function expectNoCanary(canary: string, slm: SLMBackend, slmPrompt: readonly number[], messages: readonly string[],
+  atLeast: number): Promise<void> {
+  const canaryIds = await slm.tokenize(canary, { addBos: false });
+  const asText = Buffer.from(canary.trim(), "utf8").toString("hex");
+  const asIds = Buffer.from(new Uint32Array(canaryIds.slice(1, 4)).buffer).toString("hex"); // a run of its ids
+  expect(messages.length).toBeGreaterThan(atLeast);
+  for (const message of messages) {
+    expect(message.includes(asText)).toBe(false);
+    expect(message.includes(asIds)).toBe(false);
+  }
+  expect(Buffer.from(new Uint32Array(slmPrompt).buffer).toString("hex").includes(asIds)).toBe(true);
 }

@@ -1,8 +1,10 @@
 /**
  * End to end in Node over gRPC: the TypeScript SDK (node-llama-cpp on the embedded GGUF) against the Python adapter
  * gives the Python SDK's greedy tokens and sends the same bytes, for the same MedPriv items; a canary in the private
- * context appears in no message.  The token and byte tests run on each SLM backend: node-llama-cpp's and the
- * native addon's (LlamaCppNativeSLM, the same library).
+ * context appears in no message.  The token and byte tests run on each SLM backend: node-llama-cpp's, the native
+ * addon's over the same library (LlamaCppNativeSLM), and the native addon built against llama-cpp-python's library
+ * (`llamaCpp: "llama-cpp-python"`), whose rows are the Python SDK's bit for bit, so that cloud-side, where the edge
+ * uploads SLM probabilities, it sends the Python SDK's bytes too.
  */
 
 import { readFileSync } from "node:fs";
@@ -18,7 +20,7 @@ import { CollaborativeDecoder } from "../../src/loop/decoder.js";
 import type { Policy } from "../../src/policies/base.js";
 import { makePolicy } from "../../src/policies/index.js";
 import { Undefended } from "../../src/policies/undefended.js";
-import { MEDPRIV, RecordingChannel, embeddedGguf, pythonEdge, startAdapter, type Adapter } from "./adapter.js";
+import { MEDPRIV, RecordingChannel, compareCloudSideSent, embeddedGguf, expectNoCanary, pythonEdge, startAdapter, type Adapter } from "./adapter.js";
 
 const items = readFileSync(MEDPRIV, "utf8").split("\n").filter(Boolean).map((line) => JSON.parse(line));
 
@@ -26,14 +28,17 @@ const items = readFileSync(MEDPRIV, "utf8").split("\n").filter(Boolean).map((lin
 let adapter: Adapter;
 let slm: NodeLlamaCppSLM;
 let native: LlamaCppNativeSLM;
+let nativePython: LlamaCppNativeSLM;
 let carrier: GrpcCarrier;
-const BACKENDS = ["node-llama-cpp", "native"] as const;
-const backend = (name: (typeof BACKENDS)[number]): SLMBackend => (name === "native" ? native : slm);
+const BACKENDS = ["node-llama-cpp", "native", "native-python"] as const;
+const backend = (name: (typeof BACKENDS)[number]): SLMBackend =>
+  ({ "node-llama-cpp": slm, native, "native-python": nativePython })[name];
 
 beforeAll(async () => {
-  [adapter, slm, native] = await Promise.all([startAdapter(),
+  [adapter, slm, native, nativePython] = await Promise.all([startAdapter(),
     embeddedGguf().then(({ path, name }) => NodeLlamaCppSLM.load(path, { name })),
-    embeddedGguf().then(({ path, name }) => LlamaCppNativeSLM.load(path, { name }))]);
+    embeddedGguf().then(({ path, name }) => LlamaCppNativeSLM.load(path, { name })),
+    embeddedGguf().then(({ path, name }) => LlamaCppNativeSLM.load(path, { name, llamaCpp: "llama-cpp-python" }))]);
   carrier = new GrpcCarrier(adapter.target, { plaintext: true });
 }, 300_000);
 
@@ -41,6 +46,7 @@ afterAll(async () => {
   carrier?.close();
   await slm?.close();
   await native?.close();
+  await nativePython?.close();
   adapter?.stop();
 });
 
@@ -87,7 +93,20 @@ describe("the TypeScript SDK against the Python adapter over gRPC", () => {
     expect(ts.connection.runAhead).toBe(true);
   }, 300_000);
 
-  for (const name of BACKENDS) it(`cloud-side, MedPriv item 0, ${name}: the Python SDK's tokens; uploads of the same size, nearly the same ids and values`, async () => {
+  for (const index of [0, 1]) it(`cloud-side, MedPriv item ${index}, native-python: the Python SDK's tokens, every message but the upload values byte for byte, those within numpy's exp`, async () => {
+    const python = await pythonEdge(adapter.target, index, { mode: "cloud", maxNewTokens: 8 });
+    const ts = await tsEdge(index, new Undefended(), { mode: "cloud", maxNewTokens: 8, slm: backend("native-python") });
+    expect(ts.decoder.tokens).toEqual(python.tokens);
+    expect(ts.decoder.finishReason).toBe(python.finish_reason);
+    expect(ts.channel.sent.length).toBe(python.sent.length);
+    expect(ts.channel.sent[0]).toBe(python.sent[0]); // the open
+    expect(ts.channel.received.map((m) => m.length)).toEqual(python.received.map((m) => m.length));
+    const { uploads, identical, worst } = compareCloudSideSent(ts.channel.sent, python.sent);
+    process.stderr.write(`cloud-side item ${index}, native-python: ${uploads} uploads, ${identical} byte for byte, values at most ${worst} ulps apart\n`);
+    expect(uploads).toBe(8);
+  }, 300_000);
+
+  for (const name of ["node-llama-cpp", "native"] as const) it(`cloud-side, MedPriv item 0, ${name}: the Python SDK's tokens; uploads of the same size, nearly the same ids and values`, async () => {
     // the two runtimes run two builds of llama.cpp (llama-cpp-python's, node-llama-cpp's): their probabilities
     // differ (by up to 0.03 at the top here), so the uploaded values differ, and the cut of a whole-vocabulary
     // upload to its 1000 largest values can differ among the smallest of them
@@ -129,16 +148,6 @@ describe("the TypeScript SDK against the Python adapter over gRPC", () => {
   it("a canary in the private context appears in no message (text or token ids), under CoVeil", async () => {
     const canary = " Patient code QX7-ZEBRA-4417.";
     const ts = await tsEdge(2, makePolicy("coveil"), { mode: "edge", maxNewTokens: 12, canary });
-    const canaryIds = await slm.tokenize(canary, { addBos: false });
-    const asText = Buffer.from(canary.trim(), "utf8").toString("hex");
-    const asIds = Buffer.from(new Uint32Array(canaryIds.slice(1, 4)).buffer).toString("hex"); // a run of its ids
-    const messages = [...ts.channel.sent, ...ts.channel.received];
-    expect(messages.length).toBeGreaterThan(10);
-    for (const message of messages) {
-      expect(message.includes(asText)).toBe(false);
-      expect(message.includes(asIds)).toBe(false);
-    }
-    // the check itself finds the canary where it is: the SLM's prompt holds it
-    expect(Buffer.from(new Uint32Array(ts.slmPrompt).buffer).toString("hex").includes(asIds)).toBe(true);
+    await expectNoCanary(canary, slm, ts.slmPrompt, [...ts.channel.sent, ...ts.channel.received], 10);
   }, 300_000);
 });

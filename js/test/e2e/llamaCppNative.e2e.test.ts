@@ -6,14 +6,22 @@
  * V8's `Math.exp` rounded to float32 standing in for glibc's `expf`.  The two exps round apart on about one id in
  * 1,600, so those ids differ by an ulp or two and every other id is equal bit for bit (the float32 sum over all
  * 262,144 ids equal too: a logit off by an ulp anywhere would show).
+ *
+ * Built against llama-cpp-python's library (`llamaCpp: "llama-cpp-python"`), its logits are the Python SDK's
+ * `LlamaCppSLM`'s bit for bit, computed by `python_rows.py` in the repository's Python.
  */
 
+import { execFile } from "node:child_process";
+import { mkdtempSync, readFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { promisify } from "node:util";
 import { getLlama, type Llama } from "node-llama-cpp";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { LlamaCppNativeSLM, NativeAddonMissingError } from "../../src/backends/llamaCppNative.js";
 import { NodeLlamaCppSLM } from "../../src/backends/nodeLlamaCpp.js";
 import { softmax } from "../../src/core/fusion.js";
-import { embeddedGguf } from "./adapter.js";
+import { PYTHON, REPO, embeddedGguf } from "./adapter.js";
 
 let llama: Llama;
 let native: LlamaCppNativeSLM;
@@ -119,10 +127,52 @@ describe("LlamaCppNativeSLM", () => {
     await expect(native.prefill([])).rejects.toThrow(/at least one token/);
   }, 120_000);
 
+  it("refuses an addon built against the other library, and flash attention set on the Python build", async () => {
+    const { path } = await embeddedGguf();
+    const other = join(REPO, "js", "native", "build", "llama-cpp-python", "coveil_llama.node");
+    await expect(LlamaCppNativeSLM.load(path, { addonPath: other })).rejects.toThrow(/built against llama-cpp-python, not node-llama-cpp/);
+    await expect(LlamaCppNativeSLM.load(path, { llamaCpp: "llama-cpp-python", flashAttention: true })).rejects.toThrow(/flashAttention/);
+  });
+
   it("says the addon is not built, naming the command, rather than loading another backend", async () => {
     const { path } = await embeddedGguf();
     const load = LlamaCppNativeSLM.load(path, { addonPath: "/nonexistent/coveil_llama.node" });
     await expect(load).rejects.toThrow(NativeAddonMissingError);
     await expect(load).rejects.toThrow(/npm run build:native/);
   });
+});
+
+describe("LlamaCppNativeSLM built against llama-cpp-python", () => {
+  /** The Python SDK's logits (LlamaCppSLM) over a prefill of `ids` and `appends` greedy appends, one row each. */
+  async function pythonRows(path: string, ids: readonly number[], appends: number, vocabSize: number): Promise<Float32Array[]> {
+    const out = join(mkdtempSync(join(tmpdir(), "coveil-rows-")), "rows.f32");
+    await promisify(execFile)(PYTHON, [join(REPO, "js", "test", "e2e", "python_rows.py"), "--gguf", path, "--ids", ids.join(","),
+      "--appends", String(appends), "--threads", "1", "--out", out], { cwd: REPO, env: { ...process.env, PYTHONPATH: REPO } });
+    const bytes = readFileSync(out);
+    const all = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
+    expect(all.length).toBe((appends + 1) * vocabSize);
+    return Array.from({ length: appends + 1 }, (_, i) => all.subarray(i * vocabSize, (i + 1) * vocabSize));
+  }
+
+  const bytesOf = (row: Float32Array) => Buffer.from(row.buffer, row.byteOffset, row.byteLength);
+
+  it("gives the Python SDK's logits bit for bit over a prefill and three appends (a short prompt and one cut in two decode calls)", async () => {
+    const { path } = await embeddedGguf();
+    const slm = await LlamaCppNativeSLM.load(path, { llamaCpp: "llama-cpp-python", threads: 1, rowKind: "logits" });
+    try {
+      const short = await slm.tokenize("Patient: 54-year-old with chest pain.\n\nQuestion: what test first?\nAnswer:", { addBos: true });
+      const long = await slm.tokenize("Blood pressure 142/91 mmHg, heart rate 88, on lisinopril and metformin. ".repeat(24), { addBos: true });
+      expect(long.length).toBeGreaterThan(256); // more than one n_batch: two llama_decode calls on each side
+      for (const prompt of [short, long]) {
+        const expected = await pythonRows(path, prompt, 3, slm.vocabSize);
+        let row = await slm.prefill(prompt);
+        for (let step = 0; step < expected.length; step++) {
+          expect(bytesOf(row).equals(bytesOf(expected[step])), `prompt of ${prompt.length}, row ${step}`).toBe(true);
+          if (step + 1 < expected.length) row = await slm.append(argmax(row));
+        }
+      }
+    } finally {
+      await slm.close();
+    }
+  }, 300_000);
 });
