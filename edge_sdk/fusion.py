@@ -73,15 +73,24 @@ def check_finite(values: np.ndarray, what: str) -> np.ndarray:
 
 
 def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
-    """``p(i) = exp(z(i)/T - max z/T) / sum_j exp(z(j)/T - max z/T)`` in float32."""
+    """``p(i) = exp(z(i)/T - max z/T) / sum_j exp(z(j)/T - max z/T)`` in float32.
+
+    The shifted logits are float32; ``exp`` runs in float64 and is rounded once to float32, which is the correctly
+    rounded float32 ``exp`` but in the rarest double-rounding cases, so the row is the same on every SIMD path
+    and in every runtime that rounds ``exp`` so (TypeScript's ``Math.exp``, C's ``exp``): numpy's float32 ``exp``
+    is an approximation within 2.52 ulps that differs from it at about a third of the ids.  It costs ~0.3 ms more
+    per 262,144 ids.
+    """
     if temperature <= 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
     z = np.asarray(logits, dtype=np.float32)
     shifted = z - z.max() if temperature == 1.0 else (z - z.max()) / np.float32(temperature)
-    np.exp(shifted, out=shifted)
+    exponent = shifted.astype(np.float64)
+    np.exp(exponent, out=exponent)
+    probabilities = exponent.astype(np.float32)
     # numpy's pairwise float32 sum is accurate to ~1e-6 relative here and twice as fast as a float64 one
-    shifted /= shifted.sum()
-    return shifted
+    probabilities /= probabilities.sum()
+    return probabilities
 
 
 def log_probs(p: np.ndarray) -> np.ndarray:

@@ -107,8 +107,9 @@ export function sumFloat64(values: ArrayLike<number>): number {
   return pairwiseSum(values, 0, values.length, false);
 }
 
-/** `p(i) = exp(z(i)/T - max z/T) / sum_j exp(...)` in float32 (the exponentials through float64, rounded once:
- * numpy's float32 `exp` is its own SIMD approximation, so these may differ from Python's in the last bits). */
+/** `p(i) = exp(z(i)/T - max z/T) / sum_j exp(...)` in float32 (the exponentials through float64, rounded once, as
+ * Python's `edge_sdk.fusion.softmax` takes them; a row differs from Python's only where `Math.exp` and numpy's
+ * float64 `exp` round apart before that rounding). */
 export function softmax(logits: Float32Array, temperature = 1.0): Float32Array {
   if (!(temperature > 0)) throw new InvalidArgumentError(`temperature must be positive, got ${temperature}`);
   let top = -Infinity;

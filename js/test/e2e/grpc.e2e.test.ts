@@ -93,7 +93,7 @@ describe("the TypeScript SDK against the Python adapter over gRPC", () => {
     expect(ts.connection.runAhead).toBe(true);
   }, 300_000);
 
-  for (const index of [0, 1]) it(`cloud-side, MedPriv item ${index}, native-python: the Python SDK's tokens, every message but the upload values byte for byte, those within numpy's exp`, async () => {
+  for (const index of [0, 1]) it(`cloud-side, MedPriv item ${index}, native-python: the Python SDK's tokens, every message byte for byte, uploads included`, async () => {
     const python = await pythonEdge(adapter.target, index, { mode: "cloud", maxNewTokens: 8 });
     const ts = await tsEdge(index, new Undefended(), { mode: "cloud", maxNewTokens: 8, slm: backend("native-python") });
     expect(ts.decoder.tokens).toEqual(python.tokens);

@@ -3,7 +3,7 @@
  * the TypeScript SDK sends what the Python SDK sends over gRPC and decodes its tokens, with the token in the
  * `Authorization` header (Node) or as the `coveil.bearer.` subprotocol (browsers); a wrong token is UNAUTHENTICATED.
  * The edge-side bytes test runs on each SLM backend; cloud-side, the native addon on llama-cpp-python's build sends
- * the Python SDK's messages but for the uploaded values' last ulps (`compareCloudSideSent`), and a canary in the
+ * the Python SDK's messages byte for byte, uploads included (`compareCloudSideSent`), and a canary in the
  * private context appears in none of its messages.
  */
 
@@ -84,7 +84,7 @@ describe("the TypeScript SDK over the adapter's WebSocket route", () => {
     expect(ts.channel.received.map((m) => m.length)).toEqual(python.received.map((m) => m.length));
   }, 300_000);
 
-  it("cloud-side, native-python: the Python SDK's tokens, every message but the upload values byte for byte, those within numpy's exp", async () => {
+  it("cloud-side, native-python: the Python SDK's tokens, every message byte for byte, uploads included", async () => {
     const cloudPython = await pythonEdge(adapter.target, 3, { mode: "cloud", maxNewTokens: 6, token: TOKEN });
     const ts = await tsOverWebSocket(3, nodeWebSocket, TOKEN, 6, { slm: backend("native-python"), mode: "cloud" });
     expect(ts.decoder.tokens).toEqual(cloudPython.tokens);
