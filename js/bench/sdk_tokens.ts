@@ -11,7 +11,7 @@
  *
  * The SDK runs on each SLM backend asked for (`--backends`, default both): `node-llama-cpp` (NodeLlamaCppSLM, rows
  * as probabilities through node-llama-cpp's addon array) and `native` (LlamaCppNativeSLM, the SDK's own addon over
- * the same libllama, rows as logits in a Float32Array; `npm run build:native` first).  Raw and each backend run in
+ * the same libllama, rows as probabilities in a Float32Array; `npm run build:native` first).  Raw and each backend run in
  * turn on each of `--items` MedPriv items, `--tokens` tokens each; each figure is the median ms per token after the
  * first few.  Usage (from js/, after compiling with tsconfig.bench.json):
  *

@@ -378,7 +378,7 @@ def run_case(case: Case) -> dict[str, Any]:
 
 def _softmax32(logits: np.ndarray) -> np.ndarray:
     """The SLM's probabilities exactly as the view computes them before its mask (the TypeScript replay reads
-    these: numpy's float32 ``exp`` is its own SIMD approximation, not a correctly rounded one)."""
+    these, and checks its own softmax of the logits equals them bit for bit)."""
     from edge_sdk.fusion import softmax
 
     return softmax(logits)
