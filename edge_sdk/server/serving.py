@@ -358,11 +358,11 @@ class EdgeServing:
     def prepare_chat(self, request: ChatCompletionRequest) -> Generation:
         """Check a chat request and build its prompts (the model's chat template on both sides) and decoder."""
         self._check_supported(request)
-        self._measure_pace_if_asked(request)  # public work: before the generation's private work began
+        options = self.options_of(request)
+        self._measure_pace_if_asked(options)  # public work: before the generation's private work began
         began_at = time.perf_counter()
         if self.chat_template is None:
             raise bad_request("this model has no chat template: use /v1/completions", param="messages")
-        options = self.options_of(request)
         private_parts = [m.private_text() for m in request.messages]
         private_context = "\n\n".join(part for part in [*private_parts, options.private_context] if part)
         public = [{"role": m.template_role(), "content": m.public_text()} for m in request.messages if m.is_public()]
@@ -382,9 +382,9 @@ class EdgeServing:
     def prepare_completion(self, request: CompletionRequest) -> Generation:
         """Check a completion request and build its plain-text prompts and decoder."""
         self._check_supported(request)
-        self._measure_pace_if_asked(request)  # public work: before the generation's private work began
-        began_at = time.perf_counter()
         options = self.options_of(request)
+        self._measure_pace_if_asked(options)  # public work: before the generation's private work began
+        began_at = time.perf_counter()
         slm = self.client.slm
         private = "\n\n".join(part for part in (request.private_text(), options.private_context) if part)
         bos = slm.tokenize("", add_bos=True)
@@ -416,11 +416,11 @@ class EdgeServing:
         generation.score_prompt = prefix is not None
         return generation
 
-    def _measure_pace_if_asked(self, request: GenerationRequest) -> None:
+    def _measure_pace_if_asked(self, options: CoveilOptions) -> None:
         """A pace of ``"auto"`` (``coveil.pace_ms``, else ``--pace-ms``): the client's, measured on a public prompt
         the first time one is asked (:meth:`~edge_sdk.client.EdgeClient.calibrated_pace_ms`; it waits for the
         running generation, since the SLM does one thing at a time); at once once measured."""
-        if self.options_of(request).pace_ms == AUTO and not self.client.pace_measured:
+        if options.pace_ms == AUTO and not self.client.pace_measured:
             with self._slm_lock:
                 self.client.calibrated_pace_ms()
 

@@ -20,8 +20,8 @@ import { getLlama, type Llama } from "node-llama-cpp";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { LlamaCppNativeSLM, NativeAddonMissingError } from "../../src/backends/llamaCppNative.js";
 import { NodeLlamaCppSLM } from "../../src/backends/nodeLlamaCpp.js";
-import { softmax } from "../../src/core/fusion.js";
-import { PYTHON, REPO, embeddedGguf } from "./adapter.js";
+import { argmax, softmax } from "../../src/core/fusion.js";
+import { PYTHON, REPO, embeddedGguf, ulps } from "./adapter.js";
 
 let llama: Llama;
 let native: LlamaCppNativeSLM;
@@ -49,18 +49,6 @@ function sortedSoftmax(logits: Float32Array): Float32Array {
   let sum = 0;
   for (const z of sorted) sum = Math.fround(sum + Math.fround(Math.exp(Math.fround(z - max))));
   return logits.map((z) => Math.fround(Math.fround(Math.exp(Math.fround(z - max))) / sum));
-}
-
-/** How many float32 values apart `a` and `b` are (both positive). */
-function ulps(a: number, b: number): number {
-  const bits = new Uint32Array(Float32Array.of(a, b).buffer);
-  return Math.abs(bits[0] - bits[1]);
-}
-
-function argmax(row: Float32Array): number {
-  let best = 0;
-  for (let i = 1; i < row.length; i++) if (row[i] > row[best]) best = i;
-  return best;
 }
 
 describe("LlamaCppNativeSLM", () => {

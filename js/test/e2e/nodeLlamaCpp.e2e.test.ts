@@ -7,6 +7,7 @@
 import { getLlama, type Llama } from "node-llama-cpp";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { NodeLlamaCppSLM } from "../../src/backends/nodeLlamaCpp.js";
+import { argmax } from "../../src/core/fusion.js";
 import { embeddedGguf } from "./adapter.js";
 
 let llama: Llama;
@@ -24,13 +25,6 @@ afterAll(async () => {
   await addon?.close();
   await map?.close();
 });
-
-/** Index of the largest entry (the lowest on a tie). */
-function argmax(row: Float32Array): number {
-  let best = 0;
-  for (let i = 1; i < row.length; i++) if (row[i] > row[best]) best = i;
-  return best;
-}
 
 describe("NodeLlamaCppSLM's rows", () => {
   it("come through the addon's flat array, equal to the public Map's bit for bit, over a prefill and three appends", async () => {
