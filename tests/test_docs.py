@@ -108,3 +108,60 @@ def test_a_promise_naming_a_test_that_is_gone_is_caught(tmp_path: Path) -> None:
     assert references == [("promises/test_a.py", "test_kept"), ("promises/test_a.py", "test_renamed"),
                           ("test_moved.py", None)]
     assert missing_tests(references, tmp_path) == ["promises/test_a.py::test_renamed", "test_moved.py"]
+
+
+#: a path cell's names: `pkg/module.py`, `pkg/sub/`, or a bare `other.py` / `sub/` read in the folder of the last path
+MAP_NAME = re.compile(r"`([a-z_][a-z0-9_/]*(?:\.py|/))`")
+MAPPED_PACKAGES = ("edge_sdk", "cloud_adapter", "eval_harness")
+
+
+def module_map_names(text: str) -> set[str]:
+    """Every path the module map's first column names, a bare name read in the folder of the path before it."""
+    names = set()
+    for line in text.splitlines():
+        if not line.startswith("| `"):
+            continue
+        folder = ""
+        for name in MAP_NAME.findall(line.split(" | ", 1)[0]):
+            if "/" in name.rstrip("/"):
+                folder = name.rstrip("/").rsplit("/", 1)[0] + "/"
+                names.add(name.rstrip("/"))
+            else:
+                names.add(folder + name.rstrip("/"))
+    return names
+
+
+def unmapped_modules(names: set[str], root: Path) -> list[str]:
+    """The packages' top-level modules and subpackages the map does not name (a subpackage is named by itself or by
+    a module in it)."""
+    unmapped = []
+    for package in MAPPED_PACKAGES:
+        for child in sorted((root / package).iterdir()):
+            is_module = child.suffix == ".py" and child.name != "__init__.py"
+            is_subpackage = child.is_dir() and (child / "__init__.py").is_file() and not child.name.startswith("_")
+            path = f"{package}/{child.name}"
+            named = path in names or (is_subpackage and any(name.startswith(path + "/") for name in names))
+            if (is_module or is_subpackage) and not named:
+                unmapped.append(path)
+    return unmapped
+
+
+def test_the_module_map_names_every_module_of_the_three_packages() -> None:
+    names = module_map_names((DOCS / "design" / "layout.md").read_text())
+    assert unmapped_modules(names, ROOT) == []
+
+
+def test_a_module_missing_from_the_map_is_caught(tmp_path: Path) -> None:
+    """The check above can fail: a bare name is read in the folder of the path before it in its cell, and a
+    module the map does not name is reported."""
+    table = ("| path | what |\n|---|---|\n"
+             "| `edge_sdk/server/` | the endpoint |\n"
+             "| `edge_sdk/decoding.py`, `client.py` | the loop |\n")
+    assert module_map_names(table) == {"edge_sdk/server", "edge_sdk/decoding.py", "edge_sdk/client.py"}
+    for package in MAPPED_PACKAGES:
+        (tmp_path / package).mkdir()
+    (tmp_path / "edge_sdk" / "server").mkdir()
+    (tmp_path / "edge_sdk" / "server" / "__init__.py").write_text("")
+    for module in ("__init__.py", "decoding.py", "client.py", "steps.py"):
+        (tmp_path / "edge_sdk" / module).write_text("")
+    assert unmapped_modules(module_map_names(table), tmp_path) == ["edge_sdk/steps.py"]

@@ -1,1 +1,1 @@
-"""Tables (and, to come, plots) from result rows: reads JSONL only, imports no model library."""
+"""Tables and plots from result rows: reads JSONL only, imports no model library."""
