@@ -11,14 +11,13 @@ copy (:meth:`DecodeSettings.overridden`); a name that is not a setting is refuse
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from edge_sdk.cli_flags import non_negative_int, positive_float, positive_float_or_auto, positive_int
 from edge_sdk.logprobs import MAX_TOP_LOGPROBS
-
-if TYPE_CHECKING:
-    from edge_sdk.protocol.signals import FusionMode
+from edge_sdk.protocol.signals import FUSION_MODES, FusionMode
 
 #: ``pace_ms`` / ``auto_pace_ms``: the client measures the pace on public work (:mod:`edge_sdk.pace_calibration`)
 AUTO = "auto"
@@ -104,6 +103,12 @@ class DecodeSettings:
                                      metavar="N")
 
     def __post_init__(self) -> None:
+        if self.mode not in FUSION_MODES:
+            raise ValueError(f"fusion mode must be one of {FUSION_MODES}, got {self.mode!r}")
+        for name in ("max_new_tokens", "top_m", "exposure_k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
         for name, what in (("pace_ms", "no pacing"), ("auto_pace_ms", "none")):
             value = getattr(self, name)
             if value is not None and value != AUTO and not (isinstance(value, (int, float)) and value > 0):

@@ -64,3 +64,22 @@ def test_settings_out_of_range_are_refused_when_built() -> None:
         DecodeSettings(exposure_budget=1.5)
     with pytest.raises(ValueError, match="exposure_budget must lie in"):
         client().decoder(" the.", " liver", exposure_budget=-0.1)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"mode": "sideways"}, "fusion mode must be one of ('cloud', 'edge'), got 'sideways'"),
+    ({"max_new_tokens": 0}, "max_new_tokens must be a positive integer, got 0"),
+    ({"top_m": 2.5}, "top_m must be a positive integer, got 2.5"),
+    ({"exposure_k": True}, "exposure_k must be a positive integer, got True"),
+    ({"exposure_k": -3}, "exposure_k must be a positive integer, got -3"),
+])
+def test_a_mode_or_count_out_of_range_is_refused_when_built(overrides: dict, message: str) -> None:
+    """Every entry point (the SDK's calls, the endpoint, the TypeScript SDK's ``decodeSettings``) refuses these
+    with the same words, before anything is sent."""
+    with pytest.raises(ValueError) as refused:
+        DecodeSettings(**overrides)
+    assert str(refused.value) == message
+
+
+def test_counts_may_be_numpy_integers() -> None:
+    assert DecodeSettings(max_new_tokens=np.int64(3), top_m=np.int32(8)).max_new_tokens == 3
