@@ -4,7 +4,7 @@
  */
 
 import * as grpc from "@grpc/grpc-js";
-import { CloudError, RETRYABLE_CODES } from "../core/errors.js";
+import { CloudError, InvalidArgumentError, RETRYABLE_CODES } from "../core/errors.js";
 import { Inbox, streamEnded, type MessageChannel } from "./channel.js";
 
 /** The method every session streams on (`proto/coveil.proto`). */
@@ -35,17 +35,17 @@ export function isLoopback(address: string): boolean {
 /** Checks credentials as Python's `Credentials.__post_init__` does; the channel credentials for `target`. */
 export function channelCredentials(target: string, credentials: Credentials): grpc.ChannelCredentials {
   if (credentials.token !== undefined && !credentials.token.trim()) {
-    throw new RangeError("an empty bearer token authenticates nobody: pass no token for none");
+    throw new InvalidArgumentError("an empty bearer token authenticates nobody: pass no token for none");
   }
   if ((credentials.clientCert === undefined) !== (credentials.clientKey === undefined)) {
-    throw new RangeError("clientCert and clientKey go together (mutual TLS)");
+    throw new InvalidArgumentError("clientCert and clientKey go together (mutual TLS)");
   }
   if (credentials.plaintext) {
     if (credentials.rootCert !== undefined || credentials.clientCert !== undefined) {
-      throw new RangeError("plaintext cannot use TLS material (rootCert, clientCert)");
+      throw new InvalidArgumentError("plaintext cannot use TLS material (rootCert, clientCert)");
     }
     if (!isLoopback(target)) {
-      throw new RangeError(`refusing plaintext to ${target}: it is not a loopback address; give the adapter's CA ` +
+      throw new InvalidArgumentError(`refusing plaintext to ${target}: it is not a loopback address; give the adapter's CA ` +
         "(rootCert) or rely on the system's trust roots");
     }
     return grpc.credentials.createInsecure();

@@ -74,6 +74,15 @@ export class UnknownNameError extends InvalidArgumentError {
   }
 }
 
+/** A decode setting that is not one (Python: the `TypeError` of `DecodeSettings.overridden`, a 400 at the
+ * endpoint): the message names it and the settings there are. */
+export class UnknownSettingError extends InvalidArgumentError {
+  constructor(message: string) {
+    super(message);
+    this.name = "UnknownSettingError";
+  }
+}
+
 /**
  * A policy or setting the Python SDK defines and this TypeScript SDK does not implement (`UNIMPLEMENTED`): raised
  * when it is constructed, never replaced by something else that would decide or send differently.
