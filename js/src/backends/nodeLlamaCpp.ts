@@ -22,6 +22,7 @@ import { availableParallelism } from "node:os";
 import type { Llama, LlamaContext, LlamaContextSequence, LlamaModel, Token } from "node-llama-cpp";
 import type { SLMBackend } from "./base.js";
 import { InvalidArgumentError } from "../core/errors.js";
+import { importPeer } from "../peer.js";
 
 export interface NodeLlamaCppOptions {
   /** the model's name in the open (for the cloud's errors and logs; default: the file's name) */
@@ -114,7 +115,7 @@ export class NodeLlamaCppSLM implements SLMBackend {
 
   /** Load `modelPath` (a GGUF file). */
   static async load(modelPath: string, options: NodeLlamaCppOptions = {}): Promise<NodeLlamaCppSLM> {
-    const { getLlama } = await import("node-llama-cpp");
+    const { getLlama } = await importPeer("node-llama-cpp", "NodeLlamaCppSLM", () => import("node-llama-cpp"));
     const llama = options.llama ?? (await getLlama({ gpu: false, build: "never", logLevel: "error" as never }));
     const model = await llama.loadModel({ modelPath });
     const context = await model.createContext({

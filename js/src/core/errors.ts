@@ -95,3 +95,18 @@ export class NotImplementedInTypeScriptError extends Error {
     this.name = "NotImplementedInTypeScriptError";
   }
 }
+
+/**
+ * An optional peer dependency of `@coveil/edge` is not installed (`FAILED_PRECONDITION`): the gRPC carrier needs
+ * `@grpc/grpc-js`, the Node WebSocket factory `ws`, the node-llama-cpp backend `node-llama-cpp`, the browser backend
+ * `@wllama/wllama`; the message names the package to install.
+ */
+export class MissingPeerDependencyError extends Error {
+  readonly code: string = "FAILED_PRECONDITION";
+
+  constructor(readonly packageName: string, usedBy: string) {
+    super(`${usedBy} needs the package ${packageName}, an optional peer dependency of @coveil/edge that is not ` +
+      `installed: npm install ${packageName}`);
+    this.name = "MissingPeerDependencyError";
+  }
+}
