@@ -1,6 +1,6 @@
 /**
  * CoVeil's step in TypeScript as a multiple of one argmax pass over the same Float32Array, at a 262,144-token
- * vocabulary (Gemma-3's), and the package's size without a model.
+ * vocabulary (Gemma-3's).  The package's size: bench/package_size.ts.
  *
  * Inputs are peaked distributions (softmax of Gaussian logits with a few boosted tokens), as the Python
  * benchmark (benchmarks/policy_step.py) draws them.  Each figure is the median of `--repeats` timed calls after
@@ -10,13 +10,9 @@
  * conservative one first builds clusters in ~V^2 d / size steps, minutes here at this vocabulary).
  *
  * The last lines are name=value: coveil_upload_vs_argmax and coveil_select_vs_argmax (target <= 10),
- * slowest_policy_vs_argmax, then package_packed_bytes and package_unpacked_bytes (`npm pack --dry-run`,
- * target <= 1 MB).
+ * slowest_policy_vs_argmax.
  */
 
-import { execFileSync } from "node:child_process";
-import { dirname, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
 import { argmax, osDraws, softmax } from "../src/core/fusion.js";
 import { CoVeil } from "../src/policies/coveil.js";
 import { EmbeddingNeighbours } from "../src/policies/custext.js";
@@ -68,12 +64,6 @@ function medianSeconds(fns: (() => unknown)[], repeats: number): number[] {
   return samples.map((list) => list.sort((a, b) => a - b)[Math.floor(list.length / 2)]);
 }
 
-function packageSize(root: string): { size: number; unpackedSize: number; files: number } {
-  execFileSync("npm", ["run", "build"], { cwd: root, stdio: "ignore" });
-  const report = JSON.parse(execFileSync("npm", ["pack", "--dry-run", "--json"], { cwd: root, encoding: "utf-8" }));
-  return { size: report[0].size, unpackedSize: report[0].unpackedSize, files: report[0].entryCount };
-}
-
 function main(): void {
   const at = process.argv.indexOf("--repeats");
   const repeats = at >= 0 ? Number(process.argv[at + 1]) : 100;
@@ -96,19 +86,14 @@ function main(): void {
       table.push([name, mode, step / base]);
     }
   }
-  const root = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..");
-  const size = packageSize(root);
   console.log(`vocab ${VOCAB.toLocaleString("en-US")}: argmax = ${(floor * 1e6).toFixed(1)} us`);
   console.log(`  coveil cloud (upload): ${(upload * 1e6).toFixed(1)} us`);
   console.log(`  coveil edge (select):  ${(select * 1e6).toFixed(1)} us`);
   for (const [name, mode, ratio] of table) console.log(`  ${name.padEnd(14)}${mode.padEnd(7)}${ratio.toFixed(1)}x argmax`);
-  console.log(`npm pack --dry-run: ${size.files} files, ${size.size} B packed, ${size.unpackedSize} B unpacked`);
   console.log(`coveil_upload_vs_argmax=${(upload / floor).toFixed(2)}`);
   console.log(`coveil_select_vs_argmax=${(select / floor).toFixed(2)}`);
   const slowest = Math.max(upload / floor, select / floor, ...table.map(([, , ratio]) => ratio));
   console.log(`slowest_policy_vs_argmax=${slowest.toFixed(2)}`);
-  console.log(`package_packed_bytes=${size.size}`);
-  console.log(`package_unpacked_bytes=${size.unpackedSize}`);
 }
 
 main();

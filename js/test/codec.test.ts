@@ -1,5 +1,6 @@
 import { create, toBinary } from "@bufbuild/protobuf";
 import { describe, expect, it } from "vitest";
+import { InvalidArgumentError } from "../src/core/errors.js";
 import { CloudUpload } from "../src/policies/base.js";
 import {
   DistributionSchema,
@@ -78,7 +79,7 @@ describe("padding", () => {
     expect(paddingEntries(129)).toEqual([127]); // 1 tag + 1 length + 127
     expect(paddingEntries(130)).toEqual([126, 0]); // 128 needs a 2-byte length (131 bytes): 126 + an empty entry
     expect(paddingEntries(131)).toEqual([128]);
-    expect(() => paddingEntries(1)).toThrow(RangeError);
+    expect(() => paddingEntries(1)).toThrow(InvalidArgumentError);
   });
 
   it("appending entries to the bytes gives what protobuf-es writes with the padding field set", () => {

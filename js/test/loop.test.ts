@@ -125,6 +125,19 @@ describe("the loop of named steps", () => {
     expect(ahead.sentBytes[0].slice(1)).toEqual(lockstep.sentBytes[0].slice(1)); // the same messages up, in order
   });
 
+  it("DecodeSettings.lookahead is the depth the session asks for, over the connection's; null leaves the connection's", async () => {
+    const asked = [];
+    for (const lookahead of [2, 0, null]) {
+      const cloud = new ScriptedCloud({ rows: CLOUD_ROWS, lookahead: 4 });
+      const connection = new CloudConnection(cloud.channel(), 5);
+      const tokens = (await collect(decoder("edge", { lookahead }).steps(connection))).map((e) => e.tokenId);
+      expect(tokens).toEqual([1, 3, 0]); // the rows worked by hand above, whatever the depth
+      const open = cloud.sessions[0][0].kind;
+      asked.push([open.case === "open" ? open.value.lookahead : -1, connection.runAhead]);
+    }
+    expect(asked).toEqual([[2, true], [0, false], [5, true]]);
+  });
+
   it("cloud-side run-ahead takes certified picks without waiting, and checks each against the cloud's", async () => {
     const cloud = new ScriptedCloud({ rows: CLOUD_ROWS, lookahead: 2, topM: 4 });
     const d = decoder("cloud", { topM: 4 });

@@ -7,8 +7,8 @@
 
 import { Wllama } from "@wllama/wllama/esm/index.js";
 import wasmUrl from "@wllama/wllama/esm/single-thread/wllama.wasm?url";
-import { CloudConnection, CollaborativeDecoder, WS_PATH, WebSocketChannel, makePolicy } from "../../src/index.js";
-import { WllamaSLM } from "../../src/backends/wllama.js";
+import { CloudConnection, CollaborativeDecoder, WS_PATH, WebSocketChannel, makePolicy } from "@coveil/edge";
+import { WllamaSLM } from "@coveil/edge/browser";
 
 const params = new URLSearchParams(location.search);
 const item = JSON.parse(params.get("item") ?? "{}") as { private_context: string; public_query: string };

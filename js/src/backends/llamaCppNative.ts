@@ -24,6 +24,7 @@ import { readFileSync, existsSync } from "node:fs";
 import { createRequire } from "node:module";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { InvalidArgumentError } from "../core/errors.js";
 import type { SLMBackend } from "./base.js";
 import { defaultThreads, unpaddedVocabSize, vocabFingerprint } from "./nodeLlamaCpp.js";
 
@@ -131,14 +132,14 @@ export class LlamaCppNativeSLM implements SLMBackend {
   /** Load `modelPath` (a GGUF file); `NativeAddonMissingError` when the addon is not built. */
   static async load(modelPath: string, options: LlamaCppNativeOptions = {}): Promise<LlamaCppNativeSLM> {
     const rowKind = options.rowKind ?? "probabilities";
-    if (rowKind !== "logits" && rowKind !== "probabilities") throw new RangeError(`rowKind must be "logits" or "probabilities", got ${rowKind}`);
+    if (rowKind !== "logits" && rowKind !== "probabilities") throw new InvalidArgumentError(`rowKind must be "logits" or "probabilities", got ${rowKind}`);
     const library = options.llamaCpp ?? "node-llama-cpp";
-    if (!LIBRARIES.includes(library)) throw new RangeError(`llamaCpp must be one of ${LIBRARIES.join(", ")}, got ${library}`);
+    if (!LIBRARIES.includes(library)) throw new InvalidArgumentError(`llamaCpp must be one of ${LIBRARIES.join(", ")}, got ${library}`);
     if (library === "llama-cpp-python" && options.flashAttention !== undefined) {
-      throw new RangeError("flashAttention: not settable with llamaCpp \"llama-cpp-python\" (the Python SDK leaves llama.cpp's default)");
+      throw new InvalidArgumentError("flashAttention: not settable with llamaCpp \"llama-cpp-python\" (the Python SDK leaves llama.cpp's default)");
     }
     const { addon, libDir } = loadAddon(library, options.addonPath);
-    if (!existsSync(modelPath)) throw new RangeError(`modelPath: no such file ${modelPath}`);
+    if (!existsSync(modelPath)) throw new InvalidArgumentError(`modelPath: no such file ${modelPath}`);
     const handle = addon.load(libDir, modelPath, options.contextSize ?? 2048, options.batchSize ?? 256,
       options.threads ?? defaultThreads(), options.flashAttention ?? true, library);
     const info = addon.info(handle);
@@ -166,9 +167,9 @@ export class LlamaCppNativeSLM implements SLMBackend {
 
   /** Make the sequence `ids`, evaluated from an empty cache (the result depends on `ids` alone). */
   async prefill(ids: readonly number[]): Promise<Float32Array> {
-    if (!ids.length) throw new RangeError("prefill needs at least one token");
+    if (!ids.length) throw new InvalidArgumentError("prefill needs at least one token");
     if (ids.length >= this.contextSize) {
-      throw new RangeError(`prompt of ${ids.length} tokens does not fit the context window n_ctx=${this.contextSize}`);
+      throw new InvalidArgumentError(`prompt of ${ids.length} tokens does not fit the context window n_ctx=${this.contextSize}`);
     }
     this.addon.clear(this.handle);
     this.length = 0;
@@ -177,14 +178,14 @@ export class LlamaCppNativeSLM implements SLMBackend {
 
   async append(tokenId: number): Promise<Float32Array> {
     if (!this.length) throw new Error("append before prefill: the sequence is empty");
-    if (this.length + 1 >= this.contextSize) throw new RangeError(`the context window n_ctx=${this.contextSize} is full`);
+    if (this.length + 1 >= this.contextSize) throw new InvalidArgumentError(`the context window n_ctx=${this.contextSize} is full`);
     return this.evaluate([tokenId]);
   }
 
   /** Decode `ids` onto the sequence; the last one's row over the tokenizer's ids. */
   private async evaluate(ids: readonly number[]): Promise<Float32Array> {
     for (const id of ids) {
-      if (!Number.isInteger(id) || id < 0 || id >= this.vocabSize) throw new RangeError(`token id ${id} is outside [0, ${this.vocabSize})`);
+      if (!Number.isInteger(id) || id < 0 || id >= this.vocabSize) throw new InvalidArgumentError(`token id ${id} is outside [0, ${this.vocabSize})`);
     }
     const row = await this.addon.decode(this.handle, Int32Array.from(ids),
       this.rowKind === "probabilities" ? this.vocabSize : 0);

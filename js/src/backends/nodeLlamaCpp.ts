@@ -21,6 +21,8 @@ import { createHash } from "node:crypto";
 import { availableParallelism } from "node:os";
 import type { Llama, LlamaContext, LlamaContextSequence, LlamaModel, Token } from "node-llama-cpp";
 import type { SLMBackend } from "./base.js";
+import { InvalidArgumentError } from "../core/errors.js";
+import { importPeer } from "../peer.js";
 
 export interface NodeLlamaCppOptions {
   /** the model's name in the open (for the cloud's errors and logs; default: the file's name) */
@@ -113,7 +115,7 @@ export class NodeLlamaCppSLM implements SLMBackend {
 
   /** Load `modelPath` (a GGUF file). */
   static async load(modelPath: string, options: NodeLlamaCppOptions = {}): Promise<NodeLlamaCppSLM> {
-    const { getLlama } = await import("node-llama-cpp");
+    const { getLlama } = await importPeer("node-llama-cpp", "NodeLlamaCppSLM", () => import("node-llama-cpp"));
     const llama = options.llama ?? (await getLlama({ gpu: false, build: "never", logLevel: "error" as never }));
     const model = await llama.loadModel({ modelPath });
     const context = await model.createContext({
@@ -148,9 +150,9 @@ export class NodeLlamaCppSLM implements SLMBackend {
 
   /** Make the sequence `ids`, evaluated from an empty cache (the result depends on `ids` alone). */
   async prefill(ids: readonly number[]): Promise<Float32Array> {
-    if (!ids.length) throw new RangeError("prefill needs at least one token");
+    if (!ids.length) throw new InvalidArgumentError("prefill needs at least one token");
     if (ids.length >= this.context.contextSize) {
-      throw new RangeError(`prompt of ${ids.length} tokens does not fit the context window n_ctx=${this.context.contextSize}`);
+      throw new InvalidArgumentError(`prompt of ${ids.length} tokens does not fit the context window n_ctx=${this.context.contextSize}`);
     }
     await this.sequence.clearHistory();
     return this.evaluate(ids as Token[]);
@@ -159,7 +161,7 @@ export class NodeLlamaCppSLM implements SLMBackend {
   async append(tokenId: number): Promise<Float32Array> {
     if (!this.sequence.nextTokenIndex) throw new Error("append before prefill: the sequence is empty");
     if (this.sequence.nextTokenIndex + 1 >= this.context.contextSize) {
-      throw new RangeError(`the context window n_ctx=${this.context.contextSize} is full`);
+      throw new InvalidArgumentError(`the context window n_ctx=${this.context.contextSize} is full`);
     }
     return this.evaluate([tokenId as Token]);
   }

@@ -7,6 +7,7 @@
 
 import type { Wllama } from "@wllama/wllama/esm/wllama.js"; // its index re-exports without extensions
 import type { SLMBackend } from "./base.js";
+import { InvalidArgumentError } from "../core/errors.js";
 
 export interface WllamaOptions {
   /** the model's name in the open (for the cloud's errors and logs) */
@@ -49,7 +50,7 @@ export class WllamaSLM implements SLMBackend {
 
   /** Make the sequence `ids`, from an empty cache. */
   async prefill(ids: readonly number[]): Promise<Float32Array> {
-    if (!ids.length) throw new RangeError("prefill needs at least one token");
+    if (!ids.length) throw new InvalidArgumentError("prefill needs at least one token");
     await this.wllama.kvClear();
     this.length = ids.length;
     await this.wllama.decode([...ids], {});

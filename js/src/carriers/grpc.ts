@@ -3,9 +3,15 @@
  * stream per session (Python: `edge_sdk.protocol.channels.GrpcChannel`, the channel options of `EdgeClient`).
  */
 
-import * as grpc from "@grpc/grpc-js";
-import { CloudError, RETRYABLE_CODES } from "../core/errors.js";
+import type * as Grpc from "@grpc/grpc-js";
+import { CloudError, InvalidArgumentError, RETRYABLE_CODES } from "../core/errors.js";
+import { requirePeer } from "../peer.js";
 import { Inbox, streamEnded, type MessageChannel } from "./channel.js";
+
+/** `@grpc/grpc-js`, an optional peer dependency (`MissingPeerDependencyError` naming it when not installed). */
+function grpcJs(): typeof Grpc {
+  return requirePeer<typeof Grpc>("@grpc/grpc-js", "the gRPC carrier (GrpcCarrier)");
+}
 
 /** The method every session streams on (`proto/coveil.proto`). */
 export const DECODE_METHOD = "/coveil.v1.CollaborativeDecoding/Decode";
@@ -33,48 +39,49 @@ export function isLoopback(address: string): boolean {
 }
 
 /** Checks credentials as Python's `Credentials.__post_init__` does; the channel credentials for `target`. */
-export function channelCredentials(target: string, credentials: Credentials): grpc.ChannelCredentials {
+export function channelCredentials(target: string, credentials: Credentials): Grpc.ChannelCredentials {
   if (credentials.token !== undefined && !credentials.token.trim()) {
-    throw new RangeError("an empty bearer token authenticates nobody: pass no token for none");
+    throw new InvalidArgumentError("an empty bearer token authenticates nobody: pass no token for none");
   }
   if ((credentials.clientCert === undefined) !== (credentials.clientKey === undefined)) {
-    throw new RangeError("clientCert and clientKey go together (mutual TLS)");
+    throw new InvalidArgumentError("clientCert and clientKey go together (mutual TLS)");
   }
   if (credentials.plaintext) {
     if (credentials.rootCert !== undefined || credentials.clientCert !== undefined) {
-      throw new RangeError("plaintext cannot use TLS material (rootCert, clientCert)");
+      throw new InvalidArgumentError("plaintext cannot use TLS material (rootCert, clientCert)");
     }
     if (!isLoopback(target)) {
-      throw new RangeError(`refusing plaintext to ${target}: it is not a loopback address; give the adapter's CA ` +
+      throw new InvalidArgumentError(`refusing plaintext to ${target}: it is not a loopback address; give the adapter's CA ` +
         "(rootCert) or rely on the system's trust roots");
     }
-    return grpc.credentials.createInsecure();
+    return grpcJs().credentials.createInsecure();
   }
   const buffer = (pem?: Uint8Array) => (pem === undefined ? null : Buffer.from(pem));
-  return grpc.credentials.createSsl(buffer(credentials.rootCert), buffer(credentials.clientKey), buffer(credentials.clientCert));
+  return grpcJs().credentials.createSsl(buffer(credentials.rootCert), buffer(credentials.clientKey), buffer(credentials.clientCert));
 }
 
 /** A status as the edge receives it. */
-function statusError(status: Partial<grpc.StatusObject>): CloudError {
-  const code = grpc.status[status.code ?? grpc.status.UNKNOWN] ?? "UNKNOWN";
+function statusError(status: Partial<Grpc.StatusObject>): CloudError {
+  const { status: codes } = grpcJs();
+  const code = codes[status.code ?? codes.UNKNOWN] ?? "UNKNOWN";
   return new CloudError(code, status.details ?? "", { retryable: RETRYABLE_CODES.has(code) });
 }
 
 /** One `Decode` stream on a gRPC client, begun by the first {@link send}. */
 export class GrpcChannel implements MessageChannel {
   readonly crossesNetwork = true;
-  private call: grpc.ClientDuplexStream<Uint8Array, Uint8Array> | null = null;
+  private call: Grpc.ClientDuplexStream<Uint8Array, Uint8Array> | null = null;
   private readonly inbox = new Inbox();
 
   constructor(
-    private readonly client: grpc.Client,
-    private readonly metadata: grpc.Metadata,
+    private readonly client: Grpc.Client,
+    private readonly metadata: Grpc.Metadata,
     private readonly timeoutMs: number | null,
   ) {}
 
-  private begun(): grpc.ClientDuplexStream<Uint8Array, Uint8Array> {
+  private begun(): Grpc.ClientDuplexStream<Uint8Array, Uint8Array> {
     if (this.call === null) {
-      const options: grpc.CallOptions = this.timeoutMs === null ? {} : { deadline: Date.now() + this.timeoutMs };
+      const options: Grpc.CallOptions = this.timeoutMs === null ? {} : { deadline: Date.now() + this.timeoutMs };
       const call = this.client.makeBidiStreamRequest<Uint8Array, Uint8Array>(
         DECODE_METHOD,
         (message) => Buffer.from(message.buffer, message.byteOffset, message.byteLength),
@@ -83,10 +90,10 @@ export class GrpcChannel implements MessageChannel {
         options,
       );
       call.on("data", (message: Uint8Array) => this.inbox.push(message));
-      call.on("error", (error: grpc.ServiceError) => this.inbox.end(statusError(error)));
+      call.on("error", (error: Grpc.ServiceError) => this.inbox.end(statusError(error)));
       // every call ends with its status (OK: the cloud ended the stream after its last message)
-      call.on("status", (status: grpc.StatusObject) =>
-        this.inbox.end(status.code === grpc.status.OK ? streamEnded() : statusError(status)));
+      call.on("status", (status: Grpc.StatusObject) =>
+        this.inbox.end(status.code === grpcJs().status.OK ? streamEnded() : statusError(status)));
       this.call = call;
     }
     return this.call;
@@ -123,10 +130,12 @@ export const RECONNECT_BACKOFF_MS = [500, 2000] as const;
 
 /** A gRPC client to one cloud adapter; {@link channel} begins a session's stream. */
 export class GrpcCarrier {
-  private readonly client: grpc.Client;
-  private readonly metadata = new grpc.Metadata();
+  private readonly client: Grpc.Client;
+  private readonly metadata: Grpc.Metadata;
 
   constructor(readonly target: string, credentials: Credentials = {}, readonly timeoutMs: number | null = 900_000) {
+    const grpc = grpcJs();
+    this.metadata = new grpc.Metadata();
     this.client = new grpc.Client(target, channelCredentials(target, credentials), {
       "grpc.max_receive_message_length": 64 << 20,
       "grpc.max_send_message_length": 64 << 20,

@@ -3,8 +3,9 @@
  * header and says when a message is written (its send callback) and why an upgrade was refused (the HTTP status).
  */
 
-import WebSocket from "ws";
+import type WebSocket from "ws";
 import { CloudError } from "../core/errors.js";
+import { requirePeer } from "../peer.js";
 import type { WebSocketFactory, WebSocketLike } from "./websocket.js";
 
 const refusals = new WeakMap<object, number>();
@@ -12,7 +13,8 @@ const refusals = new WeakMap<object, number>();
 export const nodeWebSocket: WebSocketFactory = {
   setsHeaders: true,
   open(url, protocols, token) {
-    const socket = new WebSocket(url, protocols, token === undefined ? {} : { headers: { Authorization: `Bearer ${token}` } });
+    const WebSocketClass = requirePeer<typeof WebSocket>("ws", "the Node WebSocket carrier (nodeWebSocket)");
+    const socket = new WebSocketClass(url, protocols, token === undefined ? {} : { headers: { Authorization: `Bearer ${token}` } });
     socket.on("unexpected-response", (request, response) => {
       refusals.set(socket, response.statusCode ?? 0);
       request.destroy();

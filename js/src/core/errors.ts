@@ -74,6 +74,15 @@ export class UnknownNameError extends InvalidArgumentError {
   }
 }
 
+/** A decode setting that is not one (Python: the `TypeError` of `DecodeSettings.overridden`, a 400 at the
+ * endpoint): the message names it and the settings there are. */
+export class UnknownSettingError extends InvalidArgumentError {
+  constructor(message: string) {
+    super(message);
+    this.name = "UnknownSettingError";
+  }
+}
+
 /**
  * A policy or setting the Python SDK defines and this TypeScript SDK does not implement (`UNIMPLEMENTED`): raised
  * when it is constructed, never replaced by something else that would decide or send differently.
@@ -84,5 +93,20 @@ export class NotImplementedInTypeScriptError extends Error {
   constructor(message: string) {
     super(message);
     this.name = "NotImplementedInTypeScriptError";
+  }
+}
+
+/**
+ * An optional peer dependency of `@coveil/edge` is not installed (`FAILED_PRECONDITION`): the gRPC carrier needs
+ * `@grpc/grpc-js`, the Node WebSocket factory `ws`, the node-llama-cpp backend `node-llama-cpp`, the browser backend
+ * `@wllama/wllama`; the message names the package to install.
+ */
+export class MissingPeerDependencyError extends Error {
+  readonly code: string = "FAILED_PRECONDITION";
+
+  constructor(readonly packageName: string, usedBy: string) {
+    super(`${usedBy} needs the package ${packageName}, an optional peer dependency of @coveil/edge that is not ` +
+      `installed: npm install ${packageName}`);
+    this.name = "MissingPeerDependencyError";
   }
 }

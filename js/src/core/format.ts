@@ -40,3 +40,14 @@ export function pyG(value: number, precision = 6): string {
   if (exponent < -4 || exponent >= p) return `${strip(mantissa)}${exponentPart(exponent)}`;
   return strip(value.toFixed(Math.max(p - 1 - exponent, 0)));
 }
+
+/** `repr()` of a value a caller passed, as Python prints the same JSON value: an integral number as an `int`
+ * (`-1`), any other number as a float (`pyRepr`), a string quoted (`'auto'`), `True`/`False`, `None`. */
+export function pyValueRepr(value: unknown): string {
+  if (value === null || value === undefined) return "None";
+  if (typeof value === "boolean") return value ? "True" : "False";
+  if (typeof value === "number") return Number.isInteger(value) ? String(value) : pyRepr(value);
+  if (typeof value === "bigint") return String(value);
+  if (typeof value === "string") return `'${value.replaceAll("\\", "\\\\").replaceAll("'", "\\'")}'`;
+  return String(value);
+}

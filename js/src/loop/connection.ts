@@ -6,7 +6,7 @@
 
 import { fromBinary, toBinary } from "@bufbuild/protobuf";
 import type { MessageChannel } from "../carriers/channel.js";
-import { CloudError } from "../core/errors.js";
+import { CloudError, InvalidArgumentError } from "../core/errors.js";
 import {
   CloudMessageSchema,
   EdgeMessageSchema,
@@ -67,15 +67,17 @@ export class CloudConnection {
   private readonly unreadPicks: [number, number, boolean][] = [];
   private current: ReceivedDistribution | null = null;
 
+  /** the run-ahead depth the open session asked for */
+  private asked = 0;
+
   /**
-   * @param lookahead the deepest run-ahead this edge accepts (sent when the session opens); 0 = lockstep
+   * @param lookahead the deepest run-ahead this edge accepts (sent when the session opens) unless the generation's
+   *   settings say (`DecodeSettings.lookahead`, passed to {@link open}); 0 = lockstep
    * @param padded a defence: every step signal leaves padded to a size fixed by public settings, and the cloud is
    *   asked to pad its own
    */
   constructor(private readonly channel: MessageChannel, readonly lookahead = 0, readonly padded = true) {
-    if (!(Number.isInteger(lookahead) && lookahead >= 0)) {
-      throw new RangeError(`lookahead must be non-negative (0 = lockstep), got ${lookahead}`);
-    }
+    checkLookahead(lookahead);
   }
 
   get crossesNetwork(): boolean {
@@ -169,17 +171,19 @@ export class CloudConnection {
     }
   }
 
-  /** Open the session; `maxUpload`: the most values a step's upload may hold (a public number). */
-  async open(request: SessionRequest, maxUpload?: number): Promise<SessionInfo> {
-    request = { ...request, lookahead: this.lookahead, padded: this.padded };
+  /** Open the session; `maxUpload`: the most values a step's upload may hold (a public number); `lookahead`: the
+   * deepest run-ahead this session accepts (default: the connection's). */
+  async open(request: SessionRequest, maxUpload?: number, lookahead: number = this.lookahead): Promise<SessionInfo> {
+    this.asked = checkLookahead(lookahead);
+    request = { ...request, lookahead, padded: this.padded };
     this.request = request;
     await this.send(encodeOpen(request));
     this.sizes = new SignalSizes(request.vocabSize, maxUpload ?? request.vocabSize);
     const info = decodeOpened(await this.receive("opened"));
     this.stepsAcknowledged = request.resumePrefix.length;
-    if (info.lookahead > this.lookahead) {
+    if (info.lookahead > lookahead) {
       throw new CloudError("INTERNAL", `the cloud chose run-ahead depth ${info.lookahead}, more than the ` +
-        `${this.lookahead} asked for`);
+        `${lookahead} asked for`);
     }
     this.info = info;
     return info;
@@ -193,7 +197,7 @@ export class CloudConnection {
         this.current = dist;
         return dist;
       }
-      if (dist.step < this.follows[0] || dist.step > this.follows[0] + this.lookahead) {
+      if (dist.step < this.follows[0] || dist.step > this.follows[0] + this.asked) {
         throw new CloudError("INTERNAL", `the cloud sent step ${dist.step}, expected ${this.follows[0]}`);
       }
       this.rowsDropped++;
@@ -355,4 +359,12 @@ export class CloudConnection {
 /** The oneof's case as Python's `WhichOneof` names it (`None` when unset). */
 function kindName(kind: Kind): string {
   return kind ?? "None";
+}
+
+/** `lookahead` if it is a run-ahead depth (an integer >= 0), else `InvalidArgumentError` (Python's message). */
+function checkLookahead(lookahead: number): number {
+  if (!(Number.isInteger(lookahead) && lookahead >= 0)) {
+    throw new InvalidArgumentError(`lookahead must be non-negative (0 = lockstep), got ${lookahead}`);
+  }
+  return lookahead;
 }

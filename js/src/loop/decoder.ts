@@ -207,7 +207,7 @@ export class CollaborativeDecoder {
 
   /** Open the session; the number of steps it may run (the edge's and the cloud's limit). */
   private async open(connection: CloudConnection): Promise<number> {
-    const info = await connection.open(await this.request(), this.maxUpload);
+    const info = await connection.open(await this.request(), this.maxUpload, this.settings.lookahead ?? connection.lookahead);
     // a defence: over a network a session that runs ahead, or fuses cloud-side, is paced (autoPaceMs)
     this.pacer.start(connection.crossesNetwork && (connection.runAhead || this.settings.mode === "cloud"));
     this.ledger.sessionIds.push(info.sessionId);

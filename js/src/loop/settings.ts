@@ -3,7 +3,10 @@
  * and the same defaults); a call overrides a copy, and a name that is not a setting is refused.
  */
 
-import type { FusionMode } from "../policies/base.js";
+import { InvalidArgumentError, NotImplementedInTypeScriptError, UnknownSettingError } from "../core/errors.js";
+import { pyValueRepr } from "../core/format.js";
+import { MAX_TOP_LOGPROBS } from "../core/logprobs.js";
+import { checkFusionMode, type FusionMode } from "../policies/base.js";
 
 export interface DecodeSettings {
   /** fusion mode: "cloud" (the cloud fuses and picks) or "edge" */
@@ -32,6 +35,10 @@ export interface DecodeSettings {
   prefillBudgetMs: number | null;
   /** log-probabilities of each token and of this many best alternatives (0-20) */
   logprobs: number | null;
+  /** run-ahead: the deepest this generation accepts (rows the cloud drafts past the last confirmed token); 0:
+   * lockstep; null: the connection's (`new CloudConnection(channel, lookahead)`, which a value here overrides).
+   * What the edge sends is the same either way. */
+  lookahead: number | null;
 }
 
 export const DEFAULT_SETTINGS: Readonly<DecodeSettings> = Object.freeze({
@@ -49,34 +56,58 @@ export const DEFAULT_SETTINGS: Readonly<DecodeSettings> = Object.freeze({
   autoPaceMs: 50,
   prefillBudgetMs: null,
   logprobs: null,
+  lookahead: null,
 });
 
-const positive = ["paceMs", "autoPaceMs", "prefillBudgetMs"] as const;
 const positiveIntegers = ["maxNewTokens", "topM", "exposureK"] as const;
+/** Python's `AUTO`: a pace the Python client measures once on a public prompt; not implemented here. */
+const AUTO = "auto";
 
-/** The defaults with `overrides` applied, checked as Python checks them (`RangeError`/`TypeError` naming the
- * parameter). */
+/**
+ * The defaults with `overrides` applied, checked as Python's `DecodeSettings` checks them: `InvalidArgumentError`
+ * (`INVALID_ARGUMENT`, Python's `ValueError`) with Python's message, naming the setting in Python's spelling;
+ * `UnknownSettingError` for a name that is not a setting (Python's `TypeError`); `NotImplementedInTypeScriptError`
+ * (`UNIMPLEMENTED`) for a value Python accepts and this SDK does not implement (`"auto"` paces).  The positive
+ * integers (`maxNewTokens`, `topM`, `exposureK`) and `mode` are checked here too (Python: its command lines'
+ * flags and the policy).
+ */
 export function decodeSettings(overrides: Partial<DecodeSettings> = {}): DecodeSettings {
   const known = Object.keys(DEFAULT_SETTINGS);
   const unknown = Object.keys(overrides).filter((name) => !known.includes(name)).sort();
   if (unknown.length) {
-    throw new TypeError(`unknown decode setting${unknown.length > 1 ? "s" : ""} ${unknown.join(", ")} ` +
-      `(DecodeSettings has: ${known.join(", ")})`);
+    const spelt = unknown.filter((name) => known.includes(camel(name))).map((name) => `${name} is ${camel(name)}`);
+    throw new UnknownSettingError(`unknown decode setting${unknown.length > 1 ? "s" : ""} ${unknown.join(", ")} ` +
+      `(DecodeSettings has: ${known.join(", ")}${spelt.length ? `; ${spelt.join(", ")} here` : ""})`);
   }
   const s: DecodeSettings = { ...DEFAULT_SETTINGS, ...overrides };
-  if (s.mode !== "cloud" && s.mode !== "edge") throw new RangeError(`mode must be 'cloud' or 'edge', got ${s.mode}`);
-  for (const name of positive) {
-    const value = s[name];
-    if (value !== null && !(value > 0)) throw new RangeError(`${snake(name)} must be positive (or None for none), got ${value}`);
+  checkFusionMode(s.mode);
+  for (const [name, what] of [["paceMs", "no pacing"], ["autoPaceMs", "none"]] as const) {
+    const value: unknown = s[name];
+    if (value === AUTO) {
+      throw new NotImplementedInTypeScriptError(`${snake(name)}='auto' (a pace measured once on a public prompt) is ` +
+        "not implemented in the TypeScript SDK: give a pace in ms");
+    }
+    if (value !== null && !(typeof value === "number" && value > 0)) {
+      throw new InvalidArgumentError(`${snake(name)} must be positive, 'auto' (or None for ${what}), got ${pyValueRepr(value)}`);
+    }
   }
-  for (const name of positiveIntegers) {
-    if (!Number.isInteger(s[name]) || s[name] <= 0) throw new RangeError(`${snake(name)} must be a positive integer, got ${s[name]}`);
+  if (s.prefillBudgetMs !== null && !(s.prefillBudgetMs > 0)) {
+    throw new InvalidArgumentError(`prefill_budget_ms must be positive (or None for none), got ${pyValueRepr(s.prefillBudgetMs)}`);
   }
   if (s.exposureBudget !== null && !(s.exposureBudget >= 0 && s.exposureBudget <= 1)) {
-    throw new RangeError(`exposure_budget must lie in [0, 1], got ${s.exposureBudget}`);
+    throw new InvalidArgumentError(`exposure_budget must lie in [0, 1], got ${pyValueRepr(s.exposureBudget)}`);
   }
-  if (s.logprobs !== null && !(Number.isInteger(s.logprobs) && s.logprobs >= 0 && s.logprobs <= 20)) {
-    throw new RangeError(`logprobs must lie in 0..20 (or None for none), got ${s.logprobs}`);
+  if (s.lookahead !== null && !(Number.isInteger(s.lookahead) && s.lookahead >= 0)) {
+    throw new InvalidArgumentError("lookahead must be an integer of 0 (lockstep) or more (or None for the client's " +
+      `default), got ${pyValueRepr(s.lookahead)}`);
+  }
+  if (s.logprobs !== null && !(Number.isInteger(s.logprobs) && s.logprobs >= 0 && s.logprobs <= MAX_TOP_LOGPROBS)) {
+    throw new InvalidArgumentError(`logprobs must lie in 0..${MAX_TOP_LOGPROBS} (or None for none), got ${pyValueRepr(s.logprobs)}`);
+  }
+  for (const name of positiveIntegers) {
+    if (!Number.isInteger(s[name]) || s[name] <= 0) {
+      throw new InvalidArgumentError(`${snake(name)} must be a positive integer, got ${pyValueRepr(s[name])}`);
+    }
   }
   return s;
 }
@@ -84,4 +115,9 @@ export function decodeSettings(overrides: Partial<DecodeSettings> = {}): DecodeS
 /** `maxNewTokens` -> `max_new_tokens`: errors name a setting as Python's do. */
 function snake(name: string): string {
   return name.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`);
+}
+
+/** `max_new_tokens` -> `maxNewTokens`: a setting spelt as Python spells it is named as it is spelt here. */
+function camel(name: string): string {
+  return name.replace(/_([a-z])/g, (_, c: string) => c.toUpperCase());
 }

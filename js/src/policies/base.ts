@@ -7,12 +7,18 @@
  */
 
 import { InvalidArgumentError, UnsupportedModeError } from "../core/errors.js";
-import { pyRepr } from "../core/format.js";
+import { pyRepr, pyValueRepr } from "../core/format.js";
 import { type Draws, type FusionSpace, topKIds } from "../core/fusion.js";
 import { ReleaseEvent } from "../privacy/accountant.js";
 
 export type FusionMode = "cloud" | "edge";
 export const FUSION_MODES: readonly FusionMode[] = ["cloud", "edge"];
+
+/** `mode` if it is a fusion mode, else `InvalidArgumentError` (Python: `Policy.decide`'s message). */
+export function checkFusionMode(mode: unknown): FusionMode {
+  if (mode === "cloud" || mode === "edge") return mode;
+  throw new InvalidArgumentError(`fusion mode must be one of ('cloud', 'edge'), got ${pyValueRepr(mode)}`);
+}
 
 /** A sparse upload of SLM values: the cloud observes exactly `(ids, values)`, ids unique and ascending. */
 export class CloudUpload {
@@ -122,8 +128,8 @@ export abstract class Policy {
   /** Dispatch to {@link cloudUpload} or {@link edgeToken} by fusion mode. */
   decide(mode: FusionMode, pSlm: Float32Array, pLlm: Float32Array, alpha: number, draws?: Draws): Observation {
     if (mode === "cloud") return this.cloudUpload(pSlm, pLlm, alpha, draws);
-    if (mode === "edge") return this.edgeToken(pSlm, pLlm, alpha, draws);
-    throw new InvalidArgumentError(`fusion mode must be one of ('cloud', 'edge'), got '${mode as string}'`);
+    checkFusionMode(mode);
+    return this.edgeToken(pSlm, pLlm, alpha, draws);
   }
 
   /** The policy's parameters in their declaration order, as `describe()` lists them. */

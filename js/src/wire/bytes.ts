@@ -3,6 +3,8 @@
  * Python's `edge_sdk.protocol.wire.ids_to_bytes` / `values_from_bytes` write and read them.
  */
 
+import { InvalidArgumentError } from "../core/errors.js";
+
 /** Whether this platform stores numbers little-endian (then a typed array's bytes are the wire's bytes). */
 const LITTLE_ENDIAN = new Uint8Array(new Uint32Array([1]).buffer)[0] === 1;
 
@@ -20,7 +22,7 @@ export function valuesToBytes(values: ArrayLike<number>): Uint8Array {
 }
 
 function checkWords(data: Uint8Array, what: string): void {
-  if (data.length % 4) throw new RangeError(`${what} bytes must be a multiple of 4 long, got ${data.length}`);
+  if (data.length % 4) throw new InvalidArgumentError(`${what} bytes must be a multiple of 4 long, got ${data.length}`);
 }
 
 /** `data`'s bytes in a fresh, aligned buffer of their own (a Node `Buffer`'s `slice` is a view of its pool). */
@@ -30,14 +32,14 @@ function copied(data: Uint8Array): Uint8Array {
   return copy;
 }
 
-/** Little-endian `uint32` bytes as ids (a copy, aligned); `RangeError` when not a whole number of words. */
+/** Little-endian `uint32` bytes as ids (a copy, aligned); `InvalidArgumentError` when not a whole number of words. */
 export function idsFromBytes(data: Uint8Array): Uint32Array {
   checkWords(data, "id");
   const copy = copied(data);
   return new Uint32Array(LITTLE_ENDIAN ? copy.buffer : swapped(copy).buffer, 0, data.length / 4);
 }
 
-/** Little-endian `float32` bytes as values (a copy, aligned); `RangeError` when not a whole number of words. */
+/** Little-endian `float32` bytes as values (a copy, aligned); `InvalidArgumentError` when not a whole number of words. */
 export function valuesFromBytes(data: Uint8Array): Float32Array {
   checkWords(data, "value");
   const copy = copied(data);

@@ -5,6 +5,7 @@
 
 import { create, toBinary } from "@bufbuild/protobuf";
 import { idsFromBytes, idsToBytes, valuesFromBytes, valuesToBytes } from "./bytes.js";
+import { InvalidArgumentError } from "../core/errors.js";
 import { checkFinite } from "../core/fusion.js";
 import { MAX_TOP_LOGPROBS, type TokenLogprobs } from "../core/logprobs.js";
 import type { CloudUpload } from "../policies/base.js";
@@ -67,7 +68,7 @@ export function decodeOpened(msg: SessionOpened): SessionInfo {
   };
 }
 
-/** A `Distribution` checked and parsed; `RangeError` naming what is malformed. */
+/** A `Distribution` checked and parsed; `InvalidArgumentError` naming what is malformed. */
 export function decodeDistribution(msg: Distribution, vocabSize: number): ReceivedDistribution {
   const assumes = msg.assumesToken ?? null;
   const step = Number(msg.step);
@@ -75,7 +76,7 @@ export function decodeDistribution(msg: Distribution, vocabSize: number): Receiv
   if (msg.dense.length) {
     const dense = valuesFromBytes(msg.dense);
     if (dense.length !== vocabSize) {
-      throw new RangeError(`full distribution has ${dense.length} entries, vocabulary has ${vocabSize}`);
+      throw new InvalidArgumentError(`full distribution has ${dense.length} entries, vocabulary has ${vocabSize}`);
     }
     checkFinite(dense, "the cloud's full distribution");
     return new ReceivedDistribution(step, new Int32Array(0), new Float32Array(0), 0, 0, dense, forwardNs, assumes);
@@ -83,22 +84,22 @@ export function decodeDistribution(msg: Distribution, vocabSize: number): Receiv
   const ids = idsFromBytes(msg.ids);
   const values = valuesFromBytes(msg.values);
   if (ids.length !== values.length) {
-    throw new RangeError(`sparse distribution has ${ids.length} ids but ${values.length} values`);
+    throw new InvalidArgumentError(`sparse distribution has ${ids.length} ids but ${values.length} values`);
   }
-  if (ids.some((id) => id >= vocabSize)) throw new RangeError("sparse distribution names an id outside the vocabulary");
+  if (ids.some((id) => id >= vocabSize)) throw new InvalidArgumentError("sparse distribution names an id outside the vocabulary");
   checkFinite(values, "the cloud's sparse distribution");
   if (!(Number.isFinite(msg.tailBound) && Number.isFinite(msg.tailMass))) {
-    throw new RangeError("the cloud's sparse distribution has a non-finite tail bound or tail mass");
+    throw new InvalidArgumentError("the cloud's sparse distribution has a non-finite tail bound or tail mass");
   }
   for (let j = 1; j < values.length; j++) {
     if (!(values[j] <= values[j - 1])) {
-      throw new RangeError("the cloud's sparse distribution does not list its ids by decreasing value");
+      throw new InvalidArgumentError("the cloud's sparse distribution does not list its ids by decreasing value");
     }
   }
   if (values.length && msg.tailBound > values[values.length - 1]) {
-    throw new RangeError("the cloud's tail bound exceeds a value it sent");
+    throw new InvalidArgumentError("the cloud's tail bound exceeds a value it sent");
   }
-  if (new Set(ids).size !== ids.length) throw new RangeError("the cloud's sparse distribution lists an id twice");
+  if (new Set(ids).size !== ids.length) throw new InvalidArgumentError("the cloud's sparse distribution lists an id twice");
   return new ReceivedDistribution(step, Int32Array.from(ids), values, msg.tailBound, msg.tailMass, null, forwardNs, assumes);
 }
 
@@ -132,7 +133,7 @@ export function encodeClose(): EdgeMessage {
 }
 
 /**
- * A `TokenChosen`'s log-probabilities (`null` when it carries none); `RangeError` when they are not
+ * A `TokenChosen`'s log-probabilities (`null` when it carries none); `InvalidArgumentError` when they are not
  * log-probabilities, name an id outside the vocabulary, are out of order or more than `topN` (<= 20).
  */
 export function decodeTokenLogprobs(msg: TokenChosen, vocabSize: number, topN: number): TokenLogprobs | null {
@@ -141,14 +142,14 @@ export function decodeTokenLogprobs(msg: TokenChosen, vocabSize: number, topN: n
   const ids = idsFromBytes(body.topIds);
   const values = valuesFromBytes(body.topLogprobs);
   if (ids.length !== values.length || ids.length > Math.min(topN, MAX_TOP_LOGPROBS)) {
-    throw new RangeError(`${ids.length} top ids with ${values.length} log-probabilities, at most ${topN} asked for`);
+    throw new InvalidArgumentError(`${ids.length} top ids with ${values.length} log-probabilities, at most ${topN} asked for`);
   }
-  if (ids.some((id) => id >= vocabSize)) throw new RangeError("a top log-probability names an id outside the vocabulary");
+  if (ids.some((id) => id >= vocabSize)) throw new InvalidArgumentError("a top log-probability names an id outside the vocabulary");
   let ordered = body.logprob <= 0;
   for (let j = 0; j < values.length; j++) {
     ordered &&= values[j] <= 0 && (j === 0 || values[j] <= values[j - 1]);
   }
-  if (!ordered) throw new RangeError("the log-probabilities are not ordered values <= 0");
+  if (!ordered) throw new InvalidArgumentError("the log-probabilities are not ordered values <= 0");
   return { tokenId: msg.tokenId, logprob: body.logprob, top: Array.from(ids, (id, j) => [id, values[j]] as const) };
 }
 
@@ -175,7 +176,7 @@ function varintSize(value: number): number {
 /** Lengths of padding entries that add exactly `extra` bytes (an entry of n bytes costs 1 + varint(n) + n). */
 export function paddingEntries(extra: number): number[] {
   if (extra === 0) return [];
-  if (extra < 2) throw new RangeError(`padding cannot add ${extra} byte`);
+  if (extra < 2) throw new InvalidArgumentError(`padding cannot add ${extra} byte`);
   for (const wanted of [extra, extra - 2]) {
     for (let prefix = 1; prefix < 6; prefix++) {
       const n = wanted - 1 - prefix;
@@ -257,7 +258,7 @@ export function padEdgeMessage(message: EdgeMessage, bytes: Uint8Array, sizes: S
   if (signal.signal.case === "upload") {
     const values = signal.signal.value.values.length / 4;
     if (values > sizes.maxUpload) {
-      throw new RangeError(`an upload of ${values} values, more than the policy's public maximum ${sizes.maxUpload}`);
+      throw new InvalidArgumentError(`an upload of ${values} values, more than the policy's public maximum ${sizes.maxUpload}`);
     }
     return padBytes(bytes, sizes.size("upload", step));
   }
