@@ -67,9 +67,8 @@ const AUTO = "auto";
  * The defaults with `overrides` applied, checked as Python's `DecodeSettings` checks them: `InvalidArgumentError`
  * (`INVALID_ARGUMENT`, Python's `ValueError`) with Python's message, naming the setting in Python's spelling;
  * `UnknownSettingError` for a name that is not a setting (Python's `TypeError`); `NotImplementedInTypeScriptError`
- * (`UNIMPLEMENTED`) for a value Python accepts and this SDK does not implement (`"auto"` paces).  The positive
- * integers (`maxNewTokens`, `topM`, `exposureK`) and `mode` are checked here too (Python: its command lines'
- * flags and the policy).
+ * (`UNIMPLEMENTED`) for a value Python accepts and this SDK does not implement (`"auto"` paces).  Checked in
+ * Python's order: the mode, the counts, the clocks, the budget, lookahead, logprobs.
  */
 export function decodeSettings(overrides: Partial<DecodeSettings> = {}): DecodeSettings {
   const known = Object.keys(DEFAULT_SETTINGS);
@@ -81,6 +80,11 @@ export function decodeSettings(overrides: Partial<DecodeSettings> = {}): DecodeS
   }
   const s: DecodeSettings = { ...DEFAULT_SETTINGS, ...overrides };
   checkFusionMode(s.mode);
+  for (const name of positiveIntegers) {
+    if (!Number.isInteger(s[name]) || s[name] <= 0) {
+      throw new InvalidArgumentError(`${snake(name)} must be a positive integer, got ${pyValueRepr(s[name])}`);
+    }
+  }
   for (const [name, what] of [["paceMs", "no pacing"], ["autoPaceMs", "none"]] as const) {
     const value: unknown = s[name];
     if (value === AUTO) {
@@ -103,11 +107,6 @@ export function decodeSettings(overrides: Partial<DecodeSettings> = {}): DecodeS
   }
   if (s.logprobs !== null && !(Number.isInteger(s.logprobs) && s.logprobs >= 0 && s.logprobs <= MAX_TOP_LOGPROBS)) {
     throw new InvalidArgumentError(`logprobs must lie in 0..${MAX_TOP_LOGPROBS} (or None for none), got ${pyValueRepr(s.logprobs)}`);
-  }
-  for (const name of positiveIntegers) {
-    if (!Number.isInteger(s[name]) || s[name] <= 0) {
-      throw new InvalidArgumentError(`${snake(name)} must be a positive integer, got ${pyValueRepr(s[name])}`);
-    }
   }
   return s;
 }
