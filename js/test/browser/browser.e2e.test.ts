@@ -4,7 +4,7 @@
  * (test-results/browser.png).  `COVEIL_CHROMIUM` names the browser (default /usr/bin/chromium).
  */
 
-import { createReadStream, mkdirSync, mkdtempSync, readFileSync, statSync, writeFileSync } from "node:fs";
+import { createReadStream, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
@@ -24,9 +24,11 @@ const TYPES: Record<string, string> = { ".html": "text/html", ".js": "text/javas
 
 let adapter: Adapter;
 let server: Server;
+/** the adapter's token file's folder, removed after the test */
+let dir: string | undefined;
 
 beforeAll(async () => {
-  const dir = mkdtempSync(join(tmpdir(), "coveil-browser-"));
+  dir = mkdtempSync(join(tmpdir(), "coveil-browser-"));
   writeFileSync(join(dir, "tokens.txt"), `${TOKEN}\n`);
   adapter = await startAdapter(["--token-file", join(dir, "tokens.txt")], true);
 }, 300_000);
@@ -34,6 +36,7 @@ beforeAll(async () => {
 afterAll(() => {
   server?.close();
   adapter?.stop();
+  if (dir !== undefined) rmSync(dir, { recursive: true, force: true });
 });
 
 it("answers a MedPriv question in headless Chromium with wllama, over WebSocket, showing the ledger", async () => {
