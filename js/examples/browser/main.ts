@@ -22,9 +22,9 @@ async function main(): Promise<void> {
   await wllama.loadModelFromUrl(params.get("model")!, { n_ctx: 1024, n_batch: 256, useCache: false });
   const slm = new WllamaSLM(wllama, { name: params.get("name")!, vocabFingerprint: hex(params.get("fingerprint")!) });
   const query = `Question: ${item.public_query}\nAnswer:`;
+  const slmPrompt = await slm.tokenize(`${item.private_context}\n\n${query}`, { addBos: true });
   const decoder = new CollaborativeDecoder(slm, makePolicy("coveil"), { mode: "edge", maxNewTokens: Number(params.get("tokens") ?? 6) }, {
-    slmPrompt: await slm.tokenize(`${item.private_context}\n\n${query}`, { addBos: true }),
-    cloudPrompt: await slm.tokenize(query, { addBos: true }),
+    slmPrompt, cloudPrompt: await slm.tokenize(query, { addBos: true }),
   });
   show("status", "decoding…");
   const channel = new WebSocketChannel(`${params.get("ws")}${WS_PATH}`, undefined, params.get("token") ?? undefined);
@@ -43,6 +43,8 @@ async function main(): Promise<void> {
   } finally {
     await connection.close();
   }
+  // the ids, for whoever checks the page against another SDK's run
+  Object.assign(document.getElementById("answer")!.dataset, { tokens: JSON.stringify(decoder.tokens), prompt: JSON.stringify(slmPrompt) });
   show("status", `done: ${decoder.tokens.length} tokens, ${decoder.ledger.bytesUp} B up / ${decoder.ledger.bytesDown} B down; ` +
     (decoder.ledger.inWords() ?? ""));
   document.title = "done";

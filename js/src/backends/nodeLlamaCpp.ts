@@ -15,6 +15,10 @@
  * `[token, [id0, p0, id1, p1, ...], confidence]`.  package.json pins that version; `NodeLlamaCppSLM.load` checks
  * the shape and otherwise reads the public `Map` (`rowPath === "map"`: the same numbers, slower), and
  * test/e2e/nodeLlamaCpp.e2e.test.ts fails when the addon path is gone or its rows differ from the `Map`'s.
+ *
+ * Even so, the array costs about twice the decode (the SDK on this backend: 0.34-0.39 of raw node-llama-cpp's
+ * tokens/s, bench/sdk_tokens.ts), and 3.21.1 offers no other whole row (no logits, no typed array): Node apps that
+ * need the speed use `LlamaCppNativeSLM` (0.89-0.94 in the same runs).
  */
 
 import { createHash } from "node:crypto";

@@ -17,7 +17,11 @@ import { fromBinary } from "@bufbuild/protobuf";
 import { expect } from "vitest";
 import type { SLMBackend } from "../../src/backends/base.js";
 import type { MessageChannel } from "../../src/carriers/channel.js";
+import { CloudConnection } from "../../src/loop/connection.js";
+import { CollaborativeDecoder } from "../../src/loop/decoder.js";
+import type { Policy } from "../../src/policies/base.js";
 import { EdgeMessageSchema, valuesFromBytes } from "../../src/wire/index.js";
+import { ReplayDraws } from "../vectors.js";
 
 const run = promisify(execFile);
 const here = dirname(fileURLToPath(import.meta.url));
@@ -90,15 +94,83 @@ export interface PythonRun {
   finish_reason: string;
   sent: string[];
   received: string[];
+  /** the ledger's entries without their timings (python_edge.py's TIMINGS) */
+  entries: Record<string, unknown>[];
+  /** the epsilon ledger (`PrivacyLedger.privacy()`) */
+  privacy: Record<string, unknown> | null;
+  /** the draws a randomised policy took, in order (conformance vectors' encoding; none without `seed`) */
+  draws: [string, string | string[]][];
 }
 
-/** The Python SDK's decode of MedPriv item `item` against `target` (see python_edge.py). */
+/** The Python SDK's decode of MedPriv item `item` against `target` (see python_edge.py): undefended unless
+ * `policy` names another (its default parameters); a randomised one draws from a generator seeded with `seed`. */
 export async function pythonEdge(target: string, item: number, options: { mode: string; maxNewTokens: number;
-  canary?: string; lookahead?: number; token?: string }): Promise<PythonRun> {
+  canary?: string; lookahead?: number; token?: string; policy?: string; seed?: number }): Promise<PythonRun> {
+  const seed = options.seed === undefined ? [] : ["--seed", String(options.seed)];
   const { stdout } = await run(PYTHON, [join(here, "python_edge.py"), "--cloud", target, "--item", String(item),
     "--mode", options.mode, "--max-new-tokens", String(options.maxNewTokens), "--canary", options.canary ?? "",
-    "--lookahead", String(options.lookahead ?? 0), "--token", options.token ?? ""], { cwd: REPO, maxBuffer: 1 << 28, env: { ...process.env, PYTHONPATH: REPO } });
+    "--lookahead", String(options.lookahead ?? 0), "--token", options.token ?? "", "--policy", options.policy ?? "undefended",
+    ...seed], { cwd: REPO, maxBuffer: 1 << 28, env: { ...process.env, PYTHONPATH: REPO } });
   return JSON.parse(stdout) as PythonRun;
+}
+
+/**
+ * The policies the byte-for-byte runs cover beyond the undefended one, each in both fusion modes, at their default
+ * parameters: CoVeil (lambda 1) and DP-Fusion (epsilon 2 per token; edge-side each token is drawn, from the
+ * draws of a numpy generator seeded with {@link SEED} that python_edge.py records and the TypeScript run replays).
+ */
+export const POLICY_RUNS = (["coveil", "dp_fusion"] as const).flatMap((policy) =>
+  (["edge", "cloud"] as const).map((mode) => [policy, mode] as const));
+export const SEED = 34;
+
+/** A MedPriv item's two fields the prompts are made of. */
+export interface Item { private_context: string; public_query: string }
+
+/**
+ * The TypeScript SDK's decode of `item` on `slm` under `policy` over `channel` (recording what crossed it), with
+ * python_edge.py's prompts: the private context (and `canary`) then the question for the SLM, the question alone
+ * for the cloud.  `draws`: what a randomised policy takes (default: none, so one that draws fails).
+ */
+export async function tsDecode(slm: SLMBackend, policy: Policy, item: Item, channel: RecordingChannel,
+  options: { mode: "cloud" | "edge"; maxNewTokens: number; canary?: string; lookahead?: number; draws?: ReplayDraws }) {
+  const query = `Question: ${item.public_query}\nAnswer:`;
+  const slmPrompt = await slm.tokenize(`${item.private_context}${options.canary ?? ""}\n\n${query}`, { addBos: true });
+  const cloudPrompt = await slm.tokenize(query, { addBos: true });
+  const decoder = new CollaborativeDecoder(slm, policy, { mode: options.mode, maxNewTokens: options.maxNewTokens, autoPaceMs: null },
+    { slmPrompt, cloudPrompt, draws: options.draws ?? new ReplayDraws([]) });
+  const connection = new CloudConnection(channel, options.lookahead ?? 0);
+  try {
+    for await (const _event of decoder.steps(connection)) { /* decode to the end */ }
+  } finally {
+    await connection.close();
+  }
+  return { slmPrompt, cloudPrompt, decoder, channel, connection };
+}
+
+/** A ledger entry as python_edge.py prints it: every decided field, no timings. */
+function decided(entry: object): Record<string, unknown> {
+  const { edge_ms: _e, wait_ms: _w, cloud_forward_ms: _c, pace_overrun: _p, ...rest } = entry as Record<string, unknown>;
+  return rest;
+}
+
+/**
+ * Check a run of the TypeScript SDK (on an SLM whose logits are the Python SDK's bit for bit, fed the draws the
+ * Python run took) against the Python SDK's run of the same item and policy: the same prompts, tokens and end,
+ * every message up byte for byte (cloud-side through {@link compareCloudSideSent}), messages down of the same
+ * sizes, every draw taken, and the same ledger: each step's decided fields and the epsilon ledger.
+ */
+export function expectSameRun(ts: Awaited<ReturnType<typeof tsDecode>>, python: PythonRun, draws?: ReplayDraws): void {
+  expect(ts.slmPrompt).toEqual(python.slm_prompt);
+  expect(ts.cloudPrompt).toEqual(python.cloud_prompt);
+  expect(ts.decoder.tokens).toEqual(python.tokens);
+  expect(ts.decoder.finishReason).toBe(python.finish_reason);
+  if (ts.decoder.settings.mode === "cloud") compareCloudSideSent(ts.channel.sent, python.sent);
+  else expect(ts.channel.sent).toEqual(python.sent);
+  // what came back: the same messages but the session id and the cloud's forward times, in padded sizes
+  expect(ts.channel.received.map((m) => m.length)).toEqual(python.received.map((m) => m.length));
+  expect(draws?.finished ?? true, "the TypeScript run took every draw the Python run took").toBe(true);
+  expect(ts.decoder.ledger.entries.map(decided)).toEqual(python.entries);
+  expect(JSON.parse(JSON.stringify(ts.decoder.ledger.privacy()))).toEqual(python.privacy);
 }
 
 /** A channel that keeps every message's bytes as hex, each direction. */

@@ -15,12 +15,12 @@ import type { SLMBackend } from "../../src/backends/base.js";
 import { LlamaCppNativeSLM } from "../../src/backends/llamaCppNative.js";
 import { NodeLlamaCppSLM } from "../../src/backends/nodeLlamaCpp.js";
 import { GrpcCarrier } from "../../src/carriers/grpc.js";
-import { CloudConnection } from "../../src/loop/connection.js";
-import { CollaborativeDecoder } from "../../src/loop/decoder.js";
 import type { Policy } from "../../src/policies/base.js";
 import { makePolicy } from "../../src/policies/index.js";
 import { Undefended } from "../../src/policies/undefended.js";
-import { MEDPRIV, RecordingChannel, compareCloudSideSent, embeddedGguf, expectNoCanary, pythonEdge, startAdapter, type Adapter } from "./adapter.js";
+import { ReplayDraws } from "../vectors.js";
+import { MEDPRIV, RecordingChannel, compareCloudSideSent, embeddedGguf, expectNoCanary, expectSameRun, POLICY_RUNS, pythonEdge,
+  SEED, startAdapter, tsDecode, type Adapter } from "./adapter.js";
 
 const items = readFileSync(MEDPRIV, "utf8").split("\n").filter(Boolean).map((line) => JSON.parse(line));
 
@@ -50,24 +50,10 @@ afterAll(async () => {
   adapter?.stop();
 });
 
-/** The TypeScript SDK's decode of item `index`, recording what crossed the wire. */
-async function tsEdge(index: number, policy: Policy,
-  options: { mode: "cloud" | "edge"; maxNewTokens: number; canary?: string; lookahead?: number; slm?: SLMBackend }) {
-  const slm = options.slm ?? backend("node-llama-cpp");
-  const item = items[index];
-  const query = `Question: ${item.public_query}\nAnswer:`;
-  const slmPrompt = await slm.tokenize(`${item.private_context}${options.canary ?? ""}\n\n${query}`, { addBos: true });
-  const cloudPrompt = await slm.tokenize(query, { addBos: true });
-  const decoder = new CollaborativeDecoder(slm, policy, { mode: options.mode, maxNewTokens: options.maxNewTokens, autoPaceMs: null },
-    { slmPrompt, cloudPrompt });
-  const channel = new RecordingChannel(carrier.channel());
-  const connection = new CloudConnection(channel, options.lookahead ?? 0);
-  try {
-    for await (const _event of decoder.steps(connection)) { /* decode to the end */ }
-  } finally {
-    await connection.close();
-  }
-  return { slmPrompt, cloudPrompt, decoder, channel, connection };
+/** The TypeScript SDK's decode of item `index` over gRPC, recording what crossed the wire. */
+function tsEdge(index: number, policy: Policy,
+  options: { mode: "cloud" | "edge"; maxNewTokens: number; canary?: string; lookahead?: number; slm?: SLMBackend; draws?: ReplayDraws }) {
+  return tsDecode(options.slm ?? backend("node-llama-cpp"), policy, items[index], new RecordingChannel(carrier.channel()), options);
 }
 
 describe("the TypeScript SDK against the Python adapter over gRPC", () => {
@@ -143,6 +129,14 @@ describe("the TypeScript SDK against the Python adapter over gRPC", () => {
     // measured: 0.059 (least id overlap 0.927); the SLM's own rows differ as much between the two builds on one prompt
     // (prefill: 0.011 at p = 0.11; after 3 appends 0.029 at p = 0.29), with the same top token
     expect(worst).toBeLessThan(0.1);
+  }, 300_000);
+
+  for (const [policy, mode] of POLICY_RUNS) it(`${policy}, ${mode}-side, MedPriv item 0, native-python: the Python SDK's tokens, every message up byte for byte, the same ledger`, async () => {
+    const python = await pythonEdge(adapter.target, 0, { mode, maxNewTokens: 6, policy, seed: SEED });
+    const draws = new ReplayDraws(python.draws);
+    const ts = await tsEdge(0, makePolicy(policy), { mode, maxNewTokens: 6, slm: backend("native-python"), draws });
+    expectSameRun(ts, python, draws);
+    expect(python.draws.length > 0).toBe(policy === "dp_fusion" && mode === "edge"); // the edge-side draw is seeded
   }, 300_000);
 
   it("a canary in the private context appears in no message (text or token ids), under CoVeil", async () => {

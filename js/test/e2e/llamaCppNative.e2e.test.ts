@@ -12,7 +12,7 @@
  */
 
 import { execFile } from "node:child_process";
-import { mkdtempSync, readFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
@@ -133,10 +133,16 @@ describe("LlamaCppNativeSLM", () => {
 describe("LlamaCppNativeSLM built against llama-cpp-python", () => {
   /** The Python SDK's logits (LlamaCppSLM) over a prefill of `ids` and `appends` greedy appends, one row each. */
   async function pythonRows(path: string, ids: readonly number[], appends: number, vocabSize: number): Promise<Float32Array[]> {
-    const out = join(mkdtempSync(join(tmpdir(), "coveil-rows-")), "rows.f32");
-    await promisify(execFile)(PYTHON, [join(REPO, "js", "test", "e2e", "python_rows.py"), "--gguf", path, "--ids", ids.join(","),
-      "--appends", String(appends), "--threads", "1", "--out", out], { cwd: REPO, env: { ...process.env, PYTHONPATH: REPO } });
-    const bytes = readFileSync(out);
+    const dir = mkdtempSync(join(tmpdir(), "coveil-rows-"));
+    const out = join(dir, "rows.f32");
+    let bytes: Buffer;
+    try {
+      await promisify(execFile)(PYTHON, [join(REPO, "js", "test", "e2e", "python_rows.py"), "--gguf", path, "--ids", ids.join(","),
+        "--appends", String(appends), "--threads", "1", "--out", out], { cwd: REPO, env: { ...process.env, PYTHONPATH: REPO } });
+      bytes = readFileSync(out);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
     const all = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
     expect(all.length).toBe((appends + 1) * vocabSize);
     return Array.from({ length: appends + 1 }, (_, i) => all.subarray(i * vocabSize, (i + 1) * vocabSize));

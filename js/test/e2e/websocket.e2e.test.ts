@@ -7,7 +7,7 @@
  * private context appears in none of its messages.
  */
 
-import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -17,10 +17,12 @@ import { NodeLlamaCppSLM } from "../../src/backends/nodeLlamaCpp.js";
 import { WS_PATH, WebSocketChannel, type WebSocketFactory } from "../../src/carriers/websocket.js";
 import { nodeWebSocket } from "../../src/carriers/websocketNode.js";
 import { CloudError } from "../../src/core/errors.js";
-import { CloudConnection } from "../../src/loop/connection.js";
-import { CollaborativeDecoder } from "../../src/loop/decoder.js";
+import type { Policy } from "../../src/policies/base.js";
+import { makePolicy } from "../../src/policies/index.js";
 import { Undefended } from "../../src/policies/undefended.js";
-import { MEDPRIV, RecordingChannel, compareCloudSideSent, embeddedGguf, expectNoCanary, pythonEdge, startAdapter, type Adapter } from "./adapter.js";
+import { ReplayDraws } from "../vectors.js";
+import { MEDPRIV, RecordingChannel, compareCloudSideSent, embeddedGguf, expectNoCanary, expectSameRun, POLICY_RUNS, pythonEdge,
+  SEED, startAdapter, tsDecode, type Adapter } from "./adapter.js";
 
 const items = readFileSync(MEDPRIV, "utf8").split("\n").filter(Boolean).map((line) => JSON.parse(line));
 const TOKEN = process.env.COVEIL_TOKEN_E2E ?? "tok-e2e";
@@ -29,6 +31,8 @@ const TOKEN = process.env.COVEIL_TOKEN_E2E ?? "tok-e2e";
 const browserLike: WebSocketFactory = { ...nodeWebSocket, setsHeaders: false };
 
 let adapter: Adapter;
+/** the adapter's token file's folder, removed after the tests */
+let dir: string | undefined;
 let slm: NodeLlamaCppSLM;
 let native: LlamaCppNativeSLM;
 let nativePython: LlamaCppNativeSLM;
@@ -37,7 +41,7 @@ const backend = (name: (typeof BACKENDS)[number]): SLMBackend =>
   ({ "node-llama-cpp": slm, native, "native-python": nativePython })[name];
 
 beforeAll(async () => {
-  const dir = mkdtempSync(join(tmpdir(), "coveil-ws-"));
+  dir = mkdtempSync(join(tmpdir(), "coveil-ws-"));
   writeFileSync(join(dir, "tokens.txt"), `${TOKEN}\n`);
   [adapter, slm, native, nativePython] = await Promise.all([
     startAdapter(["--token-file", join(dir, "tokens.txt")], true),
@@ -52,25 +56,15 @@ afterAll(async () => {
   await native?.close();
   await nativePython?.close();
   adapter?.stop();
+  if (dir !== undefined) rmSync(dir, { recursive: true, force: true });
 });
 
-async function tsOverWebSocket(index: number, factory: WebSocketFactory, token: string, maxNewTokens: number,
-  options: { slm?: SLMBackend; mode?: "edge" | "cloud"; canary?: string } = {}) {
-  const model = options.slm ?? slm;
-  const item = items[index];
-  const query = `Question: ${item.public_query}\nAnswer:`;
-  const slmPrompt = await model.tokenize(`${item.private_context}${options.canary ?? ""}\n\n${query}`, { addBos: true });
-  const cloudPrompt = await model.tokenize(query, { addBos: true });
-  const decoder = new CollaborativeDecoder(model, new Undefended(), { mode: options.mode ?? "edge", maxNewTokens, autoPaceMs: null },
-    { slmPrompt, cloudPrompt });
+/** The TypeScript SDK's decode of item `index` over the WebSocket route (undefended unless `policy` is given). */
+function tsOverWebSocket(index: number, factory: WebSocketFactory, token: string, maxNewTokens: number,
+  options: { slm?: SLMBackend; mode?: "edge" | "cloud"; canary?: string; policy?: Policy; draws?: ReplayDraws } = {}) {
   const channel = new RecordingChannel(new WebSocketChannel(`${adapter.wsUrl}${WS_PATH}`, factory, token));
-  const connection = new CloudConnection(channel);
-  try {
-    for await (const _event of decoder.steps(connection)) { /* to the end */ }
-  } finally {
-    await connection.close();
-  }
-  return { decoder, channel, slmPrompt };
+  return tsDecode(options.slm ?? slm, options.policy ?? new Undefended(), items[index], channel,
+    { ...options, mode: options.mode ?? "edge", maxNewTokens });
 }
 
 describe("the TypeScript SDK over the adapter's WebSocket route", () => {
@@ -97,6 +91,13 @@ describe("the TypeScript SDK over the adapter's WebSocket route", () => {
     const canary = " Patient code QX7-ZEBRA-4417.";
     const ts = await tsOverWebSocket(3, nodeWebSocket, TOKEN, 6, { slm: backend("native-python"), mode: "cloud", canary });
     await expectNoCanary(canary, nativePython, ts.slmPrompt, [...ts.channel.sent, ...ts.channel.received], 6);
+  }, 300_000);
+
+  for (const [policy, mode] of POLICY_RUNS) it(`${policy}, ${mode}-side, MedPriv item 3, native-python: the Python SDK's tokens, every message up byte for byte, the same ledger`, async () => {
+    const python = await pythonEdge(adapter.target, 3, { mode, maxNewTokens: 6, policy, seed: SEED, token: TOKEN });
+    const draws = new ReplayDraws(python.draws);
+    const ts = await tsOverWebSocket(3, nodeWebSocket, TOKEN, 6, { slm: backend("native-python"), mode, policy: makePolicy(policy), draws });
+    expectSameRun(ts, python, draws);
   }, 300_000);
 
   it("the browser's bearer subprotocol authenticates the same session", async () => {
