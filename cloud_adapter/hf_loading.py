@@ -123,10 +123,15 @@ def _convert_gguf(source: ModelSource, target: Path) -> None:
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        staging.rename(target)
-    except BaseException:
+        try:
+            staging.rename(target)
+        except OSError:
+            # another process (a second test worker, a second adapter) finished the same conversion first
+            if not (target / "config.json").is_file():
+                raise
+            log.info("%s was converted by another process meanwhile; using it", target)
+    finally:
         shutil.rmtree(staging, ignore_errors=True)
-        raise
 
 
 def _transformers_location(source: ModelSource) -> str:
