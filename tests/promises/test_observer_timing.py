@@ -9,6 +9,7 @@ as the attack review's scripted SLM did.  The cloud's view is the sequence of ti
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -79,23 +80,24 @@ def test_the_gaps_the_cloud_sees_do_not_show_the_private_context_s_length(mode: 
     and cloud-side lockstep one round trip plus one SLM step apart (the SLM's step begins when the pick arrives:
     ~95 vs ~120 ms), so both are paced by default (``auto_pace_ms``): each gap is one pace (or, after a pick the
     edge waited for, the round trip and one pace) for either context."""
-    for lookahead in (0, 8):
-        short, long = short_and_long(mode, lookahead)
+    for lookahead, (short, long) in short_and_long(mode, (0, 8)).items():
         assert 0.2 <= auc(short, long) <= 0.8, (lookahead, short, long)
         assert abs(np.median(long) - np.median(short)) < 5, (lookahead, short, long)
     pace = DecodeSettings.auto_pace_ms
     assert np.median(long) == pytest.approx(pace, abs=5), long  # run-ahead: the pace, not the SLM's ~34 ms
     # the protection removed: the same test tells the two contexts apart
-    short, long = short_and_long(mode, 8, auto_pace_ms=None)
+    short, long = short_and_long(mode, (8,), auto_pace_ms=None)[8]
     assert auc(short, long) > 0.9 and np.median(long) - np.median(short) > 15, (short, long)
 
 
-def short_and_long(mode: str, lookahead: int, **settings: Any) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`gaps_seen_by_the_cloud` after the short and the long private context, the two generations side by
-    side (each sleeps nearly all its time: together they take as long as one, under the same load)."""
-    short, long = side_by_side(*(lambda n=n: gaps_seen_by_the_cloud(n, mode, lookahead, **settings)
-                                 for n in (SHORT, LONG)))
-    return short, long
+def short_and_long(mode: str, lookaheads: tuple[int, ...], **settings: Any
+                   ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """:func:`gaps_seen_by_the_cloud` after the short and the long private context, at each of ``lookaheads``: the
+    generations side by side (each sleeps nearly all its time: together they take as long as one, under the same
+    load)."""
+    runs = side_by_side(*(partial(gaps_seen_by_the_cloud, n, mode, lookahead, **settings)
+                          for lookahead in lookaheads for n in (SHORT, LONG)))
+    return {lookahead: (runs[2 * i], runs[2 * i + 1]) for i, lookahead in enumerate(lookaheads)}
 
 
 @pytest.mark.slow
