@@ -104,8 +104,8 @@ def short_and_long(mode: str, lookaheads: tuple[int, ...], **settings: Any
 def test_an_explicit_pace_paces_lockstep_and_run_ahead_alike() -> None:
     """``pace_ms`` overrides the default pace, in edge-side lockstep too (which the default leaves unpaced): the
     signals reach the cloud one pace apart (a busy host's late wake-up shows in one gap and is made up in the next)."""
-    lockstep, run_ahead = side_by_side(*(lambda lookahead=lookahead: gaps_seen_by_the_cloud(
-        LONG, "edge", lookahead, pace_ms=120.0) for lookahead in (0, 8)))
+    lockstep, run_ahead = side_by_side(*(partial(gaps_seen_by_the_cloud, LONG, "edge", lookahead, pace_ms=120.0)
+                                         for lookahead in (0, 8)))
     for lookahead, gaps in ((0, lockstep), (8, run_ahead)):
         assert np.median(gaps) == pytest.approx(120.0, abs=3), (lookahead, gaps)
     with pytest.raises(ValueError, match="auto_pace_ms must be positive"):
