@@ -22,6 +22,7 @@ from edge_sdk.protocol.connection import CloudConnection
 from edge_sdk.protocol.channels import InProcessChannel
 from tests.promises.test_malicious_cloud import LyingCloud, PeakSLM, SlowSLM, policies
 from tests.promises.test_never_upload import masked_pieces
+from tests.support.side_by_side import side_by_side
 
 # -- pacing: a full-row request is a message the cloud times too ----------------------------------------------
 
@@ -53,7 +54,8 @@ def test_paced_full_row_requests_leave_on_the_public_schedule_whatever_the_priva
     Paced at 800 ms, every message must reach the cloud on the grid of 800 ms slots after the open (never early,
     late only by the scheduler's delay in waking up, up to 250 ms on a busy machine), for both context lengths."""
     pace = 800.0
-    runs = {n: arrival_times(n, policy, pace) for n in (5, 1000)}
+    lengths = (5, 1000)  # the two generations side by side: each sleeps nearly all its time
+    runs = dict(zip(lengths, side_by_side(*(lambda n=n: arrival_times(n, policy, pace) for n in lengths))))
     for context_tokens, times in runs.items():
         kinds = [kind for kind, _ in times]
         assert kinds.count("request_full") == 2 and kinds.count("signal") == 2

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,7 @@ from edge_sdk.testing import ScriptedChannel, ScriptedCloud, ScriptedSession, Ta
 from edge_sdk.protocol.connection import CloudConnection
 from edge_sdk.protocol.channels import InProcessChannel
 from tests.support.carriers import Carrier
+from tests.support.side_by_side import side_by_side
 
 VOCAB = 512
 TOP = 100  # the SLM's argmax: the token the lying cloud hunts for
@@ -156,12 +158,14 @@ def sent_to(probe: frozenset[int], mode: str, policy: Policy, *, breaks: int, vo
             masked_ids: frozenset[int] = frozenset(), carrier: Carrier | None = None,
             ) -> tuple[list[bytes], CollaborativeDecoder]:
     """Every message the edge sends to a lying cloud with ``probe``, over one generation (reconnects included), in
-    process or over ``carrier``."""
+    process or over ``carrier``.  Unpaced (``auto_pace_ms=None``) over a carrier too, as in process: the pace
+    only delays a message, never changes its bytes (``tests/promises/test_observer_timing.py`` holds the pace)."""
     received: list[bytes] = []
     left = [breaks]
     decoder = CollaborativeDecoder(
-        PeakSLM(vocab_size=vocab_size), policy, DecodeSettings(mode=mode, max_new_tokens=4), slm_prompt=[1, 5, 6, 7],
-        cloud_prompt=[1, 5], meter=LeakageMeter(frozenset()), rng=np.random.default_rng(11), masked_ids=masked_ids,
+        PeakSLM(vocab_size=vocab_size), policy, DecodeSettings(mode=mode, max_new_tokens=4, auto_pace_ms=None),
+        slm_prompt=[1, 5, 6, 7], cloud_prompt=[1, 5], meter=LeakageMeter(frozenset()), rng=np.random.default_rng(11),
+        masked_ids=masked_ids,
     )
     def connect() -> CloudConnection:
         def lying() -> LyingCloud:
@@ -294,11 +298,13 @@ def test_paced_signals_leave_on_a_public_schedule_whatever_the_private_context_s
     """Unpaced, a 200-token context's SLM steps are ~100 ms slower than a 5-token one's, and the cloud sees it in
     the gaps between signals; paced at 200 ms, signal t reaches the cloud (t + 1) * 200 ms after the open (and
     at most a scheduler's delay later), for either, and no step overran."""
-    unpaced = {n: signal_times(n, None)[0] for n in (5, 200)}
+    lengths = (5, 200)  # each context's generation beside the other's: each sleeps nearly all its time
+    unpaced = {n: times for n, (times, _) in zip(lengths, side_by_side(*(partial(signal_times, n, None)
+                                                                        for n in lengths)))}
     assert unpaced[200][-1] - unpaced[5][-1] > 300  # 4 steps x ~97 ms: the test can tell the two contexts apart
     paced = {}
-    for n in (5, 200):
-        paced[n], decoder = signal_times(n, 200.0)
+    for n, (times, decoder) in zip(lengths, side_by_side(*(partial(signal_times, n, 200.0) for n in lengths))):
+        paced[n] = times
         assert not any(entry.pace_overrun for entry in decoder.ledger.entries)
         for step, at in enumerate(paced[n]):  # never early; late only by the scheduler's delay in waking up
             assert (step + 1) * 200 - 1 <= at <= (step + 1) * 200 + 100, (n, step, paced[n])

@@ -3,6 +3,7 @@ two private contexts of one item, over the public fakes behind a simulated 60 ms
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,7 @@ from edge_sdk.privacy.meter import LeakageMeter
 from edge_sdk.policies import make_policy
 from edge_sdk.testing import LinkChannel, ScriptedCloud, TableSLM
 from edge_sdk.protocol.connection import CloudConnection
+from tests.support.side_by_side import side_by_side
 
 VOCAB = 256
 SHORT, LONG = 16, 1200
@@ -55,14 +57,20 @@ def generation(context_tokens: int, mode: str, *, protected: bool) -> RecordingC
     return channel
 
 
+def short_and_long(mode: str, *, protected: bool) -> tuple[list[RecordingChannel], list[RecordingChannel]]:
+    """One generation after each context, the two side by side (each sleeps nearly all its time)."""
+    short, long = side_by_side(*(partial(generation, n, mode, protected=protected) for n in (SHORT, LONG)))
+    return [short], [long]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["edge", "cloud"])
 def test_the_observer_attacks_tell_the_contexts_apart_only_without_the_defences(mode: str) -> None:
     """Unprotected, the token ids' varints and the uploads' values give the contexts' sizes away and the SLM's
     step their timing (run-ahead); with the default padding and public clock neither does."""
-    bare = observer_scores([generation(SHORT, mode, protected=False)], [generation(LONG, mode, protected=False)])
+    bare = observer_scores(*short_and_long(mode, protected=False))
     assert bare["sizes_apart"] == 1.0 and bare["cloud_timing_auc"] > 0.9 and bare["timing_auc"] > 0.9, bare
-    defended = observer_scores([generation(SHORT, mode, protected=True)], [generation(LONG, mode, protected=True)])
+    defended = observer_scores(*short_and_long(mode, protected=True))
     assert defended["sizes_apart"] == 0.0, defended
     assert 0.2 <= defended["cloud_timing_auc"] <= 0.8 and 0.2 <= defended["timing_auc"] <= 0.8, defended
 

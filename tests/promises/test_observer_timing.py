@@ -9,6 +9,7 @@ as the attack review's scripted SLM did.  The cloud's view is the sequence of ti
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,7 @@ from edge_sdk.privacy.meter import LeakageMeter
 from edge_sdk.policies import make_policy
 from edge_sdk.testing import LinkChannel, ScriptedCloud, TableSLM
 from edge_sdk.protocol.connection import CloudConnection
+from tests.support.side_by_side import side_by_side
 
 RTT_S = 0.080
 FORWARD_S = 0.004
@@ -78,24 +80,33 @@ def test_the_gaps_the_cloud_sees_do_not_show_the_private_context_s_length(mode: 
     and cloud-side lockstep one round trip plus one SLM step apart (the SLM's step begins when the pick arrives:
     ~95 vs ~120 ms), so both are paced by default (``auto_pace_ms``): each gap is one pace (or, after a pick the
     edge waited for, the round trip and one pace) for either context."""
-    for lookahead in (0, 8):
-        short, long = (gaps_seen_by_the_cloud(n, mode, lookahead) for n in (SHORT, LONG))
+    for lookahead, (short, long) in short_and_long(mode, (0, 8)).items():
         assert 0.2 <= auc(short, long) <= 0.8, (lookahead, short, long)
         assert abs(np.median(long) - np.median(short)) < 5, (lookahead, short, long)
     pace = DecodeSettings.auto_pace_ms
-    paced = gaps_seen_by_the_cloud(LONG, mode, 8)
-    assert np.median(paced) == pytest.approx(pace, abs=5), paced  # the pace, not the SLM's ~34 ms
+    assert np.median(long) == pytest.approx(pace, abs=5), long  # run-ahead: the pace, not the SLM's ~34 ms
     # the protection removed: the same test tells the two contexts apart
-    short, long = (gaps_seen_by_the_cloud(n, mode, 8, auto_pace_ms=None) for n in (SHORT, LONG))
+    short, long = short_and_long(mode, (8,), auto_pace_ms=None)[8]
     assert auc(short, long) > 0.9 and np.median(long) - np.median(short) > 15, (short, long)
+
+
+def short_and_long(mode: str, lookaheads: tuple[int, ...], **settings: Any
+                   ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """:func:`gaps_seen_by_the_cloud` after the short and the long private context, at each of ``lookaheads``: the
+    generations side by side (each sleeps nearly all its time: together they take as long as one, under the same
+    load)."""
+    runs = side_by_side(*(partial(gaps_seen_by_the_cloud, n, mode, lookahead, **settings)
+                          for lookahead in lookaheads for n in (SHORT, LONG)))
+    return {lookahead: (runs[2 * i], runs[2 * i + 1]) for i, lookahead in enumerate(lookaheads)}
 
 
 @pytest.mark.slow
 def test_an_explicit_pace_paces_lockstep_and_run_ahead_alike() -> None:
     """``pace_ms`` overrides the default pace, in edge-side lockstep too (which the default leaves unpaced): the
     signals reach the cloud one pace apart (a busy host's late wake-up shows in one gap and is made up in the next)."""
-    for lookahead in (0, 8):
-        gaps = gaps_seen_by_the_cloud(LONG, "edge", lookahead, pace_ms=120.0)
+    lockstep, run_ahead = side_by_side(*(partial(gaps_seen_by_the_cloud, LONG, "edge", lookahead, pace_ms=120.0)
+                                         for lookahead in (0, 8)))
+    for lookahead, gaps in ((0, lockstep), (8, run_ahead)):
         assert np.median(gaps) == pytest.approx(120.0, abs=3), (lookahead, gaps)
     with pytest.raises(ValueError, match="auto_pace_ms must be positive"):
         DecodeSettings(auto_pace_ms=0)

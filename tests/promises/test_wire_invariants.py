@@ -66,6 +66,14 @@ def adapter(gemma_llm) -> Iterator[str]:
         yield adapter.address
 
 
+@pytest.fixture(scope="module")
+def client(slm, adapter: str) -> Iterator[EdgeClient]:
+    """One client for the module: it reads the SLM's vocabulary once (a second per client on Gemma-3), and every
+    test here opens its own channels and builds its own decoder."""
+    with EdgeClient(adapter, slm=slm, credentials=Credentials(plaintext=True)) as client:
+        yield client
+
+
 def decode_all(sent: list[bytes]) -> list[Any]:
     pb = wire.pb()
     return [pb.EdgeMessage.FromString(data) for data in sent]
@@ -108,10 +116,9 @@ def policies_and_modes() -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize(("name", "mode"), policies_and_modes())
 def test_what_leaves_the_edge_is_the_public_prompt_and_the_ledgered_signal(
-    slm, adapter, caplog, name: str, mode: str
+    slm, adapter, client, caplog, name: str, mode: str
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    client = EdgeClient(adapter, slm=slm, credentials=Credentials(plaintext=True))
     policy = make_policy(name, backend=slm)
     decoder = client.decoder(PUBLIC_PROMPT, PRIVATE, mode=mode, policy=policy, max_new_tokens=STEPS)
     sent: list[bytes] = []
@@ -139,9 +146,8 @@ def test_what_leaves_the_edge_is_the_public_prompt_and_the_ledgered_signal(
     assert CANARY not in caplog.text and "jaundice" not in caplog.text
 
 
-def test_a_resumed_session_sends_public_data_and_the_same_signals(slm, adapter, caplog) -> None:
+def test_a_resumed_session_sends_public_data_and_the_same_signals(slm, adapter, client, caplog) -> None:
     caplog.set_level(logging.DEBUG)
-    client = EdgeClient(adapter, slm=slm, credentials=Credentials(plaintext=True))
     decoder = client.decoder(PUBLIC_PROMPT, PRIVATE, mode="cloud", policy=make_policy("dp_logit"),
                              max_new_tokens=STEPS)
     attempts: list[list[bytes]] = []
