@@ -15,7 +15,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -235,6 +235,41 @@ def _in_process_channel(cloud: Callable[[], CloudSessionHandler]) -> MessageChan
     return InProcessChannel(cloud())
 
 
+
+Vocabulary = tuple[Callable[[int], str], dict[str, tuple[int, ...]]]
+_VOCABULARY_LOCK = threading.Lock()
+#: where :func:`vocabulary_of` keeps an SLM's vocabulary reading, on the SLM
+_VOCABULARY_ATTRIBUTE = "_coveil_vocabulary"
+
+
+def _read_vocabulary(slm: SLMBackend) -> Vocabulary:
+    """Each id's piece, and every id by its folded piece (:func:`~edge_sdk.privacy.masking.folded_vocabulary`)."""
+    piece = piece_reader(slm)
+    return piece, folded_vocabulary(piece, slm.vocab_size)
+
+
+def vocabulary_of(slm: SLMBackend) -> Future[Vocabulary]:
+    """``slm``'s pieces and ``never_upload``'s folded index of them, read once per SLM in a background thread (about
+    a second for Gemma-3's 262k pieces) and kept on the SLM for every client over it; an
+    SLM that takes no new attribute gets a reading per call."""
+    with _VOCABULARY_LOCK:
+        reading = getattr(slm, _VOCABULARY_ATTRIBUTE, None)
+        if reading is None:
+            reading = _started(slm)
+            try:
+                setattr(slm, _VOCABULARY_ATTRIBUTE, reading)
+            except AttributeError:  # __slots__, a frozen dataclass: nowhere to keep it
+                pass
+        return reading
+
+
+def _started(slm: SLMBackend) -> Future[Vocabulary]:
+    building = ThreadPoolExecutor(max_workers=1, thread_name_prefix="coveil-vocabulary")
+    reading = building.submit(_read_vocabulary, slm)
+    building.shutdown(wait=False)
+    return reading
+
+
 class EdgeClient:
     """Collaborative decoding from the device.
 
@@ -297,18 +332,11 @@ class EdgeClient:
         # the SLM's pieces and never_upload's folded index of them, built once from now on in the background: every
         # generation waits for both, masked or not, so the first that masks a span opens when an unmasked one
         # would (built at the first never_upload, the index's 0.5-1.5 s for Gemma-3 told the cloud a mask was new)
-        building = ThreadPoolExecutor(max_workers=1, thread_name_prefix="coveil-vocabulary")
-        self._vocabulary = building.submit(self._read_vocabulary)
-        building.shutdown(wait=False)
+        self._vocabulary = vocabulary_of(self.slm)
         self._idle_since = -math.inf  # when this client's last generation ended (perf_counter clock)
         self._pace_lock = threading.Lock()
         self._calibrated_pace_ms: float | None = None
         self.activity_log = activity_log if activity_log is not None else ActivityLog()
-
-    def _read_vocabulary(self) -> tuple[Callable[[int], str], dict[str, tuple[int, ...]]]:
-        """Each id's piece, and every id by its folded piece (:func:`~edge_sdk.privacy.masking.folded_vocabulary`)."""
-        piece = piece_reader(self.slm)
-        return piece, folded_vocabulary(piece, self.slm.vocab_size)
 
     def calibrated_pace_ms(self) -> float:
         """The pace ``pace_ms="auto"`` (or ``auto_pace_ms="auto"``) stands for on this client: measured on a public
