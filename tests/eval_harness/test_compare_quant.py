@@ -127,13 +127,14 @@ def test_the_quantiser_writes_the_requested_type_and_llama_cpp_loads_it(q2k) -> 
 
     variant, cache = q2k
     assert variant.path.parent == cache and variant.derived_from == "Q4_K_M"
-    field = gguf.GGUFReader(str(variant.path)).fields["general.file_type"]
-    assert int(field.parts[field.data[0]][0]) == gguf.LlamaFileType.MOSTLY_Q2_K
     slm = LlamaCppSLM(variant.path, n_ctx=64, n_threads=1)
     try:
         row = slm.prefill(slm.tokenize("The liver is swollen", add_bos=True))
     finally:
         slm.close()
+    # the file type as llama.cpp's own GGUF parser reads it (not the harness's gguf-package reader; a second
+    # full parse of the 262k-entry vocabulary arrays with that package costs ~10 s here)
+    assert int(slm.metadata["general.file_type"]) == gguf.LlamaFileType.MOSTLY_Q2_K
     assert row.shape == (slm.vocab_size,) and np.isfinite(row).all()
     assert variant.info.matrix_bits_per_weight < 4.5 < 5.0 < variant.info.bits_per_weight  # embedding stays Q8_0
 
@@ -189,22 +190,23 @@ def test_a_tiny_comparison_writes_rows_table_and_figure(q2k, tmp_path: Path, mod
 
     _variant, cache = q2k
     out = tmp_path / "cq"
-    assert main(["compare-quant", "--limit", "2", "--max-new-tokens", "8", "--variants", "Q2_K", "--policies", "coveil",
+    # one item: every pass, row kind and table line is there for each mode (pairing items is the summary test's)
+    assert main(["compare-quant", "--limit", "1", "--max-new-tokens", "8", "--variants", "Q2_K", "--policies", "coveil",
                  "--concurrency", "2", "--cache-dir", str(cache), "--out", str(out)]) == 0
     reference = {row["key"]: row for row in read_rows([out / "reference.jsonl"])}
-    assert len(reference) == 2 * 2 and all(1 <= len(r["token_ids"]) <= 8 for r in reference.values())
+    assert len(reference) == 1 * 2 and all(1 <= len(r["token_ids"]) <= 8 for r in reference.values())
     steps = list(read_rows([out / "steps.jsonl"]))
-    assert sorted((r["mode"], r["variant"]) for r in steps) == [("cloud", "Q2_K")] * 2 + [("edge", "Q2_K")] * 2
+    assert sorted((r["mode"], r["variant"]) for r in steps) == [("cloud", "Q2_K"), ("edge", "Q2_K")]
     for row in steps:  # one entry per step of the reference generation it followed
         prefix = reference[row["key"].split("-", 1)[1]]
         assert row["steps"] == len(prefix["token_ids"]) == len(row["kl"]) == len(row["decision_agrees"])
         assert all(k >= 0 for k in row["kl"]) and all(0 <= x <= 1 for x in row["overlap@100"])
     variant_rows = list(read_rows([out / "Q2_K.jsonl"]))
-    assert len(variant_rows) == 4 and {r["models"]["slm"]["file_type"] for r in variant_rows} == {"Q2_K"}
+    assert len(variant_rows) == 2 and {r["models"]["slm"]["file_type"] for r in variant_rows} == {"Q2_K"}
     assert all(r["backend"].startswith("llama.cpp edge") for r in variant_rows)
     table = (out / "table.md").read_text()
     assert "requantised from Q4_K_M" in table and "| Q2_K | Q2_K (from Q4_K_M) |" in table
-    assert "| Δ Q2_K | 2 | " in table and "### edge-side coveil lam=1.0 (2 items)" in table
+    assert "| Δ Q2_K | 1 | " in table and "### edge-side coveil lam=1.0 (1 items)" in table
     summary = json.loads((out / "summary.json").read_text())
     assert summary["variants"][0]["steps"] == sum(r["steps"] for r in steps)
     assert set(summary["variants"][0]["coveil_agreement"]) == {"cloud", "edge"}

@@ -1,6 +1,6 @@
 """build-benchmark against a real OpenAI-compatible server on loopback: llama-cpp-python's server with the
-embedded Gemma-3 270M, replies constrained by the JSON schema (a grammar), on six items (three MedQA-style,
-three Cosmos QA-style), then finalize. A 270M judge judges badly; the point is that every reply it gives parses
+embedded Gemma-3 270M, replies constrained by the JSON schema (a grammar), on two items (one MedQA-style, one
+Cosmos QA-style), then finalize. A 270M judge judges badly; the point is that every reply it gives parses
 to the schema's shape, that whatever spans it invents are dropped by reason, and that a re-run costs nothing."""
 
 from __future__ import annotations
@@ -21,7 +21,10 @@ from tests.support.llama_server import MODEL_ALIAS, llama_cpp_server
 
 pytestmark = pytest.mark.model
 
-ITEMS_PER_FORMAT = 3
+#: one item of each format (greedy replies, so the same every run): the MedQA-style item is kept at screening and
+#: its extraction finds no valid span, the Cosmos QA-style one is not decisive; three of each (8 judge calls, not
+#: 3) added only more not-decisive verdicts
+ITEMS_PER_FORMAT = 1
 
 
 @pytest.fixture(scope="module")
