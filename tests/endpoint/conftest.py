@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -57,3 +58,12 @@ def cloud(tmp_path_factory: pytest.TempPathFactory, gemma_llm, server_logs) -> I
 def endpoint(cloud: Cloud, slm: LlamaCppSLM, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
     with start_endpoint(cloud.address, slm, tmp_path_factory.mktemp("endpoint")) as started:
         yield started
+
+
+@pytest.fixture(scope="session")
+def served_tokenizer_dir(gemma_llm, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The served model's tokenizer (read from the GGUF, no hub) saved as a transformers folder, as lm-eval's
+    ``tokenizer=`` reads it: written once a run (a few seconds for its 262,144 entries), read-only after."""
+    directory = tmp_path_factory.mktemp("tokenizer")
+    gemma_llm.tokenizer.save_pretrained(directory)
+    return directory

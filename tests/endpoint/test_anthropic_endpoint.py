@@ -15,7 +15,15 @@ import pytest
 from edge_sdk.policies import CoVeil
 from edge_sdk.prompts import chat_prompts
 
-from tests.support.endpoint_stack import CANARY, PRIVATE_CONTEXT, QUESTION, Cloud, Endpoint, generate_as_the_endpoint
+from tests.support.endpoint_stack import (
+    CANARY,
+    PRIVATE_CONTEXT,
+    QUESTION,
+    TOOL_MODE_AND_ROUTE,
+    Cloud,
+    Endpoint,
+    generate_as_the_endpoint,
+)
 
 pytestmark = pytest.mark.model
 
@@ -138,24 +146,29 @@ def tools_shown(tools: list[dict]) -> list:
         for tool in tools]
 
 
-@pytest.mark.parametrize("mode", ["edge", "cloud"])
-def test_tools_are_tool_use_blocks_whole_and_streamed(endpoint: Endpoint, cloud: Cloud, mode: str) -> None:
+@pytest.mark.parametrize("mode, route", TOOL_MODE_AND_ROUTE)
+def test_tools_are_tool_use_blocks_whole_and_streamed(endpoint: Endpoint, cloud: Cloud, mode: str,
+                                                      route: str) -> None:
+    """Whole: ``tool_choice`` any, a call of either tool, and the cloud read the tools (they are public) as the
+    first system message, nothing private; streamed: the tool named."""
     import jsonschema
 
     from edge_sdk.server.tools import instruction
 
     messages = [{"role": "user", "content": QUESTION}]
-    reply = client(endpoint).messages.create(model="coveil", max_tokens=40, messages=messages,
-                                             tools=[WEATHER_TOOL, ORGAN_TOOL], tool_choice={"type": "any"},
-                                             extra_body=coveil(mode))
-    assert reply.stop_reason == "tool_use" and [block.type for block in reply.content] == ["tool_use"]
-    call = reply.content[0]
-    assert call.id.startswith("toolu_") and call.name in ("get_weather", "organ_info")
-    jsonschema.validate(call.input, (ORGAN_TOOL if call.name == "organ_info" else WEATHER_TOOL)["input_schema"])
-    seen = cloud.transcripts()[-1]  # the tools are public: the cloud read them as the first system message
-    assert seen["prompt_ids"] == endpoint.template.render(
-        [{"role": "system", "content": instruction(tools_shown([WEATHER_TOOL, ORGAN_TOOL]), False)}, *messages])
-    assert CANARY not in json.dumps(seen)
+    if route == "whole":
+        reply = client(endpoint).messages.create(model="coveil", max_tokens=40, messages=messages,
+                                                 tools=[WEATHER_TOOL, ORGAN_TOOL], tool_choice={"type": "any"},
+                                                 extra_body=coveil(mode))
+        assert reply.stop_reason == "tool_use" and [block.type for block in reply.content] == ["tool_use"]
+        call = reply.content[0]
+        assert call.id.startswith("toolu_") and call.name in ("get_weather", "organ_info")
+        jsonschema.validate(call.input, (ORGAN_TOOL if call.name == "organ_info" else WEATHER_TOOL)["input_schema"])
+        seen = cloud.transcripts()[-1]
+        assert seen["prompt_ids"] == endpoint.template.render(
+            [{"role": "system", "content": instruction(tools_shown([WEATHER_TOOL, ORGAN_TOOL]), False)}, *messages])
+        assert CANARY not in json.dumps(seen)
+        return
 
     with client(endpoint).messages.stream(model="coveil", max_tokens=40, messages=messages,
                                           tools=[WEATHER_TOOL, ORGAN_TOOL],

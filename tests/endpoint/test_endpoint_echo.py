@@ -51,14 +51,14 @@ def reference_logprob(gemma_llm, slm, prefix: list[int], ids: list[int], positio
     return float(np.log(ALPHA * p_llm[token] + (1 - ALPHA) * p_slm[token]))
 
 
-def test_lm_eval_scores_loglikelihood_requests(endpoint: Endpoint, cloud: Cloud, gemma_llm, slm, tmp_path) -> None:
+def test_lm_eval_scores_loglikelihood_requests(endpoint: Endpoint, cloud: Cloud, gemma_llm, slm,
+                                               served_tokenizer_dir) -> None:
     from lm_eval.api.instance import Instance
     from lm_eval.models.openai_completions import LocalCompletionsAPI
 
-    tokenizer_dir = tmp_path / "tokenizer"
-    gemma_llm.tokenizer.save_pretrained(tokenizer_dir)  # lm-eval tokenises with the served model's tokenizer
+    # lm-eval tokenises with the served model's tokenizer
     model = LocalCompletionsAPI(base_url=endpoint.base_url + "/v1/completions", model="coveil",
-                                tokenizer=str(tokenizer_dir), tokenizer_backend="huggingface", max_retries=1,
+                                tokenizer=str(served_tokenizer_dir), tokenizer_backend="huggingface", max_retries=1,
                                 num_concurrent=1, timeout=300)
     requests = [Instance(request_type="loglikelihood", doc={}, arguments=(CONTEXT, continuation), idx=i)
                 for i, continuation in enumerate(CONTINUATIONS)]

@@ -58,7 +58,7 @@ def check_entries(entries, top_n: int, *, greedy: bool) -> None:
 def test_chat_logprobs_whole_and_streamed(endpoint: Endpoint, cloud: Cloud, mode: str) -> None:
     client = api(endpoint)
     before = len(transcripts(cloud))
-    whole = client.chat.completions.create(model="coveil", messages=MESSAGES, max_tokens=8, logprobs=True,
+    whole = client.chat.completions.create(model="coveil", messages=MESSAGES, max_tokens=4, logprobs=True,
                                            top_logprobs=3, extra_body=options(mode, "undefended"))
     entries = whole.choices[0].logprobs.content
     ledger = whole.model_extra["coveil"]  # a token a stop string cut has no entry: the reply does not show it
@@ -67,10 +67,10 @@ def test_chat_logprobs_whole_and_streamed(endpoint: Endpoint, cloud: Cloud, mode
     assert whole.choices[0].message.content.startswith("".join(e.token for e in entries)[:1])
     seen = next_transcript(cloud, before)
     assert seen["logprobs"] == (mode == "cloud") and seen["top_logprobs"] == (3 if mode == "cloud" else 0)
-    stream = client.chat.completions.create(model="coveil", messages=MESSAGES, max_tokens=8, logprobs=True,
+    stream = client.chat.completions.create(model="coveil", messages=MESSAGES, max_tokens=4, logprobs=True,
                                             top_logprobs=2, stream=True, extra_body=options(mode))
     streamed = [c.choices[0].logprobs.content[0] for c in stream if c.choices and c.choices[0].logprobs]
-    assert 0 < len(streamed) <= 8
+    assert 0 < len(streamed) <= 4
     check_entries(streamed, 2, greedy=False)  # CoVeil picks among the top K by its objective
 
 
@@ -159,7 +159,7 @@ def test_a_tool_choice_naming_no_tool_is_a_400_that_says_why(endpoint: Endpoint)
 
 def test_stop_ends_the_reply_before_the_stop_string_whole_and_streamed_with_usage(endpoint: Endpoint) -> None:
     ask = dict(model="coveil", messages=[{"role": "user", "content": "Describe the liver in two sentences."}],
-               max_tokens=24, extra_body=options("edge"))
+               max_tokens=16, extra_body=options("edge"))
     free = api(endpoint).chat.completions.create(**ask).choices[0].message.content
     word = free.split()[2]  # a word well inside the reply
     stopped = api(endpoint).chat.completions.create(stop=[word], **ask)

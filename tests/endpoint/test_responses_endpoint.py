@@ -12,7 +12,15 @@ import pytest
 from edge_sdk.policies import CoVeil
 from edge_sdk.prompts import chat_prompts
 
-from tests.support.endpoint_stack import CANARY, PRIVATE_CONTEXT, QUESTION, Cloud, Endpoint, generate_as_the_endpoint
+from tests.support.endpoint_stack import (
+    CANARY,
+    PRIVATE_CONTEXT,
+    QUESTION,
+    TOOL_MODE_AND_ROUTE,
+    Cloud,
+    Endpoint,
+    generate_as_the_endpoint,
+)
 
 pytestmark = pytest.mark.model
 
@@ -114,25 +122,29 @@ WEATHER_FUNCTION = {"type": "function", "name": "get_weather", "description": "T
                                    "required": ["city"], "additionalProperties": False}}
 
 
-@pytest.mark.parametrize("mode", ["edge", "cloud"])
+@pytest.mark.parametrize("mode, route", TOOL_MODE_AND_ROUTE)
 def test_function_tools_are_function_call_items_whole_and_streamed(endpoint: Endpoint, cloud: Cloud,
-                                                                   mode: str) -> None:
+                                                                   mode: str, route: str) -> None:
+    """Whole: ``tool_choice`` required, a call of either function, and the cloud read the functions (they are
+    public) as the first system message; streamed: the function named, as the stream's events."""
     import jsonschema
 
     from edge_sdk.server.tools import Tool, instruction
 
     functions = [WEATHER_FUNCTION, ORGAN_FUNCTION]
-    reply = api(endpoint).responses.create(model="coveil", input=QUESTION, tools=functions, tool_choice="required",
-                                           max_output_tokens=40, extra_body=coveil(mode))
-    assert [item.type for item in reply.output] == ["function_call"] and reply.status == "completed"
-    call = reply.output[0]
-    schema = (ORGAN_FUNCTION if call.name == "organ_info" else WEATHER_FUNCTION)["parameters"]
-    jsonschema.validate(json.loads(call.arguments), schema)
-    shown = [Tool.model_validate({"type": "function", "function": {
-        key: value for key, value in function.items() if key != "type"}}) for function in functions]
-    seen = cloud.transcripts()[-1]  # the functions are public: the cloud read them as the first system message
-    assert seen["prompt_ids"] == endpoint.template.render(
-        [{"role": "system", "content": instruction(shown, False)}, {"role": "user", "content": QUESTION}])
+    if route == "whole":
+        reply = api(endpoint).responses.create(model="coveil", input=QUESTION, tools=functions,
+                                               tool_choice="required", max_output_tokens=40, extra_body=coveil(mode))
+        assert [item.type for item in reply.output] == ["function_call"] and reply.status == "completed"
+        call = reply.output[0]
+        schema = (ORGAN_FUNCTION if call.name == "organ_info" else WEATHER_FUNCTION)["parameters"]
+        jsonschema.validate(json.loads(call.arguments), schema)
+        shown = [Tool.model_validate({"type": "function", "function": {
+            key: value for key, value in function.items() if key != "type"}}) for function in functions]
+        seen = cloud.transcripts()[-1]
+        assert seen["prompt_ids"] == endpoint.template.render(
+            [{"role": "system", "content": instruction(shown, False)}, {"role": "user", "content": QUESTION}])
+        return
 
     events = list(api(endpoint).responses.create(model="coveil", input=QUESTION, tools=functions,
                                                  tool_choice={"type": "function", "name": "organ_info"},

@@ -30,6 +30,11 @@ PRIVATE_CONTEXT = f"The patient {CANARY} has jaundice, a swollen liver and raise
 QUESTION = "Which organ is affected? Answer in one word."
 #: sessions one client identity may hold at the adapter (the quota test holds them all)
 SESSIONS_PER_CLIENT = 2
+#: the mode and route of each tool test of a dialect that writes calls in its own shape (Anthropic's tool_use
+#: blocks, the Responses API's function_call items): the shape is the dialect's whatever the mode, so each mode
+#: once, a whole reply in one and a stream in the other; the grammar's work in each mode (the edge masks, or the
+#: cloud) is held to every tool choice whole and streamed in tests/endpoint/test_endpoint_tools.py
+TOOL_MODE_AND_ROUTE = (("cloud", "whole"), ("edge", "streamed"))
 #: the loggers of the endpoint (uvicorn, FastAPI, the SDK) and of the cloud adapter
 SERVER_LOGGERS = ("coveil", "edge_sdk", "cloud_adapter", "uvicorn", "uvicorn.error", "uvicorn.access", "fastapi",
                   "starlette", "grpc")
