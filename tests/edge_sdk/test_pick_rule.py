@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from edge_sdk.protocol import wire
@@ -116,6 +116,8 @@ def test_a_certified_pick_is_the_reference_pick(case, top_m: int) -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(cases(), st.booleans())
+# normalised to [1/6, 1/6, 2/3]: ids 0 and 2 score 1/3 each, apart by less than float32 rounding
+@example((np.array([0.125, 0.125, 0.5], np.float32), {0: 0.5}, 0.5, set()), False)
 def test_the_fake_cloud_picks_by_the_reference(case, no_stop: bool) -> None:
     """The public fake (:class:`~edge_sdk.testing.ScriptedCloud`) answers an upload with the reference's pick."""
     row, uploaded, alpha, stops = case
@@ -131,7 +133,17 @@ def test_the_fake_cloud_picks_by_the_reference(case, no_stop: bool) -> None:
     ids = np.array(sorted(uploaded), np.int64)
     upload = CloudUpload(ids, np.array([uploaded[i] for i in sorted(uploaded)], np.float32))
     chosen = next(iter(session.handle(wire.encode_upload(0, upload, vocab_size=row.size, no_stop=no_stop))))
-    assert chosen.token.token_id == reference_pick(dense.tolist(), uploaded, alpha, stops if no_stop else set())
+    # the fake normalises the row (softmax of its log), so its values are no longer dyadic: where the best two
+    # float64 scores lie within float32 rounding of each other, the cloud's float32 scores may tie, and the tie
+    # goes to the lower of them
+    lowered = stops if no_stop else set()
+    a = 1.0 if alpha == 0.0 and not uploaded else alpha
+    scores = {i: a * v + ((1 - a) * uploaded[i] if i in uploaded else 0.0)
+              for i, v in enumerate(dense.tolist()) if i not in lowered}
+    best = max(scores.values(), default=0.0)
+    near_best = sorted(i for i, score in scores.items() if best - score <= 4 * np.finfo(np.float32).eps * best)
+    expected = reference_pick(dense.tolist(), uploaded, alpha, lowered)
+    assert chosen.token.token_id == expected or chosen.token.token_id in near_best[:near_best.index(expected)]
 
 
 @pytest.mark.parametrize("space", ["prob", "logit"])
