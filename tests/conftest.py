@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 
 import numpy as np
@@ -11,6 +12,13 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from tests.support.carriers import CARRIERS, Carrier, FakeEngine, served
+
+
+#: pytest-xdist's workers share the machine's cores: each worker's torch (OpenMP) and the processes it starts take
+#: its share, not every core (threads that spin against each other: `cloud_adapter.local`)
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 
 
 def distributions(min_size: int = 2, max_size: int = 64) -> st.SearchStrategy[np.ndarray]:
