@@ -27,15 +27,17 @@ from collections.abc import Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from cloud_adapter.engine import CloudEngine
 from cloud_adapter.stream import BearerTokens, log_event, run_stream
 from edge_sdk._wire import coveil_pb2, coveil_pb2_grpc
 from edge_sdk.protocol.status import CloudError
+
+if TYPE_CHECKING:  # the engine imports torch: a command line reads its TLS and token files before that
+    from cloud_adapter.engine import CloudEngine
 
 log = logging.getLogger(__name__)
 

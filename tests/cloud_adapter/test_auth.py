@@ -122,8 +122,12 @@ def coveil(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_the_cli_says_what_failed_in_one_line(adapter, tmp_path: Path, capsys) -> None:
+def test_the_cli_says_what_failed_in_one_line(adapter, slm, tmp_path: Path, capsys,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from eval_harness import demo
     from eval_harness.cli.coveil import main
+
+    monkeypatch.setattr(demo, "LlamaCppSLM", lambda *args, **kwargs: slm)  # the run's loaded edge model
 
     wrong = tmp_path / "token.txt"
     wrong.write_text("not-the-token\n")
@@ -148,24 +152,30 @@ def test_the_cli_says_what_failed_in_one_line(adapter, tmp_path: Path, capsys) -
     with pytest.raises(SystemExit) as bad_flag:
         main(["demo", "--modes", "sideways"])
     assert bad_flag.value.code == 2 and "modes are 'cloud' and/or 'edge'" in capsys.readouterr().err
-    # the command in its own process (``python -m``, the interpreter printing what escapes): with -v the traceback
-    verbose = coveil(*cases[0][0], "-v")
-    assert verbose.returncode != 0 and "Traceback" in verbose.stderr
+    # with -v what failed escapes main() (the interpreter prints its traceback) ...
+    with pytest.raises(CloudError, match="UNAUTHENTICATED|token"):
+        main([*cases[0][0], "-v"])
+    # ... as it does from the command in its own process (``python -m``), here on a file that is missing
+    verbose = coveil(*cases[3][0], "-v")
+    assert verbose.returncode != 0 and "Traceback" in verbose.stderr and "missing.txt" in verbose.stderr
 
 
 @pytest.mark.model
-def test_the_cloud_cli_says_what_failed_in_one_line(tmp_path: Path) -> None:
+def test_the_cloud_cli_says_what_failed_in_one_line(tmp_path: Path, capsys, models_loaded_once) -> None:
     import socket
 
+    from cloud_adapter.cli import main
+
+    # in this process over the run's loaded model: the port is found taken only after the model is loaded
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = subprocess.run([sys.executable, "-m", "cloud_adapter.cli", "serve", "--port", str(port)],
-                                capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert result.returncode == 1, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.startswith("coveil-cloud serve:")]
-    assert len(lines) == 1 and "--port" in lines[0] and "Traceback" not in result.stderr
+        assert main(["serve", "--port", str(port), "--dtype", "fp32"]) == 1
+    stderr = capsys.readouterr().err
+    lines = [line for line in stderr.splitlines() if line.startswith("coveil-cloud serve:")]
+    assert len(lines) == 1 and "--port" in lines[0] and "Traceback" not in stderr, stderr
+    # the command in its own process, as a user runs it: a usage error, before any model is loaded
     missing = subprocess.run([sys.executable, "-m", "cloud_adapter.cli", "serve", "--token-file",
                               str(tmp_path / "nope.txt")], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert missing.returncode == 2 and "nope.txt" in missing.stderr and "Traceback" not in missing.stderr

@@ -19,6 +19,8 @@ pytestmark = pytest.mark.model
 
 PUBLIC, PRIVATE = PUBLIC_PROMPT, PRIVATE_CONTEXT
 STEPS = 8
+#: the logit-space loops against a direct run: each token costs a forward of both models on both sides
+LOGIT_STEPS = 4
 
 
 @pytest.fixture(scope="module")
@@ -167,12 +169,12 @@ def test_a_dropped_connection_resumes_with_public_data_only(slm, engine) -> None
     assert decoder.tokens == uninterrupted.token_ids
 
 
-def test_every_registered_policy_runs_in_its_modes(client) -> None:
-    from edge_sdk.policies import EmbeddingNeighbours, available_policies
+def test_every_registered_policy_runs_in_its_modes(client, slm) -> None:
+    from edge_sdk.policies import available_policies
 
-    neighbours = EmbeddingNeighbours(np.random.default_rng(0).standard_normal((262_144, 8)).astype(np.float32))
     for name in available_policies():
-        policy = make_policy(name, neighbours=neighbours) if name == "custext" else make_policy(name)
+        # CusText over the SLM's own embeddings, built once per file (the test below selects it by name too)
+        policy = make_policy(name, backend=slm)
         for mode in sorted(policy.modes):
             result = client.generate(PUBLIC, PRIVATE, mode=mode, policy=policy, max_new_tokens=3, seed=1)
             assert len(result.token_ids) == 3, (name, mode)
@@ -240,9 +242,9 @@ def test_logit_space_loop_fuses_raw_logits(client, slm, engine, mode: str) -> No
         def choose(z_slm, z_llm):
             return coveil_select_logit(z_slm, z_llm, alpha=alpha, lam=lam, k=50)
 
-    expected, rows = direct_logit_run(slm, engine.llm, STEPS, choose)
+    expected, rows = direct_logit_run(slm, engine.llm, LOGIT_STEPS, choose)
     decoder = client.decoder(PUBLIC, PRIVATE, mode=mode, policy=CoVeil(lam=lam, space="logit"), alpha=alpha,
-                             max_new_tokens=STEPS)
+                             max_new_tokens=LOGIT_STEPS)
     connection = CloudConnection(InProcessChannel(engine.session("tests")))
     list(decoder.steps(connection))
     assert decoder.tokens == expected
@@ -258,10 +260,10 @@ def test_logit_space_loop_fuses_raw_logits(client, slm, engine, mode: str) -> No
 
 
 def test_undefended_in_logit_space_is_the_release_fusion(client, slm, engine) -> None:
-    expected, _ = direct_logit_run(slm, engine.llm, STEPS, lambda zs, zl: int(np.argmax(0.5 * zl + 0.5 * zs)))
+    expected, _ = direct_logit_run(slm, engine.llm, LOGIT_STEPS, lambda zs, zl: int(np.argmax(0.5 * zl + 0.5 * zs)))
     for mode in ("cloud", "edge"):
         result = client.generate(PUBLIC, PRIVATE, mode=mode, policy=Undefended(space="logit"), alpha=0.5,
-                                 max_new_tokens=STEPS)
+                                 max_new_tokens=LOGIT_STEPS)
         assert result.token_ids == expected, mode
 
 
