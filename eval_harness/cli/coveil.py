@@ -125,13 +125,13 @@ def run(args: argparse.Namespace) -> int:
 
         return run_serve(args)
     if args.command == "demo":
-        from eval_harness.demo import run_demo
-
         if args.items < 1 or args.max_new_tokens < 1:
             print("coveil demo: --items and --max-new-tokens must be at least 1", file=sys.stderr)
             return 2
         credentials = Credentials.from_files(token_file=args.token_file, root_cert=args.tls_ca,
                                              plaintext=args.plaintext)
+        from eval_harness.demo import run_demo  # torch and the models: after the options are checked
+
         run_demo(
             items_per_task=args.items,
             max_new_tokens=args.max_new_tokens,
