@@ -9,7 +9,6 @@ set; optionally its *aggressive* mapping, one nearest-neighbour set per token.
 from __future__ import annotations
 
 import hashlib
-import struct
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
+from edge_sdk.backends.gguf_header import read_gguf_header
 from edge_sdk.privacy.accountant import ReleaseEvent
 from edge_sdk.fusion import check_alpha, fuse, sample_from, top_k_ids
 from edge_sdk.policies.base import Policy, require_rng
@@ -196,10 +196,10 @@ def load_token_embeddings(gguf_path: str | PathLike[str], dtype: type[np.floatin
     import gguf  # imported here: the SDK's import stays numpy-only
 
     data = np.memmap(gguf_path, mode="r")
-    tensor = gguf_tensor_location(data, "token_embd.weight")
+    tensor = read_gguf_header(data).tensor("token_embd.weight")
     if tensor is None:
         raise ValueError(f"{gguf_path} has no token_embd.weight tensor")
-    dims, kind, offset = tensor
+    dims, kind, offset = tensor.dims, tensor.kind, tensor.offset
     dim, n_vocab = int(dims[0]), int(np.prod(dims[1:]))
     quantised = kind not in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
     stored = np.uint8 if quantised else (np.float32 if kind == gguf.GGMLQuantizationType.F32 else np.float16)
@@ -211,69 +211,6 @@ def load_token_embeddings(gguf_path: str | PathLike[str], dtype: type[np.floatin
         block = np.array(raw[start : start + EmbeddingNeighbours.block_rows])
         out[start : start + block.shape[0]] = gguf.quants.dequantize(block, kind)
     return out
-
-
-#: struct codes of GGUF's fixed-size metadata value types (gguf.GGUFValueType: 0-7 and 10-12)
-_GGUF_SCALAR_CODES = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-_GGUF_STRING, _GGUF_ARRAY = 8, 9
-_GGUF_DEFAULT_ALIGNMENT = 32
-
-
-def gguf_tensor_location(data: np.ndarray, name: str) -> tuple[tuple[int, ...], Any, int] | None:
-    """``(dims, ggml type, byte offset in the file)`` of tensor ``name`` in the GGUF file ``data`` (its bytes,
-    e.g. a ``numpy.memmap``), or ``None`` if the file has no such tensor.
-
-    Reads the header only (GGUF v2/v3: magic, version, counts, metadata, tensor infos), stepping over every
-    metadata value without building it: ``gguf.GGUFReader`` builds a numpy view per element of every metadata
-    array, about a minute for a 262k-token vocabulary's three arrays on two cores.  The tensor data start at the
-    first multiple of ``general.alignment`` (default 32) after the tensor infos.
-    """
-    import gguf  # imported here: the SDK's import stays numpy-only
-
-    header = memoryview(data).cast("B")
-    if bytes(header[:4]) != b"GGUF":
-        raise ValueError("not a GGUF file (no GGUF magic)")
-    order = "<" if struct.unpack_from("<I", header, 4)[0] & 0xFFFF else ">"  # as gguf.GGUFReader tells it
-    version, n_tensors, n_metadata = struct.unpack_from(order + "IQQ", header, 4)
-    if version not in (2, 3):
-        raise ValueError(f"GGUF version {version} is not supported (2 or 3)")
-
-    def string_end(at: int) -> int:
-        return at + 8 + struct.unpack_from(order + "Q", header, at)[0]
-
-    def value_end(kind: int, at: int, count: int = 1) -> int:
-        if kind in _GGUF_SCALAR_CODES:
-            return at + count * struct.calcsize(_GGUF_SCALAR_CODES[kind])
-        for _ in range(count):
-            if kind == _GGUF_STRING:
-                at = string_end(at)
-            elif kind == _GGUF_ARRAY:
-                item_kind, length = struct.unpack_from(order + "IQ", header, at)
-                at = value_end(item_kind, at + 12, length)
-            else:
-                raise ValueError(f"GGUF metadata value type {kind} is unknown")
-        return at
-
-    at, alignment = 24, _GGUF_DEFAULT_ALIGNMENT
-    for _ in range(n_metadata):
-        key_end = string_end(at)
-        (kind,) = struct.unpack_from(order + "I", header, key_end)
-        if bytes(header[at + 8 : key_end]) == b"general.alignment" and kind == 4:
-            (alignment,) = struct.unpack_from(order + "I", header, key_end + 4)
-        at = value_end(kind, key_end + 4)
-    found = None
-    for _ in range(n_tensors):
-        name_end = string_end(at)
-        (n_dims,) = struct.unpack_from(order + "I", header, name_end)
-        dims = struct.unpack_from(order + f"{n_dims}Q", header, name_end + 4)
-        kind, offset = struct.unpack_from(order + "IQ", header, name_end + 4 + 8 * n_dims)
-        if bytes(header[at + 8 : name_end]) == name.encode():
-            found = tuple(int(d) for d in dims), gguf.GGMLQuantizationType(kind), offset
-        at = name_end + 4 + 8 * n_dims + 12
-    if found is None:
-        return None
-    data_start = -(-at // alignment) * alignment
-    return found[0], found[1], data_start + found[2]
 
 
 #: neighbour sources by GGUF file (path, modification time, size) or by embedding matrix (its digest); the two

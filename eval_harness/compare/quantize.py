@@ -29,6 +29,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from edge_sdk.backends.gguf_header import read_gguf_header
+
 #: llama-quantize's short names for a k-quant family, resolved to the member it means (its CLI does the same)
 ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}
 #: the tensor llama.cpp's quantiser types separately (``token_embedding_type``); kept out of the matrices' bits
@@ -72,21 +74,21 @@ class GGUFInfo:
 
 
 def gguf_info(path: str | Path) -> GGUFInfo:
-    """Read a GGUF's file type and its bits per weight with the ``gguf`` package (no model is loaded)."""
+    """Read a GGUF's file type and its bits per weight from its header (no model is loaded)."""
     import gguf
 
-    reader = gguf.GGUFReader(str(path))
-    field = reader.fields.get("general.file_type")
-    if field is None:
+    header = read_gguf_header(path)
+    file_type = header.metadata.get("general.file_type")
+    if file_type is None:
         raise ValueError(f"{path}: the GGUF has no general.file_type")
-    file_type = gguf.LlamaFileType(int(field.parts[field.data[0]][0])).name.removeprefix("MOSTLY_")
+    file_type = gguf.LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_")
     all_bytes = all_elements = matrix_bytes = matrix_elements = 0
     types: Counter[str] = Counter()
-    for tensor in reader.tensors:
-        n_bytes, n_elements = int(tensor.n_bytes), int(tensor.n_elements)
+    for tensor in header.tensors:
+        n_bytes, n_elements = tensor.n_bytes, tensor.n_elements
         all_bytes, all_elements = all_bytes + n_bytes, all_elements + n_elements
-        types[tensor.tensor_type.name] += 1
-        if len([d for d in tensor.shape if d > 1]) >= 2 and tensor.name != TOKEN_EMBEDDING:
+        types[tensor.kind.name] += 1
+        if len([d for d in tensor.dims if d > 1]) >= 2 and tensor.name != TOKEN_EMBEDDING:
             matrix_bytes, matrix_elements = matrix_bytes + n_bytes, matrix_elements + n_elements
     if not all_elements:
         raise ValueError(f"{path}: the GGUF holds no tensors")

@@ -701,47 +701,6 @@ def test_load_token_embeddings_dequantises_q8_0(tmp_path: Path) -> None:
     np.testing.assert_allclose(loaded, embeddings, atol=0.03)  # Q8_0: 8-bit codes, one scale per 32
 
 
-def test_the_header_reader_finds_the_tensor_gguf_s_own_reader_finds(tmp_path: Path) -> None:
-    """Every metadata value type (a string array as long as a vocabulary's among them), an alignment other than
-    the default and tensors on both sides of the embedding: the bytes located are those ``gguf.GGUFReader`` reads."""
-    import gguf
-
-    from edge_sdk.policies.custext import gguf_tensor_location
-
-    rng = np.random.default_rng(2)
-    embeddings = rng.standard_normal((9, 64)).astype(np.float32)
-    path = tmp_path / "metadata.gguf"
-    writer = gguf.GGUFWriter(path, "llama")
-    writer.add_custom_alignment(64)
-    writer.add_token_list([f"token{i}" * (i % 5) for i in range(3000)])
-    writer.add_token_scores(rng.standard_normal(3000).astype(np.float32).tolist())
-    writer.add_array("test.nested", [[1, 2], [3]])
-    for key, value, kind in (("u8", 7, gguf.GGUFValueType.UINT8), ("i16", -3, gguf.GGUFValueType.INT16),
-                             ("u64", 2**40, gguf.GGUFValueType.UINT64), ("f64", 0.5, gguf.GGUFValueType.FLOAT64),
-                             ("flag", True, gguf.GGUFValueType.BOOL), ("text", "héllo", gguf.GGUFValueType.STRING)):
-        writer.add_key_value(f"test.{key}", value, kind)
-    writer.add_tensor("first.weight", np.ones(3, dtype=np.float32))
-    writer.add_tensor("token_embd.weight", gguf.quants.quantize(embeddings, gguf.GGMLQuantizationType.Q8_0),
-                      raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-    writer.add_tensor("output_norm.weight", np.ones(5, dtype=np.float16))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-    reader = gguf.GGUFReader(path)
-    data = np.memmap(path, mode="r")
-    for tensor in reader.tensors:
-        dims, kind, offset = gguf_tensor_location(data, tensor.name)
-        assert (dims, kind, offset) == (tuple(tensor.shape.tolist()), tensor.tensor_type, tensor.data_offset)
-    assert gguf_tensor_location(data, "missing.weight") is None
-    reference = reader.tensors[1]
-    np.testing.assert_array_equal(load_token_embeddings(path),
-                                  gguf.quants.dequantize(np.array(reference.data), reference.tensor_type))
-    with pytest.raises(ValueError, match="GGUF"):
-        gguf_tensor_location(np.zeros(32, dtype=np.uint8), "token_embd.weight")
-
-
 def test_load_token_embeddings_rejects_files_without_the_tensor(tmp_path: Path) -> None:
     path = tmp_path / "none.gguf"
     _write_gguf(path, {"output_norm.weight": np.ones(4, dtype=np.float32)})
