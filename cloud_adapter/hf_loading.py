@@ -13,7 +13,6 @@ import functools
 import hashlib
 import inspect
 import logging
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -21,16 +20,12 @@ from typing import Any
 
 import torch
 
-from edge_sdk.models import ModelSource
+from edge_sdk.models import ModelSource, cache_root
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
           "fp32": torch.float32, "float32": torch.float32}
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("COVEIL_CACHE_DIR", Path.home() / ".cache" / "coveil")).expanduser()
 
 
 def cpu_has_native_bf16() -> bool:

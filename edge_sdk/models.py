@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -57,6 +58,12 @@ class ModelSource:
         if self.gguf_path is None:
             raise ValueError(f"model {self.name!r} has neither a GGUF path nor an HF name")
         return str(self.gguf_path.parent)
+
+
+def cache_root() -> Path:
+    """Where derived public files are kept (dequantised models, quantised variants, CusText's clusters, the judge's
+    calls): ``$COVEIL_CACHE_DIR``, else ``~/.cache/coveil``."""
+    return Path(os.environ.get("COVEIL_CACHE_DIR", Path.home() / ".cache" / "coveil")).expanduser()
 
 
 @functools.cache

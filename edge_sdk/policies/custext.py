@@ -9,6 +9,8 @@ set; optionally its *aggressive* mapping, one nearest-neighbour set per token.
 from __future__ import annotations
 
 import hashlib
+import os
+import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 
 from edge_sdk.backends.gguf_header import read_gguf_header
+from edge_sdk.models import cache_root
 from edge_sdk.privacy.accountant import ReleaseEvent
 from edge_sdk.fusion import check_alpha, fuse, sample_from, top_k_ids
 from edge_sdk.policies.base import Policy, require_rng
@@ -52,8 +55,20 @@ class TokenClusters:
     #: anchors whose similarities are computed in one matrix product
     batch = 128
 
-    def __init__(self, unit: np.ndarray, size: int) -> None:
+    def __init__(self, unit: np.ndarray | None, size: int, *, labels: np.ndarray | None = None) -> None:
+        """Build the partition of ``unit``'s rows (unit-norm embeddings), or take the one ``labels`` numbers (each
+        id's cluster, as :attr:`labels` gave it; ``unit`` is then not read)."""
         self.size = check_positive_int(size, "cluster size")
+        if labels is not None:
+            label = np.asarray(labels, dtype=np.int64)
+            if label.ndim != 1 or (label.size and (label.min() != 0 or np.unique(label).size != label.max() + 1)):
+                raise ValueError("cluster labels must number the clusters 0, 1, ... without a gap")
+            order = np.argsort(label, kind="stable")  # each cluster's ids ascending, clusters in label order
+            self._label = label
+            self._members = np.split(order, np.flatnonzero(np.diff(label[order])) + 1)
+            return
+        if unit is None:
+            raise ValueError("give the unit rows to build the clusters from, or their labels")
         vocab = unit.shape[0]
         label = np.full(vocab, -1, dtype=np.int64)
         members: list[np.ndarray] = []
@@ -84,6 +99,13 @@ class TokenClusters:
             remaining = remaining[label[remaining] < 0]
         self._label = label
         self._members = members
+
+    @property
+    def labels(self) -> np.ndarray:
+        """Each id's cluster number (read-only view)."""
+        view = self._label.view()
+        view.flags.writeable = False
+        return view
 
     def __len__(self) -> int:
         return len(self._members)
@@ -172,12 +194,34 @@ class EmbeddingNeighbours:
         return cached[0][:n], cached[1][:n]
 
     def clusters(self, size: int) -> TokenClusters:
-        """The conservative mapping's partition into clusters of ``size`` (built on first use, then kept)."""
+        """The conservative mapping's partition into clusters of ``size``: built on first use (~20 s for Gemma-3 on
+        two cores), then kept here and, as each id's cluster number, in ``cache_root()/custext`` under the
+        normalised rows' SHA-256 and ``size``, so the next process reads it (a file that does not fit the
+        vocabulary is built again)."""
         size = check_positive_int(size, "cluster size")
         with self._lock:
             if size not in self._clusters:
-                self._clusters[size] = TokenClusters(self._unit, size)
+                self._clusters[size] = self._stored_clusters(size)
             return self._clusters[size]
+
+    def _stored_clusters(self, size: int) -> TokenClusters:
+        digest = hashlib.sha256(memoryview(np.ascontiguousarray(self._unit)).cast("B")).hexdigest()
+        stored = cache_root() / "custext" / f"{digest[:32]}-{self._unit.dtype}-size{size}.npy"
+        try:
+            label = np.load(stored, allow_pickle=False)
+            if label.shape == (self.vocab_size,):
+                return TokenClusters(None, size, labels=label)
+        except (OSError, ValueError):
+            pass
+        clusters = TokenClusters(self._unit, size)
+        try:  # written under a temporary name and renamed: two processes building at once both land whole files
+            stored.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=stored.parent, suffix=".npy", delete=False) as staging:
+                np.save(staging, clusters.labels)
+            os.replace(staging.name, stored)
+        except OSError:  # a read-only or full disk: the clusters are still here for this process
+            pass
+        return clusters
 
 
 def load_token_embeddings(gguf_path: str | PathLike[str], dtype: type[np.floating] = np.float32) -> np.ndarray:

@@ -122,7 +122,7 @@ def cached_info(path: str | Path, sha256: str, cache_dir: str | Path | None = No
 
 def default_cache_dir() -> Path:
     """``$COVEIL_CACHE_DIR/quantized`` (default ``~/.cache/coveil/quantized``), beside the dequantised models."""
-    from cloud_adapter.hf_loading import cache_root
+    from edge_sdk.models import cache_root
 
     return cache_root() / "quantized"
 

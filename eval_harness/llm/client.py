@@ -28,11 +28,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from edge_sdk.models import cache_root
 from edge_sdk.private_files import DIR_MODE, private_dir
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("COVEIL_CACHE_DIR", Path.home() / ".cache" / "coveil")).expanduser() / "llm-calls"
+    return cache_root() / "llm-calls"
 
 
 #: how long a cached call is kept (30 days) and how much the cache may hold (1 GiB), unless a client says otherwise

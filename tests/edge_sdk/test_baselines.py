@@ -541,6 +541,33 @@ def test_conservative_clusters_match_the_greedy_reference_and_partition(vocab: i
     assert all(i in clusters.of(i) for i in range(vocab))
 
 
+def test_clusters_taken_from_their_labels_are_the_built_ones() -> None:
+    embeddings = np.random.default_rng(5).standard_normal((257, 6)).astype(np.float32)
+    built = TokenClusters(EmbeddingNeighbours(embeddings)._unit, 7)
+    taken = TokenClusters(None, 7, labels=built.labels)
+    assert len(taken) == len(built) == 37  # 36 clusters of 7 and the last 5 ids
+    for i in range(257):
+        np.testing.assert_array_equal(taken.of(i), built.of(i))
+    with pytest.raises(ValueError, match="without a gap"):
+        TokenClusters(None, 7, labels=np.array([0, 2, 2]))
+
+
+def test_clusters_built_once_are_read_by_the_next_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second source over the same rows (a new process's) reads the stored partition: swapped on disk for
+    singletons, it is the singletons that come back; a file that does not fit is built again."""
+    monkeypatch.setenv("COVEIL_CACHE_DIR", str(tmp_path))
+    embeddings = np.random.default_rng(6).standard_normal((120, 6)).astype(np.float32)
+    built = EmbeddingNeighbours(embeddings).clusters(10)
+    (stored,) = (tmp_path / "custext").iterdir()
+    np.testing.assert_array_equal(np.load(stored), built.labels)
+    np.save(stored, np.arange(120))
+    assert len(EmbeddingNeighbours(embeddings).clusters(10)) == 120
+    np.save(stored, np.zeros(3, dtype=np.int64))  # another vocabulary's
+    again = EmbeddingNeighbours(embeddings).clusters(10)
+    assert len(again) == 12 and all(np.array_equal(again.of(i), built.of(i)) for i in range(120))
+    assert len(list((tmp_path / "custext").iterdir())) == 1  # no staging file left
+
+
 def test_conservative_output_sets_are_shared_by_every_member() -> None:
     embeddings = np.random.default_rng(0).standard_normal((400, 8)).astype(np.float32)
     neighbours = EmbeddingNeighbours(embeddings)
