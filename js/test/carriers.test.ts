@@ -3,7 +3,9 @@ import { Inbox } from "../src/carriers/channel.js";
 import { WebSocketChannel, bearerSubprotocol, closeError, type WebSocketFactory, type WebSocketLike } from "../src/carriers/websocket.js";
 import * as grpc from "@grpc/grpc-js";
 import { GrpcChannel, isLoopback, channelCredentials } from "../src/carriers/grpc.js";
-import { CloudError } from "../src/core/errors.js";
+import { CloudError, InvalidArgumentError } from "../src/core/errors.js";
+import { WebSocketServer } from "ws";
+import { nodeWebSocket, nodeWebSocketWith } from "../src/carriers/websocketNode.js";
 
 /** A socket the test drives by hand. */
 class FakeSocket implements WebSocketLike {
@@ -62,7 +64,7 @@ describe("the WebSocket carrier keeps the carrier contract", () => {
 
   it("a client without headers offers the token as coveil.bearer.<base64url, no padding>", async () => {
     const { factory, sockets, writes } = fakeFactory(false);
-    const channel = new WebSocketChannel("ws://h/coveil/v1/decode", factory, "tok?>");
+    const channel = new WebSocketChannel("ws://127.0.0.1:1/coveil/v1/decode", factory, "tok?>");
     const sending = channel.send(new Uint8Array([1]));
     await new Promise((r) => setTimeout(r, 5));
     writes[0]();
@@ -74,7 +76,7 @@ describe("the WebSocket carrier keeps the carrier contract", () => {
 
   it("binary frames arrive in order; a text frame is a protocol error closed with 1003", async () => {
     const { factory, sockets, writes } = fakeFactory(true);
-    const channel = new WebSocketChannel("ws://h/coveil/v1/decode", factory);
+    const channel = new WebSocketChannel("ws://127.0.0.1:1/coveil/v1/decode", factory);
     const sending = channel.send(new Uint8Array([1]));
     await new Promise((r) => setTimeout(r, 5));
     writes[0]();
@@ -102,10 +104,63 @@ describe("the WebSocket carrier keeps the carrier contract", () => {
       socket.protocol = "";
       return socket;
     };
-    const channel = new WebSocketChannel("ws://h/coveil/v1/decode", factory);
+    const channel = new WebSocketChannel("ws://127.0.0.1:1/coveil/v1/decode", factory);
     await channel.send(new Uint8Array([1]));
     await expect(channel.receive()).rejects.toBeInstanceOf(CloudError);
     expect(sockets[0].closed).not.toBeNull();
+  });
+});
+
+describe("the WebSocket carrier's checks, as Python's WebSocketCarrier's", () => {
+  it("ws:// (plaintext) only to a loopback host; a URL that is not ws:// or wss:// with a host is refused", () => {
+    // the messages Python gives (edge_sdk/protocol/websocket.py, WebSocketCarrier)
+    expect(() => new WebSocketChannel("ws://cloud.example:8000/coveil/v1/decode")).toThrow(new InvalidArgumentError(
+      "refusing plaintext to cloud.example: it is not a loopback address; use wss://"));
+    expect(() => new WebSocketChannel("ws://10.0.0.5/x")).toThrow("refusing plaintext to 10.0.0.5");
+    for (const url of ["http://127.0.0.1:8000/coveil/v1/decode", "not a url"]) {
+      expect(() => new WebSocketChannel(url)).toThrow(new InvalidArgumentError(
+        `a WebSocket cloud is a ws:// or wss:// URL with a host, got '${url}'`));
+    }
+    for (const url of ["ws://localhost:1/a", "ws://127.0.0.9:1/a", "ws://[::1]:1/a", "wss://cloud.example/a"]) {
+      expect(new WebSocketChannel(url).url).toBe(url);
+    }
+  });
+
+  it("no path means the adapter's route; an empty token is refused", () => {
+    expect(new WebSocketChannel("ws://127.0.0.1:8000").url).toBe("ws://127.0.0.1:8000/coveil/v1/decode");
+    expect(new WebSocketChannel("wss://cloud.example/").url).toBe("wss://cloud.example/coveil/v1/decode");
+    let error: unknown;
+    try {
+      new WebSocketChannel("ws://127.0.0.1:1/a", undefined, "  ");
+    } catch (caught) {
+      error = caught;
+    }
+    expect(error).toBeInstanceOf(InvalidArgumentError);
+    expect((error as InvalidArgumentError).code).toBe("INVALID_ARGUMENT");
+  });
+
+  it("Node's ws client offers no compression (a compressed size would show the content) and sends the token as a header", async () => {
+    const upgrades: Record<string, string | string[] | undefined>[] = [];
+    const server = new WebSocketServer({ port: 0, host: "127.0.0.1", handleProtocols: () => "coveil.v1" });
+    server.on("headers", (_headers, request) => upgrades.push(request.headers));
+    server.on("connection", (socket) => socket.close(1000));
+    await new Promise<void>((resolve) => server.once("listening", () => resolve()));
+    const { port } = server.address() as { port: number };
+    try {
+      const channel = new WebSocketChannel(`ws://127.0.0.1:${port}`, nodeWebSocket, "secret");
+      await channel.send(new Uint8Array([1]));
+      await channel.receive().catch(() => undefined);
+      expect(upgrades).toHaveLength(1);
+      expect(upgrades[0]!["sec-websocket-extensions"]).toBeUndefined();
+      expect(upgrades[0]!.authorization).toBe("Bearer secret");
+    } finally {
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    }
+  });
+
+  it("mutual TLS needs both the client certificate and its key", () => {
+    expect(() => nodeWebSocketWith({ clientCert: new Uint8Array([1]) })).toThrow(
+      new InvalidArgumentError("clientCert and clientKey go together (mutual TLS)"));
   });
 });
 

@@ -12,7 +12,7 @@
  *   with the status message as the reason, read back as the same `CloudError(status, message)` as over gRPC.
  */
 
-import { CloudError, RETRYABLE_CODES } from "../core/errors.js";
+import { CloudError, InvalidArgumentError, RETRYABLE_CODES } from "../core/errors.js";
 import { Inbox, streamEnded, type MessageChannel } from "./channel.js";
 
 export const WS_PATH = "/coveil/v1/decode";
@@ -86,18 +86,53 @@ export const globalWebSocket: WebSocketFactory = {
   },
 };
 
+/** Whether a URL's host names this machine: `localhost`, `127.0.0.0/8` or `[::1]`. */
+function isLoopbackHost(host: string): boolean {
+  const bare = host.replace(/^\[|\]$/g, "").toLowerCase();
+  return bare === "localhost" || /^127\.\d+\.\d+\.\d+$/.test(bare) || bare === "::1";
+}
+
+/**
+ * `url` checked as Python's `WebSocketCarrier` checks it: a `ws://` or `wss://` URL with a host; `ws://` (plaintext:
+ * the token and every signal in clear) only to a loopback host; no path means the adapter's route, `WS_PATH`.
+ */
+export function webSocketUrl(url: string): string {
+  let parts: URL;
+  try {
+    parts = new URL(url);
+  } catch {
+    throw new InvalidArgumentError(`a WebSocket cloud is a ws:// or wss:// URL with a host, got '${url}'`);
+  }
+  if ((parts.protocol !== "ws:" && parts.protocol !== "wss:") || !parts.hostname) {
+    throw new InvalidArgumentError(`a WebSocket cloud is a ws:// or wss:// URL with a host, got '${url}'`);
+  }
+  if (parts.protocol === "ws:" && !isLoopbackHost(parts.hostname)) {
+    throw new InvalidArgumentError(`refusing plaintext to ${parts.hostname.replace(/^\[|\]$/g, "")}: it is not a ` +
+      "loopback address; use wss://");
+  }
+  return parts.pathname === "/" ? `${url.replace(/\/+$/, "")}${WS_PATH}` : url;
+}
+
 /** One session's WebSocket, opened by the first {@link send}. */
 export class WebSocketChannel implements MessageChannel {
   readonly crossesNetwork = true;
+  readonly url: string;
   private socket: WebSocketLike | null = null;
   private opened: Promise<void> | null = null;
   private readonly inbox = new Inbox();
 
+  /** `url`: the adapter's route (`webSocketUrl`'s checks: `ws://` to loopback only); `token`: the bearer token,
+   * never empty (an empty one authenticates nobody). */
   constructor(
-    readonly url: string,
+    url: string,
     private readonly factory: WebSocketFactory = globalWebSocket,
     private readonly token?: string,
-  ) {}
+  ) {
+    this.url = webSocketUrl(url);
+    if (token !== undefined && !token.trim()) {
+      throw new InvalidArgumentError("an empty bearer token authenticates nobody: pass no token for none");
+    }
+  }
 
   private begun(): Promise<void> {
     if (this.opened === null) {

@@ -4,24 +4,48 @@
  */
 
 import type WebSocket from "ws";
-import { CloudError } from "../core/errors.js";
+import { CloudError, InvalidArgumentError } from "../core/errors.js";
 import { requirePeer } from "../peer.js";
 import type { WebSocketFactory, WebSocketLike } from "./websocket.js";
 
 const refusals = new WeakMap<object, number>();
 
-export const nodeWebSocket: WebSocketFactory = {
-  setsHeaders: true,
-  open(url, protocols, token) {
+/** TLS material for `wss://` (Python: `Credentials`' `root_cert`, `client_cert`, `client_key`; PEM). */
+export interface WebSocketTls {
+  /** the CA that signed the adapter's certificate (default: the system's roots) */
+  rootCert?: Uint8Array;
+  clientCert?: Uint8Array;
+  clientKey?: Uint8Array;
+}
+
+/**
+ * The `ws` factory, with `tls` for `wss://`. Compression is never offered (`perMessageDeflate: false`, as Python's
+ * client offers none): a compressed message's size depends on its content, which would undo the padding to public
+ * sizes.
+ */
+export function nodeWebSocketWith(tls: WebSocketTls = {}): WebSocketFactory {
+  if ((tls.clientCert === undefined) !== (tls.clientKey === undefined)) {
+    throw new InvalidArgumentError("clientCert and clientKey go together (mutual TLS)");
+  }
+  const pem = (bytes?: Uint8Array) => (bytes === undefined ? undefined : Buffer.from(bytes));
+  return { ...nodeWebSocketBase, open(url, protocols, token) {
     const WebSocketClass = requirePeer<typeof WebSocket>("ws", "the Node WebSocket carrier (nodeWebSocket)");
-    const socket = new WebSocketClass(url, protocols, token === undefined ? {} : { headers: { Authorization: `Bearer ${token}` } });
+    const socket = new WebSocketClass(url, protocols, {
+      perMessageDeflate: false,
+      ...(token === undefined ? {} : { headers: { Authorization: `Bearer ${token}` } }),
+      ...(url.startsWith("wss:") ? { ca: pem(tls.rootCert), cert: pem(tls.clientCert), key: pem(tls.clientKey) } : {}),
+    });
     socket.on("unexpected-response", (request, response) => {
       refusals.set(socket, response.statusCode ?? 0);
       request.destroy();
       socket.emit("close", 1006, Buffer.alloc(0));
     });
     return socket as unknown as WebSocketLike;
-  },
+  } };
+}
+
+const nodeWebSocketBase: Omit<WebSocketFactory, "open"> = {
+  setsHeaders: true,
   write(socket, data) {
     return new Promise((resolve) => (socket as unknown as WebSocket).send(data, () => resolve()));
   },
@@ -33,3 +57,6 @@ export const nodeWebSocket: WebSocketFactory = {
       : new CloudError("UNAVAILABLE", `the adapter refused the WebSocket upgrade (HTTP ${status})`, { retryable: true });
   },
 };
+
+/** The `ws` factory without TLS material of its own (`wss://` verified against the system's roots). */
+export const nodeWebSocket: WebSocketFactory = nodeWebSocketWith();
