@@ -16,7 +16,8 @@
 import { describe, expect, it } from "vitest";
 import { CloudDistribution } from "../src/core/distribution.js";
 import { StepDecider } from "../src/core/decide.js";
-import { UnknownNameError } from "../src/core/errors.js";
+import { NotImplementedInTypeScriptError, UnknownNameError } from "../src/core/errors.js";
+import { TableSLM } from "./scripted.js";
 import { softmax, type Draws } from "../src/core/fusion.js";
 import { tokenLogprobs, type TokenLogprobs } from "../src/core/logprobs.js";
 import {
@@ -203,6 +204,19 @@ describe("golden vectors from the Python SDK", () => {
     expect(() => makePolicy("coveil", { lamda: 1 })).toThrow(/policy coveil has no parameter 'lamda'/);
     expect(() => makePolicy("coveil", { k: 2.5 })).toThrow(/coveil parameter k must be an integer, got 2.5/);
     expect(() => makePolicy("dp_logit", { epsilon: true })).toThrow(/must be a number/);
+  });
+
+  it("CusText over a backend's own embeddings (Python's make_policy('custext', backend=slm)) is UNIMPLEMENTED here", () => {
+    const backend = new TableSLM([[0, 1, 2, 3]]);
+    let error: unknown;
+    try {
+      makePolicy("custext", {}, backend);
+    } catch (caught) {
+      error = caught;
+    }
+    expect(error).toBeInstanceOf(NotImplementedInTypeScriptError);
+    expect((error as NotImplementedInTypeScriptError).code).toBe("UNIMPLEMENTED");
+    expect(makePolicy("coveil", { lam: 1 }, backend).name).toBe("coveil"); // the others take nothing from it
   });
 
   it("computes the SLM's probabilities from its logits bit for bit as Python's softmax does", () => {

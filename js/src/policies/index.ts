@@ -1,6 +1,7 @@
 /** Every registered policy by name, as Python's `edge_sdk.policies` registry (each one implemented here). */
 
-import { InvalidArgumentError, UnknownNameError } from "../core/errors.js";
+import { InvalidArgumentError, NotImplementedInTypeScriptError, UnknownNameError } from "../core/errors.js";
+import type { SLMBackend } from "../backends/base.js";
 import { type FusionMode, Policy } from "./base.js";
 import { CoGenesis } from "./cogenesis.js";
 import { CoVeil } from "./coveil.js";
@@ -70,11 +71,20 @@ function typed(policy: string, name: string, kind: Kind, value: unknown): unknow
   return value;
 }
 
-/** Instantiate a registered policy by name with its parameters (names and types checked as Python checks them). */
-export function makePolicy(name: string, params: Record<string, unknown> = {}): Policy {
+/**
+ * Instantiate a registered policy by name with its parameters (names and types checked as Python checks them).
+ * `backend` is Python's `make_policy(name, backend=slm)`: a policy that builds itself from the edge model. The one
+ * that does, CusText (the model's token embeddings), is not implemented over a backend here: pass `neighbours`.
+ */
+export function makePolicy(name: string, params: Record<string, unknown> = {}, backend?: SLMBackend): Policy {
   const entry = IMPLEMENTED[name];
   if (entry === undefined) {
     throw new UnknownNameError(`unknown policy '${name}' (available: ${registeredPolicies().join(", ")})`);
+  }
+  if (backend !== undefined && name === "custext" && params.neighbours === undefined) {
+    throw new NotImplementedInTypeScriptError("CusText over the edge model's own token embeddings (Python: " +
+      "make_policy('custext', backend=slm)) is not implemented in the TypeScript SDK: pass neighbours, an " +
+      "EmbeddingNeighbours of the model's token embeddings");
   }
   const accepted = Object.keys(entry.params);
   const checked: Record<string, unknown> = {};
