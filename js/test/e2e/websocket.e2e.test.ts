@@ -101,8 +101,9 @@ describe("the TypeScript SDK over the adapter's WebSocket route", () => {
   }, 300_000);
 
   it("the browser's bearer subprotocol authenticates the same session", async () => {
+    python ??= await pythonEdge(adapter.target, 3, { mode: "edge", maxNewTokens: 10, token: TOKEN });
     const ts = await tsOverWebSocket(3, browserLike, TOKEN, 10);
-    expect(ts.decoder.tokens).toEqual(python!.tokens);
+    expect(ts.decoder.tokens).toEqual(python.tokens);
   }, 300_000);
 
   it("a wrong token: the upgrade is refused, UNAUTHENTICATED, not retried", async () => {
