@@ -14,6 +14,12 @@ from hypothesis.extra import numpy as hnp
 from tests.support.carriers import CARRIERS, Carrier, FakeEngine, served
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: one worker more than the cores (tests wait on sockets, timers and subprocesses a good part of
+    the time; on 2 cores the suite took 510 s with 2 workers, 440 s with 3), at most 4 (each holds the models)."""
+    return min(4, (os.cpu_count() or 1) + 1)
+
+
 #: pytest-xdist's workers share the machine's cores: each worker's torch (OpenMP) and the processes it starts take
 #: its share, not every core (threads that spin against each other: `cloud_adapter.local`)
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
