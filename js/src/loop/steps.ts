@@ -30,6 +30,12 @@ export class PendingSignal {
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 const now = () => performance.now();
 
+/** Resolves at `target` on `performance.now()`'s clock, never before: a timer counts from the event loop's cached
+ * time, which may lag the clock by a millisecond or more, so it can fire early; what is left is waited again. */
+async function sleepUntil(target: number): Promise<void> {
+  for (let left = target - now(); left > 0; left = target - now()) await sleep(left);
+}
+
 /**
  * Paced signals: step t's leaves at the first point of `S + n * pace` (n >= 1) at or after it is ready, `S` the
  * previous signal's slot; the open at the first point of `B + n * prefillBudget` after the prefill (Python:
@@ -86,8 +92,7 @@ export class Pacer {
 
   private static async waitOnGrid(origin: number, period: number): Promise<number> {
     const slots = Math.max(1, Math.ceil((now() - origin) / period));
-    const delay = origin + slots * period - now();
-    if (delay > 0) await sleep(delay);
+    await sleepUntil(origin + slots * period);
     return slots;
   }
 }
