@@ -14,6 +14,16 @@ from hypothesis.extra import numpy as hnp
 from tests.support.carriers import CARRIERS, Carrier, FakeEngine, served
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Before any worker starts: the embedded GGUF is assembled from its package's chunks once (``assemble()``
+    writes the file in place; workers assembling it at once on a clean machine would read each other's half-written
+    file)."""
+    if not hasattr(config, "workerinput"):  # the controller, or a run without workers
+        from edge_sdk.models import embedded_gguf_path
+
+        embedded_gguf_path()
+
+
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: one worker more than the cores (tests wait on sockets, timers and subprocesses a good part of
     the time; on 2 cores the suite took 510 s with 2 workers, 440 s with 3), at most 4 (each holds the models)."""
