@@ -39,7 +39,7 @@ class MessageChannel(Protocol):
     these three methods (and is handed to ``EdgeClient(channel=...)`` by a zero-argument factory, one channel per
     session); :class:`CloudConnection` does the rest.
 
-    The carrier's duties, each a defence (``tests/test_carriers.py`` holds every carrier to them):
+    The carrier's duties, each a defence (``tests/promises/test_carriers.py`` holds every carrier to them):
 
     * **Begin the stream at the first** :meth:`send`, not before: the edge connects before its SLM prefills the
       private prompt, and a stream begun at once lets the cloud time that prefill (it grows with the private

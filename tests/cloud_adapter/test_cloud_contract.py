@@ -28,7 +28,7 @@ from edge_sdk.protocol.connection import CloudConnection
 from edge_sdk.protocol.drafting import DraftSchedule
 from edge_sdk.testing import ScriptedChannel, ScriptedCloud, TableSLM
 
-pytestmark = pytest.mark.model
+pytestmark = pytest.mark.slow  # the tiny random Qwen2 in transformers, not the embedded model
 
 #: every registered policy in each mode it defines, and undefended fusion in logit space
 CASES: list[tuple[str, str, dict[str, Any]]] = [

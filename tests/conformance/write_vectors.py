@@ -1,7 +1,7 @@
 """Golden vectors of the edge's decide step, written by the Python SDK for the TypeScript SDK to replay.
 
 ``python -m tests.conformance.write_vectors`` rewrites ``tests/conformance/vectors.json``;
-``tests/test_conformance_vectors.py`` fails while the committed file differs from a fresh write, so a Python
+``tests/edge_sdk/test_conformance_vectors.py`` fails while the committed file differs from a fresh write, so a Python
 change that alters a decision, an upload, a ledger entry or an epsilon fails until the vectors are re-written on
 purpose (and the TypeScript SDK, whose tests replay them, follows).
 

@@ -27,7 +27,7 @@ from edge_sdk.protocol.status import CloudError
 from edge_sdk.testing import ScriptedChannel, ScriptedCloud, ScriptedSession, TableSLM
 from edge_sdk.protocol.connection import CloudConnection
 from edge_sdk.protocol.channels import InProcessChannel
-from tests.support.carriers import Carrier, FakeEngine, served
+from tests.support.carriers import NETWORK_CARRIERS, Carrier, FakeEngine, served
 
 EOS = 0
 PROMPT_PRIVATE, PROMPT_PUBLIC = [5, 3, 1], [1]
@@ -175,7 +175,7 @@ def test_run_ahead_sends_the_same_bytes_in_the_same_order_and_decides_the_same_t
     check_lockstep_bytes(scenario, case)
 
 
-@pytest.fixture(scope="module", params=["grpc", "websocket"])
+@pytest.fixture(scope="module", params=NETWORK_CARRIERS)
 def network_carrier(request: pytest.FixtureRequest) -> Any:
     yield from served(request.param, FakeEngine())
 

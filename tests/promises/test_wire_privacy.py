@@ -12,15 +12,15 @@ from edge_sdk.policies import DPLogit
 from edge_sdk.protocol.connection import CloudConnection
 from edge_sdk.protocol.channels import InProcessChannel
 
-from tests.support.carriers import Carrier, FakeEngine, served
+from tests.support.carriers import NETWORK_CARRIERS, Carrier, FakeEngine, served
 from tests.conftest import PRIVATE_CONTEXT, PUBLIC_PROMPT
 
 pytestmark = pytest.mark.model
 
 
-@pytest.fixture(scope="module", params=["grpc", "websocket"])
+@pytest.fixture(scope="module", params=NETWORK_CARRIERS)
 def carrier(request: pytest.FixtureRequest) -> Any:
-    """The promises over both network carriers (the model's time dominates: in process they add nothing the
+    """The promises over every network carrier (the model's time dominates: in process they add nothing the
     malicious-cloud and run-ahead suites do not already run in process)."""
     yield from served(request.param, FakeEngine())
 

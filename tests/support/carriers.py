@@ -18,6 +18,8 @@ from edge_sdk.protocol.channels import CloudSessionHandler, InProcessChannel, Me
 
 #: the carriers every suite that takes the ``carrier`` fixture runs over
 CARRIERS = ("in_process", "grpc", "websocket")
+#: the carriers that cross a network (a server on loopback)
+NETWORK_CARRIERS = tuple(name for name in CARRIERS if name != "in_process")
 
 
 class ServedSession:
