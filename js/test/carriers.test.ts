@@ -1,8 +1,8 @@
 import { describe, expect, it } from "vitest";
-import { Inbox } from "../src/carriers/channel.js";
+import { Inbox, isLoopback } from "../src/carriers/channel.js";
 import { WebSocketChannel, bearerSubprotocol, closeError, type WebSocketFactory, type WebSocketLike } from "../src/carriers/websocket.js";
 import * as grpc from "@grpc/grpc-js";
-import { GrpcChannel, isLoopback, channelCredentials } from "../src/carriers/grpc.js";
+import { GrpcChannel, channelCredentials } from "../src/carriers/grpc.js";
 import { CloudError, InvalidArgumentError } from "../src/core/errors.js";
 import { WebSocketServer } from "ws";
 import { nodeWebSocket, nodeWebSocketWith } from "../src/carriers/websocketNode.js";

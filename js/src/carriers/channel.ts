@@ -63,3 +63,13 @@ export class Inbox {
 /** The cloud ended the stream without a status after its last message. */
 export const streamEnded = () => new CloudError("UNAVAILABLE", "the cloud ended the stream", { retryable: true });
 
+/** Whether an address names this machine: `localhost`, `127.0.0.0/8` or `::1`, with or without a port (`host:port`,
+ * `[::1]:port`), a gRPC target's list (`ipv4:a,b`) or a Unix socket. */
+export function isLoopback(address: string): boolean {
+  if (address.startsWith("unix:")) return true;
+  if (address.startsWith("ipv4:") || address.startsWith("ipv6:")) return address.slice(5).split(",").every(isLoopback);
+  const colons = address.split(":").length - 1;
+  let host = colons === 1 || address.startsWith("[") ? address.slice(0, address.lastIndexOf(":")) : address;
+  host = host.replace(/^\[|\]$/g, "").toLowerCase();
+  return host === "localhost" || /^127\.\d+\.\d+\.\d+$/.test(host) || host === "::1";
+}

@@ -6,7 +6,7 @@
 import type * as Grpc from "@grpc/grpc-js";
 import { CloudError, InvalidArgumentError, RETRYABLE_CODES } from "../core/errors.js";
 import { requirePeer } from "../peer.js";
-import { Inbox, streamEnded, type MessageChannel } from "./channel.js";
+import { Inbox, isLoopback, streamEnded, type MessageChannel } from "./channel.js";
 
 /** `@grpc/grpc-js`, an optional peer dependency (`MissingPeerDependencyError` naming it when not installed). */
 function grpcJs(): typeof Grpc {
@@ -26,16 +26,6 @@ export interface Credentials {
   clientCert?: Uint8Array;
   clientKey?: Uint8Array;
   plaintext?: boolean;
-}
-
-/** Whether a gRPC target names this machine: `localhost`, `127.0.0.0/8`, `[::1]` or a Unix socket. */
-export function isLoopback(address: string): boolean {
-  if (address.startsWith("unix:")) return true;
-  if (address.startsWith("ipv4:") || address.startsWith("ipv6:")) return address.slice(5).split(",").every(isLoopback);
-  const colons = address.split(":").length - 1;
-  let host = colons === 1 || address.startsWith("[") ? address.slice(0, address.lastIndexOf(":")) : address;
-  host = host.replace(/^\[|\]$/g, "").toLowerCase();
-  return host === "localhost" || /^127\.\d+\.\d+\.\d+$/.test(host) || host === "::1";
 }
 
 /** Checks credentials as Python's `Credentials.__post_init__` does; the channel credentials for `target`. */

@@ -13,7 +13,7 @@
  */
 
 import { CloudError, InvalidArgumentError, RETRYABLE_CODES } from "../core/errors.js";
-import { Inbox, streamEnded, type MessageChannel } from "./channel.js";
+import { Inbox, isLoopback, streamEnded, type MessageChannel } from "./channel.js";
 
 export const WS_PATH = "/coveil/v1/decode";
 export const WS_SUBPROTOCOL = "coveil.v1";
@@ -86,12 +86,6 @@ export const globalWebSocket: WebSocketFactory = {
   },
 };
 
-/** Whether a URL's host names this machine: `localhost`, `127.0.0.0/8` or `[::1]`. */
-function isLoopbackHost(host: string): boolean {
-  const bare = host.replace(/^\[|\]$/g, "").toLowerCase();
-  return bare === "localhost" || /^127\.\d+\.\d+\.\d+$/.test(bare) || bare === "::1";
-}
-
 /**
  * `url` checked as Python's `WebSocketCarrier` checks it: a `ws://` or `wss://` URL with a host; `ws://` (plaintext:
  * the token and every signal in clear) only to a loopback host; no path means the adapter's route, `WS_PATH`.
@@ -106,9 +100,9 @@ export function webSocketUrl(url: string): string {
   if ((parts.protocol !== "ws:" && parts.protocol !== "wss:") || !parts.hostname) {
     throw new InvalidArgumentError(`a WebSocket cloud is a ws:// or wss:// URL with a host, got '${url}'`);
   }
-  if (parts.protocol === "ws:" && !isLoopbackHost(parts.hostname)) {
-    throw new InvalidArgumentError(`refusing plaintext to ${parts.hostname.replace(/^\[|\]$/g, "")}: it is not a ` +
-      "loopback address; use wss://");
+  const host = parts.hostname.replace(/^\[|\]$/g, ""); // as Python's urlsplit gives it: [::1] is ::1
+  if (parts.protocol === "ws:" && !isLoopback(host)) {
+    throw new InvalidArgumentError(`refusing plaintext to ${host}: it is not a loopback address; use wss://`);
   }
   return parts.pathname === "/" ? `${url.replace(/\/+$/, "")}${WS_PATH}` : url;
 }
