@@ -235,7 +235,6 @@ def _in_process_channel(cloud: Callable[[], CloudSessionHandler]) -> MessageChan
     return InProcessChannel(cloud())
 
 
-
 Vocabulary = tuple[Callable[[int], str], dict[str, tuple[int, ...]]]
 _VOCABULARY_LOCK = threading.Lock()
 #: where :func:`vocabulary_of` keeps an SLM's vocabulary reading, on the SLM

@@ -214,13 +214,18 @@ class EmbeddingNeighbours:
         except (OSError, ValueError):
             pass
         clusters = TokenClusters(self._unit, size)
+        staging: Path | None = None
         try:  # written under a temporary name and renamed: two processes building at once both land whole files
             stored.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=stored.parent, suffix=".npy", delete=False) as staging:
-                np.save(staging, clusters.labels)
-            os.replace(staging.name, stored)
+            with tempfile.NamedTemporaryFile(dir=stored.parent, suffix=".npy", delete=False) as file:
+                staging = Path(file.name)
+                np.save(file, clusters.labels)
+            os.replace(staging, stored)
         except OSError:  # a read-only or full disk: the clusters are still here for this process
             pass
+        finally:
+            if staging is not None:
+                staging.unlink(missing_ok=True)  # gone once renamed; a partial write is removed
         return clusters
 
 

@@ -6,6 +6,7 @@ import importlib
 import math
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -566,6 +567,21 @@ def test_clusters_built_once_are_read_by_the_next_process(tmp_path: Path, monkey
     again = EmbeddingNeighbours(embeddings).clusters(10)
     assert len(again) == 12 and all(np.array_equal(again.of(i), built.of(i)) for i in range(120))
     assert len(list((tmp_path / "custext").iterdir())) == 1  # no staging file left
+
+
+def test_clusters_that_cannot_be_stored_leave_no_partial_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk while the partition is written: the clusters still come back, and nothing is left in the cache."""
+    import edge_sdk.policies.custext as custext
+
+    def disk_full(file: Any, array: np.ndarray) -> None:
+        file.write(b"\x93NUMPY")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setenv("COVEIL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(custext.np, "save", disk_full)
+    embeddings = np.random.default_rng(7).standard_normal((40, 6)).astype(np.float32)
+    assert len(EmbeddingNeighbours(embeddings).clusters(10)) == 4
+    assert list((tmp_path / "custext").iterdir()) == []
 
 
 def test_conservative_output_sets_are_shared_by_every_member() -> None:
